@@ -1,0 +1,74 @@
+import ArgumentParser
+import Foundation
+
+@main
+struct MagpieBench: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "magpie-bench",
+        abstract: "Measures Magpie and the caches it replaces on the same workload, in one process.",
+        version: magpieBenchVersion,
+        subcommands: [Suite.self, Memory.self],
+        defaultSubcommand: Suite.self)
+}
+
+/// Shared output options.
+struct OutputOptions: ParsableArguments {
+    @Option(help: "Also write the JSON report here.") var json: String?
+}
+
+/// The default suite (what `make bench` runs): every scenario at its defaults, a table, and
+/// bench-results/<timestamp>/results.json.
+struct Suite: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Run the default suite and write bench-results/<timestamp>/results.json.")
+
+    @Option(help: "Directory for the timestamped results.") var output = "bench-results"
+    @OptionGroup var outputOptions: OutputOptions
+
+    func run() throws {
+        let memory = try MemoryOptions.parse([])
+        let results = try MemoryScenario(options: memory).run(progress: progressLine)
+        let stamp = timestamp()
+        let report = Report(
+            date: stamp, machine: .current(), config: ["memory": .object(memory.config)], results: results)
+        print()
+        printTable(results)
+        let path = "\(output)/\(stamp)/results.json"
+        try report.write(to: path)
+        print("\nwrote \(path)")
+        if let json = outputOptions.json { try report.write(to: json) }
+    }
+}
+
+/// The memory scenario alone.
+struct Memory: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Memory tier vs NSCache and a mutex-guarded Dictionary: cache-aside over a Zipf workload.")
+
+    @OptionGroup var options: MemoryOptions
+    @OptionGroup var outputOptions: OutputOptions
+
+    func run() throws {
+        let results = try MemoryScenario(options: options).run(progress: progressLine)
+        print()
+        printTable(results)
+        if let json = outputOptions.json {
+            let report = Report(
+                date: timestamp(), machine: .current(), config: ["memory": .object(options.config)], results: results)
+            try report.write(to: json)
+            print("\nwrote \(json)")
+        }
+    }
+}
+
+func progressLine(_ text: String) {
+    FileHandle.standardError.write("[\(timestamp(short: true))] \(text)\n".data(using: .utf8)!)
+}
+
+func timestamp(short: Bool = false) -> String {
+    let formatter = DateFormatter()
+    formatter.locale = Locale(identifier: "en_US_POSIX")
+    formatter.timeZone = TimeZone(identifier: "UTC")
+    formatter.dateFormat = short ? "HH:mm:ss" : "yyyyMMdd'T'HHmmss'Z'"
+    return formatter.string(from: Date())
+}

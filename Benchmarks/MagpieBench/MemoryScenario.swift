@@ -1,0 +1,227 @@
+import ArgumentParser
+import Dispatch
+import Foundation
+import Histogram
+import Magpie
+import Synchronization
+
+/// Options of the memory scenario. Defaults are the RocksDB peer's workload.
+struct MemoryOptions: ParsableArguments {
+    @Option(help: "Distinct keys.") var keys = 1_000_000
+    @Option(help: "Key size in bytes (≥ 16; the first 16 bytes are the peer's key, the rest zeros).")
+    var keySize = 16
+    @Option(help: "Value size in bytes.") var valueSize = 100
+    @Option(help: "Zipf exponent of key popularity.") var alpha = 0.99
+    @Option(help: "Memory budget in bytes (overrides --budget-percent).") var budget: Int?
+    @Option(help: "Budget as a percentage of the total key+value bytes.") var budgetPercent = 10.0
+    @Option(parsing: .upToNextOption, help: "Thread counts to run.") var threads: [Int] = [1, 2]
+    @Option(help: "Timed operations per thread.") var ops = 2_000_000
+    @Option(help: "Warm-up operations (one thread) before each timed run.") var warmup = 1_000_000
+    @Option(help: "Seed of the warm-up sequence.") var seed: UInt64 = 12345
+    @Option(help: "Seed of thread t's sequence is this + t.") var threadSeedBase: UInt64 = 1000
+    @Option(help: "Magpie shard count (power of two); default: the tier's default.") var shards: Int?
+    @Option(parsing: .upToNextOption, help: "Systems to run.")
+    var systems: [String] = ["magpie", "magpie-inplace", "mutex-dictionary", "NSCache"]
+    @Option(help: "Operations per thread of the latency pass (every one timed).") var latencyOps: Int?
+    @Option(help: "Timed passes per run; ops/s is their median (the first pass gives the hit ratio).")
+    var repetitions = 3
+
+    var effectiveBudget: Int {
+        budget ?? Int(Double(keys * (keySize + valueSize)) * budgetPercent / 100)
+    }
+
+    func validate() throws {
+        guard keys > 0, keys <= Int(UInt32.max) else { throw ValidationError("--keys must be 1...\(UInt32.max)") }
+        guard keySize >= 16 else { throw ValidationError("--key-size must be at least 16") }
+        guard valueSize >= 1 else { throw ValidationError("--value-size must be at least 1") }
+        guard !threads.isEmpty, threads.allSatisfy({ $0 >= 1 }) else { throw ValidationError("--threads must be ≥ 1") }
+        guard repetitions >= 1 else { throw ValidationError("--repetitions must be ≥ 1") }
+        guard ops >= 1, warmup >= 0 else { throw ValidationError("--ops must be ≥ 1, --warmup ≥ 0") }
+        let known = Set(["magpie", "magpie-inplace", "mutex-dictionary", "NSCache"])
+        for s in systems where !known.contains(s) { throw ValidationError("unknown system \(s); known: \(known.sorted())") }
+    }
+
+    var config: [String: JSONValue] {
+        [
+            "scenario": .string("memory"), "keys": .int(keys), "key_size": .int(keySize),
+            "value_size": .int(valueSize), "zipf_alpha": .double(alpha), "budget_bytes": .int(effectiveBudget),
+            "threads": .array(threads.map { .int($0) }), "ops_per_thread": .int(ops), "warmup_ops": .int(warmup),
+            "seed": .int(Int(seed)), "thread_seed_base": .int(Int(threadSeedBase)),
+            "shards": .int(shards ?? MemoryTier.defaultShardCount),
+            "latency_ops_per_thread": .int(latencyOps ?? ops), "latency_sampling": .string("every operation, separate pass"),
+            "systems": .array(systems.map { .string($0) }), "repetitions": .int(repetitions),
+        ]
+    }
+}
+
+/// The memory scenario: cache-aside over a Zipf workload, per system and thread count.
+struct MemoryScenario {
+    let options: MemoryOptions
+
+    func run(progress: (String) -> Void) throws -> [BenchResult] {
+        progress("memory: generating \(options.keys) keys, Zipf(\(options.alpha)) sequences")
+        let workload = ZipfWorkload(keyCount: options.keys, alpha: options.alpha)
+        let warmup = workload.ranks(seed: options.seed, count: options.warmup)
+        let maxThreads = options.threads.max() ?? 1
+        let sequences = (0..<maxThreads).map {
+            workload.ranks(seed: options.threadSeedBase + UInt64($0), count: options.ops)
+        }
+        let timerOverhead = timerOverheadNanoseconds()
+        var results: [BenchResult] = []
+        for threads in options.threads {
+            for name in options.systems {
+                progress("memory: \(name), \(threads) thread(s)")
+                let baseline = residentBytes()
+                var result = try measure(
+                    name, threads: threads, warmup: warmup, sequences: Array(sequences.prefix(threads)))
+                if case .int(let resident) = result.extra["rss_after_bytes"] {
+                    result.extra["rss_before_bytes"] = .int(baseline)
+                    result.extra["rss_growth_bytes"] = .int(resident - baseline)
+                    result.extra["rss_growth_over_budget"] = .double(
+                        Double(resident - baseline) / Double(max(1, options.effectiveBudget)))
+                }
+                result.extra["timer_overhead_ns"] = .int(Int(timerOverhead))
+                result.extra["top_k_bound_hit_ratio"] = .double(topBound(workload, result.extra))
+                results.append(result)
+            }
+        }
+        return results
+    }
+
+    /// The hit ratio of a perfect static cache holding as many entries as the system held at the end.
+    private func topBound(_ workload: ZipfWorkload, _ extra: [String: JSONValue]) -> Double {
+        if case .int(let entries) = extra["entries"] ?? .int(0) { return workload.topMass(entries) }
+        return 0
+    }
+
+    /// Dispatches on the concrete system type, so each measurement loop is specialized (an existential
+    /// here would put witness-table calls and metadata look-ups inside every operation).
+    private func measure(_ name: String, threads: Int, warmup: [UInt32], sequences: [[UInt32]]) throws
+        -> BenchResult
+    {
+        let budget = options.effectiveBudget
+        switch name {
+        case "magpie":
+            let tier = try MemoryTier(budget: budget, shardCount: options.shards)
+            return measure(MagpieCopying(tier: tier), threads: threads, warmup: warmup, sequences: sequences)
+        case "magpie-inplace":
+            let tier = try MemoryTier(budget: budget, shardCount: options.shards)
+            return measure(MagpieInPlace(tier: tier), threads: threads, warmup: warmup, sequences: sequences)
+        case "mutex-dictionary":
+            return measure(MutexDictionary(), threads: threads, warmup: warmup, sequences: sequences)
+        default:
+            return measure(NSCacheSystem(budget: budget), threads: threads, warmup: warmup, sequences: sequences)
+        }
+    }
+
+    private func measure(
+        _ system: some MemorySystem, threads: Int, warmup: [UInt32], sequences: [[UInt32]]
+    ) -> BenchResult {
+        let keySize = options.keySize
+        let valueSize = options.valueSize
+        _ = CacheAsideLoop(system: system, keySize: keySize, valueSize: valueSize).run(warmup[...], timing: .none)
+
+        // Throughput passes: no clocks inside the loop. The first pass follows the warm-up directly and
+        // gives the hit ratio; the reported rate is the median pass (this machine is shared and noisy).
+        let loops = (0..<threads).map { _ in CacheAsideLoop(system: system, keySize: keySize, valueSize: valueSize) }
+        let operations = sequences.reduce(0) { $0 + $1.count }
+        var hits = 0
+        var resident = 0
+        var durations: [Double] = []
+        for repetition in 0..<options.repetitions {
+            let start = nowNanoseconds()
+            let passes = parallel(threads) { t in loops[t].run(sequences[t][...], timing: .none) }
+            durations.append(Double(nowNanoseconds() - start) / 1e9)
+            if repetition == 0 {
+                hits = passes.reduce(0) { $0 + $1.hits }
+                // Resident memory after the first timed pass, before any histogram is allocated.
+                resident = residentBytes()
+            }
+        }
+        let seconds = durations.sorted()[durations.count / 2]
+
+        // Latency pass over the same sequences, every operation timed.
+        let latencyCount = min(options.latencyOps ?? options.ops, options.ops)
+        let timed = parallel(threads) { t in loops[t].run(sequences[t].prefix(latencyCount), timing: .everyOperation) }
+        var operation = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+        var get = operation
+        var put = operation
+        for pass in timed {
+            operation.add(pass.operation)
+            get.add(pass.get)
+            put.add(pass.put)
+        }
+        var extra = system.extra()
+        extra["rss_after_bytes"] = .int(resident)
+        extra["ops_per_sec_passes"] = .array(durations.map { .double(Double(operations) / $0) })
+        extra["get_latency_ns"] = Percentiles(get).json
+        extra["put_latency_ns"] = Percentiles(put).json
+        extra["latency_hit_ratio"] = .double(Double(timed.reduce(0) { $0 + $1.hits }) / Double(max(1, timed.reduce(0) { $0 + $1.operations })))
+        return BenchResult(
+            scenario: "memory", system: system.name, threads: threads, operations: operations,
+            seconds: seconds, ops_per_sec: Double(operations) / seconds, latency_ns: Percentiles(operation),
+            hit_ratio: Double(hits) / Double(operations), extra: extra)
+    }
+}
+
+/// One thread's cache-aside loop: get; on a miss, fill a value with the rank's byte and put it.
+struct CacheAsideLoop<System: MemorySystem>: Sendable {
+    enum Timing { case none, everyOperation }
+
+    struct Pass: Sendable {
+        var hits = 0
+        var operations = 0
+        var sink: UInt64 = 0
+        var operation = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+        var get = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+        var put = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+    }
+
+    let system: System
+    let keySize: Int
+    let valueSize: Int
+
+    func run(_ ranks: ArraySlice<UInt32>, timing: Timing) -> Pass {
+        var pass = Pass()
+        var value = [UInt8](repeating: 0, count: valueSize)
+        var keyBytes = [UInt8](repeating: 0, count: keySize)
+        for rank in ranks {
+            withKey(rank: rank) { key16 in
+                keyBytes.withUnsafeMutableBytes { key in
+                    key.copyMemory(from: key16)
+                    let key = UnsafeRawBufferPointer(key)
+                    let t0 = timing == .none ? 0 : nowNanoseconds()
+                    let hit = system.get(key, sink: &pass.sink)
+                    let t1 = timing == .none ? 0 : nowNanoseconds()
+                    if hit {
+                        pass.hits += 1
+                    } else {
+                        value.withUnsafeMutableBytes { v in
+                            v.initializeMemory(as: UInt8.self, repeating: UInt8(truncatingIfNeeded: rank))
+                            system.put(key, UnsafeRawBufferPointer(v))
+                        }
+                    }
+                    if timing == .everyOperation {
+                        let t2 = nowNanoseconds()
+                        _ = pass.get.record(t1 - t0)
+                        _ = pass.operation.record(t2 - t0)
+                        if !hit { _ = pass.put.record(t2 - t1) }
+                    }
+                }
+            }
+        }
+        pass.operations = ranks.count
+        if pass.sink == 42 { FileHandle.standardError.write(" ".data(using: .utf8)!) }
+        return pass
+    }
+}
+
+/// Runs `body(t)` for t in 0..<threads on `threads` threads at once and returns the results in order.
+func parallel<T: Sendable>(_ threads: Int, _ body: @Sendable (Int) -> T) -> [T] {
+    let results = Mutex<[Int: T]>([:])
+    DispatchQueue.concurrentPerform(iterations: threads) { t in
+        let value = body(t)
+        results.withLock { $0[t] = value }
+    }
+    return results.withLock { table in (0..<threads).map { table[$0]! } }
+}

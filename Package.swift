@@ -1,0 +1,49 @@
+// swift-tools-version: 6.1
+import PackageDescription
+
+let package = Package(
+    name: "Magpie",
+    platforms: [.macOS(.v15)],
+    products: [
+        .library(name: "Magpie", targets: ["Magpie"]),
+        .executable(name: "magpie-bench", targets: ["MagpieBench"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
+        .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.1.0"),
+    ],
+    targets: [
+        .systemLibrary(
+            name: "CXXHash",
+            path: "CModules/CXXHash",
+            pkgConfig: "libxxhash",
+            providers: [.apt(["libxxhash-dev"]), .brew(["xxhash"])]
+        ),
+        .systemLibrary(
+            name: "CZstd",
+            path: "CModules/CZstd",
+            pkgConfig: "libzstd",
+            providers: [.apt(["libzstd-dev"]), .brew(["zstd"])]
+        ),
+        .target(
+            name: "Magpie",
+            dependencies: ["CXXHash", "CZstd"],
+            path: "Sources/Magpie"
+        ),
+        .executableTarget(
+            name: "MagpieBench",
+            dependencies: [
+                "Magpie",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Histogram", package: "hdrhistogram-swift"),
+            ],
+            path: "Benchmarks/MagpieBench"
+        ),
+        .testTarget(
+            name: "MagpieTests",
+            dependencies: ["Magpie"],
+            path: "Tests/MagpieTests"
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

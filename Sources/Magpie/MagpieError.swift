@@ -1,0 +1,62 @@
+/// An error thrown by Magpie.
+///
+/// Errors are values: bad input and I/O failure throw a ``MagpieError``; nothing in the library traps on
+/// them. ``code`` says what went wrong and can grow new cases without breaking existing code that switches
+/// over the codes it knows; ``message`` is for people, and ``errno`` and ``path`` carry the underlying cause
+/// where there is one.
+public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// What kind of failure this is.
+    public struct Code: Sendable, Hashable, CustomStringConvertible {
+        private enum Kind: Sendable, Hashable {
+            case keyTooLong, valueTooLarge, invalidConfiguration, compressionFailed, decompressionFailed
+        }
+
+        private let kind: Kind
+        private init(_ kind: Kind) { self.kind = kind }
+
+        /// The key is longer than ``MemoryTier/maximumKeyLength``.
+        public static let keyTooLong = Code(.keyTooLong)
+        /// The value is longer than a tier can ever store (see ``MemoryTier/maximumValueLength``).
+        public static let valueTooLarge = Code(.valueTooLarge)
+        /// A configuration value is out of its documented range.
+        public static let invalidConfiguration = Code(.invalidConfiguration)
+        /// zstd could not compress (for example: the destination buffer is too small).
+        public static let compressionFailed = Code(.compressionFailed)
+        /// zstd could not decompress: the input is corrupt, truncated, or not of the expected size.
+        public static let decompressionFailed = Code(.decompressionFailed)
+
+        public var description: String {
+            switch kind {
+            case .keyTooLong: "keyTooLong"
+            case .valueTooLarge: "valueTooLarge"
+            case .invalidConfiguration: "invalidConfiguration"
+            case .compressionFailed: "compressionFailed"
+            case .decompressionFailed: "decompressionFailed"
+            }
+        }
+    }
+
+    /// What kind of failure this is.
+    public var code: Code
+    /// A human-readable explanation.
+    public var message: String
+    /// The `errno` of the failed system call, if a system call failed.
+    public var errno: Int32?
+    /// The file or directory involved, if any.
+    public var path: String?
+
+    /// Creates an error.
+    public init(_ code: Code, _ message: String, errno: Int32? = nil, path: String? = nil) {
+        self.code = code
+        self.message = message
+        self.errno = errno
+        self.path = path
+    }
+
+    public var description: String {
+        var text = "MagpieError.\(code): \(message)"
+        if let path { text += " (path: \(path))" }
+        if let errno { text += " (errno \(errno))" }
+        return text
+    }
+}

@@ -1,0 +1,88 @@
+import Glibc
+
+/// A FIFO of entry blocks (one S3-FIFO queue) in a power-of-two ring buffer of pointers, including
+/// dead blocks: entries removed while queued, freed when popped or when the ring is compacted.
+///
+/// A plain struct over malloc'd memory, owned by ``ShardStorage``, which calls ``release()`` once.
+struct EntryRing {
+    private var buffer: UnsafeMutablePointer<UnsafeMutableRawPointer>
+    private var mask: Int
+    private var head = 0
+    /// Blocks in the ring, live and dead.
+    private(set) var count = 0
+    /// How many of `count` are dead.
+    var dead = 0
+
+    init?(capacity: Int) {
+        guard let raw = malloc(capacity * MemoryLayout<UnsafeMutableRawPointer>.stride) else { return nil }
+        buffer = raw.bindMemory(to: UnsafeMutableRawPointer.self, capacity: capacity)
+        mask = capacity - 1
+    }
+
+    /// Frees the ring's own buffer (not the blocks).
+    func release() { free(buffer) }
+
+    /// Frees every block in the ring, live or dead. The ring still lists them: call `removeAll()` next.
+    func freeAllBlocks() {
+        for offset in 0..<count { free(buffer[(head + offset) & mask]) }
+    }
+
+    mutating func removeAll() {
+        head = 0
+        count = 0
+        dead = 0
+    }
+
+    /// Appends `block`; false when the ring had to grow and memory ran out.
+    @inline(__always)
+    mutating func push(_ block: UnsafeMutableRawPointer) -> Bool {
+        if count > mask, !grow() { return false }
+        buffer[(head + count) & mask] = block
+        count += 1
+        return true
+    }
+
+    /// Removes and returns the oldest block. Precondition (callers check it): `count > 0`.
+    @inline(__always)
+    mutating func popFirst() -> UnsafeMutableRawPointer {
+        let block = buffer[head]
+        head = (head + 1) & mask
+        count -= 1
+        return block
+    }
+
+    /// Worth compacting: dead blocks are the majority and there are more than a few.
+    var needsCompaction: Bool { dead > 32 && dead * 2 > count }
+
+    /// Frees every dead block, keeping live ones in order. Returns the charge freed.
+    mutating func compact() -> Int {
+        var kept = 0
+        var freed = 0
+        for offset in 0..<count {
+            let block = buffer[(head + offset) & mask]
+            let header = block.assumingMemoryBound(to: EntryHeader.self).pointee
+            if header.isDead {
+                freed += ShardStorage.charge(totalLength: header.totalLength)
+                free(block)
+            } else {
+                buffer[(head + kept) & mask] = block
+                kept += 1
+            }
+        }
+        count = kept
+        dead = 0
+        return freed
+    }
+
+    private mutating func grow() -> Bool {
+        let capacity = mask + 1
+        guard let raw = malloc(capacity * 2 * MemoryLayout<UnsafeMutableRawPointer>.stride) else { return false }
+        let grown = raw.bindMemory(to: UnsafeMutableRawPointer.self, capacity: capacity * 2)
+        for offset in 0..<count { grown[offset] = buffer[(head + offset) & mask] }
+        free(buffer)
+        buffer = grown
+        mask = capacity * 2 - 1
+        head = 0
+        return true
+    }
+}

@@ -1,0 +1,83 @@
+import Glibc
+
+// The byte-level core of MemoryTier: the public generic entry points reduce every key and value to an
+// UnsafeRawBufferPointer (in place when the sequence is contiguous: [UInt8], Data, buffers, native
+// String UTF-8) and call these non-generic functions.
+
+extension MemoryTier {
+    @inlinable
+    func withKeyBytes<R>(_ key: some Sequence<UInt8>, _ body: (UnsafeRawBufferPointer) -> R) -> R {
+        if let result = key.withContiguousStorageIfAvailable({ body(UnsafeRawBufferPointer($0)) }) {
+            return result
+        }
+        return Array(key).withUnsafeBytes(body)
+    }
+
+    @inlinable
+    func withKeyBytes<R>(_ key: String, _ body: (UnsafeRawBufferPointer) -> R) -> R {
+        if let result = key.utf8.withContiguousStorageIfAvailable({ body(UnsafeRawBufferPointer($0)) }) {
+            return result
+        }
+        var copy = key
+        return copy.withUTF8 { body(UnsafeRawBufferPointer($0)) }
+    }
+
+    @inlinable
+    func withValueBytes<R>(_ value: some Sequence<UInt8>, _ body: (UnsafeRawBufferPointer) -> R) -> R {
+        withKeyBytes(value, body)
+    }
+
+    @usableFromInline
+    func shard(for hash: UInt64) -> Shard {
+        shards[Int(truncatingIfNeeded: hash) & shardMask]
+    }
+
+    @usableFromInline
+    func _copyValue(forKey key: UnsafeRawBufferPointer) -> [UInt8]? {
+        let hash = hasher._hash(key)
+        // `[UInt8](buffer)` is the cheapest array construction measured on Swift 6.3/Linux (~45 ns for
+        // 100 bytes; `init(unsafeUninitializedCapacity:)` takes ~100 ns via an unspecialised path).
+        return shard(for: hash).withLock { $0.withValue(hash: hash, key: key) { [UInt8]($0) } }
+    }
+
+    @usableFromInline
+    func _withValue<R>(forKey key: UnsafeRawBufferPointer, _ body: (UnsafeRawBufferPointer) -> R) -> R? {
+        let hash = hasher._hash(key)
+        return shard(for: hash).withLock { $0.withValue(hash: hash, key: key, body) }
+    }
+
+    @usableFromInline
+    func _contains(_ key: UnsafeRawBufferPointer) -> Bool {
+        let hash = hasher._hash(key)
+        return shard(for: hash).withLock { $0.contains(hash: hash, key: key) }
+    }
+
+    @usableFromInline
+    func _set(_ value: UnsafeRawBufferPointer, forKey key: UnsafeRawBufferPointer) -> Result<Bool, MagpieError> {
+        guard key.count <= Self.maximumKeyLength else {
+            return .failure(
+                MagpieError(.keyTooLong, "key of \(key.count) bytes; the limit is \(Self.maximumKeyLength)"))
+        }
+        guard value.count <= Self.maximumValueLength else {
+            return .failure(
+                MagpieError(
+                    .valueTooLarge, "value of \(value.count) bytes; the limit is \(Self.maximumValueLength)"))
+        }
+        let hash = hasher._hash(key)
+        let outcome = shard(for: hash).withLock { $0.store(hash: hash, key: key, value: value) }
+        return .success(outcome != .refused)
+    }
+
+    @usableFromInline
+    func _remove(_ key: UnsafeRawBufferPointer) -> Bool {
+        let hash = hasher._hash(key)
+        return shard(for: hash).withLock { $0.remove(hash: hash, key: key) }
+    }
+}
+
+/// The number of online processors, from `sysconf` (no Foundation in the library's hot types).
+enum ProcessInfoLite {
+    static var activeProcessorCount: Int {
+        max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+    }
+}

@@ -1,0 +1,196 @@
+/// The memory tier: a sharded, lock-striped, byte-budgeted table with S3-FIFO eviction.
+///
+/// A key's XXH3 hash picks one of ``shardCount`` shards (a power of two); each shard has its own lock,
+/// index, queues and an equal share of ``budget``. Two keys in different shards never contend.
+///
+/// Every entry is charged `key bytes + value bytes + ` ``entryOverhead``. A shard's charge never exceeds
+/// its share of the budget, not even during a store: room is made before the entry goes in. An entry
+/// whose charge exceeds a shard's share is refused and counted in ``MemoryTierStatistics/refusals``
+/// (any previous value of that key is removed, so a read never returns a value older than the last
+/// store). A tier with a budget of 0 stores nothing.
+///
+/// Keys are byte strings of 0 to ``maximumKeyLength`` bytes; the empty key is a valid key. A `String`
+/// key is its UTF-8 bytes. Values are 0 to ``maximumValueLength`` bytes. All operations are safe to
+/// call from any thread.
+///
+/// ### Implementation Notes
+/// The data layout, the S3-FIFO policy and its guarantees are described at the top of
+/// `Memory/ShardStorage.swift`. Cost of a hit: one hash, one uncontended lock, an index probe that
+/// compares a 32-bit tag and then the key, a byte store, and the copy of the value.
+public final class MemoryTier: Sendable {
+    /// Bytes charged per entry beyond its key and value: slot (16) + index bucket (8) + queue
+    /// position (4) + ghost share (4) + allocator header (8).
+    public static let entryOverhead = 40
+    /// The longest key, in bytes.
+    public static let maximumKeyLength = Int(UInt16.max)
+    /// The longest value, in bytes.
+    public static let maximumValueLength = Int(UInt32.max)
+    /// The most shards a tier may have.
+    public static let maximumShardCount = 4096
+
+    /// The total byte budget; each shard holds at most `budget / shardCount`.
+    public let budget: Int
+    /// The number of shards (a power of two).
+    public let shardCount: Int
+    /// The hasher that places keys.
+    public let hasher: KeyHash
+
+    @usableFromInline let shards: [Shard]
+    @usableFromInline let shardMask: Int
+
+    /// The default shard count: 8 per core, at least 8, a power of two.
+    public static var defaultShardCount: Int {
+        let wanted = max(8, ProcessInfoLite.activeProcessorCount * 8)
+        var count = 1
+        while count < wanted && count < maximumShardCount { count <<= 1 }
+        return count
+    }
+
+    /// Creates an empty tier.
+    /// - Parameters:
+    ///   - budget: the byte budget, ≥ 0. With fewer than `shardCount` bytes every store is refused.
+    ///   - shardCount: a power of two from 1 to ``maximumShardCount``; nil picks ``defaultShardCount``.
+    ///   - hasher: the key hasher; random-seeded by default.
+    /// - Throws: ``MagpieError/Code/invalidConfiguration`` for a negative budget, a shard count out of
+    ///   range or not a power of two, or when the shards' initial arrays cannot be allocated.
+    public init(budget: Int, shardCount: Int? = nil, hasher: KeyHash = .random()) throws(MagpieError) {
+        let shardCount = shardCount ?? Self.defaultShardCount
+        guard budget >= 0 else {
+            throw MagpieError(.invalidConfiguration, "memory budget \(budget) is negative")
+        }
+        guard shardCount >= 1, shardCount <= Self.maximumShardCount, shardCount & (shardCount - 1) == 0
+        else {
+            throw MagpieError(
+                .invalidConfiguration,
+                "shard count \(shardCount) must be a power of two from 1 to \(Self.maximumShardCount)")
+        }
+        var shards: [Shard] = []
+        shards.reserveCapacity(shardCount)
+        for _ in 0..<shardCount {
+            guard let shard = Shard(budget: budget / shardCount, hasher: hasher) else {
+                throw MagpieError(.invalidConfiguration, "out of memory creating \(shardCount) shards")
+            }
+            shards.append(shard)
+        }
+        self.budget = budget
+        self.shardCount = shardCount
+        self.hasher = hasher
+        self.shards = shards
+        self.shardMask = shardCount - 1
+    }
+
+    /// The shard budget: the largest charge a single entry may have.
+    public var shardBudget: Int { budget / shardCount }
+
+    // MARK: Reads
+
+    /// The value stored for `key`, copied into a new array, or nil.
+    @inlinable
+    public func value(forKey key: some Sequence<UInt8>) -> [UInt8]? {
+        withKeyBytes(key) { _copyValue(forKey: $0) }
+    }
+
+    /// The value stored for the UTF-8 bytes of `key`, copied into a new array, or nil.
+    @inlinable
+    public func value(forKey key: String) -> [UInt8]? {
+        withKeyBytes(key) { _copyValue(forKey: $0) }
+    }
+
+    /// Calls `body` with the stored value's bytes in place, without copying them, and returns its
+    /// result; nil (and `body` is not called) when the key is absent.
+    ///
+    /// `body` runs while the key's shard is locked: keep it short, do not let the buffer escape, and do
+    /// not call back into this tier from it.
+    @inlinable
+    public func withValue<R>(forKey key: some Sequence<UInt8>, _ body: (UnsafeRawBufferPointer) -> R)
+        -> R?
+    {
+        withKeyBytes(key) { _withValue(forKey: $0, body) }
+    }
+
+    /// ``withValue(forKey:_:)-(Sequence<UInt8>,_)`` for a `String` key.
+    @inlinable
+    public func withValue<R>(forKey key: String, _ body: (UnsafeRawBufferPointer) -> R) -> R? {
+        withKeyBytes(key) { _withValue(forKey: $0, body) }
+    }
+
+    /// Whether `key` is present. Does not count as a read and does not affect eviction.
+    @inlinable
+    public func contains(_ key: some Sequence<UInt8>) -> Bool {
+        withKeyBytes(key) { _contains($0) }
+    }
+
+    /// ``contains(_:)-(Sequence<UInt8>)`` for a `String` key.
+    @inlinable
+    public func contains(_ key: String) -> Bool {
+        withKeyBytes(key) { _contains($0) }
+    }
+
+    // MARK: Writes
+
+    /// Stores a copy of `value` for `key`, replacing any previous value.
+    /// - Returns: true if stored; false if refused (charge over a shard's budget, or out of memory),
+    ///   in which case the key is absent afterwards.
+    /// - Throws: ``MagpieError/Code/keyTooLong`` or ``MagpieError/Code/valueTooLarge``; the tier is
+    ///   unchanged then.
+    @inlinable @discardableResult
+    public func set(_ value: some Sequence<UInt8>, forKey key: some Sequence<UInt8>) throws(MagpieError)
+        -> Bool
+    {
+        try withKeyBytes(key) { keyBytes in withValueBytes(value) { _set($0, forKey: keyBytes) } }.get()
+    }
+
+    /// ``set(_:forKey:)-(Sequence<UInt8>,Sequence<UInt8>)`` for a `String` key.
+    @inlinable @discardableResult
+    public func set(_ value: some Sequence<UInt8>, forKey key: String) throws(MagpieError) -> Bool {
+        try withKeyBytes(key) { keyBytes in withValueBytes(value) { _set($0, forKey: keyBytes) } }.get()
+    }
+
+    /// Removes `key`; returns whether it was present.
+    @inlinable @discardableResult
+    public func removeValue(forKey key: some Sequence<UInt8>) -> Bool {
+        withKeyBytes(key) { _remove($0) }
+    }
+
+    /// ``removeValue(forKey:)-(Sequence<UInt8>)`` for a `String` key.
+    @inlinable @discardableResult
+    public func removeValue(forKey key: String) -> Bool {
+        withKeyBytes(key) { _remove($0) }
+    }
+
+    /// Removes every entry. Statistics counters are kept.
+    public func removeAll() {
+        for shard in shards { shard.withLock { $0.removeAll() } }
+    }
+
+    // MARK: Size and statistics
+
+    /// The number of entries.
+    public var count: Int {
+        shards.reduce(0) { total, shard in total + shard.withLock { $0.count } }
+    }
+
+    /// The sum of the entries' charges; never more than ``budget``.
+    ///
+    /// A removed or replaced entry's memory may be reclaimed lazily (when the eviction queue reaches it,
+    /// or when removed entries outnumber live ones in a queue); until then it is still held, and so is
+    /// still charged. Eviction reclaims such memory before it evicts any live entry.
+    public var chargedBytes: Int {
+        shards.reduce(0) { total, shard in total + shard.withLock { $0.charged } }
+    }
+
+    /// The counters summed over all shards.
+    public var statistics: MemoryTierStatistics {
+        var total = MemoryTierStatistics()
+        for shard in shards {
+            let part = shard.withLock { storage in
+                var part = storage.counters
+                part.entries = storage.count
+                part.chargedBytes = storage.charged
+                return part
+            }
+            total.add(part)
+        }
+        return total
+    }
+}

@@ -1,0 +1,51 @@
+/// A snapshot of a ``MemoryTier``'s counters, summed over its shards.
+///
+/// Counters are cumulative since the tier was created (``MemoryTier/removeAll()`` keeps them);
+/// ``entries`` and ``chargedBytes`` describe the contents at the moment of the snapshot. Each shard is
+/// read under its lock, one after another, so a snapshot taken while other threads write is a sum of
+/// per-shard snapshots, not one instant.
+public struct MemoryTierStatistics: Sendable, Hashable {
+    /// Reads that found the key.
+    public var hits: UInt64 = 0
+    /// Reads that did not.
+    public var misses: UInt64 = 0
+    /// Stores of a key that was not present.
+    public var inserts: UInt64 = 0
+    /// Stores that replaced a present key's value.
+    public var updates: UInt64 = 0
+    /// Entries removed by ``MemoryTier/removeValue(forKey:)-(String)`` or ``MemoryTier/removeAll()``, or
+    /// dropped because a store that would have replaced them was refused. With ``inserts`` and
+    /// ``evictions`` it accounts for every entry: `entries == inserts - removals - evictions`.
+    public var removals: UInt64 = 0
+    /// Entries evicted to keep a shard within its budget.
+    public var evictions: UInt64 = 0
+    /// Stores refused: the entry's charge exceeds a shard's budget, or memory could not be allocated.
+    /// A refused store leaves its key absent.
+    public var refusals: UInt64 = 0
+    /// Live entries.
+    public var entries: Int = 0
+    /// The sum of the charges (key + value + ``MemoryTier/entryOverhead``) of live entries and of removed
+    /// entries whose memory is not reclaimed yet (see ``MemoryTier/chargedBytes``).
+    public var chargedBytes: Int = 0
+
+    /// Creates an all-zero snapshot.
+    public init() {}
+
+    /// hits / (hits + misses), or 0 before the first read.
+    public var hitRatio: Double {
+        let reads = hits + misses
+        return reads == 0 ? 0 : Double(hits) / Double(reads)
+    }
+
+    mutating func add(_ other: MemoryTierStatistics) {
+        hits += other.hits
+        misses += other.misses
+        inserts += other.inserts
+        updates += other.updates
+        removals += other.removals
+        evictions += other.evictions
+        refusals += other.refusals
+        entries += other.entries
+        chargedBytes += other.chargedBytes
+    }
+}

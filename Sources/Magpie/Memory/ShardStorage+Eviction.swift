@@ -1,0 +1,67 @@
+// S3-FIFO eviction. See "Eviction" in ShardStorage.swift for the policy and its guarantees.
+
+extension ShardStorage {
+    /// Frees at least one block's charge, or moves one entry from `small` to `main`.
+    /// Returns false only when both queues are empty (nothing is charged).
+    mutating func evictOne() -> Bool {
+        if small.count > 0 && (smallCharged > smallTarget || main.count == 0) {
+            evictFromSmall()
+            return true
+        }
+        if main.count > 0 {
+            evictFromMain()
+            return true
+        }
+        return false
+    }
+
+    /// Pops `small`'s oldest block: frees it if dead, promotes it to `main` if it was read, else evicts
+    /// it and remembers its hash in the ghost.
+    private mutating func evictFromSmall() {
+        let block = small.popFirst()
+        let header = block.assumingMemoryBound(to: EntryHeader.self)
+        let charge = Self.charge(totalLength: header.pointee.totalLength)
+        if header.pointee.isDead {
+            small.dead -= 1
+            release(block, charge: charge, fromSmall: true)
+            return
+        }
+        if header.pointee.frequency > 0 && main.push(block) {
+            header.pointee.frequency = 0
+            header.pointee.state = EntryHeader.main
+            smallCharged -= charge
+            return
+        }
+        let hash = hashOf(block)
+        indexDelete(hash: hash, block: block)
+        ghostRemember(hash: hash)
+        count -= 1
+        counters.evictions &+= 1
+        release(block, charge: charge, fromSmall: true)
+    }
+
+    /// Pops `main` until a block is freed: dead blocks are freed, read entries re-queued with
+    /// frequency - 1 (so at most three passes), and the first unread entry evicted.
+    private mutating func evictFromMain() {
+        while main.count > 0 {
+            let block = main.popFirst()
+            let header = block.assumingMemoryBound(to: EntryHeader.self)
+            let charge = Self.charge(totalLength: header.pointee.totalLength)
+            if header.pointee.isDead {
+                main.dead -= 1
+                release(block, charge: charge, fromSmall: false)
+                return
+            }
+            // Re-queueing into the ring it was just popped from never needs more room.
+            if header.pointee.frequency > 0 && main.push(block) {
+                header.pointee.frequency -= 1
+                continue
+            }
+            indexDelete(hash: hashOf(block), block: block)
+            count -= 1
+            counters.evictions &+= 1
+            release(block, charge: charge, fromSmall: false)
+            return
+        }
+    }
+}

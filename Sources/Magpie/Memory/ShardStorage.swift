@@ -1,0 +1,319 @@
+import Glibc
+
+// MARK: - Shard storage: layout, invariants and the S3-FIFO policy
+//
+// A memory-tier shard is one `ShardStorage` behind its own lock (see `Shard`). Everything here runs
+// with that lock held, so nothing in this file is atomic and nothing is shared.
+//
+// ### Layout
+//
+//   block    one malloc block per entry: an 8-byte `EntryHeader` (value length u32, key length u16,
+//            frequency u8, state u8), then the key bytes, then the value bytes.
+//   index    open addressing, 8-byte buckets: tag (hash >> 56) : 8 | distance from home : 8 |
+//            block address : 48. 0 = empty. A hit costs two dependent memory reads: bucket, block.
+//   rings    two FIFOs of block pointers (8 B each): `small` and `main` (S3-FIFO's queues).
+//   ghost    one UInt32 per two index buckets: a direct-mapped filter of hashes evicted from `small`.
+//
+// Per entry, at the index's maximum load (3/4): bucket 8/0.75 ≈ 11 B + ghost ≈ 3 B + ring 8 B +
+// header 8 B + glibc's chunk header 8 B = 38 B, charged as ``MemoryTier/entryOverhead`` = 40 B.
+// Not charged: index headroom below its maximum load (it doubles past 3/4) and malloc's rounding of
+// a chunk to 16 B. The benchmark reports resident memory against the budget so the uncharged part
+// is measured, not guessed.
+//
+// ### Index
+//
+// Linear probing from home = (hash >> 12) & mask (the low bits pick the shard). Each bucket records
+// its distance from home, so deletion shifts later buckets of the run back (no tombstones) without
+// reading any key, and a lookup that meets an empty bucket stops. A tag match is only a hint: a hit
+// also compares the key's length and bytes in the block. Growing (x2 past 3/4 load, or when a run
+// would exceed 255) re-hashes keys, once per doubling. Addresses must fit 48 bits (true of user-space
+// pointers on x86-64 and arm64 Linux); a block outside that is freed and the store refused, never
+// mis-indexed.
+//
+// ### Eviction: S3-FIFO (Yang et al., SOSP'23), byte-charged
+//
+//  - A hit sets frequency = min(frequency + 1, 3): one byte store on the line already read.
+//  - A new key goes to `small`, or straight to `main` when the ghost remembers its hash.
+//  - To make room: if `small` is charged more than its target (10 % of the shard budget) or `main`
+//    is empty, pop `small`'s oldest: frequency > 0 moves it to `main` (frequency reset), else it is
+//    evicted and its hash enters the ghost. Otherwise pop `main`'s oldest: frequency > 0 re-queues it
+//    with frequency - 1, else it is evicted.
+// Guarantees the tests rely on: an entry read since its insertion is never evicted straight out of
+// `small`; an entry in `main` is evicted only after `main` has rotated past it frequency + 1 times;
+// new keys that are never read again pass through `small` only, so a scan of them can take from
+// `main` at most the bytes by which `small` may exceed its target (one entry).
+//
+// ### Removal: dead blocks
+//
+// Removing or replacing an entry deletes its bucket at once (a read can no longer see it), but its
+// block may still be in a ring. It is marked dead and stays charged, as it still holds memory, until
+// its ring pops it (eviction frees dead blocks first) or the ring is compacted (when dead blocks
+// outnumber live ones). A replacement of the same total size reuses the block in place.
+//
+// ### Budget invariant
+//
+// `charged` (live and dead blocks' charges) never exceeds `budget`: room is made before a block is
+// added, and an entry whose charge alone exceeds the budget is refused.
+
+/// The 8-byte header at the start of every entry block.
+struct EntryHeader {
+    var valueLength: UInt32
+    var keyLength: UInt16
+    var frequency: UInt8
+    var state: UInt8
+
+    static let small: UInt8 = 1
+    static let main: UInt8 = 2
+    static let deadFlag: UInt8 = 0x80
+
+    var isDead: Bool { state & EntryHeader.deadFlag != 0 }
+    var totalLength: Int { Int(keyLength) + Int(valueLength) }
+}
+
+/// The outcome of ``ShardStorage/store(hash:key:value:)``.
+enum StoreOutcome {
+    case inserted, updated, refused
+}
+
+struct ShardStorage: ~Copyable {
+    let budget: Int
+    let smallTarget: Int
+    let hasher: KeyHash
+
+    /// Charges of live and dead blocks.
+    var charged = 0
+    /// The part of `charged` in `small`.
+    var smallCharged = 0
+    /// Live entries (those in the index).
+    var count = 0
+
+    var index: UnsafeMutablePointer<UInt64>
+    var indexMask: Int
+    var ghost: UnsafeMutablePointer<UInt32>
+    var ghostMask: Int
+
+    var small: EntryRing
+    var main: EntryRing
+
+    var counters = MemoryTierStatistics()
+
+    static let initialBuckets = 64
+    static let initialRing = 32
+    static let frequencyCap: UInt8 = 3
+    static let headerSize = MemoryLayout<EntryHeader>.stride
+
+    /// Creates empty storage; nil when the initial arrays (about 1.2 KiB) cannot be allocated.
+    init?(budget: Int, hasher: KeyHash) {
+        guard let index = allocateZeroed(UInt64.self, Self.initialBuckets) else { return nil }
+        guard let ghost = allocateZeroed(UInt32.self, Self.initialBuckets / 2) else {
+            free(index)
+            return nil
+        }
+        guard let small = EntryRing(capacity: Self.initialRing), let main = EntryRing(capacity: Self.initialRing)
+        else {
+            free(index); free(ghost)
+            return nil
+        }
+        self.budget = budget
+        self.smallTarget = budget / 10
+        self.hasher = hasher
+        self.index = index
+        self.indexMask = Self.initialBuckets - 1
+        self.ghost = ghost
+        self.ghostMask = Self.initialBuckets / 2 - 1
+        self.small = small
+        self.main = main
+    }
+
+    deinit {
+        small.freeAllBlocks()
+        main.freeAllBlocks()
+        small.release(); main.release()
+        free(index); free(ghost)
+    }
+
+    /// The charge of an entry with these lengths.
+    @inline(__always)
+    static func charge(totalLength: Int) -> Int {
+        totalLength &+ MemoryTier.entryOverhead
+    }
+
+    // MARK: Reads
+
+    /// Runs `body` over the value stored for `key`, counting a hit or a miss.
+    @inline(__always)
+    mutating func withValue<R>(
+        hash: UInt64, key: UnsafeRawBufferPointer, _ body: (UnsafeRawBufferPointer) -> R
+    ) -> R? {
+        guard let (_, block) = find(hash: hash, key: key) else {
+            counters.misses &+= 1
+            return nil
+        }
+        counters.hits &+= 1
+        // Invariant: a block reachable from the index is live: header, then keyLength + valueLength bytes.
+        let header = block.assumingMemoryBound(to: EntryHeader.self)
+        let frequency = header.pointee.frequency
+        if frequency < Self.frequencyCap { header.pointee.frequency = frequency &+ 1 }
+        let start = block + Self.headerSize + Int(header.pointee.keyLength)
+        return body(UnsafeRawBufferPointer(start: start, count: Int(header.pointee.valueLength)))
+    }
+
+    /// Whether `key` is present, without counting a read or changing its frequency.
+    func contains(hash: UInt64, key: UnsafeRawBufferPointer) -> Bool {
+        find(hash: hash, key: key) != nil
+    }
+
+    // MARK: Writes
+
+    /// Stores `value` for `key`, replacing any previous value. Makes room first; refuses (leaving the key
+    /// absent) when the entry cannot fit the shard's budget or memory runs out.
+    mutating func store(hash: UInt64, key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer)
+        -> StoreOutcome
+    {
+        let totalLength = key.count + value.count
+        var queue = EntryHeader.small
+        var frequency: UInt8 = 0
+        var isUpdate = false
+        if let (position, block) = find(hash: hash, key: key) {
+            let header = block.assumingMemoryBound(to: EntryHeader.self)
+            if header.pointee.totalLength == totalLength {
+                // Same size: overwrite the value in place; the key bytes are already equal.
+                header.pointee.valueLength = UInt32(value.count)
+                copyBytes(value, to: block + Self.headerSize + key.count)
+                header.pointee.frequency = min(header.pointee.frequency &+ 1, Self.frequencyCap)
+                counters.updates &+= 1
+                return .updated
+            }
+            queue = header.pointee.state
+            frequency = min(header.pointee.frequency &+ 1, Self.frequencyCap)
+            isUpdate = true
+            unlink(position: position, block: block)
+        }
+        let charge = Self.charge(totalLength: totalLength)
+        guard charge <= budget else { return refuse(droppedPrevious: isUpdate) }
+        while charged + charge > budget {
+            // Cannot fail while anything is charged; the guard keeps a broken invariant from spinning.
+            guard evictOne() else { return refuse(droppedPrevious: isUpdate) }
+        }
+        if !isUpdate && ghostTake(hash: hash) { queue = EntryHeader.main }
+
+        // Out of memory anywhere below is a refusal, never a trap; nothing taken is leaked.
+        guard let block = malloc(Self.headerSize + totalLength) else { return refuse(droppedPrevious: isUpdate) }
+        guard UInt(bitPattern: block) < (1 << 48), ensureIndexRoom() else {
+            free(block)
+            return refuse(droppedPrevious: isUpdate)
+        }
+        block.initializeMemory(
+            as: EntryHeader.self,
+            repeating: EntryHeader(
+                valueLength: UInt32(value.count), keyLength: UInt16(key.count), frequency: frequency,
+                state: queue),
+            count: 1)
+        copyBytes(key, to: block + Self.headerSize)
+        copyBytes(value, to: block + Self.headerSize + key.count)
+        let pushed = queue == EntryHeader.small ? small.push(block) : main.push(block)
+        guard pushed, indexInsert(hash: hash, block: block) else {
+            if pushed {
+                // The block is in a ring but not indexed: leave it there dead and charged.
+                block.assumingMemoryBound(to: EntryHeader.self).pointee.state |= EntryHeader.deadFlag
+                addCharge(charge, queue: queue)
+            } else {
+                free(block)
+            }
+            return refuse(droppedPrevious: isUpdate)
+        }
+        addCharge(charge, queue: queue)
+        count += 1
+        if isUpdate { counters.updates &+= 1 } else { counters.inserts &+= 1 }
+        return isUpdate ? .updated : .inserted
+    }
+
+    /// Removes `key`; returns whether it was present.
+    mutating func remove(hash: UInt64, key: UnsafeRawBufferPointer) -> Bool {
+        guard let (position, block) = find(hash: hash, key: key) else { return false }
+        unlink(position: position, block: block)
+        counters.removals &+= 1
+        return true
+    }
+
+    /// Removes every entry and returns the arrays to their initial sizes. Counters are kept.
+    mutating func removeAll() {
+        counters.removals &+= UInt64(count)
+        small.freeAllBlocks()
+        main.freeAllBlocks()
+        small.removeAll()
+        main.removeAll()
+        // Shrinking can only fail to allocate; then the current (larger) arrays are kept, cleared.
+        if let index = allocateZeroed(UInt64.self, Self.initialBuckets) {
+            if let ghost = allocateZeroed(UInt32.self, Self.initialBuckets / 2) {
+                free(self.index); free(self.ghost)
+                self.index = index
+                self.indexMask = Self.initialBuckets - 1
+                self.ghost = ghost
+                self.ghostMask = Self.initialBuckets / 2 - 1
+            } else {
+                free(index)
+            }
+        }
+        memset(index, 0, (indexMask + 1) * MemoryLayout<UInt64>.stride)
+        memset(ghost, 0, (ghostMask + 1) * MemoryLayout<UInt32>.stride)
+        charged = 0
+        smallCharged = 0
+        count = 0
+    }
+
+    // MARK: Entry lifecycle
+
+    /// Counts a refused store. When it was meant to replace a value, that value is already gone, and
+    /// is counted as removed so that `entries == inserts - removals - evictions` always holds.
+    private mutating func refuse(droppedPrevious: Bool) -> StoreOutcome {
+        counters.refusals &+= 1
+        if droppedPrevious { counters.removals &+= 1 }
+        return .refused
+    }
+
+    @inline(__always)
+    private mutating func addCharge(_ charge: Int, queue: UInt8) {
+        charged += charge
+        if queue == EntryHeader.small { smallCharged += charge }
+    }
+
+    /// Takes a live entry out of the index and marks its block dead; the block (and its charge) stays
+    /// until its ring pops it or is compacted.
+    mutating func unlink(position: Int, block: UnsafeMutableRawPointer) {
+        indexDelete(at: position)
+        count -= 1
+        let header = block.assumingMemoryBound(to: EntryHeader.self)
+        let queue = header.pointee.state
+        header.pointee.state = queue | EntryHeader.deadFlag
+        if queue == EntryHeader.small {
+            small.dead += 1
+            if small.needsCompaction {
+                let freed = small.compact()
+                charged -= freed
+                smallCharged -= freed
+            }
+        } else {
+            main.dead += 1
+            if main.needsCompaction { charged -= main.compact() }
+        }
+    }
+
+    /// Frees a block that has left both the index and its ring, and its charge.
+    @inline(__always)
+    mutating func release(_ block: UnsafeMutableRawPointer, charge: Int, fromSmall: Bool) {
+        free(block)
+        charged -= charge
+        if fromSmall { smallCharged -= charge }
+    }
+}
+
+@inline(__always)
+func copyBytes(_ source: UnsafeRawBufferPointer, to destination: UnsafeMutableRawPointer) {
+    if let base = source.baseAddress, !source.isEmpty { memcpy(destination, base, source.count) }
+}
+
+/// `calloc` for `count` values of a trivial type whose all-zero bit pattern is valid; nil on failure.
+func allocateZeroed<T>(_ type: T.Type, _ count: Int) -> UnsafeMutablePointer<T>? {
+    calloc(count, MemoryLayout<T>.stride)?.bindMemory(to: T.self, capacity: count)
+}

@@ -1,0 +1,35 @@
+import Foundation
+
+/// A seeded generator (splitmix64) so every random test replays exactly. Set MAGPIE_TEST_SEED to
+/// replay a failing run; the seed in use is part of every failure message.
+struct SeededGenerator: RandomNumberGenerator {
+    private var state: UInt64
+
+    init(seed: UInt64) { state = seed }
+
+    mutating func next() -> UInt64 {
+        state &+= 0x9e37_79b9_7f4a_7c15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xbf58_476d_1ce4_e5b9
+        z = (z ^ (z >> 27)) &* 0x94d0_49bb_1331_11eb
+        return z ^ (z >> 31)
+    }
+}
+
+enum TestSeed {
+    /// MAGPIE_TEST_SEED if set, else the given default.
+    static func value(default seed: UInt64) -> UInt64 {
+        ProcessInfo.processInfo.environment["MAGPIE_TEST_SEED"].flatMap(UInt64.init) ?? seed
+    }
+}
+
+/// A value that names its key and version, so a read can prove it belongs to the key it was read for.
+func selfDescribingValue(key: Int, version: Int, length: Int) -> [UInt8] {
+    var bytes = Array("k\(key)v\(version);".utf8)
+    while bytes.count < length { bytes.append(UInt8(truncatingIfNeeded: key &* 31 &+ version &+ bytes.count)) }
+    return Array(bytes.prefix(max(length, 0)))
+}
+
+func keyBytes(_ key: Int) -> [UInt8] {
+    Array("key-\(key)".utf8)
+}
