@@ -35,7 +35,12 @@ public final class MemoryTier: Sendable {
     /// The hasher that places keys.
     public let hasher: KeyHash
 
-    @usableFromInline let shards: [Shard]
+    /// Owns the shards.
+    let shards: [Shard]
+    /// The same shards, reached without retain/release: a retain and release per operation are two
+    /// atomic writes to a line both cores then contend for. Valid while `shards` holds them (as long
+    /// as this tier lives).
+    let unownedShards: [Unmanaged<Shard>]
     @usableFromInline let shardMask: Int
 
     /// The default shard count: 8 per core, at least 8, a power of two.
@@ -76,6 +81,7 @@ public final class MemoryTier: Sendable {
         self.shardCount = shardCount
         self.hasher = hasher
         self.shards = shards
+        self.unownedShards = shards.map { Unmanaged.passUnretained($0) }
         self.shardMask = shardCount - 1
     }
 
