@@ -27,6 +27,24 @@ struct MemoryOptions: ParsableArguments {
     var repetitions = 3
     @Option(help: "Timed operations per thread for NSCache (about 50x slower here); one pass, same sequences.")
     var nscacheOps = 300_000
+    @Flag(
+        inversion: .prefixedNo,
+        help: "Measure each (system, threads) in a child process of its own, so one system's heap never shapes another's figures (resident memory above all).")
+    var isolate = true
+
+    /// The command-line arguments that reproduce these options for one (system, threads) child.
+    func childArguments(system: String, threads: Int, json: String) -> [String] {
+        var arguments = [
+            "memory", "--keys", "\(keys)", "--key-size", "\(keySize)", "--value-size", "\(valueSize)",
+            "--alpha", "\(alpha)", "--budget", "\(effectiveBudget)", "--threads", "\(threads)", "--ops", "\(ops)",
+            "--warmup", "\(warmup)", "--seed", "\(seed)", "--thread-seed-base", "\(threadSeedBase)",
+            "--systems", system, "--repetitions", "\(repetitions)", "--nscache-ops", "\(nscacheOps)",
+            "--no-isolate", "--json", json,
+        ]
+        if let shards { arguments += ["--shards", "\(shards)"] }
+        if let latencyOps { arguments += ["--latency-ops", "\(latencyOps)"] }
+        return arguments
+    }
 
     var effectiveBudget: Int {
         budget ?? Int(Double(keys * (keySize + valueSize)) * budgetPercent / 100)
@@ -52,7 +70,7 @@ struct MemoryOptions: ParsableArguments {
             "shards": .int(shards ?? MemoryTier.defaultShardCount),
             "latency_ops_per_thread": .int(latencyOps ?? ops), "latency_sampling": .string("every operation, separate pass"),
             "systems": .array(systems.map { .string($0) }), "repetitions": .int(repetitions),
-            "nscache_ops_per_thread": .int(min(nscacheOps, ops)),
+            "nscache_ops_per_thread": .int(min(nscacheOps, ops)), "isolated_processes": .bool(isolate),
         ]
     }
 }
@@ -62,6 +80,35 @@ struct MemoryScenario {
     let options: MemoryOptions
 
     func run(progress: (String) -> Void) throws -> [BenchResult] {
+        options.isolate ? try runIsolated(progress: progress) : try runHere(progress: progress)
+    }
+
+    /// Runs every (threads, system) pair in a child process of this executable and collects the rows.
+    private func runIsolated(progress: (String) -> Void) throws -> [BenchResult] {
+        var results: [BenchResult] = []
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("magpie-bench-\(getpid())")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        for threads in options.threads {
+            for system in options.systems {
+                let json = directory.appendingPathComponent("\(system)-\(threads).json").path
+                let child = Process()
+                child.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+                child.arguments = options.childArguments(system: system, threads: threads, json: json)
+                child.standardOutput = FileHandle.nullDevice
+                try child.run()
+                child.waitUntilExit()
+                guard child.terminationStatus == 0 else {
+                    throw ValidationError("child run of \(system) with \(threads) thread(s) exited with \(child.terminationStatus)")
+                }
+                let report = try JSONDecoder().decode(Report.self, from: Data(contentsOf: URL(fileURLWithPath: json)))
+                results += report.results
+            }
+        }
+        return results
+    }
+
+    private func runHere(progress: (String) -> Void) throws -> [BenchResult] {
         progress("memory: generating \(options.keys) keys, Zipf(\(options.alpha)) sequences")
         let workload = ZipfWorkload(keyCount: options.keys, alpha: options.alpha)
         let warmup = workload.ranks(seed: options.seed, count: options.warmup)

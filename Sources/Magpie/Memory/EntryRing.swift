@@ -43,11 +43,14 @@ struct EntryRing {
     }
 
     /// Removes and returns the oldest block. Precondition (callers check it): `count > 0`.
+    /// Halves the buffer when it falls to a quarter full (the small queue holds every entry while the
+    /// cache fills, then a tenth of them; without this its buffer would stay at its peak size).
     @inline(__always)
     mutating func popFirst() -> UnsafeMutableRawPointer {
         let block = buffer[head]
         head = (head + 1) & mask
         count -= 1
+        if count * 4 < mask && mask >= 1024 { resize(to: (mask + 1) / 2) }
         return block
     }
 
@@ -75,13 +78,19 @@ struct EntryRing {
     }
 
     private mutating func grow() -> Bool {
-        let capacity = mask + 1
-        guard let raw = malloc(capacity * 2 * MemoryLayout<UnsafeMutableRawPointer>.stride) else { return false }
-        let grown = raw.bindMemory(to: UnsafeMutableRawPointer.self, capacity: capacity * 2)
-        for offset in 0..<count { grown[offset] = buffer[(head + offset) & mask] }
+        resize(to: (mask + 1) * 2)
+    }
+
+    /// Moves the blocks, in order, to a buffer of `capacity` (a power of two ≥ count). False, with the
+    /// ring unchanged, when memory runs out (shrinking then simply does not happen).
+    @discardableResult
+    private mutating func resize(to capacity: Int) -> Bool {
+        guard let raw = malloc(capacity * MemoryLayout<UnsafeMutableRawPointer>.stride) else { return false }
+        let moved = raw.bindMemory(to: UnsafeMutableRawPointer.self, capacity: capacity)
+        for offset in 0..<count { moved[offset] = buffer[(head + offset) & mask] }
         free(buffer)
-        buffer = grown
-        mask = capacity * 2 - 1
+        buffer = moved
+        mask = capacity - 1
         head = 0
         return true
     }
