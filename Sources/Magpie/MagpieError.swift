@@ -9,6 +9,7 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
     public struct Code: Sendable, Hashable, CustomStringConvertible {
         private enum Kind: Sendable, Hashable {
             case keyTooLong, valueTooLarge, invalidConfiguration, compressionFailed, decompressionFailed
+            case directoryLocked, directoryUnusable, manifestMismatch, noSpace, ioFailure, closed
         }
 
         private let kind: Kind
@@ -25,8 +26,28 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
         /// zstd could not decompress: the input is corrupt, truncated, or not of the expected size.
         public static let decompressionFailed = Code(.decompressionFailed)
 
+        /// Another ``DiskTier`` (in this process or another) has the directory open.
+        public static let directoryLocked = Code(.directoryLocked)
+        /// The directory is missing and cannot be created, is not writable, holds files Magpie did not
+        /// write, or its MANIFEST is unreadable. ``DiskTier/destroy(directory:)`` resets a Magpie directory.
+        public static let directoryUnusable = Code(.directoryUnusable)
+        /// The MANIFEST's format version or bucket count differs from what was asked for.
+        public static let manifestMismatch = Code(.manifestMismatch)
+        /// The file system is full (`ENOSPC`) or over quota (`EDQUOT`).
+        public static let noSpace = Code(.noSpace)
+        /// Any other failed system call; ``MagpieError/errno`` and ``MagpieError/path`` say which.
+        public static let ioFailure = Code(.ioFailure)
+        /// The tier was closed.
+        public static let closed = Code(.closed)
+
         public var description: String {
             switch kind {
+            case .directoryLocked: "directoryLocked"
+            case .directoryUnusable: "directoryUnusable"
+            case .manifestMismatch: "manifestMismatch"
+            case .noSpace: "noSpace"
+            case .ioFailure: "ioFailure"
+            case .closed: "closed"
             case .keyTooLong: "keyTooLong"
             case .valueTooLarge: "valueTooLarge"
             case .invalidConfiguration: "invalidConfiguration"

@@ -1,4 +1,6 @@
 import Foundation
+import Magpie
+import Synchronization
 
 /// A seeded generator (splitmix64) so every random test replays exactly. Set MAGPIE_TEST_SEED to
 /// replay a failing run; the seed in use is part of every failure message.
@@ -32,4 +34,45 @@ func selfDescribingValue(key: Int, version: Int, length: Int) -> [UInt8] {
 
 func keyBytes(_ key: Int) -> [UInt8] {
     Array("key-\(key)".utf8)
+}
+
+/// A fresh empty directory under the system's temporary directory, removed by `cleanup()`.
+struct TemporaryDirectory {
+    let path: String
+
+    init(_ label: String = "magpie") {
+        var template = Array("\(NSTemporaryDirectory())/\(label)-XXXXXX".utf8CString)
+        let made = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }
+        precondition(made != nil, "mkdtemp failed")
+        path = String(decoding: template.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    /// A path inside the directory that does not exist yet.
+    func child(_ name: String) -> String { path + "/" + name }
+
+    func cleanup() {
+        try? FileManager.default.removeItem(atPath: path)
+    }
+}
+
+/// A clock tests move by hand.
+final class ManualClock: Sendable {
+    private let milliseconds: Mutex<Int64>
+
+    init(_ start: Int64 = 1_700_000_000_000) { milliseconds = Mutex(start) }
+
+    var now: Int64 { milliseconds.withLock { $0 } }
+    func advance(seconds: Int64) { milliseconds.withLock { $0 += seconds * 1000 } }
+
+    var cacheClock: CacheClock { CacheClock { [self] in now } }
+}
+
+/// Sum of the sizes of the files under `path` (recursively).
+func directoryBytes(_ path: String) -> Int {
+    guard let names = FileManager.default.subpaths(atPath: path) else { return 0 }
+    return names.reduce(0) { total, name in
+        let attributes = try? FileManager.default.attributesOfItem(atPath: path + "/" + name)
+        guard (attributes?[.type] as? FileAttributeType) == .typeRegular else { return total }
+        return total + ((attributes?[.size] as? Int) ?? 0)
+    }
 }

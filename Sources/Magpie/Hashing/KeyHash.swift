@@ -54,3 +54,12 @@ public struct KeyHash: Sendable, Hashable {
         XXH3_64bits_withSeed(bytes.baseAddress, bytes.count, seed)
     }
 }
+
+extension KeyHash {
+    /// The disk record checksum: XXH3-64 of `body`, seeded with XXH3-64 of `header` (so one call
+    /// covers two separate regions without a streaming state).
+    static func checksum(header: UnsafeRawBufferPointer, body: UnsafeRawBufferPointer) -> UInt64 {
+        let headerHash = XXH3_64bits_withSeed(header.baseAddress, header.count, 0)
+        return XXH3_64bits_withSeed(body.baseAddress, body.count, headerHash)
+    }
+}

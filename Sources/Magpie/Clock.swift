@@ -1,0 +1,46 @@
+import Glibc
+
+/// The wall clock Magpie reads for expiry, in milliseconds since 1970. Inject one in tests to move
+/// time without sleeping.
+public struct CacheClock: Sendable {
+    /// Milliseconds since 1970-01-01 UTC.
+    public let now: @Sendable () -> Int64
+
+    /// A clock that calls `now`.
+    public init(now: @escaping @Sendable () -> Int64) {
+        self.now = now
+    }
+
+    /// The system's real-time clock (`CLOCK_REALTIME`).
+    public static let system = CacheClock {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
+    }
+}
+
+/// When an entry stops being served.
+public enum Expiry: Sendable, Hashable {
+    /// Never expires (it may still be evicted).
+    case never
+    /// Expires this long after the store, by the tier's ``CacheClock``.
+    case after(Duration)
+    /// Expires at this instant, in milliseconds since 1970.
+    case at(millisecondsSince1970: Int64)
+
+    /// The absolute expiry in milliseconds since 1970, 0 for never. Past instants stay past.
+    func deadline(now: Int64) -> Int64 {
+        switch self {
+        case .never:
+            return 0
+        case .after(let duration):
+            let (seconds, attoseconds) = duration.components
+            let milliseconds = seconds.multipliedReportingOverflow(by: 1000)
+            guard !milliseconds.overflow else { return seconds > 0 ? Int64.max : 1 }
+            let total = now.addingReportingOverflow(milliseconds.partialValue &+ attoseconds / 1_000_000_000_000_000)
+            return total.overflow ? Int64.max : max(1, total.partialValue)
+        case .at(let instant):
+            return max(1, instant)
+        }
+    }
+}

@@ -1,0 +1,66 @@
+/// A pool of zstd contexts shared by many threads: a caller takes a context, uses it outside any lock,
+/// and gives it back. The pool holds at most as many contexts of each kind as were ever in use at once.
+final class ZstdPool: Sendable {
+    /// A context in a box, so the pool can hold `~Copyable` contexts in an array.
+    private final class CompressorBox {
+        let compressor: ZstdCompressor
+        init(_ compressor: consuming ZstdCompressor) { self.compressor = compressor }
+    }
+
+    private final class DecompressorBox {
+        let decompressor: ZstdDecompressor
+        init(_ decompressor: consuming ZstdDecompressor) { self.decompressor = decompressor }
+    }
+
+    private struct Free {
+        var compressors: [CompressorBox] = []
+        var decompressors: [DecompressorBox] = []
+    }
+
+    let level: Int
+    private let free = Locked(Free())
+
+    /// - Throws: ``MagpieError/Code/invalidConfiguration`` for a level libzstd does not support.
+    init(level: Int) throws(MagpieError) {
+        guard ZstdCompressor.supportedLevels.contains(level) else {
+            throw MagpieError(.invalidConfiguration, "zstd level \(level) is outside \(ZstdCompressor.supportedLevels)")
+        }
+        self.level = level
+    }
+
+    /// The compressed form of `source`, or nil when it would not be smaller.
+    func compress(_ source: UnsafeRawBufferPointer) throws(MagpieError) -> [UInt8]? {
+        let box: CompressorBox
+        if let reused = free.withLock({ $0.compressors.popLast() }) {
+            box = reused
+        } else {
+            box = CompressorBox(try ZstdCompressor(level: level))
+        }
+        defer { free.withLock { $0.compressors.append(box) } }
+        var output = [UInt8](repeating: 0, count: source.count)
+        let written = output.withUnsafeMutableBytes { destination in
+            // A destination as large as the input: zstd fails exactly when the output would not be smaller.
+            try? box.compressor.compress(source, into: destination)
+        }
+        guard let written, written < source.count else { return nil }
+        output.removeLast(output.count - written)
+        return output
+    }
+
+    /// Decompresses one frame into exactly `originalLength` bytes.
+    func decompress(_ source: UnsafeRawBufferPointer, originalLength: Int) throws(MagpieError) -> [UInt8] {
+        let box: DecompressorBox
+        if let reused = free.withLock({ $0.decompressors.popLast() }) {
+            box = reused
+        } else {
+            box = DecompressorBox(try ZstdDecompressor())
+        }
+        defer { free.withLock { $0.decompressors.append(box) } }
+        var output = [UInt8](repeating: 0, count: originalLength)
+        let result = output.withUnsafeMutableBytes { destination in
+            Result { () throws(MagpieError) -> Int in try box.decompressor.decompress(source, into: destination) }
+        }
+        _ = try result.get()
+        return output
+    }
+}

@@ -1,0 +1,146 @@
+import Glibc
+
+// MARK: - Recovery: rebuilding a bucket's index from its file
+//
+// The file is read whole and scanned from the end of its header. A record counts only if it is valid
+// (see RecordFormat.swift) and lies wholly inside the file. Records apply in file order:
+//  - a value replaces the key's previous record (an expired value only removes it);
+//  - a tombstone removes the key;
+//  - a group tombstone removes the group's values written before it.
+// Dead records (superseded or removed, see RecordFormat.swift) are stepped over.
+// At an invalid record the scan resyncs: it tries every following 8-byte boundary for a valid record.
+// If one is found, the bytes skipped count as one corrupt record; if none, the rest of the file is a
+// torn tail (an append cut short by a crash) or trailing garbage, and is truncated. A file whose
+// header is missing or belongs elsewhere (another bucket, count or seed) is reset to empty and counted.
+
+extension BucketState {
+    /// Opens (creating if needed) and recovers the bucket file.
+    static func open(context: BucketContext, now: Int64) throws(MagpieError) -> BucketState {
+        var state = BucketState(context: context)
+        state.fd = try FileIO.open(context.path, O_RDWR | O_CREAT)
+        do {
+            try state.recover(now: now)
+        } catch {
+            state.close()
+            throw error
+        }
+        return state
+    }
+
+    private mutating func recover(now: Int64) throws(MagpieError) {
+        let fileSize = try FileIO.size(fd, path: context.path)
+        var bytes = [UInt8](repeating: 0, count: fileSize)
+        let fd = self.fd
+        let path = context.path
+        let read = try bytes.withUnsafeMutableBytes { buffer in
+            Result { () throws(MagpieError) -> Int in try FileIO.read(fd, into: buffer, at: 0, path: path) }
+        }.get()
+        let expected = BucketFileHeader(bucketIndex: context.number, bucketCount: context.bucketCount, seed: context.hasher.seed)
+        let header = bytes.prefix(read).withUnsafeBytes { BucketFileHeader.decode($0) }
+        guard header == expected else {
+            if read > 0 { counters.corruptRecords += 1 }
+            try FileIO.truncate(fd, to: 0, path: path)
+            try expected.encoded().withUnsafeBytes { raw in
+                Result { () throws(MagpieError) in try FileIO.write(fd, raw, at: 0, path: path) }
+            }.get()
+            size = BucketFileHeader.size
+            return
+        }
+        let end = bytes.prefix(read).withUnsafeBytes { scan($0, now: now) }
+        size = end
+        if end < fileSize {
+            counters.truncatedTails += 1
+            try FileIO.truncate(fd, to: end, path: path)
+        }
+    }
+
+    /// Applies every valid record; returns the end of the last one.
+    private mutating func scan(_ file: UnsafeRawBufferPointer, now: Int64) -> Int {
+        var offset = BucketFileHeader.size
+        var end = offset
+        var groups: [[UInt8]: [UInt32]] = [:]  // group name -> offset8 of its values, in file order
+        while offset + RecordHeader.size <= file.count {
+            guard let header = validRecord(file, at: offset) else {
+                var next = offset + 8
+                while next + RecordHeader.size <= file.count && validRecord(file, at: next) == nil { next += 8 }
+                if next + RecordHeader.size > file.count { break }  // nothing valid after: a tail
+                counters.corruptRecords += 1
+                offset = next
+                continue
+            }
+            let record = UnsafeRawBufferPointer(rebasing: file[offset..<(offset + header.recordLength)])
+            if header.isDead {
+                // Superseded or removed: stepped over, never applied.
+            } else if belongsHere(header, record) {
+                apply(header, record, at: offset, groups: &groups, file: file, now: now)
+            } else {
+                counters.corruptRecords += 1
+            }
+            maximumSequence = max(maximumSequence, header.sequence)
+            offset += header.recordLength
+            end = offset
+        }
+        return end
+    }
+
+    private func validRecord(_ file: UnsafeRawBufferPointer, at offset: Int) -> RecordHeader? {
+        guard let header = RecordHeader.validate(UnsafeRawBufferPointer(rebasing: file[offset...])),
+            offset + header.recordLength <= file.count
+        else { return nil }
+        return header
+    }
+
+    /// A valid record may still be foreign: its key must hash to its key hash, and that to this bucket.
+    private func belongsHere(_ header: RecordHeader, _ record: UnsafeRawBufferPointer) -> Bool {
+        if header.kind == .groupTombstone { return header.keyHash == 0 }
+        let key = UnsafeRawBufferPointer(rebasing: record[header.keyOffset..<header.groupOffset])
+        return context.hasher.hash(key) == header.keyHash
+            && DiskTier.bucket(of: header.keyHash, count: context.bucketCount) == context.number
+    }
+
+    private mutating func apply(
+        _ header: RecordHeader, _ record: UnsafeRawBufferPointer, at offset: Int, groups: inout [[UInt8]: [UInt32]],
+        file: UnsafeRawBufferPointer, now: Int64
+    ) {
+        switch header.kind {
+        case .value:
+            let key = UnsafeRawBufferPointer(rebasing: record[header.keyOffset..<header.groupOffset])
+            removeRecovered(keyHash: header.keyHash, key: key, file: file)
+            if header.expiry != 0 && header.expiry <= now {
+                counters.expired += 1
+                return
+            }
+            index.insert(DiskSlot(hash: header.keyHash, offset: offset, length: header.recordLength, expiryMilliseconds: header.expiry))
+            liveBytes += header.recordLength
+            if header.groupLength > 0 {
+                groups[Array(record[header.groupOffset..<header.payloadOffset]), default: []].append(UInt32(offset / 8))
+            }
+        case .tombstone:
+            let key = UnsafeRawBufferPointer(rebasing: record[header.keyOffset..<header.groupOffset])
+            removeRecovered(keyHash: header.keyHash, key: key, file: file)
+        case .groupTombstone:
+            let name = Array(record[header.groupOffset..<header.payloadOffset])
+            for offset8 in groups.removeValue(forKey: name) ?? [] {
+                // The member's own record gives its tag; the slot still points at it unless replaced.
+                let member = UnsafeRawBufferPointer(rebasing: file[(Int(offset8) * 8)...])
+                guard let memberHeader = RecordHeader.decode(member) else { continue }
+                let tag = UInt32(truncatingIfNeeded: memberHeader.keyHash >> 32)
+                if let position = index.positions(tag: tag).first(where: { index[$0].offset8 == offset8 }) {
+                    drop(at: position)
+                }
+            }
+        }
+    }
+
+    /// Removes the recovered slot of `key`, comparing keys against the file in memory.
+    private mutating func removeRecovered(keyHash: UInt64, key: UnsafeRawBufferPointer, file: UnsafeRawBufferPointer) {
+        for position in index.positions(tag: UInt32(truncatingIfNeeded: keyHash >> 32)) {
+            let slotRecord = UnsafeRawBufferPointer(rebasing: file[index[position].offset...])
+            guard let header = RecordHeader.decode(slotRecord), header.keyLength == key.count else { continue }
+            if key.isEmpty || memcmp(slotRecord.baseAddress! + header.keyOffset, key.baseAddress!, key.count) == 0 {
+                drop(at: position)
+                return
+            }
+        }
+    }
+}

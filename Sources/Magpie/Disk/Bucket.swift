@@ -1,0 +1,351 @@
+import Glibc
+
+// MARK: - A bucket: one append-only file, its index, its lock
+//
+// Every operation on a bucket runs with its lock held (`Locked<BucketState>`), so a bucket's file,
+// size and index always change together. I/O that fails leaves the index as it was before the call.
+//
+// Room: the file never grows past `share` bytes. When an append would pass it, the clock hand evicts
+// live entries (skipping, once, those read since it last passed) until the live records fit in 3/4 of
+// the share, then the bucket is compacted: its live records are copied to `<file>.compact`, which is
+// fsynced and renamed over the file, and the directory fsynced. One compaction runs at a time in the
+// whole tier, so the bucket files plus the one temporary file never exceed budget + share.
+
+/// What every bucket of a tier shares, and what tells buckets apart.
+struct BucketContext: Sendable {
+    let number: Int
+    let path: String
+    let directory: String
+    let share: Int
+    let hasher: KeyHash
+    let bucketCount: Int
+    /// Held while compacting: one temporary file at a time in the whole tier.
+    let compaction: Locked<Void>
+}
+
+struct BucketCounters {
+    var hits: UInt64 = 0
+    var misses: UInt64 = 0
+    var writes: UInt64 = 0
+    var removals: UInt64 = 0
+    var evictions: UInt64 = 0
+    var compactions: UInt64 = 0
+    var corruptRecords: UInt64 = 0
+    var truncatedTails: UInt64 = 0
+    var expired: UInt64 = 0
+}
+
+/// A record read for a key: its bytes and parsed header.
+struct FoundRecord {
+    var header: RecordHeader
+    var bytes: [UInt8]
+}
+
+struct BucketState {
+    let context: BucketContext
+    var fd: Int32 = -1
+    /// Bytes of the file in use: header and records up to the last complete append.
+    var size = BucketFileHeader.size
+    /// Bytes of the records the index points at.
+    var liveBytes = 0
+    var index = BucketIndex()
+    var counters = BucketCounters()
+    var maximumSequence: UInt64 = 0
+
+    init(context: BucketContext) {
+        self.context = context
+    }
+
+    var isOpen: Bool { fd >= 0 }
+
+    func checkOpen() throws(MagpieError) {
+        guard isOpen else { throw MagpieError(.closed, "the disk tier is closed", path: context.path) }
+    }
+
+    // MARK: Reads
+
+    /// The newest live record for `key`, or nil. Corrupt records met on the way are counted and dropped
+    /// from the index (healed); expired ones are dropped too.
+    mutating func read(tag: UInt32, key: UnsafeRawBufferPointer, now: Int64) throws(MagpieError) -> FoundRecord? {
+        try checkOpen()
+        guard let (position, found) = try find(tag: tag, key: key) else {
+            counters.misses += 1
+            return nil
+        }
+        if found.header.expiry != 0 && found.header.expiry <= now {
+            drop(at: position)
+            counters.expired += 1
+            counters.misses += 1
+            return nil
+        }
+        index[position].referenced = true
+        counters.hits += 1
+        return found
+    }
+
+    /// The index position and record of `key`. Verifies each candidate's checksum and key.
+    mutating func find(tag: UInt32, key: UnsafeRawBufferPointer) throws(MagpieError) -> (Int, FoundRecord)? {
+        search: while true {
+            for position in index.positions(tag: tag) {
+                let slot = index[position]
+                let bytes = try readRecord(slot)
+                guard let header = bytes.withUnsafeBytes({ RecordHeader.validate($0) }), header.kind == .value,
+                    !header.isDead, header.recordLength == slot.length
+                else {
+                    counters.corruptRecords += 1
+                    drop(at: position)
+                    continue search  // positions moved: start over
+                }
+                let matches = bytes.withUnsafeBytes { raw in
+                    header.keyLength == key.count
+                        && (key.isEmpty || memcmp(raw.baseAddress! + header.keyOffset, key.baseAddress!, key.count) == 0)
+                }
+                if matches { return (position, FoundRecord(header: header, bytes: bytes)) }
+            }
+            return nil
+        }
+    }
+
+    func readRecord(_ slot: DiskSlot) throws(MagpieError) -> [UInt8] {
+        var bytes = [UInt8](repeating: 0, count: slot.length)
+        let fd = self.fd
+        let path = context.path
+        let read = try bytes.withUnsafeMutableBytes { buffer in
+            Result { () throws(MagpieError) -> Int in try FileIO.read(fd, into: buffer, at: slot.offset, path: path) }
+        }.get()
+        if read < slot.length { bytes.removeLast(slot.length - read) }  // fails validation: too short
+        return bytes
+    }
+
+    /// Removes the slot at `position` from the index (its record becomes garbage).
+    mutating func drop(at position: Int) {
+        liveBytes -= index[position].length
+        index.remove(at: position)
+    }
+
+    // MARK: Writes
+
+    /// Appends a value record for `key` and points the index at it. The previous record of the key, if
+    /// any, becomes garbage. On failure the index is as before.
+    mutating func store(
+        _ record: inout [UInt8], _ header: RecordHeader, key: UnsafeRawBufferPointer,
+        nextSequence: () -> UInt64, now: Int64
+    ) throws(MagpieError) {
+        try checkOpen()
+        let tag = UInt32(truncatingIfNeeded: header.keyHash >> 32)
+        var previous: DiskSlot? = nil
+        if let (position, _) = try find(tag: tag, key: key) {
+            previous = index[position]
+            drop(at: position)
+        }
+        let compactions = counters.compactions
+        let offset: Int
+        do {
+            offset = try append(&record, header, nextSequence: nextSequence, now: now)
+        } catch {
+            // A compaction since the drop has discarded the previous record: then it is gone for good.
+            if let previous, counters.compactions == compactions { restore(previous) }
+            throw error
+        }
+        index.insert(DiskSlot(hash: header.keyHash, offset: offset, length: record.count, expiryMilliseconds: header.expiry))
+        liveBytes += record.count
+        counters.writes += 1
+        if let previous, counters.compactions == compactions { markDead(previous) }
+    }
+
+    /// Removes `key` and appends a tombstone, so the removal survives a restart even if an older record
+    /// of the key (say, of an evicted entry) is still in the file. Returns whether the key was live.
+    mutating func remove(
+        tag: UInt32, key: UnsafeRawBufferPointer, tombstone: inout [UInt8], _ header: RecordHeader,
+        nextSequence: () -> UInt64, now: Int64
+    ) throws(MagpieError) -> Bool {
+        try checkOpen()
+        var previous: DiskSlot? = nil
+        if let (position, _) = try find(tag: tag, key: key) {
+            previous = index[position]
+            drop(at: position)
+        }
+        let compactions = counters.compactions
+        do {
+            _ = try append(&tombstone, header, nextSequence: nextSequence, now: now)
+        } catch {
+            if let previous, counters.compactions == compactions { restore(previous) }
+            throw error
+        }
+        if let previous {
+            counters.removals += 1
+            if counters.compactions == compactions { markDead(previous) }
+        }
+        return previous != nil
+    }
+
+    /// Removes every live entry whose group is `group` and appends a group tombstone (always: older
+    /// records of the group may remain in the file). Returns the number of live entries removed.
+    mutating func removeGroup(
+        _ group: UnsafeRawBufferPointer, tombstone: inout [UInt8], _ header: RecordHeader,
+        nextSequence: () -> UInt64, now: Int64
+    ) throws(MagpieError) -> Int {
+        try checkOpen()
+        var members: [DiskSlot] = []
+        for slot in index.slots where !slot.isEmpty {
+            let bytes = try readRecord(slot)
+            let inGroup = bytes.withUnsafeBytes { raw -> Bool in
+                guard let header = RecordHeader.validate(raw), header.groupLength == group.count, !group.isEmpty
+                else { return false }
+                return memcmp(raw.baseAddress! + header.groupOffset, group.baseAddress!, group.count) == 0
+            }
+            if inGroup { members.append(slot) }
+        }
+        for member in members {
+            if let position = index.positions(tag: member.tag).first(where: { index[$0].offset8 == member.offset8 }) {
+                drop(at: position)
+            }
+        }
+        let compactions = counters.compactions
+        do {
+            _ = try append(&tombstone, header, nextSequence: nextSequence, now: now)
+        } catch {
+            if counters.compactions == compactions { for member in members { restore(member) } }
+            throw error
+        }
+        counters.removals += UInt64(members.count)
+        if counters.compactions == compactions { for member in members { markDead(member) } }
+        return members.count
+    }
+
+    /// Empties the bucket: the file keeps only its header.
+    mutating func removeAll() throws(MagpieError) {
+        try checkOpen()
+        try FileIO.truncate(fd, to: BucketFileHeader.size, path: context.path)
+        counters.removals += UInt64(index.count)
+        index.removeAll()
+        liveBytes = 0
+        size = BucketFileHeader.size
+    }
+
+    /// Drops entries whose expiry has passed; returns how many.
+    mutating func removeExpired(now: Int64) -> Int {
+        var removed = 0
+        var position = 0
+        while position < index.slots.count {
+            if !index[position].isEmpty && index[position].isExpired(nowMilliseconds: now) {
+                drop(at: position)  // a later slot may shift into `position`: look at it again
+                removed += 1
+            } else {
+                position += 1
+            }
+        }
+        counters.expired += UInt64(removed)
+        return removed
+    }
+
+    mutating func flush() throws(MagpieError) {
+        try checkOpen()
+        try FileIO.sync(fd, path: context.path)
+    }
+
+    mutating func close() {
+        if fd >= 0 { Glibc.close(fd) }
+        fd = -1
+    }
+
+    /// Overwrites the magic of a record that is no longer indexed with "DEAD", so that recovery never
+    /// applies it. Best effort: the record is already out of the index, and a tombstone or newer
+    /// record follows it in the file; a failed mark only loses that extra protection.
+    private func markDead(_ slot: DiskSlot) {
+        withUnsafeBytes(of: RecordHeader.deadMagic.littleEndian) { raw in
+            _ = try? FileIO.write(fd, raw, at: slot.offset, path: context.path, operation: "mark")
+        }
+    }
+
+    private mutating func restore(_ slot: DiskSlot) {
+        index.insert(slot)
+        liveBytes += slot.length
+    }
+
+    // MARK: Room
+
+    /// Makes room if needed, stamps the record's sequence number and appends it. Returns its offset.
+    private mutating func append(
+        _ record: inout [UInt8], _ header: RecordHeader, nextSequence: () -> UInt64, now: Int64
+    ) throws(MagpieError) -> Int {
+        if size + record.count > context.share { try makeRoom(for: record.count, now: now) }
+        guard size + record.count <= context.share else {
+            throw MagpieError(.valueTooLarge, "a \(record.count)-byte record does not fit a \(context.share)-byte bucket")
+        }
+        let sequence = nextSequence()
+        record.withUnsafeMutableBytes { RecordHeader.setSequence(sequence, in: $0, header) }
+        let offset = size
+        let fd = self.fd
+        let path = context.path
+        do {
+            try record.withUnsafeBytes { raw in
+                Result { () throws(MagpieError) in try FileIO.write(fd, raw, at: offset, path: path) }
+            }.get()
+        } catch {
+            // Best effort: cut a partial record off. If this fails too, `size` still excludes it, the
+            // next append overwrites it, and recovery would truncate it as a torn tail.
+            try? FileIO.truncate(fd, to: offset, path: path)
+            throw error
+        }
+        size += record.count
+        maximumSequence = max(maximumSequence, sequence)
+        return offset
+    }
+
+    /// Evicts until the live records and `needed` fit in 3/4 of the share, then compacts.
+    private mutating func makeRoom(for needed: Int, now: Int64) throws(MagpieError) {
+        let target = max(0, context.share * 3 / 4 - needed - BucketFileHeader.size)
+        while liveBytes > target && index.count > 0 {
+            let position = index.hand & index.mask
+            var slot = index[position]
+            if slot.isEmpty {
+                index.hand = position + 1
+            } else if slot.referenced && !slot.isExpired(nowMilliseconds: now) {
+                slot.referenced = false
+                index[position] = slot
+                index.hand = position + 1
+            } else {
+                drop(at: position)  // the hand stays: a later slot may have shifted into this position
+                counters.evictions += 1
+            }
+        }
+        try context.compaction.withLock { (_: inout Void) throws(MagpieError) in try compact() }
+    }
+
+    /// Rewrites the live records into a new file and renames it over the bucket file.
+    private mutating func compact() throws(MagpieError) {
+        let temporary = context.path + ".compact"
+        let newFD = try FileIO.open(temporary, O_RDWR | O_CREAT | O_TRUNC)
+        var moved = index
+        var newSize = BucketFileHeader.size
+        do {
+            let header = BucketFileHeader(bucketIndex: context.number, bucketCount: context.bucketCount, seed: context.hasher.seed)
+            try header.encoded().withUnsafeBytes { raw in
+                Result { () throws(MagpieError) in try FileIO.write(newFD, raw, at: 0, path: temporary) }
+            }.get()
+            for position in 0..<index.slots.count where !index[position].isEmpty {
+                let bytes = try readRecord(index[position])
+                let at = newSize
+                try bytes.withUnsafeBytes { raw in
+                    Result { () throws(MagpieError) in try FileIO.write(newFD, raw, at: at, path: temporary) }
+                }.get()
+                moved[position].offset8 = UInt32(newSize / 8)
+                newSize += bytes.count
+            }
+            try FileIO.sync(newFD, path: temporary)
+            try FileIO.rename(temporary, to: context.path)
+        } catch {
+            Glibc.close(newFD)
+            unlink(temporary)
+            throw error
+        }
+        // The renamed file is the bucket now, whatever happens next.
+        Glibc.close(fd)
+        fd = newFD
+        size = newSize
+        index = moved
+        counters.compactions += 1
+        try FileIO.syncDirectory(context.directory)
+    }
+}

@@ -1,0 +1,404 @@
+import Glibc
+import Synchronization
+
+/// The disk tier: a directory of a fixed set of fixed-name bucket files, each an append-only log of
+/// checksummed records, within a byte budget.
+///
+/// ```
+/// <directory>/MANIFEST      format version, bucket count, hash seed (written once, atomically)
+/// <directory>/LOCK          flock'ed by the one DiskTier that has the directory open
+/// <directory>/buckets/00 …  one file per bucket; names never derive from keys
+/// ```
+///
+/// A key's hash picks its bucket (high bits); each bucket has its own lock, in-memory index (16-byte
+/// slots) and an equal share of the budget. Values of at least ``Configuration/minimumCompressibleLength``
+/// bytes are stored zstd-compressed when that is smaller. The record format and recovery rules are
+/// described in `Disk/RecordFormat.swift` and `Disk/Bucket+Recovery.swift`.
+///
+/// **Budget.** The bucket files never exceed ``Configuration/budget`` bytes together. While a bucket is
+/// compacted, one temporary file of at most ``bucketBudget`` bytes exists besides them (one compaction
+/// runs at a time), so the directory holds at most budget + bucketBudget bytes, plus MANIFEST and LOCK.
+///
+/// **Durability.** A store, removal or group removal has reached the kernel's page cache when the call
+/// returns: it survives the process being killed, not a power loss. ``flush()`` makes everything
+/// written so far durable (fsync of every bucket file and of the directories). After a crash, recent
+/// writes may be lost, but a read returns either nothing or exactly a value that was stored for its
+/// key, and a removal or group removal that returned is never undone by a restart. ``removeAll()``
+/// empties bucket after bucket: a crash in the middle leaves the buckets it had not reached.
+///
+/// **Errors.** Every failure is a ``MagpieError``; after one, the tier is still consistent and usable.
+public final class DiskTier: Sendable {
+    /// How to open a disk tier.
+    public struct Configuration: Sendable {
+        /// The cache directory; created if missing (its parent must exist).
+        public var directory: String
+        /// The most bytes the bucket files may hold together.
+        public var budget: Int
+        /// Buckets (a power of two, 1 to ``DiskTier/maximumBucketCount``), fixed at creation. Nil: the
+        /// directory's own for an existing directory, else from the budget (4 MiB per bucket, 16 to 256).
+        public var bucketCount: Int?
+        /// The zstd level for new values; nil stores every value raw.
+        public var compressionLevel: Int?
+        /// Values shorter than this are stored raw.
+        public var minimumCompressibleLength: Int
+        /// The clock for expiry.
+        public var clock: CacheClock
+        /// The hash seed of a directory created by this open; nil picks a random one (the default:
+        /// keys chosen by an attacker then cannot pile into one bucket). An existing directory keeps
+        /// the seed in its MANIFEST. Set it for reproducible tests and benchmarks.
+        public var hashSeed: UInt64?
+
+        /// A configuration with defaults: zstd level 1, values of 64 bytes or more compressed.
+        public init(
+            directory: String, budget: Int, bucketCount: Int? = nil, compressionLevel: Int? = 1,
+            minimumCompressibleLength: Int = 64, clock: CacheClock = .system, hashSeed: UInt64? = nil
+        ) {
+            self.hashSeed = hashSeed
+            self.directory = directory
+            self.budget = budget
+            self.bucketCount = bucketCount
+            self.compressionLevel = compressionLevel
+            self.minimumCompressibleLength = minimumCompressibleLength
+            self.clock = clock
+        }
+    }
+
+    /// The longest key, in bytes.
+    public static let maximumKeyLength = 65_535
+    /// The longest group name, in UTF-8 bytes.
+    public static let maximumGroupLength = 65_535
+    /// The most buckets a directory may have.
+    public static let maximumBucketCount = 4096
+
+    /// The configuration it was opened with (``Configuration/bucketCount`` as found or created).
+    public let configuration: Configuration
+    /// The number of bucket files.
+    public let bucketCount: Int
+    /// The most bytes one bucket file may hold: budget / bucketCount.
+    public let bucketBudget: Int
+    let hasher: KeyHash
+
+    let buckets: [Locked<BucketState>]
+    private let sequence: Atomic<UInt64>
+    private let compression: ZstdPool
+    private let compresses: Bool
+    private let lockFile: Locked<Int32>
+    let originalBytes = Atomic<UInt64>(0)
+    let storedBytes = Atomic<UInt64>(0)
+
+    /// Opens the directory, creating it if needed, and recovers every bucket.
+    /// - Throws: ``MagpieError/Code/directoryLocked`` if another tier has it open;
+    ///   ``MagpieError/Code/directoryUnusable`` if it cannot be created or written, holds files Magpie
+    ///   did not write, or its MANIFEST is unreadable; ``MagpieError/Code/manifestMismatch`` if it was
+    ///   created with another format or bucket count; ``MagpieError/Code/invalidConfiguration`` for a
+    ///   budget or bucket count out of range; I/O errors from recovery.
+    public init(_ configuration: Configuration) throws(MagpieError) {
+        guard configuration.budget > 0 else {
+            throw MagpieError(.invalidConfiguration, "disk budget \(configuration.budget) must be positive")
+        }
+        if let count = configuration.bucketCount, !Self.isValidBucketCount(count) {
+            throw MagpieError(.invalidConfiguration, "bucket count \(count) must be a power of two from 1 to \(Self.maximumBucketCount)")
+        }
+        compression = try ZstdPool(level: configuration.compressionLevel ?? 1)
+        compresses = configuration.compressionLevel != nil
+        let directory = configuration.directory
+        try FileIO.makeDirectory(directory)
+        let lockFD = try Self.lock(directory)
+        do throws(MagpieError) {
+            let manifest = try Self.openManifest(configuration)
+            let count = manifest.bucketCount
+            let share = configuration.budget / count
+            guard share >= BucketFileHeader.size + 64 else {
+                throw MagpieError(.invalidConfiguration, "a budget of \(configuration.budget) bytes is too small for \(count) buckets")
+            }
+            let hasher = KeyHash(seed: manifest.seed)
+            let bucketDirectory = directory + "/buckets"
+            try FileIO.makeDirectory(bucketDirectory)
+            try Self.removeStrays(in: bucketDirectory, count: count)
+            let compaction = Locked(())
+            let now = configuration.clock.now()
+            var buckets: [Locked<BucketState>] = []
+            var maximumSequence: UInt64 = 0
+            do throws(MagpieError) {
+                for number in 0..<count {
+                    let context = BucketContext(
+                        number: number, path: bucketDirectory + "/" + Self.bucketName(number, count: count),
+                        directory: bucketDirectory, share: share, hasher: hasher, bucketCount: count, compaction: compaction)
+                    let state = try BucketState.open(context: context, now: now)
+                    maximumSequence = max(maximumSequence, state.maximumSequence)
+                    buckets.append(Locked(state))
+                }
+            } catch {
+                for bucket in buckets { bucket.withLock { $0.close() } }
+                throw error
+            }
+            var resolved = configuration
+            resolved.bucketCount = count
+            self.configuration = resolved
+            self.bucketCount = count
+            self.bucketBudget = share
+            self.hasher = hasher
+            self.buckets = buckets
+            self.sequence = Atomic(maximumSequence + 1)
+            self.lockFile = Locked(lockFD)
+        } catch {
+            Glibc.close(lockFD)  // releases the flock
+            throw error
+        }
+    }
+
+    deinit {
+        for bucket in buckets { bucket.withLock { $0.close() } }
+        lockFile.withLock { fd in
+            if fd >= 0 { Glibc.close(fd) }
+        }
+    }
+
+    // MARK: Reads
+
+    /// The value stored for `key`, or nil: absent, expired, or its record failed its checksum (counted
+    /// in ``DiskTierStatistics/corruptRecords`` and dropped). Never bytes other than those stored.
+    /// - Throws: ``MagpieError/Code/ioFailure`` when the read itself fails, ``MagpieError/Code/closed``.
+    public func value(forKey key: some Sequence<UInt8>) throws(MagpieError) -> [UInt8]? {
+        try withBytes(key) { key in Result { () throws(MagpieError) -> [UInt8]? in try _value(forKey: key) } }.get()
+    }
+
+    /// ``value(forKey:)-(Sequence<UInt8>)`` for a `String` key.
+    public func value(forKey key: String) throws(MagpieError) -> [UInt8]? {
+        try value(forKey: key.utf8)
+    }
+
+    private func _value(forKey key: UnsafeRawBufferPointer) throws(MagpieError) -> [UInt8]? {
+        try checkKey(key)
+        let hash = hasher.hash(key)
+        let now = configuration.clock.now()
+        let bucket = bucket(for: hash)
+        let found = try bucket.withLock { (state: inout BucketState) throws(MagpieError) -> FoundRecord? in
+            try state.read(tag: UInt32(truncatingIfNeeded: hash >> 32), key: key, now: now)
+        }
+        guard let found else { return nil }
+        let header = found.header
+        let payload = found.bytes[header.payloadOffset..<(header.payloadOffset + header.storedLength)]
+        switch header.codec {
+        case .raw:
+            return Array(payload)
+        case .zstd:
+            // The checksum matched, so a failure here means the writer stored a bad frame: still a miss.
+            do {
+                return try payload.withUnsafeBytes { raw in
+                    Result { () throws(MagpieError) -> [UInt8] in
+                        try compression.decompress(raw, originalLength: header.originalLength)
+                    }
+                }.get()
+            } catch {
+                bucket.withLock { $0.counters.corruptRecords += 1 }
+                return nil
+            }
+        }
+    }
+
+    // MARK: Writes
+
+    /// Stores `value` for `key`, replacing any previous value.
+    /// - Parameters:
+    ///   - expiry: when the entry stops being served; an instant already past removes the key.
+    ///   - group: a group to remove it with, see ``removeAll(inGroup:)``.
+    /// - Throws: ``MagpieError/Code/keyTooLong`` (key or group), ``MagpieError/Code/valueTooLarge`` when the
+    ///   record would exceed ``bucketBudget``, ``MagpieError/Code/noSpace`` and
+    ///   ``MagpieError/Code/ioFailure``, ``MagpieError/Code/closed``. On a throw the key keeps its
+    ///   previous value (or, if a compaction ran in the meantime, has none).
+    public func set(
+        _ value: some Sequence<UInt8>, forKey key: some Sequence<UInt8>, expiry: Expiry = .never, group: String? = nil
+    ) throws(MagpieError) {
+        try withBytes(key) { key in withBytes(value) { value in
+            Result { () throws(MagpieError) in try _set(value, forKey: key, expiry: expiry, group: group) }
+        } }.get()
+    }
+
+    /// ``set(_:forKey:expiry:group:)-(Sequence<UInt8>,Sequence<UInt8>,_,_)`` for a `String` key (its UTF-8 bytes).
+    public func set(_ value: some Sequence<UInt8>, forKey key: String, expiry: Expiry = .never, group: String? = nil)
+        throws(MagpieError)
+    {
+        try set(value, forKey: key.utf8, expiry: expiry, group: group)
+    }
+
+    private func _set(_ value: UnsafeRawBufferPointer, forKey key: UnsafeRawBufferPointer, expiry: Expiry, group: String?)
+        throws(MagpieError)
+    {
+        try checkKey(key)
+        let group = Array((group ?? "").utf8)
+        guard group.count <= Self.maximumGroupLength else {
+            throw MagpieError(.keyTooLong, "group name of \(group.count) bytes; the limit is \(Self.maximumGroupLength)")
+        }
+        guard value.count <= Int(UInt32.max) else {
+            throw MagpieError(.valueTooLarge, "value of \(value.count) bytes does not fit a \(bucketBudget)-byte bucket")
+        }
+        let now = configuration.clock.now()
+        let deadline = expiry.deadline(now: now)
+        if deadline != 0 && deadline <= now {
+            _ = try _remove(key)  // expired on arrival: the key must not keep an older value
+            return
+        }
+        var compressed: [UInt8]? = nil
+        if compresses && value.count >= configuration.minimumCompressibleLength {
+            compressed = try compression.compress(value)
+        }
+        let storedLength = compressed?.count ?? value.count
+        guard RecordHeader.recordLength(key: key.count, group: group.count, stored: storedLength)
+            <= bucketBudget - BucketFileHeader.size
+        else {
+            throw MagpieError(.valueTooLarge, "value of \(value.count) bytes does not fit a \(bucketBudget)-byte bucket")
+        }
+        let hash = hasher.hash(key)
+        let header = RecordHeader(
+            kind: .value, codec: compressed == nil ? .raw : .zstd, keyLength: key.count, groupLength: group.count,
+            storedLength: storedLength, originalLength: value.count, expiry: deadline, sequence: 0, keyHash: hash)
+        var record = group.withUnsafeBytes { group in
+            if let compressed {
+                return compressed.withUnsafeBytes { RecordHeader.makeRecord(header, key: key, group: group, payload: $0) }
+            }
+            return RecordHeader.makeRecord(header, key: key, group: group, payload: value)
+        }
+        try bucket(for: hash).withLock { (state: inout BucketState) throws(MagpieError) in
+            try state.store(&record, header, key: key, nextSequence: nextSequence, now: now)
+        }
+        originalBytes.add(UInt64(value.count), ordering: .relaxed)
+        storedBytes.add(UInt64(storedLength), ordering: .relaxed)
+    }
+
+    /// Removes `key`, durably (a tombstone is appended). Returns whether it was present.
+    @discardableResult
+    public func removeValue(forKey key: some Sequence<UInt8>) throws(MagpieError) -> Bool {
+        try withBytes(key) { key in Result { () throws(MagpieError) -> Bool in try _remove(key) } }.get()
+    }
+
+    /// ``removeValue(forKey:)-(Sequence<UInt8>)`` for a `String` key.
+    @discardableResult
+    public func removeValue(forKey key: String) throws(MagpieError) -> Bool {
+        try removeValue(forKey: key.utf8)
+    }
+
+    private func _remove(_ key: UnsafeRawBufferPointer) throws(MagpieError) -> Bool {
+        try checkKey(key)
+        let hash = hasher.hash(key)
+        let header = RecordHeader(
+            kind: .tombstone, codec: .raw, keyLength: key.count, groupLength: 0, storedLength: 0, originalLength: 0,
+            expiry: 0, sequence: 0, keyHash: hash)
+        var tombstone = RecordHeader.makeRecord(header, key: key, group: UnsafeRawBufferPointer(start: nil, count: 0), payload: UnsafeRawBufferPointer(start: nil, count: 0))
+        let now = configuration.clock.now()
+        return try bucket(for: hash).withLock { (state: inout BucketState) throws(MagpieError) -> Bool in
+            try state.remove(
+                tag: UInt32(truncatingIfNeeded: hash >> 32), key: key, tombstone: &tombstone, header,
+                nextSequence: nextSequence, now: now)
+        }
+    }
+
+    /// Removes every entry stored with `group`, durably: each bucket gets a group tombstone, so none of
+    /// them comes back after a restart. Costs a read of every live record's header.
+    /// - Returns: the number of live entries removed.
+    @discardableResult
+    public func removeAll(inGroup group: String) throws(MagpieError) -> Int {
+        let name = Array(group.utf8)
+        guard !name.isEmpty, name.count <= Self.maximumGroupLength else {
+            throw MagpieError(.keyTooLong, "group names are 1 to \(Self.maximumGroupLength) bytes, not \(name.count)")
+        }
+        let header = RecordHeader(
+            kind: .groupTombstone, codec: .raw, keyLength: 0, groupLength: name.count, storedLength: 0, originalLength: 0,
+            expiry: 0, sequence: 0, keyHash: 0)
+        let record = name.withUnsafeBytes {
+            RecordHeader.makeRecord(header, key: UnsafeRawBufferPointer(start: nil, count: 0), group: $0, payload: UnsafeRawBufferPointer(start: nil, count: 0))
+        }
+        let now = configuration.clock.now()
+        var removed = 0
+        for bucket in buckets {
+            var tombstone = record
+            removed += try name.withUnsafeBytes { group in
+                bucket.withLock { state in
+                    Result { () throws(MagpieError) -> Int in
+                        try state.removeGroup(group, tombstone: &tombstone, header, nextSequence: nextSequence, now: now)
+                    }
+                }
+            }.get()
+        }
+        return removed
+    }
+
+    /// Removes every entry (bucket by bucket; see the durability note above).
+    public func removeAll() throws(MagpieError) {
+        for bucket in buckets {
+            try bucket.withLock { (state: inout BucketState) throws(MagpieError) in try state.removeAll() }
+        }
+    }
+
+    /// Drops every expired entry from the index now (their records are reclaimed by the next
+    /// compaction). Expired entries are misses at once whether or not this runs.
+    /// - Returns: the number dropped.
+    @discardableResult
+    public func removeExpired() throws(MagpieError) -> Int {
+        let now = configuration.clock.now()
+        var removed = 0
+        for bucket in buckets {
+            removed += try bucket.withLock { (state: inout BucketState) throws(MagpieError) -> Int in
+                try state.checkOpen()
+                return state.removeExpired(now: now)
+            }
+        }
+        return removed
+    }
+
+    /// Makes everything written so far durable: fsync of every bucket file and of the directories.
+    public func flush() throws(MagpieError) {
+        for bucket in buckets {
+            try bucket.withLock { (state: inout BucketState) throws(MagpieError) in try state.flush() }
+        }
+        try FileIO.syncDirectory(configuration.directory + "/buckets")
+        try FileIO.syncDirectory(configuration.directory)
+    }
+
+    /// Flushes, then closes every file and releases the directory. Later calls throw
+    /// ``MagpieError/Code/closed``. Closing twice is harmless.
+    public func close() throws(MagpieError) {
+        let isOpen = buckets.first?.withLock { $0.isOpen } ?? false
+        var failure: MagpieError? = nil
+        if isOpen {
+            do { try flush() } catch { failure = error }
+        }
+        for bucket in buckets { bucket.withLock { $0.close() } }
+        lockFile.withLock { fd in
+            if fd >= 0 { Glibc.close(fd) }
+            fd = -1
+        }
+        if let failure { throw failure }
+    }
+
+    // MARK: Helpers
+
+    private func nextSequence() -> UInt64 {
+        sequence.add(1, ordering: .relaxed).oldValue
+    }
+
+    private func bucket(for hash: UInt64) -> Locked<BucketState> {
+        buckets[Self.bucket(of: hash, count: bucketCount)]
+    }
+
+    private func checkKey(_ key: UnsafeRawBufferPointer) throws(MagpieError) {
+        guard key.count <= Self.maximumKeyLength else {
+            throw MagpieError(.keyTooLong, "key of \(key.count) bytes; the limit is \(Self.maximumKeyLength)")
+        }
+    }
+
+    /// The bucket of a hash: its high bits.
+    static func bucket(of hash: UInt64, count: Int) -> Int {
+        count == 1 ? 0 : Int(hash >> UInt64(64 - count.trailingZeroBitCount))
+    }
+
+    static func isValidBucketCount(_ count: Int) -> Bool {
+        count >= 1 && count <= maximumBucketCount && count & (count - 1) == 0
+    }
+}
+
+/// Calls `body` with the bytes of `sequence`, in place when it is contiguous.
+func withBytes<R>(_ sequence: some Sequence<UInt8>, _ body: (UnsafeRawBufferPointer) -> R) -> R {
+    if let result = sequence.withContiguousStorageIfAvailable({ body(UnsafeRawBufferPointer($0)) }) { return result }
+    return Array(sequence).withUnsafeBytes(body)
+}

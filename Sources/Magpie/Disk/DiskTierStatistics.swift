@@ -1,0 +1,47 @@
+/// A snapshot of a ``DiskTier``'s counters, summed over its buckets (each read under its lock).
+public struct DiskTierStatistics: Sendable, Hashable {
+    /// Reads that found a live, intact, unexpired record.
+    public var hits: UInt64 = 0
+    /// Reads that did not.
+    public var misses: UInt64 = 0
+    /// Values written.
+    public var writes: UInt64 = 0
+    /// Live entries removed by a remove, a group removal or remove-all.
+    public var removals: UInt64 = 0
+    /// Live entries evicted to keep a bucket within its share of the budget.
+    public var evictions: UInt64 = 0
+    /// Bucket files rewritten to drop evicted, removed and replaced records.
+    public var compactions: UInt64 = 0
+    /// Records (or byte ranges, or whole bucket files) found corrupt by their checksums or structure,
+    /// on open or on read. Each was skipped and dropped; none was ever returned.
+    public var corruptRecords: UInt64 = 0
+    /// Bucket files whose end was cut off on open (a torn last append, or garbage after the last record).
+    public var truncatedTails: UInt64 = 0
+    /// Entries dropped because they had expired.
+    public var expired: UInt64 = 0
+    /// Live entries.
+    public var entries: Int = 0
+    /// Bytes of the live entries' records.
+    public var liveBytes: Int = 0
+    /// Bytes of all bucket files (never more than the budget).
+    public var bytesOnDisk: Int = 0
+    /// Bytes of the in-memory indexes.
+    public var indexBytes: Int = 0
+    /// Value bytes given to ``DiskTier/set(_:forKey:expiry:group:)-(Sequence<UInt8>,Sequence<UInt8>,_,_)`` since open.
+    public var originalValueBytes: UInt64 = 0
+    /// Payload bytes those values took on disk after compression.
+    public var storedValueBytes: UInt64 = 0
+
+    /// Creates an all-zero snapshot.
+    public init() {}
+
+    /// storedValueBytes / originalValueBytes: below 1 when compression pays (1 before any write).
+    public var compressionRatio: Double {
+        originalValueBytes == 0 ? 1 : Double(storedValueBytes) / Double(originalValueBytes)
+    }
+
+    /// Index bytes per live entry.
+    public var indexBytesPerEntry: Double {
+        entries == 0 ? 0 : Double(indexBytes) / Double(entries)
+    }
+}

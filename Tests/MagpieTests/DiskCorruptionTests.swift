@@ -1,0 +1,153 @@
+import Foundation
+import Magpie
+import Testing
+
+@Suite("DiskTier: corruption")
+struct DiskCorruptionTests {
+    /// Writes `count` self-describing values (half compressible) into a fresh tier and closes it.
+    static func populate(_ path: String, count: Int) throws -> [Int: [UInt8]] {
+        let tier = try DiskTier(.init(directory: path, budget: 4 << 20, bucketCount: 4, hashSeed: 77))
+        var written: [Int: [UInt8]] = [:]
+        for i in 0..<count {
+            var value = selfDescribingValue(key: i, version: 1, length: 40 + i * 37 % 3000)
+            if i % 2 == 0 { value += [UInt8](repeating: UInt8(i % 7), count: 500) }
+            try tier.set(value, forKey: keyBytes(i), group: i % 5 == 0 ? "five" : nil)
+            written[i] = value
+        }
+        try tier.removeAll(inGroup: "five")
+        for i in stride(from: 0, to: count, by: 5) { written[i] = nil }
+        try tier.close()
+        return written
+    }
+
+    static func bucketFiles(_ path: String) -> [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: path + "/buckets")) ?? []).sorted().map { path + "/buckets/" + $0 }
+    }
+
+    enum Damage: String, CaseIterable { case bitFlips, zeroedRange, truncation, garbageTail, swappedFiles }
+
+    static func damage(_ path: String, _ kind: Damage, using generator: inout SeededGenerator) throws {
+        let files = bucketFiles(path)
+        switch kind {
+        case .swappedFiles:
+            try FileManager.default.moveItem(atPath: files[0], toPath: files[0] + ".x")
+            try FileManager.default.moveItem(atPath: files[1], toPath: files[0])
+            try FileManager.default.moveItem(atPath: files[0] + ".x", toPath: files[1])
+            return
+        default:
+            break
+        }
+        for file in files {
+            var bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: file)))
+            guard bytes.count > 64 else { continue }
+            switch kind {
+            case .bitFlips:
+                for _ in 0..<8 {
+                    let at = Int.random(in: 0..<bytes.count, using: &generator)
+                    bytes[at] ^= 1 << UInt8.random(in: 0..<8, using: &generator)
+                }
+            case .zeroedRange:
+                let start = Int.random(in: 32..<bytes.count, using: &generator)
+                let end = min(bytes.count, start + Int.random(in: 1...2000, using: &generator))
+                for at in start..<end { bytes[at] = 0 }
+            case .truncation:
+                bytes.removeLast(Int.random(in: 1..<(bytes.count - 32), using: &generator))
+            case .garbageTail:
+                bytes += (0..<Int.random(in: 1...5000, using: &generator)).map { _ in UInt8.random(in: 0...255, using: &generator) }
+            case .swappedFiles:
+                break
+            }
+            try Data(bytes).write(to: URL(fileURLWithPath: file))
+        }
+    }
+
+    /// Keys 0..<60 written twice (version 1, then 2), then: keys 0..<10 removed, group "g" (keys
+    /// 10..<30, version 2) removed, keys 30..<40 updated to version 3. Returns each bucket file's size
+    /// just before the removals and the final updates, and the values that must remain.
+    static func removalScenario(_ path: String) throws -> (sizes: [String: Int], expected: [Int: [UInt8]]) {
+        let tier = try DiskTier(.init(directory: path, budget: 4 << 20, bucketCount: 4, hashSeed: 99))
+        var expected: [Int: [UInt8]] = [:]
+        for version in 1...2 {
+            for i in 0..<60 {
+                let value = selfDescribingValue(key: i, version: version, length: 300)
+                try tier.set(value, forKey: keyBytes(i), group: (10..<30).contains(i) ? "g" : nil)
+                expected[i] = value
+            }
+        }
+        try tier.flush()
+        var sizes: [String: Int] = [:]
+        for file in bucketFiles(path) { sizes[file] = (try FileManager.default.attributesOfItem(atPath: file)[.size] as? Int) ?? 0 }
+        for i in 0..<10 { try tier.removeValue(forKey: keyBytes(i)); expected[i] = nil }
+        try tier.removeAll(inGroup: "g")
+        for i in 10..<30 { expected[i] = nil }
+        for i in 30..<40 {
+            let value = selfDescribingValue(key: i, version: 3, length: 300)
+            try tier.set(value, forKey: keyBytes(i))
+            expected[i] = value
+        }
+        try tier.close()
+        return (sizes, expected)
+    }
+
+    @Test("tombstones alone keep removals and updates durable (dead marks disabled)")
+    func tombstonesAlone() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let prefix = directory.path
+        FileIOFaults.set { call, path in call == "mark" && path.hasPrefix(prefix) ? EIO : nil }
+        defer { FileIOFaults.set(nil) }
+        let (_, expected) = try Self.removalScenario(directory.path)
+        let tier = try DiskTier(.init(directory: directory.path, budget: 4 << 20, bucketCount: 4))
+        for i in 0..<60 { #expect(try tier.value(forKey: keyBytes(i)) == expected[i], "key \(i)") }
+    }
+
+    @Test("dead marks alone keep removals and updates from coming back when the tombstones are lost")
+    func deadMarksAlone() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let (sizes, expected) = try Self.removalScenario(directory.path)
+        // Cut every bucket back to before the removals: tombstones and version-3 records are lost.
+        for (file, size) in sizes { #expect(truncate(file, off_t(size)) == 0) }
+        let tier = try DiskTier(.init(directory: directory.path, budget: 4 << 20, bucketCount: 4))
+        #expect(tier.statistics.entries == 20, "recovery indexed dead records")
+        for i in 0..<60 {
+            let got = try tier.value(forKey: keyBytes(i))
+            if i < 40 {
+                #expect(got == nil, "key \(i): a removed or superseded value came back")
+            } else {
+                #expect(got == expected[i], "key \(i)")
+            }
+        }
+        #expect(tier.statistics.corruptRecords == 0)
+    }
+
+    @Test("damaged bucket files never crash, never yield a wrong value, and are counted", arguments: Damage.allCases)
+    func damaged(_ kind: Damage) throws {
+        let seed = TestSeed.value(default: 4242)
+        var generator = SeededGenerator(seed: seed &+ UInt64(kind.rawValue.count))
+        var detected: UInt64 = 0
+        var lost = 0
+        for round in 0..<4 {
+            let directory = TemporaryDirectory()
+            defer { directory.cleanup() }
+            let written = try Self.populate(directory.path, count: 200)
+            try Self.damage(directory.path, kind, using: &generator)
+            let tier = try DiskTier(.init(directory: directory.path, budget: 4 << 20, bucketCount: 4))
+            for i in 0..<200 {
+                let got = try tier.value(forKey: keyBytes(i))
+                if let got {
+                    #expect(got == written[i], "\(kind) seed \(seed) round \(round): key \(i) read a value that was never its own")
+                } else if written[i] != nil {
+                    lost += 1
+                }
+            }
+            let stats = tier.statistics
+            detected += stats.corruptRecords + stats.truncatedTails
+            // The damaged tier keeps working.
+            try tier.set([1, 2, 3], forKey: "after")
+            #expect(try tier.value(forKey: "after") == [1, 2, 3])
+        }
+        #expect(detected > 0, "\(kind): damage was not detected")
+        #expect(lost > 0 || kind == .garbageTail, "\(kind): damage changed nothing, so the test proved nothing")
+    }
+}

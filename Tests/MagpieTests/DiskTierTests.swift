@@ -1,0 +1,293 @@
+import Foundation
+import Magpie
+import Testing
+
+private func config(_ directory: String, budget: Int = 1 << 20, buckets: Int? = 8, clock: CacheClock = .system)
+    -> DiskTier.Configuration
+{
+    DiskTier.Configuration(directory: directory, budget: budget, bucketCount: buckets, clock: clock)
+}
+
+private func json(_ i: Int, _ length: Int) -> [UInt8] {
+    let line = Array(#"{"id":\#(i),"name":"magpie","tags":["a","b"],"ok":true}"#.utf8)
+    return (0..<length).map { line[$0 % line.count] }
+}
+
+private func random(_ length: Int, seed: UInt64) -> [UInt8] {
+    var generator = SeededGenerator(seed: seed)
+    return (0..<length).map { _ in UInt8.random(in: 0...255, using: &generator) }
+}
+
+@Suite("DiskTier: persistence")
+struct DiskTierPersistenceTests {
+    @Test("values round-trip across close and reopen, raw and compressed, every size")
+    func roundTrip() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        var expected: [[UInt8]: [UInt8]] = [:]
+        do {
+            let tier = try DiskTier(config(directory.path))
+            for i in 0..<300 {
+                let value = i % 2 == 0 ? json(i, i * 13 % 5000) : random(i * 7 % 3000, seed: UInt64(i))
+                try tier.set(value, forKey: keyBytes(i))
+                expected[keyBytes(i)] = value
+            }
+            try tier.set([], forKey: [UInt8]())  // empty key, empty value
+            expected[[]] = []
+            for (key, value) in expected { #expect(try tier.value(forKey: key) == value) }
+            let stats = tier.statistics
+            #expect(stats.compressionRatio < 0.8)
+            #expect(stats.entries == expected.count)
+            #expect(stats.indexBytesPerEntry <= 43)
+            try tier.close()
+        }
+        let reopened = try DiskTier(config(directory.path))
+        for (key, value) in expected { #expect(try reopened.value(forKey: key) == value) }
+        #expect(reopened.statistics.corruptRecords == 0)
+        #expect(try reopened.value(forKey: keyBytes(999)) == nil)
+    }
+
+    @Test("the newest value wins after reopen, with or without a clean close")
+    func newestWins() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        do {
+            let tier = try DiskTier(config(directory.path))
+            for version in 0..<5 { try tier.set(json(version, 100 + version * 50), forKey: "k") }
+            try tier.close()
+        }
+        do {
+            let tier = try DiskTier(config(directory.path))
+            #expect(try tier.value(forKey: "k") == json(4, 300))
+            try tier.set(json(5, 10), forKey: "k")
+            // No close: the object is dropped as after a crash of the process (writes are in the page cache).
+        }
+        let tier = try DiskTier(config(directory.path))
+        #expect(try tier.value(forKey: "k") == json(5, 10))
+    }
+
+    @Test("removals survive reopen and compaction, including removal of an evicted key")
+    func durableRemoval() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let budget = 64 * 1024
+        do {
+            let tier = try DiskTier(config(directory.path, budget: budget, buckets: 2))
+            for i in 0..<20 { try tier.set(json(i, 500), forKey: keyBytes(i)) }
+            for i in 0..<10 { #expect(try tier.removeValue(forKey: keyBytes(i))) }
+            // Push everything else out, compacting both buckets several times.
+            for i in 100..<400 { try tier.set(random(600, seed: UInt64(i)), forKey: keyBytes(i)) }
+            #expect(tier.statistics.compactions > 2)
+            // Key 15 was evicted (its record may still be on disk); removing it must still be durable.
+            if try tier.value(forKey: keyBytes(15)) == nil { #expect(try !tier.removeValue(forKey: keyBytes(15))) }
+            try tier.removeValue(forKey: keyBytes(15))
+            try tier.close()
+        }
+        let tier = try DiskTier(config(directory.path, budget: budget, buckets: 2))
+        for i in 0..<10 { #expect(try tier.value(forKey: keyBytes(i)) == nil, "removed key \(i) came back") }
+        #expect(try tier.value(forKey: keyBytes(15)) == nil)
+        #expect(directoryBytes(directory.path + "/buckets") <= budget)
+    }
+
+    @Test("a group is removed from the tier and stays removed after reopen and compaction")
+    func groupRemoval() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let budget = 256 * 1024
+        do {
+            let tier = try DiskTier(config(directory.path, budget: budget, buckets: 4))
+            for i in 0..<40 { try tier.set(json(i, 300), forKey: keyBytes(i), group: i % 2 == 0 ? "alice" : "bob") }
+            #expect(try tier.removeAll(inGroup: "alice") == 20)
+            for i in 0..<40 { #expect(try (tier.value(forKey: keyBytes(i)) != nil) == (i % 2 == 1)) }
+            try tier.set(json(0, 300), forKey: keyBytes(0), group: "alice")  // after the removal: stays
+            try tier.close()
+        }
+        do {
+            let tier = try DiskTier(config(directory.path, budget: budget, buckets: 4))
+            #expect(try tier.value(forKey: keyBytes(0)) == json(0, 300))
+            for i in stride(from: 2, to: 40, by: 2) { #expect(try tier.value(forKey: keyBytes(i)) == nil, "key \(i) of a removed group came back") }
+            for i in stride(from: 1, to: 40, by: 2) { #expect(try tier.value(forKey: keyBytes(i)) == json(i, 300)) }
+            for i in 1000..<1600 { try tier.set(random(700, seed: UInt64(i)), forKey: keyBytes(i)) }  // compactions
+            #expect(tier.statistics.compactions > 0)
+            try tier.close()
+        }
+        let tier = try DiskTier(config(directory.path, budget: budget, buckets: 4))
+        for i in stride(from: 2, to: 40, by: 2) { #expect(try tier.value(forKey: keyBytes(i)) == nil) }
+    }
+
+    @Test("expiry is honoured at once and across reopen, by an injected clock")
+    func expiry() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let clock = ManualClock()
+        do {
+            let tier = try DiskTier(config(directory.path, clock: clock.cacheClock))
+            try tier.set(json(1, 100), forKey: "minute", expiry: .after(.seconds(60)))
+            try tier.set(json(2, 100), forKey: "forever")
+            try tier.set(json(3, 100), forKey: "past", expiry: .at(millisecondsSince1970: clock.now - 1))
+            try tier.set(json(4, 100), forKey: "five", expiry: .after(.seconds(5)))
+            #expect(try tier.value(forKey: "past") == nil)
+            #expect(try tier.value(forKey: "five") == json(4, 100))
+            clock.advance(seconds: 59)
+            #expect(try tier.value(forKey: "five") == nil)  // at once, without a reopen
+            #expect(try tier.value(forKey: "minute") == json(1, 100))
+            try tier.close()
+        }
+        clock.advance(seconds: 2)
+        let tier = try DiskTier(config(directory.path, clock: clock.cacheClock))
+        #expect(try tier.value(forKey: "minute") == nil)
+        #expect(try tier.value(forKey: "forever") == json(2, 100))
+        try tier.set(json(4, 100), forKey: "soon", expiry: .after(.seconds(10)))
+        clock.advance(seconds: 11)
+        #expect(try tier.removeExpired() == 1)
+        #expect(tier.statistics.entries == 1)
+    }
+}
+
+@Suite("DiskTier: budget, errors and hostile input")
+struct DiskTierRobustnessTests {
+    @Test("eviction gives an entry read since the hand last passed a second chance")
+    func clockSecondChance() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let recordLength = 56 + 8 + 200  // key-NNN keys are 7-8 bytes; padded to 8
+        let tier = try DiskTier(.init(directory: directory.path, budget: 64 * recordLength, bucketCount: 1, compressionLevel: nil))
+        var i = 0
+        while tier.statistics.compactions == 0 {
+            try tier.set(random(200, seed: UInt64(i)), forKey: keyBytes(i))
+            if i == 60 {  // the bucket is nearly full: read the first 20, then keep writing
+                for j in 0..<20 { #expect(try tier.value(forKey: keyBytes(j)) != nil) }
+            }
+            i += 1
+        }
+        #expect(tier.statistics.evictions >= 10)
+        for j in 0..<20 { #expect(try tier.value(forKey: keyBytes(j)) != nil, "read entry \(j) was evicted in the first sweep") }
+    }
+
+    @Test("random operations: reads are nil or the last value set, and the files stay within the budget")
+    func budgetInvariant() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let seed = TestSeed.value(default: 31_337)
+        var generator = SeededGenerator(seed: seed)
+        let budget = 96 * 1024
+        let tier = try DiskTier(config(directory.path, budget: budget, buckets: 4))
+        var model: [Int: [UInt8]] = [:]
+        for step in 0..<3000 {
+            let key = Int.random(in: 0..<150, using: &generator)
+            switch Int.random(in: 0..<10, using: &generator) {
+            case 0..<5:
+                let length = Int.random(in: 0...2500, using: &generator)
+                let value = step % 2 == 0 ? json(step, length) : random(length, seed: UInt64(step))
+                try tier.set(value, forKey: keyBytes(key), group: key % 3 == 0 ? "g" : nil)
+                model[key] = value
+            case 5..<8:
+                let got = try tier.value(forKey: keyBytes(key))
+                if let got { #expect(got == model[key], "seed \(seed) step \(step): wrong value for \(key)") }
+            case 8:
+                try tier.removeValue(forKey: keyBytes(key))
+                model[key] = nil
+            default:
+                if step % 50 == 0 {
+                    try tier.removeAll(inGroup: "g")
+                    for k in model.keys where k % 3 == 0 { model[k] = nil }
+                }
+            }
+            let stats = tier.statistics
+            #expect(stats.bytesOnDisk <= budget)
+            #expect(directoryBytes(directory.path + "/buckets") <= budget, "seed \(seed) step \(step)")
+        }
+        #expect(tier.statistics.evictions > 0 && tier.statistics.compactions > 0)
+    }
+
+    @Test("a second opener, in this process, gets directoryLocked; after close it opens")
+    func locked() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let first = try DiskTier(config(directory.path))
+        let error = #expect(throws: MagpieError.self) { _ = try DiskTier(config(directory.path)) }
+        #expect(error?.code == .directoryLocked)
+        try first.close()
+        #expect(throws: MagpieError.self) { try first.set([1], forKey: "x") }
+        _ = try DiskTier(config(directory.path))
+    }
+
+    @Test("foreign files, a garbage MANIFEST and a bucket-count mismatch are clear errors; destroy resets")
+    func unusableDirectories() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let foreign = directory.child("photos")
+        try FileManager.default.createDirectory(atPath: foreign, withIntermediateDirectories: false)
+        #expect(FileManager.default.createFile(atPath: foreign + "/holiday.jpg", contents: Data([1, 2, 3])))
+        #expect(throws: MagpieError.self) { _ = try DiskTier(config(foreign)) }
+        #expect(FileManager.default.fileExists(atPath: foreign + "/holiday.jpg"))
+
+        let cache = directory.child("cache")
+        try DiskTier(config(cache, buckets: 8)).close()
+        let mismatch = #expect(throws: MagpieError.self) { _ = try DiskTier(config(cache, buckets: 16)) }
+        #expect(mismatch?.code == .manifestMismatch)
+        try Data("garbage".utf8).write(to: URL(fileURLWithPath: cache + "/MANIFEST"))
+        let garbage = #expect(throws: MagpieError.self) { _ = try DiskTier(config(cache, buckets: 8)) }
+        #expect(garbage?.code == .directoryUnusable)
+        try DiskTier.destroy(directory: cache)
+        let fresh = try DiskTier(config(cache, buckets: 16))
+        #expect(fresh.bucketCount == 16)
+
+        let missingParent = directory.child("no/such/parent")
+        #expect(throws: MagpieError.self) { _ = try DiskTier(config(missingParent)) }
+        #expect(throws: MagpieError.self) { _ = try DiskTier(config(directory.child("bad"), buckets: 3)) }
+        #expect(throws: MagpieError.self) { _ = try DiskTier(config(directory.child("tiny"), budget: 100, buckets: 8)) }
+    }
+
+    @Test("hostile keys are stored and read back; over-limit keys and oversized values are refused")
+    func hostileKeys() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let tier = try DiskTier(config(directory.path, budget: 8 << 20))
+        let keys: [[UInt8]] = [
+            [], Array("/".utf8), Array("../../etc/passwd".utf8), [0, 0, 0], [0xff, 0xfe, 0xc0, 0x80],
+            Array(String(repeating: "é/", count: 1000).utf8), [UInt8](repeating: 0x2e, count: DiskTier.maximumKeyLength),
+        ]
+        for (i, key) in keys.enumerated() { try tier.set(json(i, 50), forKey: key) }
+        for (i, key) in keys.enumerated() { #expect(try tier.value(forKey: key) == json(i, 50)) }
+        #expect(FileManager.default.fileExists(atPath: directory.path + "/etc") == false)
+        let tooLong = #expect(throws: MagpieError.self) {
+            try tier.set([1], forKey: [UInt8](repeating: 1, count: DiskTier.maximumKeyLength + 1))
+        }
+        #expect(tooLong?.code == .keyTooLong)
+        try tier.set(json(7, 10), forKey: "big")
+        let tooLarge = #expect(throws: MagpieError.self) {
+            try tier.set(random(tier.bucketBudget, seed: 1), forKey: "big")
+        }
+        #expect(tooLarge?.code == .valueTooLarge)
+        #expect(try tier.value(forKey: "big") == json(7, 10))
+    }
+
+    @Test("ENOSPC and other write failures are errors, and the tier stays consistent and usable")
+    func injectedWriteFailures() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let tier = try DiskTier(config(directory.path, budget: 64 * 1024, buckets: 2))
+        try tier.set(json(1, 200), forKey: "kept")
+        let prefix = directory.path
+        FileIOFaults.set { call, path in path.hasPrefix(prefix) && call == "pwrite" ? ENOSPC : nil }
+        let full = #expect(throws: MagpieError.self) { try tier.set(json(2, 200), forKey: "kept") }
+        #expect(full?.code == .noSpace)
+        #expect(throws: MagpieError.self) { try tier.removeValue(forKey: "kept") }
+        #expect(throws: MagpieError.self) { try tier.removeAll(inGroup: "g") }
+        FileIOFaults.set { call, path in path.hasPrefix(prefix) && call == "fsync" ? EIO : nil }
+        #expect(throws: MagpieError.self) { try tier.flush() }
+        // Compaction fails half-way: the bucket keeps its old file and index.
+        FileIOFaults.set { call, path in path.hasPrefix(prefix) && call == "rename" ? EIO : nil }
+        for i in 0..<200 { _ = try? tier.set(random(900, seed: UInt64(i)), forKey: keyBytes(i)) }
+        FileIOFaults.set(nil)
+        #expect(try tier.value(forKey: "kept") == json(1, 200) || tier.statistics.evictions > 0)
+        try tier.set(json(3, 200), forKey: "after")
+        #expect(try tier.value(forKey: "after") == json(3, 200))
+        try tier.close()
+        let reopened = try DiskTier(config(directory.path, budget: 64 * 1024, buckets: 2))
+        #expect(try reopened.value(forKey: "after") == json(3, 200))
+        #expect(reopened.statistics.corruptRecords == 0)
+        #expect(directoryBytes(directory.path + "/buckets") <= 64 * 1024)
+    }
+}
