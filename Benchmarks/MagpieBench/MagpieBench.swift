@@ -7,7 +7,7 @@ struct MagpieBench: ParsableCommand {
         commandName: "magpie-bench",
         abstract: "Measures Magpie and the caches it replaces on the same workload, in one process.",
         version: magpieBenchVersion,
-        subcommands: [Suite.self, Memory.self],
+        subcommands: [Suite.self, Memory.self, Disk.self, CrashChild.self],
         defaultSubcommand: Suite.self)
 }
 

@@ -47,6 +47,44 @@ struct DiskTierPersistenceTests {
         #expect(try reopened.value(forKey: keyBytes(999)) == nil)
     }
 
+    @Test("a clean close leaves index snapshots that the next open uses; a crash or a stale snapshot means a scan")
+    func snapshots() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let configuration = config(directory.path, buckets: 8)
+        do {
+            let tier = try DiskTier(configuration)
+            for i in 0..<200 { try tier.set(json(i, 300), forKey: keyBytes(i)) }
+            try tier.close()
+        }
+        let stale = directory.path + "/stale"
+        try FileManager.default.createDirectory(atPath: stale, withIntermediateDirectories: false)
+        for name in try FileManager.default.contentsOfDirectory(atPath: directory.path + "/buckets") where name.hasSuffix(".index") {
+            try FileManager.default.copyItem(atPath: directory.path + "/buckets/" + name, toPath: stale + "/" + name)
+        }
+        do {
+            let tier = try DiskTier(configuration)
+            #expect(tier.statistics.bucketsOpenedFromSnapshot == 8)
+            #expect(tier.statistics.entries == 200)
+            for i in 0..<200 { #expect(try tier.value(forKey: keyBytes(i)) == json(i, 300)) }
+            for i in 0..<100 { try tier.removeValue(forKey: keyBytes(i)) }
+            // Dropped without close: no snapshot is written.
+        }
+        do {
+            let tier = try DiskTier(configuration)
+            #expect(tier.statistics.bucketsOpenedFromSnapshot == 0)
+            #expect(tier.statistics.entries == 100)
+        }
+        // Put the old snapshots back: they describe files that have changed since, and must be refused.
+        for name in try FileManager.default.contentsOfDirectory(atPath: stale) {
+            try? FileManager.default.removeItem(atPath: directory.path + "/buckets/" + name)
+            try FileManager.default.copyItem(atPath: stale + "/" + name, toPath: directory.path + "/buckets/" + name)
+        }
+        let tier = try DiskTier(configuration)
+        #expect(tier.statistics.bucketsOpenedFromSnapshot == 0)
+        for i in 0..<200 { #expect(try tier.value(forKey: keyBytes(i)) == (i < 100 ? nil : json(i, 300))) }
+    }
+
     @Test("the newest value wins after reopen, with or without a clean close")
     func newestWins() throws {
         let directory = TemporaryDirectory()

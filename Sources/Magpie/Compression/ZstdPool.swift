@@ -37,14 +37,14 @@ final class ZstdPool: Sendable {
             box = CompressorBox(try ZstdCompressor(level: level))
         }
         defer { free.withLock { $0.compressors.append(box) } }
-        var output = [UInt8](repeating: 0, count: source.count)
-        let written = output.withUnsafeMutableBytes { destination in
-            // A destination as large as the input: zstd fails exactly when the output would not be smaller.
-            try? box.compressor.compress(source, into: destination)
+        // A destination as large as the input: zstd fails exactly when the output would not be smaller.
+        var fits = false
+        let output = [UInt8](unsafeUninitializedCapacity: source.count) { buffer, initialized in
+            let written = try? box.compressor.compress(source, into: UnsafeMutableRawBufferPointer(buffer))
+            fits = written.map { $0 < source.count } ?? false
+            initialized = fits ? written! : 0
         }
-        guard let written, written < source.count else { return nil }
-        output.removeLast(output.count - written)
-        return output
+        return fits ? output : nil
     }
 
     /// Decompresses one frame into exactly `originalLength` bytes.
@@ -56,11 +56,17 @@ final class ZstdPool: Sendable {
             box = DecompressorBox(try ZstdDecompressor())
         }
         defer { free.withLock { $0.decompressors.append(box) } }
-        var output = [UInt8](repeating: 0, count: originalLength)
-        let result = output.withUnsafeMutableBytes { destination in
-            Result { () throws(MagpieError) -> Int in try box.decompressor.decompress(source, into: destination) }
+        var failure: MagpieError? = nil
+        // decompress(_:into:) either fills the whole buffer or throws; only then is it counted initialised.
+        let output = [UInt8](unsafeUninitializedCapacity: originalLength) { buffer, initialized in
+            do throws(MagpieError) {
+                initialized = try box.decompressor.decompress(source, into: UnsafeMutableRawBufferPointer(buffer))
+            } catch {
+                failure = error
+                initialized = 0
+            }
         }
-        _ = try result.get()
+        if let failure { throw failure }
         return output
     }
 }

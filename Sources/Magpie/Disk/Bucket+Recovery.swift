@@ -29,6 +29,11 @@ extension BucketState {
 
     private mutating func recover(now: Int64) throws(MagpieError) {
         let fileSize = try FileIO.size(fd, path: context.path)
+        if fileSize >= BucketFileHeader.size, try headerMatches(), loadSnapshot(fileSize: fileSize) {
+            counters.openedFromSnapshot = true
+            return
+        }
+        unlink(snapshotPath)  // unusable: never let it be read later
         var bytes = [UInt8](repeating: 0, count: fileSize)
         let fd = self.fd
         let path = context.path
@@ -52,6 +57,18 @@ extension BucketState {
             counters.truncatedTails += 1
             try FileIO.truncate(fd, to: end, path: path)
         }
+    }
+
+    /// Whether the file starts with this bucket's header.
+    private func headerMatches() throws(MagpieError) -> Bool {
+        var header = [UInt8](repeating: 0, count: BucketFileHeader.size)
+        let fd = self.fd
+        let path = context.path
+        let read = try header.withUnsafeMutableBytes { buffer in
+            Result { () throws(MagpieError) -> Int in try FileIO.read(fd, into: buffer, at: 0, path: path) }
+        }.get()
+        let expected = BucketFileHeader(bucketIndex: context.number, bucketCount: context.bucketCount, seed: context.hasher.seed)
+        return read == BucketFileHeader.size && header.withUnsafeBytes { BucketFileHeader.decode($0) } == expected
     }
 
     /// Applies every valid record; returns the end of the last one.

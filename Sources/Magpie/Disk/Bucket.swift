@@ -33,6 +33,7 @@ struct BucketCounters {
     var corruptRecords: UInt64 = 0
     var truncatedTails: UInt64 = 0
     var expired: UInt64 = 0
+    var openedFromSnapshot = false
 }
 
 /// A record read for a key: its bytes and parsed header.
@@ -85,35 +86,45 @@ struct BucketState {
 
     /// The index position and record of `key`. Verifies each candidate's checksum and key.
     mutating func find(tag: UInt32, key: UnsafeRawBufferPointer) throws(MagpieError) -> (Int, FoundRecord)? {
-        search: while true {
-            for position in index.positions(tag: tag) {
-                let slot = index[position]
-                let bytes = try readRecord(slot)
-                guard let header = bytes.withUnsafeBytes({ RecordHeader.validate($0) }), header.kind == .value,
-                    !header.isDead, header.recordLength == slot.length
-                else {
-                    counters.corruptRecords += 1
-                    drop(at: position)
-                    continue search  // positions moved: start over
-                }
-                let matches = bytes.withUnsafeBytes { raw in
-                    header.keyLength == key.count
-                        && (key.isEmpty || memcmp(raw.baseAddress! + header.keyOffset, key.baseAddress!, key.count) == 0)
-                }
-                if matches { return (position, FoundRecord(header: header, bytes: bytes)) }
+        var position = index.home(tag)
+        while !index[position].isEmpty {
+            let slot = index[position]
+            guard slot.tag == tag else {
+                position = (position + 1) & index.mask
+                continue
             }
-            return nil
+            let bytes = try readRecord(slot)
+            guard let header = bytes.withUnsafeBytes({ RecordHeader.validate($0) }), header.kind == .value,
+                !header.isDead, header.recordLength == slot.length
+            else {
+                counters.corruptRecords += 1
+                drop(at: position)  // a later slot of the run may shift into `position`: look again
+                continue
+            }
+            let matches = bytes.withUnsafeBytes { raw in
+                header.keyLength == key.count
+                    && (key.isEmpty || memcmp(raw.baseAddress! + header.keyOffset, key.baseAddress!, key.count) == 0)
+            }
+            if matches { return (position, FoundRecord(header: header, bytes: bytes)) }
+            position = (position + 1) & index.mask
         }
+        return nil
     }
 
     func readRecord(_ slot: DiskSlot) throws(MagpieError) -> [UInt8] {
-        var bytes = [UInt8](repeating: 0, count: slot.length)
         let fd = self.fd
         let path = context.path
-        let read = try bytes.withUnsafeMutableBytes { buffer in
-            Result { () throws(MagpieError) -> Int in try FileIO.read(fd, into: buffer, at: slot.offset, path: path) }
-        }.get()
-        if read < slot.length { bytes.removeLast(slot.length - read) }  // fails validation: too short
+        var failure: MagpieError? = nil
+        // Only the bytes pread filled are counted as initialised; a short read fails validation.
+        let bytes = [UInt8](unsafeUninitializedCapacity: slot.length) { buffer, initialized in
+            do throws(MagpieError) {
+                initialized = try FileIO.read(fd, into: UnsafeMutableRawBufferPointer(buffer), at: slot.offset, path: path)
+            } catch {
+                failure = error
+                initialized = 0
+            }
+        }
+        if let failure { throw failure }
         return bytes
     }
 

@@ -12,6 +12,14 @@ struct DiskSlot: Equatable {
     static let empty = DiskSlot(tag: 0, offset8: 0, lengthAndReference: 0, expiry: 0)
     static let maximumLength = Int(Int32.max)
 
+    /// The length field as stored, clock bit included (for snapshots).
+    var rawLength: UInt32 { lengthAndReference }
+
+    /// A slot from its stored fields (for snapshots).
+    init(tag: UInt32, offset8: UInt32, rawLength: UInt32, expiry: UInt32) {
+        self.init(tag: tag, offset8: offset8, lengthAndReference: rawLength, expiry: expiry)
+    }
+
     private init(tag: UInt32, offset8: UInt32, lengthAndReference: UInt32, expiry: UInt32) {
         self.tag = tag
         self.offset8 = offset8
@@ -55,7 +63,16 @@ struct BucketIndex {
         slots = [DiskSlot](repeating: .empty, count: capacity)
     }
 
+    /// An index from a snapshot's slots (a power of two of them, laid out as this index lays them).
+    init(slots: [DiskSlot], count: Int) {
+        self.slots = slots
+        self.count = count
+    }
+
     var mask: Int { slots.count - 1 }
+
+    /// Where the probe for `tag` starts.
+    func home(_ tag: UInt32) -> Int { Int(tag) & mask }
     var bytes: Int { slots.count * MemoryLayout<DiskSlot>.stride }
 
     /// The positions of slots carrying `tag`, in probe order (callers confirm the key).

@@ -70,10 +70,11 @@ extension DiskTier {
         return String(repeating: "0", count: digits - hex.count) + hex
     }
 
-    /// Deletes files in buckets/ that are not bucket files of this count: leftover `.compact`
+    /// Deletes files in buckets/ that are not bucket files (or their index snapshots) of this count: leftover `.compact`
     /// temporaries of an interrupted compaction, and strays (they would count against the budget).
     static func removeStrays(in directory: String, count: Int) throws(MagpieError) {
-        let names = Set((0..<count).map { bucketName($0, count: count) })
+        let buckets = (0..<count).map { bucketName($0, count: count) }
+        let names = Set(buckets + buckets.map { $0 + ".index" })
         for name in FileIO.list(directory) ?? [] where !names.contains(name) {
             let path = directory + "/" + name
             if unlink(path) != 0 && errno != ENOENT {
@@ -113,6 +114,7 @@ extension DiskTier {
                 total.corruptRecords += c.corruptRecords
                 total.truncatedTails += c.truncatedTails
                 total.expired += c.expired
+                if c.openedFromSnapshot { total.bucketsOpenedFromSnapshot += 1 }
                 total.entries += state.index.count
                 total.liveBytes += state.liveBytes
                 total.bytesOnDisk += state.size

@@ -19,6 +19,8 @@ public struct DiskTierStatistics: Sendable, Hashable {
     public var truncatedTails: UInt64 = 0
     /// Entries dropped because they had expired.
     public var expired: UInt64 = 0
+    /// Buckets whose index came from the snapshot of a clean close instead of a full scan.
+    public var bucketsOpenedFromSnapshot = 0
     /// Live entries.
     public var entries: Int = 0
     /// Bytes of the live entries' records.

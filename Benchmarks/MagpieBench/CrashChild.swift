@@ -1,0 +1,53 @@
+import ArgumentParser
+import Foundation
+import Magpie
+
+/// The writer the crash tests kill: opens a disk tier and writes, removes, group-removes and flushes
+/// in a loop until killed. Every value names its key, version and length, and its bytes follow from
+/// those, so a reader can tell a value that was written for a key from any other bytes.
+struct CrashChild: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "crash-child", abstract: "Write to a disk tier until killed (used by the crash tests).",
+        shouldDisplay: false)
+
+    @Option(help: "The cache directory.") var directory: String
+    @Option(help: "Seed of the operation sequence; also makes versions unique per run.") var seed: UInt64
+    @Option(help: "Disk budget in bytes.") var budget = 256 * 1024
+    @Option(help: "Bucket count.") var buckets = 4
+    @Option(help: "Distinct keys.") var keys = 300
+
+    func run() throws {
+        let tier = try DiskTier(.init(directory: directory, budget: budget, bucketCount: buckets))
+        FileHandle.standardOutput.write(Data("ready\n".utf8))  // unbuffered: the parent waits for it
+        var state = seed
+        var version = Int(seed % 100_000) * 10_000_000
+        while true {
+            state = splitmix64(state)
+            let key = Int(state % UInt64(keys))
+            version += 1
+            switch (state >> 56) % 32 {
+            case 0..<24:
+                let length = Int((state >> 20) % 3000)
+                try tier.set(crashValue(key: key, version: version, length: length), forKey: "k\(key)", group: "g\(key % 4)")
+            case 24..<29:
+                try tier.removeValue(forKey: "k\(key)")
+            case 29:
+                try tier.removeAll(inGroup: "g\(key % 4)")
+            default:
+                try tier.flush()
+            }
+        }
+    }
+}
+
+/// "k<key>v<version>l<length>;" then bytes that follow from (key, version): the same function is in the
+/// crash test, which checks every byte of every value it reads back.
+func crashValue(key: Int, version: Int, length: Int) -> [UInt8] {
+    var bytes = Array("k\(key)v\(version)l\(length);".utf8)
+    var x = UInt64(truncatingIfNeeded: key &* 1_000_003 &+ version)
+    while bytes.count < length {
+        x = x &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+        bytes.append(UInt8(truncatingIfNeeded: x >> 56))
+    }
+    return bytes
+}
