@@ -94,8 +94,8 @@ struct DiskCorruptionTests {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
         let prefix = directory.path
-        FileIOFaults.set { call, path in call == "mark" && path.hasPrefix(prefix) ? EIO : nil }
-        defer { FileIOFaults.set(nil) }
+        FileIOFaults.set(under: prefix) { call, path in call == "mark" ? EIO : nil }
+        defer { FileIOFaults.set(under: prefix, nil) }
         let (_, expected) = try Self.removalScenario(directory.path)
         let tier = try DiskTier(.init(directory: directory.path, budget: 4 << 20, bucketCount: 4))
         for i in 0..<60 { #expect(try tier.value(forKey: keyBytes(i)) == expected[i], "key \(i)") }

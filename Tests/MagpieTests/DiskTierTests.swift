@@ -38,7 +38,7 @@ struct DiskTierPersistenceTests {
             let stats = tier.statistics
             #expect(stats.compressionRatio < 0.8)
             #expect(stats.entries == expected.count)
-            #expect(stats.indexBytesPerEntry <= 43)
+            #expect(stats.indexBytesPerEntry <= 32)
             try tier.close()
         }
         let reopened = try DiskTier(config(directory.path))
@@ -277,6 +277,19 @@ struct DiskTierRobustnessTests {
         #expect(throws: MagpieError.self) { _ = try DiskTier(config(directory.child("tiny"), budget: 100, buckets: 8)) }
     }
 
+    @Test("an unwritable directory is a clear error at open, not a trap")
+    func unwritableDirectory() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let prefix = directory.path
+        // As root, chmod cannot make a directory unwritable, so the refusal is injected at open(2).
+        FileIOFaults.set(under: prefix) { call, path in call == "open" ? EACCES : nil }
+        defer { FileIOFaults.set(under: prefix, nil) }
+        let error = #expect(throws: MagpieError.self) { _ = try DiskTier(config(directory.child("cache"))) }
+        #expect(error?.code == .directoryUnusable)
+        #expect(error?.errno == EACCES)
+    }
+
     @Test("hostile keys are stored and read back; over-limit keys and oversized values are refused")
     func hostileKeys() throws {
         let directory = TemporaryDirectory()
@@ -308,17 +321,17 @@ struct DiskTierRobustnessTests {
         let tier = try DiskTier(config(directory.path, budget: 64 * 1024, buckets: 2))
         try tier.set(json(1, 200), forKey: "kept")
         let prefix = directory.path
-        FileIOFaults.set { call, path in path.hasPrefix(prefix) && call == "pwrite" ? ENOSPC : nil }
+        FileIOFaults.set(under: prefix) { call, path in call == "pwrite" ? ENOSPC : nil }
         let full = #expect(throws: MagpieError.self) { try tier.set(json(2, 200), forKey: "kept") }
         #expect(full?.code == .noSpace)
         #expect(throws: MagpieError.self) { try tier.removeValue(forKey: "kept") }
         #expect(throws: MagpieError.self) { try tier.removeAll(inGroup: "g") }
-        FileIOFaults.set { call, path in path.hasPrefix(prefix) && call == "fsync" ? EIO : nil }
+        FileIOFaults.set(under: prefix) { call, path in call == "fsync" ? EIO : nil }
         #expect(throws: MagpieError.self) { try tier.flush() }
         // Compaction fails half-way: the bucket keeps its old file and index.
-        FileIOFaults.set { call, path in path.hasPrefix(prefix) && call == "rename" ? EIO : nil }
+        FileIOFaults.set(under: prefix) { call, path in call == "rename" ? EIO : nil }
         for i in 0..<200 { _ = try? tier.set(random(900, seed: UInt64(i)), forKey: keyBytes(i)) }
-        FileIOFaults.set(nil)
+        FileIOFaults.set(under: prefix, nil)
         #expect(try tier.value(forKey: "kept") == json(1, 200) || tier.statistics.evictions > 0)
         try tier.set(json(3, 200), forKey: "after")
         #expect(try tier.value(forKey: "after") == json(3, 200))

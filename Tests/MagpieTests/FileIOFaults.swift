@@ -1,9 +1,9 @@
 @testable import Magpie
 
-/// Installs (or clears) the disk tier's injected I/O failures. Tests match their own directory's
-/// paths, so tests running in parallel do not see each other's faults.
+/// Installs (or, with nil, removes) injected I/O failures for the files under one directory. Each test
+/// uses its own temporary directory, so tests running in parallel never see each other's faults.
 enum FileIOFaults {
-    static func set(_ inject: (@Sendable (String, String) -> Int32?)?) {
-        FileIO.injectFailure.withLock { $0 = inject }
+    static func set(under directory: String, _ inject: (@Sendable (_ call: String, _ path: String) -> Int32?)?) {
+        FileIO.injectedFailures.withLock { $0[directory + "/"] = inject }
     }
 }

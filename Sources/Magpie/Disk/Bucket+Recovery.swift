@@ -141,7 +141,7 @@ extension BucketState {
                 // The member's own record gives its tag; the slot still points at it unless replaced.
                 let member = UnsafeRawBufferPointer(rebasing: file[(Int(offset8) * 8)...])
                 guard let memberHeader = RecordHeader.decode(member) else { continue }
-                let tag = UInt32(truncatingIfNeeded: memberHeader.keyHash >> 32)
+                let tag = DiskSlot.tag(of: memberHeader.keyHash)
                 if let position = index.positions(tag: tag).first(where: { index[$0].offset8 == offset8 }) {
                     drop(at: position)
                 }
@@ -151,7 +151,7 @@ extension BucketState {
 
     /// Removes the recovered slot of `key`, comparing keys against the file in memory.
     private mutating func removeRecovered(keyHash: UInt64, key: UnsafeRawBufferPointer, file: UnsafeRawBufferPointer) {
-        for position in index.positions(tag: UInt32(truncatingIfNeeded: keyHash >> 32)) {
+        for position in index.positions(tag: DiskSlot.tag(of: keyHash)) {
             let slotRecord = UnsafeRawBufferPointer(rebasing: file[index[position].offset...])
             guard let header = RecordHeader.decode(slotRecord), header.keyLength == key.count else { continue }
             if key.isEmpty || memcmp(slotRecord.baseAddress! + header.keyOffset, key.baseAddress!, key.count) == 0 {

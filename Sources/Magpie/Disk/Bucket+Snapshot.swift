@@ -3,9 +3,9 @@ import Glibc
 // MARK: - Index snapshots: fast reopen after a clean close
 //
 // `close()` writes each bucket's index to `buckets/<name>.index`:
-//   0  u32 magic "MGPI"   4 u32 format version (1)   8 u32 bucket index   12 u32 bucket count
+//   0  u32 magic "MGPI"   4 u32 snapshot version (2)   8 u32 bucket index   12 u32 bucket count
 //   16 u64 hash seed      24 u64 bucket file size    32 u64 live bytes     40 u64 maximum sequence
-//   48 u64 slot count (a power of two)               56 u64 live entries
+//   48 u64 slot count (the index's capacity)         56 u64 live entries
 //   64 slots, 16 bytes each (DiskSlot, little-endian fields)
 //   end u64 XXH3-64 of everything before it
 // Opening uses a snapshot only if it is intact, names this bucket, count and seed, and the bucket
@@ -16,6 +16,8 @@ import Glibc
 extension BucketState {
     static let snapshotMagic: UInt32 = 0x4950_474D  // "MGPI"
     static let snapshotHeaderSize = 64
+    /// 2: tags are the key hash's low 32 bits.
+    static let snapshotVersion: UInt32 = 2
 
     var snapshotPath: String { context.path + ".index" }
 
@@ -26,7 +28,7 @@ extension BucketState {
         var bytes = [UInt8](repeating: 0, count: Self.snapshotHeaderSize + slots.count * 16 + 8)
         bytes.withUnsafeMutableBytes { raw in
             raw.storeBytes(of: Self.snapshotMagic.littleEndian, toByteOffset: 0, as: UInt32.self)
-            raw.storeBytes(of: UInt32(1).littleEndian, toByteOffset: 4, as: UInt32.self)
+            raw.storeBytes(of: Self.snapshotVersion.littleEndian, toByteOffset: 4, as: UInt32.self)
             raw.storeBytes(of: UInt32(context.number).littleEndian, toByteOffset: 8, as: UInt32.self)
             raw.storeBytes(of: UInt32(context.bucketCount).littleEndian, toByteOffset: 12, as: UInt32.self)
             raw.storeBytes(of: context.hasher.seed.littleEndian, toByteOffset: 16, as: UInt64.self)
@@ -59,11 +61,11 @@ extension BucketState {
             func u64(_ at: Int) -> UInt64 { UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: at, as: UInt64.self)) }
             let end = raw.count - 8
             guard u64(end) == KeyHash(seed: 0).hash(UnsafeRawBufferPointer(rebasing: raw[0..<end])),
-                u32(0) == Self.snapshotMagic, u32(4) == 1, Int(u32(8)) == context.number,
+                u32(0) == Self.snapshotMagic, u32(4) == Self.snapshotVersion, Int(u32(8)) == context.number,
                 Int(u32(12)) == context.bucketCount, u64(16) == context.hasher.seed, Int(u64(24)) == fileSize
             else { return nil }
             let slotCount = Int(u64(48))
-            guard slotCount >= 1, slotCount & (slotCount - 1) == 0, Self.snapshotHeaderSize + slotCount * 16 == end
+            guard slotCount >= 1, Self.snapshotHeaderSize + slotCount * 16 == end
             else { return nil }
             var slots = [DiskSlot](repeating: .empty, count: slotCount)
             var live = 0

@@ -90,7 +90,7 @@ struct BucketState {
         while !index[position].isEmpty {
             let slot = index[position]
             guard slot.tag == tag else {
-                position = (position + 1) & index.mask
+                position = index.next(position)
                 continue
             }
             let bytes = try readRecord(slot)
@@ -106,7 +106,7 @@ struct BucketState {
                     && (key.isEmpty || memcmp(raw.baseAddress! + header.keyOffset, key.baseAddress!, key.count) == 0)
             }
             if matches { return (position, FoundRecord(header: header, bytes: bytes)) }
-            position = (position + 1) & index.mask
+            position = index.next(position)
         }
         return nil
     }
@@ -143,7 +143,7 @@ struct BucketState {
         nextSequence: () -> UInt64, now: Int64
     ) throws(MagpieError) {
         try checkOpen()
-        let tag = UInt32(truncatingIfNeeded: header.keyHash >> 32)
+        let tag = DiskSlot.tag(of: header.keyHash)
         var previous: DiskSlot? = nil
         if let (position, _) = try find(tag: tag, key: key) {
             previous = index[position]
@@ -308,7 +308,7 @@ struct BucketState {
     private mutating func makeRoom(for needed: Int, now: Int64) throws(MagpieError) {
         let target = max(0, context.share * 3 / 4 - needed - BucketFileHeader.size)
         while liveBytes > target && index.count > 0 {
-            let position = index.hand & index.mask
+            let position = index.hand % index.capacity
             var slot = index[position]
             if slot.isEmpty {
                 index.hand = position + 1

@@ -178,7 +178,7 @@ public final class DiskTier: Sendable {
         let now = configuration.clock.now()
         let bucket = bucket(for: hash)
         let found = try bucket.withLock { (state: inout BucketState) throws(MagpieError) -> FoundRecord? in
-            try state.read(tag: UInt32(truncatingIfNeeded: hash >> 32), key: key, now: now)
+            try state.read(tag: DiskSlot.tag(of: hash), key: key, now: now)
         }
         guard var found else { return nil }
         let header = found.header
@@ -295,7 +295,7 @@ public final class DiskTier: Sendable {
         let now = configuration.clock.now()
         return try bucket(for: hash).withLock { (state: inout BucketState) throws(MagpieError) -> Bool in
             try state.remove(
-                tag: UInt32(truncatingIfNeeded: hash >> 32), key: key, tombstone: &tombstone, header,
+                tag: DiskSlot.tag(of: hash), key: key, tombstone: &tombstone, header,
                 nextSequence: nextSequence, now: now)
         }
     }

@@ -4,9 +4,10 @@ import Synchronization
 /// Thin, typed wrappers over the file system calls the disk tier makes. Each retries `EINTR` here,
 /// in one place, and turns a failure into a ``MagpieError`` naming the call, the errno and the path.
 enum FileIO {
-    /// Failures injected by tests: called before every write-like call with its name and path; a
-    /// non-nil errno makes the call fail with it. Empty outside tests; tests match their own paths.
-    static let injectFailure = Mutex<(@Sendable (_ call: String, _ path: String) -> Int32?)?>(nil)
+    /// Failures injected by tests, by path prefix (each test registers its own directory, so tests
+    /// running in parallel never see each other's faults): called before every write-like call with
+    /// its name and path; a non-nil errno makes the call fail with it. Empty outside tests.
+    static let injectedFailures = Mutex<[String: @Sendable (_ call: String, _ path: String) -> Int32?]>([:])
 
     static func error(_ call: String, _ errno: Int32, _ path: String) -> MagpieError {
         let code: MagpieError.Code = (errno == ENOSPC || errno == EDQUOT) ? .noSpace : .ioFailure
@@ -15,8 +16,9 @@ enum FileIO {
 
     @inline(__always)
     private static func injected(_ call: String, _ path: String) throws(MagpieError) {
-        if let inject = injectFailure.withLock({ $0 }), let errno = inject(call, path) {
-            throw error(call, errno, path)
+        let injections = injectedFailures.withLock { table in table.isEmpty ? [] : Array(table) }
+        for (prefix, inject) in injections where path.hasPrefix(prefix) {
+            if let errno = inject(call, path) { throw error(call, errno, path) }
         }
     }
 
