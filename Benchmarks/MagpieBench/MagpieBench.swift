@@ -27,10 +27,14 @@ struct Suite: ParsableCommand {
 
     func run() throws {
         let memory = try MemoryOptions.parse([])
-        let results = try MemoryScenario(options: memory).run(progress: progressLine)
+        // file-per-key stores about 1,000 values/s here: 20,000 of them keep the suite short.
+        let disk = try DiskOptions.parse(["--fileperkey-keys", "20000"])
+        var results = try MemoryScenario(options: memory).run(progress: progressLine)
+        results += try DiskScenario(options: disk).run(progress: progressLine)
         let stamp = timestamp()
         let report = Report(
-            date: stamp, machine: .current(), config: ["memory": .object(memory.config)], results: results)
+            date: stamp, machine: .current(),
+            config: ["memory": .object(memory.config), "disk": .object(disk.config)], results: results)
         print()
         printTable(results)
         let path = "\(output)/\(stamp)/results.json"
