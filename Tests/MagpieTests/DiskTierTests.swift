@@ -342,3 +342,52 @@ struct DiskTierRobustnessTests {
         #expect(directoryBytes(directory.path + "/buckets") <= 64 * 1024)
     }
 }
+
+@Suite("DiskTier: concurrency")
+struct DiskTierConcurrencyTests {
+    @Test("many tasks on overlapping keys, with evictions and compactions: every read belongs to its key")
+    func concurrent() async throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let tier = try DiskTier(.init(directory: directory.path, budget: 512 * 1024, bucketCount: 4))
+        let wrong = await withTaskGroup(of: Int.self) { group in
+            for task in 0..<8 {
+                group.addTask {
+                    var generator = SeededGenerator(seed: UInt64(task) &+ 900)
+                    var wrong = 0
+                    for step in 0..<1500 {
+                        let key = Int.random(in: 0..<400, using: &generator)
+                        switch Int.random(in: 0..<10, using: &generator) {
+                        case 0..<5:
+                            let value = selfDescribingValue(key: key, version: task * 100_000 + step, length: Int.random(in: 0...3000, using: &generator))
+                            _ = try? tier.set(value, forKey: keyBytes(key), group: key % 7 == 0 ? "seven" : nil)
+                        case 5..<8:
+                            if let value = try? tier.value(forKey: keyBytes(key)), !value.isEmpty,
+                                !value.starts(with: Array("k\(key)v".utf8).prefix(value.count))
+                            {
+                                wrong += 1
+                            }
+                        case 8:
+                            _ = try? tier.removeValue(forKey: keyBytes(key))
+                        default:
+                            if step % 300 == 0 { _ = try? tier.removeAll(inGroup: "seven") }
+                        }
+                    }
+                    return wrong
+                }
+            }
+            return await group.reduce(0, +)
+        }
+        #expect(wrong == 0)
+        let stats = tier.statistics
+        #expect(stats.compactions > 0 && stats.corruptRecords == 0)
+        #expect(stats.bytesOnDisk <= 512 * 1024)
+        try tier.close()
+        let reopened = try DiskTier(.init(directory: directory.path, budget: 512 * 1024, bucketCount: 4))
+        for key in 0..<400 {
+            if let value = try reopened.value(forKey: keyBytes(key)), !value.isEmpty {
+                #expect(value.starts(with: Array("k\(key)v".utf8).prefix(value.count)))
+            }
+        }
+    }
+}
