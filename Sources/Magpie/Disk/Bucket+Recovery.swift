@@ -34,14 +34,12 @@ extension BucketState {
             return
         }
         unlink(snapshotPath)  // unusable: never let it be read later
-        var bytes = [UInt8](repeating: 0, count: fileSize)
+        let bytes = try readBytes(fileSize, at: 0)
+        let read = bytes.count
         let fd = self.fd
         let path = context.path
-        let read = try bytes.withUnsafeMutableBytes { buffer in
-            Result { () throws(MagpieError) -> Int in try FileIO.read(fd, into: buffer, at: 0, path: path) }
-        }.get()
         let expected = BucketFileHeader(bucketIndex: context.number, bucketCount: context.bucketCount, seed: context.hasher.seed)
-        let header = bytes.prefix(read).withUnsafeBytes { BucketFileHeader.decode($0) }
+        let header = bytes.withUnsafeBytes { BucketFileHeader.decode($0) }
         guard header == expected else {
             if read > 0 { counters.corruptRecords += 1 }
             try FileIO.truncate(fd, to: 0, path: path)
@@ -51,7 +49,7 @@ extension BucketState {
             size = BucketFileHeader.size
             return
         }
-        let end = bytes.prefix(read).withUnsafeBytes { scan($0, now: now) }
+        let end = bytes.withUnsafeBytes { scan($0, now: now) }
         size = end
         if end < fileSize {
             counters.truncatedTails += 1
@@ -61,14 +59,9 @@ extension BucketState {
 
     /// Whether the file starts with this bucket's header.
     private func headerMatches() throws(MagpieError) -> Bool {
-        var header = [UInt8](repeating: 0, count: BucketFileHeader.size)
-        let fd = self.fd
-        let path = context.path
-        let read = try header.withUnsafeMutableBytes { buffer in
-            Result { () throws(MagpieError) -> Int in try FileIO.read(fd, into: buffer, at: 0, path: path) }
-        }.get()
+        let header = try readBytes(BucketFileHeader.size, at: 0)
         let expected = BucketFileHeader(bucketIndex: context.number, bucketCount: context.bucketCount, seed: context.hasher.seed)
-        return read == BucketFileHeader.size && header.withUnsafeBytes { BucketFileHeader.decode($0) } == expected
+        return header.withUnsafeBytes { BucketFileHeader.decode($0) } == expected
     }
 
     /// Applies every valid record; returns the end of the last one.

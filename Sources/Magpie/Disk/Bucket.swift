@@ -112,13 +112,18 @@ struct BucketState {
     }
 
     func readRecord(_ slot: DiskSlot) throws(MagpieError) -> [UInt8] {
+        try readBytes(slot.length, at: slot.offset)  // a short read fails validation
+    }
+
+    /// Up to `count` bytes of the file from `offset`: fewer only at the end of the file.
+    func readBytes(_ count: Int, at offset: Int) throws(MagpieError) -> [UInt8] {
         let fd = self.fd
         let path = context.path
         var failure: MagpieError? = nil
-        // Only the bytes pread filled are counted as initialised; a short read fails validation.
-        let bytes = [UInt8](unsafeUninitializedCapacity: slot.length) { buffer, initialized in
+        // Only the bytes pread filled are counted as initialised.
+        let bytes = [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
             do throws(MagpieError) {
-                initialized = try FileIO.read(fd, into: UnsafeMutableRawBufferPointer(buffer), at: slot.offset, path: path)
+                initialized = try FileIO.read(fd, into: UnsafeMutableRawBufferPointer(buffer), at: offset, path: path)
             } catch {
                 failure = error
                 initialized = 0
