@@ -1,0 +1,74 @@
+import Foundation
+import Magpie
+import Testing
+
+/// A small tmpfs, where the machine allows mounting one (root with CAP_SYS_ADMIN, as on the project's
+/// machines); the test using it is reported as skipped elsewhere.
+enum TinyFilesystem {
+    static func run(_ tool: String, _ arguments: [String]) -> Bool {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: tool)
+        process.arguments = arguments
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        guard (try? process.run()) != nil else { return false }
+        process.waitUntilExit()
+        return process.terminationStatus == 0
+    }
+
+    static func mount(_ path: String, size: String) -> Bool {
+        run("/bin/mount", ["-t", "tmpfs", "-o", "size=\(size)", "tmpfs", path])
+    }
+
+    static func unmount(_ path: String) { _ = run("/bin/umount", [path]) }
+
+    static let available: Bool = {
+        let directory = TemporaryDirectory("magpie-probe")
+        defer { directory.cleanup() }
+        guard mount(directory.path, size: "64k") else { return false }
+        unmount(directory.path)
+        return true
+    }()
+}
+
+@Suite("DiskTier: a really full file system")
+struct FullFilesystemTests {
+    @Test("ENOSPC from a full tmpfs is a noSpace error, and the tier stays consistent and usable",
+          .enabled(if: TinyFilesystem.available, "mounting a tmpfs is not allowed here"))
+    func fullFilesystem() throws {
+        let directory = TemporaryDirectory("magpie-full")
+        defer { directory.cleanup() }
+        #expect(TinyFilesystem.mount(directory.path, size: "256k"))
+        defer { TinyFilesystem.unmount(directory.path) }
+        let cache = directory.child("cache")
+        // A budget four times the file system: the disk fills before the budget does.
+        let tier = try DiskTier(.init(directory: cache, budget: 1 << 20, bucketCount: 2, compressionLevel: nil))
+        var stored: [Int: [UInt8]] = [:]
+        var noSpace: MagpieError? = nil
+        for i in 0..<400 {
+            let value = selfDescribingValue(key: i, version: 1, length: 3000)
+            do {
+                try tier.set(value, forKey: keyBytes(i))
+                stored[i] = value
+            } catch {
+                noSpace = error
+                break
+            }
+        }
+        #expect(noSpace?.code == .noSpace, "expected ENOSPC, got \(String(describing: noSpace))")
+        #expect(stored.count > 10)
+        print("full filesystem: \(stored.count) values stored before \(noSpace?.code.description ?? "no error")")
+        // Everything stored before the failure reads back; the failed key is absent.
+        for (key, value) in stored { #expect(try tier.value(forKey: keyBytes(key)) == value) }
+        #expect(try tier.value(forKey: keyBytes(stored.count)) == nil)
+        // Freeing room makes writes work again.
+        try tier.removeAll()
+        try tier.set([1, 2, 3], forKey: "after")
+        #expect(try tier.value(forKey: "after") == [1, 2, 3])
+        try tier.close()
+        let reopened = try DiskTier(.init(directory: cache, budget: 1 << 20, bucketCount: 2))
+        #expect(try reopened.value(forKey: "after") == [1, 2, 3])
+        #expect(reopened.statistics.corruptRecords == 0)
+        try reopened.close()
+    }
+}
