@@ -16,7 +16,8 @@
 /// ### Implementation Notes
 /// The data layout, the S3-FIFO policy and its guarantees are described at the top of
 /// `Memory/ShardStorage.swift`. Cost of a hit: one hash, one uncontended lock, an index probe that
-/// compares a 32-bit tag and then the key, a byte store, and the copy of the value.
+/// compares an 8-bit tag and then the key (two dependent memory reads: bucket, then entry), a byte store,
+/// and the copy of the value.
 public final class MemoryTier: Sendable {
     /// Bytes charged per entry beyond its key and value: slot (16) + index bucket (8) + queue
     /// position (4) + ghost share (4) + allocator header (8).

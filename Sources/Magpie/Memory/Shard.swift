@@ -18,10 +18,10 @@ final class Shard: @unchecked Sendable {
     private let storage: UnsafeMutablePointer<ShardStorage>
     private let block: UnsafeMutableRawPointer
 
-    private static let storageOffset = 64
+    /// The mutex's size rounded up to whole cache lines (one line on x86-64 and arm64 glibc).
+    private static let storageOffset = (MemoryLayout<pthread_mutex_t>.size + 63) & ~63
 
     init?(budget: Int, hasher: KeyHash) {
-        precondition(MemoryLayout<pthread_mutex_t>.size <= Self.storageOffset)
         guard let initial = ShardStorage(budget: budget, hasher: hasher) else { return nil }
         var raw: UnsafeMutableRawPointer? = nil
         guard posix_memalign(&raw, 64, Self.storageOffset + MemoryLayout<ShardStorage>.stride) == 0,
