@@ -275,6 +275,9 @@ struct DiskTierRobustnessTests {
         #expect(throws: MagpieError.self) { _ = try DiskTier(config(missingParent)) }
         #expect(throws: MagpieError.self) { _ = try DiskTier(config(directory.child("bad"), buckets: 3)) }
         #expect(throws: MagpieError.self) { _ = try DiskTier(config(directory.child("tiny"), budget: 100, buckets: 8)) }
+        // More than 32 GiB per bucket file cannot be indexed: a clear error, not an overflow later.
+        let huge = #expect(throws: MagpieError.self) { _ = try DiskTier(config(directory.child("huge"), budget: 1 << 40, buckets: 16)) }
+        #expect(huge?.code == .invalidConfiguration)
     }
 
     @Test("an unwritable directory is a clear error at open, not a trap")

@@ -73,6 +73,8 @@ public final class DiskTier: Sendable {
     public static let maximumGroupLength = 65_535
     /// The most buckets a directory may have.
     public static let maximumBucketCount = 4096
+    /// The most bytes one bucket file may hold (its index stores offsets / 8 in 32 bits).
+    public static let maximumBucketBudget = Int(UInt32.max) * 8
 
     /// The configuration it was opened with (``Configuration/bucketCount`` as found or created).
     public let configuration: Configuration
@@ -114,6 +116,12 @@ public final class DiskTier: Sendable {
             let share = configuration.budget / count
             guard share >= BucketFileHeader.size + 64 else {
                 throw MagpieError(.invalidConfiguration, "a budget of \(configuration.budget) bytes is too small for \(count) buckets")
+            }
+            // Index slots hold offset / 8 in 32 bits: a bucket file may not pass 32 GiB.
+            guard share <= Self.maximumBucketBudget else {
+                throw MagpieError(
+                    .invalidConfiguration,
+                    "a budget of \(configuration.budget) bytes over \(count) buckets exceeds \(Self.maximumBucketBudget) bytes per bucket; use more buckets")
             }
             let hasher = KeyHash(seed: manifest.seed)
             let bucketDirectory = directory + "/buckets"
@@ -251,9 +259,8 @@ public final class DiskTier: Sendable {
             compressed = try compression.compress(value)
         }
         let storedLength = compressed?.count ?? value.count
-        guard RecordHeader.recordLength(key: key.count, group: group.count, stored: storedLength)
-            <= bucketBudget - BucketFileHeader.size
-        else {
+        let recordLength = RecordHeader.recordLength(key: key.count, group: group.count, stored: storedLength)
+        guard recordLength <= bucketBudget - BucketFileHeader.size, recordLength <= DiskSlot.maximumLength else {
             throw MagpieError(.valueTooLarge, "value of \(value.count) bytes does not fit a \(bucketBudget)-byte bucket")
         }
         let hash = hasher.hash(key)
