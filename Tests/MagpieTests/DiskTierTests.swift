@@ -278,6 +278,7 @@ struct DiskTierRobustnessTests {
         // More than 32 GiB per bucket file cannot be indexed: a clear error, not an overflow later.
         let huge = #expect(throws: MagpieError.self) { _ = try DiskTier(config(directory.child("huge"), budget: 1 << 40, buckets: 16)) }
         #expect(huge?.code == .invalidConfiguration)
+        #expect(!FileManager.default.fileExists(atPath: directory.child("huge") + "/MANIFEST"), "a refused open left a MANIFEST")
     }
 
     @Test("an unwritable directory is a clear error at open, not a trap")

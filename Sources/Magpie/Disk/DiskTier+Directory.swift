@@ -35,8 +35,10 @@ extension DiskTier {
                     .directoryUnusable, "the directory has no MANIFEST but holds \(foreign.sorted().prefix(5)); refusing to use it",
                     path: directory)
             }
+            let count = configuration.bucketCount ?? defaultBucketCount(budget: configuration.budget)
+            _ = try bucketBudget(configuration.budget, count: count)  // refuse before creating anything
             let manifest = Manifest(
-                bucketCount: configuration.bucketCount ?? defaultBucketCount(budget: configuration.budget),
+                bucketCount: count,
                 seed: configuration.hashSeed ?? KeyHash.random().seed, created: CacheClock.system.now())
             try FileIO.writeFileAtomically(path, manifest.encoded(), directory: directory)
             return manifest

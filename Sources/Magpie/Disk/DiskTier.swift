@@ -113,16 +113,7 @@ public final class DiskTier: Sendable {
         do throws(MagpieError) {
             let manifest = try Self.openManifest(configuration)
             let count = manifest.bucketCount
-            let share = configuration.budget / count
-            guard share >= BucketFileHeader.size + 64 else {
-                throw MagpieError(.invalidConfiguration, "a budget of \(configuration.budget) bytes is too small for \(count) buckets")
-            }
-            // Index slots hold offset / 8 in 32 bits: a bucket file may not pass 32 GiB.
-            guard share <= Self.maximumBucketBudget else {
-                throw MagpieError(
-                    .invalidConfiguration,
-                    "a budget of \(configuration.budget) bytes over \(count) buckets exceeds \(Self.maximumBucketBudget) bytes per bucket; use more buckets")
-            }
+            let share = try Self.bucketBudget(configuration.budget, count: count)
             let hasher = KeyHash(seed: manifest.seed)
             let bucketDirectory = directory + "/buckets"
             try FileIO.makeDirectory(bucketDirectory)
@@ -405,6 +396,21 @@ public final class DiskTier: Sendable {
         guard key.count <= Self.maximumKeyLength else {
             throw MagpieError(.keyTooLong, "key of \(key.count) bytes; the limit is \(Self.maximumKeyLength)")
         }
+    }
+
+    /// budget / count, if a bucket of that size can hold a record and be indexed.
+    static func bucketBudget(_ budget: Int, count: Int) throws(MagpieError) -> Int {
+        let share = budget / count
+        guard share >= BucketFileHeader.size + 64 else {
+            throw MagpieError(.invalidConfiguration, "a budget of \(budget) bytes is too small for \(count) buckets")
+        }
+        // Index slots hold offset / 8 in 32 bits: a bucket file may not pass 32 GiB.
+        guard share <= maximumBucketBudget else {
+            throw MagpieError(
+                .invalidConfiguration,
+                "a budget of \(budget) bytes over \(count) buckets exceeds \(maximumBucketBudget) bytes per bucket; use more buckets")
+        }
+        return share
     }
 
     /// The bucket of a hash: its high bits.
