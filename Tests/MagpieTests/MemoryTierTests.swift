@@ -38,7 +38,7 @@ struct MemoryTierAPITests {
 
         let stats = tier.statistics
         #expect(stats.inserts == 102 && stats.updates == 2)
-        #expect(stats.entries == Int(stats.inserts) - Int(stats.removals) - Int(stats.evictions))
+        #expect(stats.entries == Int(stats.inserts) - Int(stats.removals) - Int(stats.evictions) - Int(stats.expirations))
     }
 
     @Test("the empty key and empty values are ordinary entries")
@@ -201,7 +201,7 @@ struct MemoryTierPropertyTests {
         }
         let stats = tier.statistics
         #expect(stats.hits + stats.misses == reads)
-        #expect(stats.entries == Int(stats.inserts) - Int(stats.removals) - Int(stats.evictions))
+        #expect(stats.entries == Int(stats.inserts) - Int(stats.removals) - Int(stats.evictions) - Int(stats.expirations))
         #expect(stats.entries == tier.count)
         #expect(stats.evictions > 1000 && stats.refusals > 0)
     }
@@ -272,6 +272,105 @@ struct MemoryTierPropertyTests {
         #expect(tier.chargedBytes <= tier.budget)
         let stats = tier.statistics
         #expect(stats.hits + stats.misses == UInt64(results.reads))
-        #expect(stats.entries == Int(stats.inserts) - Int(stats.removals) - Int(stats.evictions))
+        #expect(stats.entries == Int(stats.inserts) - Int(stats.removals) - Int(stats.evictions) - Int(stats.expirations))
+    }
+}
+
+@Suite("MemoryTier: expiry and groups")
+struct MemoryTierExpiryGroupTests {
+    @Test("expired entries are misses at once, are charged 8 bytes more, and removeExpired reclaims them")
+    func expiry() throws {
+        let clock = ManualClock()
+        let tier = try MemoryTier(budget: 1 << 20, shardCount: 4, clock: clock.cacheClock)
+        try tier.set(v(1), forKey: k(1), expiry: .after(.seconds(60)))
+        try tier.set(v(2), forKey: k(2))
+        try tier.set(v(3), forKey: k(3), expiry: .after(.seconds(10)))
+        #expect(tier.chargedBytes == 3 * charge() + 16)
+        #expect(!(try tier.set(v(4), forKey: k(4), expiry: .at(millisecondsSince1970: clock.now - 1))))
+        #expect(tier.value(forKey: k(4)) == nil)
+        clock.advance(seconds: 59)
+        #expect(tier.value(forKey: k(1)) == v(1))
+        #expect(tier.value(forKey: k(3)) == nil)  // read after expiry: a miss, and dropped
+        #expect(!tier.contains(k(3)))
+        clock.advance(seconds: 2)
+        #expect(!tier.contains(k(1)))  // contains() respects expiry too
+        #expect(tier.removeExpired() == 1)
+        #expect(tier.value(forKey: k(2)) == v(2))
+        let stats = tier.statistics
+        #expect(stats.expirations == 2 && stats.entries == 1)
+        #expect(stats.entries == Int(stats.inserts) - Int(stats.removals) - Int(stats.evictions) - Int(stats.expirations))
+        // Replacing an entry can add, keep or drop its expiry.
+        try tier.set(v(2), forKey: k(2), expiry: .after(.seconds(5)))
+        clock.advance(seconds: 6)
+        #expect(tier.value(forKey: k(2)) == nil)
+    }
+
+    @Test("removeAll(inGroup:) removes exactly the entries last stored with that group")
+    func groups() throws {
+        let tier = try MemoryTier(budget: 1 << 20, shardCount: 8)
+        for i in 0..<100 { try tier.set(v(i), forKey: k(i), group: i % 3 == 0 ? "three" : (i % 3 == 1 ? "one" : nil)) }
+        #expect(tier.chargedBytes == 100 * charge() + 67 * 8)
+        try tier.set(v(0), forKey: k(0))  // moved out of the group before the removal
+        try tier.set(v(2), forKey: k(2), group: "three")  // moved into it
+        #expect(tier.removeAll(inGroup: "three") == 34 + 1 - 1)  // 34 multiples of 3 below 100
+        for i in 0..<100 {
+            let inGroup = (i % 3 == 0 && i != 0) || i == 2
+            #expect((tier.value(forKey: k(i)) == nil) == inGroup, "key \(i)")
+        }
+        #expect(tier.removeAll(inGroup: "three") == 0)
+        #expect(tier.removeAll(inGroup: "") == 0)
+        #expect(tier.removeAll(inGroup: "one") == 33)
+        let stats = tier.statistics
+        #expect(stats.entries == Int(stats.inserts) - Int(stats.removals) - Int(stats.evictions) - Int(stats.expirations))
+    }
+
+    @Test("random operations with expiry and groups against a model: never a removed, expired or stale value")
+    func modelBased() throws {
+        let seed = TestSeed.value(default: 5150)
+        var random = SeededGenerator(seed: seed)
+        let clock = ManualClock()
+        let tier = try MemoryTier(budget: 8 * 2500, shardCount: 8, hasher: KeyHash(seed: seed), clock: clock.cacheClock)
+        // key -> (value, deadline or nil, group or nil)
+        var model: [Int: (value: [UInt8], deadline: Int64?, group: String?)] = [:]
+        for step in 0..<20_000 {
+            let key = Int.random(in: 0..<120, using: &random)
+            let context = "seed \(seed) step \(step) key \(key)"
+            switch Int.random(in: 0..<100, using: &random) {
+            case 0..<45:
+                let value = selfDescribingValue(key: key, version: step, length: Int.random(in: 0...120, using: &random))
+                let seconds = Int64.random(in: 0...30, using: &random)
+                let expiry: Expiry = seconds == 0 ? .never : .after(.seconds(seconds))
+                let group = ["a", "b", nil][Int.random(in: 0..<3, using: &random)]
+                if try tier.set(value, forKey: keyBytes(key), expiry: expiry, group: group) {
+                    model[key] = (value, seconds == 0 ? nil : clock.now + seconds * 1000, group)
+                } else {
+                    model[key] = nil
+                }
+            case 45..<80:
+                let got = tier.value(forKey: keyBytes(key))
+                if let entry = model[key], entry.deadline.map({ $0 <= clock.now }) ?? false {
+                    #expect(got == nil, "\(context): served an expired value")
+                    model[key] = nil
+                } else if let got {
+                    #expect(got == model[key]?.value, "\(context): a value that is not the last one stored")
+                }
+            case 80..<88:
+                tier.removeValue(forKey: keyBytes(key))
+                model[key] = nil
+            case 88..<90:
+                let group = Bool.random(using: &random) ? "a" : "b"
+                tier.removeAll(inGroup: group)
+                model = model.filter { $0.value.group != group }
+            case 90..<92:
+                tier.removeExpired()
+                model = model.filter { $0.value.deadline.map { $0 > clock.now } ?? true }
+            default:
+                clock.advance(seconds: Int64.random(in: 1...5, using: &random))
+            }
+            #expect(tier.chargedBytes <= tier.budget, "\(context): over budget")
+        }
+        let stats = tier.statistics
+        #expect(stats.expirations > 0 && stats.evictions > 0)
+        #expect(stats.entries == Int(stats.inserts) - Int(stats.removals) - Int(stats.evictions) - Int(stats.expirations))
     }
 }

@@ -54,6 +54,11 @@ struct EntryRing {
         return block
     }
 
+    /// Calls `body` with every block in the ring, oldest first, dead ones included.
+    func forEach(_ body: (UnsafeMutableRawPointer) -> Void) {
+        for offset in 0..<count { body(buffer[(head + offset) & mask]) }
+    }
+
     /// Worth compacting: dead blocks are the majority and there are more than a few.
     var needsCompaction: Bool { dead > 32 && dead * 2 > count }
 
@@ -65,7 +70,7 @@ struct EntryRing {
             let block = buffer[(head + offset) & mask]
             let header = block.assumingMemoryBound(to: EntryHeader.self).pointee
             if header.isDead {
-                freed += ShardStorage.charge(totalLength: header.totalLength)
+                freed += ShardStorage.charge(storedLength: header.storedLength)
                 free(block)
             } else {
                 buffer[(head + kept) & mask] = block

@@ -53,8 +53,16 @@ extension MemoryTier {
         return withShard(for: hash) { $0.contains(hash: hash, key: key) }
     }
 
+    /// A group's 64-bit tag: its seeded hash, never 0. A collision between two groups can only make
+    /// ``removeAll(inGroup:)`` remove more entries, never return a wrong value.
+    func groupTag(_ group: String) -> UInt64 {
+        hasher.hash(group) | 1
+    }
+
     @usableFromInline
-    func _set(_ value: UnsafeRawBufferPointer, forKey key: UnsafeRawBufferPointer) -> Result<Bool, MagpieError> {
+    func _set(_ value: UnsafeRawBufferPointer, forKey key: UnsafeRawBufferPointer, expiry: Expiry, group: String?)
+        -> Result<Bool, MagpieError>
+    {
         guard key.count <= Self.maximumKeyLength else {
             return .failure(
                 MagpieError(.keyTooLong, "key of \(key.count) bytes; the limit is \(Self.maximumKeyLength)"))
@@ -65,7 +73,18 @@ extension MemoryTier {
                     .valueTooLarge, "value of \(value.count) bytes; the limit is \(Self.maximumValueLength)"))
         }
         let hash = hasher._hash(key)
-        let outcome = withShard(for: hash) { $0.store(hash: hash, key: key, value: value) }
+        var deadline: Int64 = 0
+        if expiry != .never {
+            let now = clock.now()
+            deadline = expiry.deadline(now: now)
+            if deadline <= now {
+                // Expired on arrival: the key must not keep an older value.
+                _ = withShard(for: hash) { $0.remove(hash: hash, key: key) }
+                return .success(false)
+            }
+        }
+        let tag = group.map { $0.isEmpty ? 0 : groupTag($0) } ?? 0
+        let outcome = withShard(for: hash) { $0.store(hash: hash, key: key, value: value, deadline: deadline, group: tag) }
         return .success(outcome != .refused)
     }
 

@@ -19,8 +19,9 @@
 /// compares an 8-bit tag and then the key (two dependent memory reads: bucket, then entry), a byte store,
 /// and the copy of the value.
 public final class MemoryTier: Sendable {
-    /// Bytes charged per entry beyond its key and value: slot (16) + index bucket (8) + queue
-    /// position (4) + ghost share (4) + allocator header (8).
+    /// Bytes charged per entry beyond its key and value (index bucket at its maximum load, ghost share,
+    /// queue slot, entry header, allocator header; see `Memory/ShardStorage.swift`). An entry with an
+    /// expiry is charged 8 bytes more, and one with a group 8 more.
     public static let entryOverhead = 40
     /// The longest key, in bytes.
     public static let maximumKeyLength = Int(UInt16.max)
@@ -35,6 +36,8 @@ public final class MemoryTier: Sendable {
     public let shardCount: Int
     /// The hasher that places keys.
     public let hasher: KeyHash
+    /// The clock that expiry is judged by.
+    public let clock: CacheClock
 
     /// Owns the shards.
     let shards: [Shard]
@@ -57,9 +60,12 @@ public final class MemoryTier: Sendable {
     ///   - budget: the byte budget, ≥ 0. With fewer than `shardCount` bytes every store is refused.
     ///   - shardCount: a power of two from 1 to ``maximumShardCount``; nil picks ``defaultShardCount``.
     ///   - hasher: the key hasher; random-seeded by default.
+    ///   - clock: the clock for expiry; the system's by default (inject one in tests).
     /// - Throws: ``MagpieError/Code/invalidConfiguration`` for a negative budget, a shard count out of
     ///   range or not a power of two, or when the shards' initial arrays cannot be allocated.
-    public init(budget: Int, shardCount: Int? = nil, hasher: KeyHash = .random()) throws(MagpieError) {
+    public init(budget: Int, shardCount: Int? = nil, hasher: KeyHash = .random(), clock: CacheClock = .system)
+        throws(MagpieError)
+    {
         let shardCount = shardCount ?? Self.defaultShardCount
         guard budget >= 0 else {
             throw MagpieError(.invalidConfiguration, "memory budget \(budget) is negative")
@@ -73,7 +79,7 @@ public final class MemoryTier: Sendable {
         var shards: [Shard] = []
         shards.reserveCapacity(shardCount)
         for _ in 0..<shardCount {
-            guard let shard = Shard(budget: budget / shardCount, hasher: hasher) else {
+            guard let shard = Shard(budget: budget / shardCount, hasher: hasher, clock: clock) else {
                 throw MagpieError(.invalidConfiguration, "out of memory creating \(shardCount) shards")
             }
             shards.append(shard)
@@ -81,6 +87,7 @@ public final class MemoryTier: Sendable {
         self.budget = budget
         self.shardCount = shardCount
         self.hasher = hasher
+        self.clock = clock
         self.shards = shards
         self.unownedShards = shards.map { Unmanaged.passUnretained($0) }
         self.shardMask = shardCount - 1
@@ -136,21 +143,48 @@ public final class MemoryTier: Sendable {
     // MARK: Writes
 
     /// Stores a copy of `value` for `key`, replacing any previous value.
+    /// - Parameters:
+    ///   - expiry: when the entry stops being served (by ``clock``); an instant already past stores nothing
+    ///     and removes the key.
+    ///   - group: a group to remove it with, see ``removeAll(inGroup:)``; nil or empty for none.
     /// - Returns: true if stored; false if refused (charge over a shard's budget, or out of memory),
     ///   in which case the key is absent afterwards.
     /// - Throws: ``MagpieError/Code/keyTooLong`` or ``MagpieError/Code/valueTooLarge``; the tier is
     ///   unchanged then.
     @inlinable @discardableResult
-    public func set(_ value: some Sequence<UInt8>, forKey key: some Sequence<UInt8>) throws(MagpieError)
-        -> Bool
-    {
-        try withKeyBytes(key) { keyBytes in withValueBytes(value) { _set($0, forKey: keyBytes) } }.get()
+    public func set(
+        _ value: some Sequence<UInt8>, forKey key: some Sequence<UInt8>, expiry: Expiry = .never, group: String? = nil
+    ) throws(MagpieError) -> Bool {
+        try withKeyBytes(key) { keyBytes in
+            withValueBytes(value) { _set($0, forKey: keyBytes, expiry: expiry, group: group) }
+        }.get()
     }
 
-    /// ``set(_:forKey:)-(Sequence<UInt8>,Sequence<UInt8>)`` for a `String` key.
+    /// ``set(_:forKey:expiry:group:)-(Sequence<UInt8>,Sequence<UInt8>,_,_)`` for a `String` key.
     @inlinable @discardableResult
-    public func set(_ value: some Sequence<UInt8>, forKey key: String) throws(MagpieError) -> Bool {
-        try withKeyBytes(key) { keyBytes in withValueBytes(value) { _set($0, forKey: keyBytes) } }.get()
+    public func set(_ value: some Sequence<UInt8>, forKey key: String, expiry: Expiry = .never, group: String? = nil)
+        throws(MagpieError) -> Bool
+    {
+        try withKeyBytes(key) { keyBytes in
+            withValueBytes(value) { _set($0, forKey: keyBytes, expiry: expiry, group: group) }
+        }.get()
+    }
+
+    /// Removes every entry stored with `group`. Costs a walk over every entry of every shard.
+    /// - Returns: the number of entries removed.
+    @discardableResult
+    public func removeAll(inGroup group: String) -> Int {
+        guard !group.isEmpty else { return 0 }
+        let tag = groupTag(group)
+        return shards.reduce(0) { total, shard in total + shard.withLock { $0.removeGroup(tag) } }
+    }
+
+    /// Removes every entry whose expiry has passed. Expired entries are misses at once whether or not
+    /// this runs; it reclaims their memory early.
+    /// - Returns: the number of entries removed.
+    @discardableResult
+    public func removeExpired() -> Int {
+        shards.reduce(0) { total, shard in total + shard.withLock { $0.removeExpired() } }
     }
 
     /// Removes `key`; returns whether it was present.

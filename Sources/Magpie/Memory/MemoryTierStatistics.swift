@@ -13,12 +13,16 @@ public struct MemoryTierStatistics: Sendable, Hashable {
     public var inserts: UInt64 = 0
     /// Stores that replaced a present key's value.
     public var updates: UInt64 = 0
-    /// Entries removed by ``MemoryTier/removeValue(forKey:)-(String)`` or ``MemoryTier/removeAll()``, or
+    /// Entries removed by ``MemoryTier/removeValue(forKey:)-(String)``, ``MemoryTier/removeAll()`` or
+    /// ``MemoryTier/removeAll(inGroup:)``, or
     /// dropped because a store that would have replaced them was refused. With ``inserts`` and
-    /// ``evictions`` it accounts for every entry: `entries == inserts - removals - evictions`.
+    /// ``evictions`` and ``expirations`` it accounts for every entry:
+    /// `entries == inserts - removals - evictions - expirations`.
     public var removals: UInt64 = 0
     /// Entries evicted to keep a shard within its budget.
     public var evictions: UInt64 = 0
+    /// Entries dropped because their expiry passed (when read, or by ``MemoryTier/removeExpired()``).
+    public var expirations: UInt64 = 0
     /// Stores refused: the entry's charge exceeds a shard's budget, or memory could not be allocated.
     /// A refused store leaves its key absent.
     public var refusals: UInt64 = 0
@@ -44,6 +48,7 @@ public struct MemoryTierStatistics: Sendable, Hashable {
         updates += other.updates
         removals += other.removals
         evictions += other.evictions
+        expirations += other.expirations
         refusals += other.refusals
         entries += other.entries
         chargedBytes += other.chargedBytes

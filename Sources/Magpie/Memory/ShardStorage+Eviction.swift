@@ -20,7 +20,7 @@ extension ShardStorage {
     private mutating func evictFromSmall() {
         let block = small.popFirst()
         let header = block.assumingMemoryBound(to: EntryHeader.self)
-        let charge = Self.charge(totalLength: header.pointee.totalLength)
+        let charge = Self.charge(storedLength: header.pointee.storedLength)
         if header.pointee.isDead {
             small.dead -= 1
             release(block, charge: charge, fromSmall: true)
@@ -28,7 +28,7 @@ extension ShardStorage {
         }
         if header.pointee.frequency > 0 && main.push(block) {
             header.pointee.frequency = 0
-            header.pointee.state = EntryHeader.main
+            header.pointee.state = header.pointee.state & ~EntryHeader.queueMask | EntryHeader.main
             smallCharged -= charge
             return
         }
@@ -46,7 +46,7 @@ extension ShardStorage {
         while main.count > 0 {
             let block = main.popFirst()
             let header = block.assumingMemoryBound(to: EntryHeader.self)
-            let charge = Self.charge(totalLength: header.pointee.totalLength)
+            let charge = Self.charge(storedLength: header.pointee.storedLength)
             if header.pointee.isDead {
                 main.dead -= 1
                 release(block, charge: charge, fromSmall: false)

@@ -37,10 +37,10 @@ extension ShardStorage {
 
     @inline(__always)
     func keyEquals(_ block: UnsafeMutableRawPointer, _ key: UnsafeRawBufferPointer) -> Bool {
-        let length = block.assumingMemoryBound(to: EntryHeader.self).pointee.keyLength
-        guard Int(length) == key.count else { return false }
+        let header = block.assumingMemoryBound(to: EntryHeader.self).pointee
+        guard Int(header.keyLength) == key.count else { return false }
         guard let base = key.baseAddress, key.count > 0 else { return true }
-        return memcmp(block + Self.headerSize, base, key.count) == 0
+        return memcmp(block + header.keyOffset, base, key.count) == 0
     }
 
     /// Indexes `block` under `hash`. Precondition: `ensureIndexRoom()` returned true and the key is
@@ -87,17 +87,22 @@ extension ShardStorage {
         index[hole] = 0
     }
 
-    /// Deletes the bucket of `block`, whose key hashes to `hash`.
-    mutating func indexDelete(hash: UInt64, block: UnsafeMutableRawPointer) {
+    /// The bucket position of `block`, whose key hashes to `hash`; nil if it is not indexed.
+    func indexPosition(hash: UInt64, block: UnsafeMutableRawPointer) -> Int? {
         let address = UInt64(UInt(bitPattern: block))
         var position = home(hash, mask: indexMask)
         while true {
             let bucket = index[position]
-            if bucket == 0 { return }  // Not indexed: nothing to delete (cannot happen for a live block).
-            if bucket & addressMask == address { break }
+            if bucket == 0 { return nil }
+            if bucket & addressMask == address { return position }
             position = (position &+ 1) & indexMask
         }
-        indexDelete(at: position)
+    }
+
+    /// Deletes the bucket of `block`, whose key hashes to `hash`.
+    mutating func indexDelete(hash: UInt64, block: UnsafeMutableRawPointer) {
+        // A live block is always indexed; if not, there is nothing to delete.
+        if let position = indexPosition(hash: hash, block: block) { indexDelete(at: position) }
     }
 
     /// Makes sure one more entry keeps the load at or under 3/4. False when memory runs out.
@@ -143,8 +148,8 @@ extension ShardStorage {
     /// The key hash of a block, recomputed from its key bytes (buckets keep 8 bits of it).
     @inline(__always)
     func hashOf(_ block: UnsafeMutableRawPointer) -> UInt64 {
-        let length = Int(block.assumingMemoryBound(to: EntryHeader.self).pointee.keyLength)
-        return hasher._hash(UnsafeRawBufferPointer(start: block + Self.headerSize, count: length))
+        let header = block.assumingMemoryBound(to: EntryHeader.self).pointee
+        return hasher._hash(UnsafeRawBufferPointer(start: block + header.keyOffset, count: Int(header.keyLength)))
     }
 
     // MARK: Ghost filter

@@ -55,19 +55,37 @@ import Glibc
 // `charged` (live and dead blocks' charges) never exceeds `budget`: room is made before a block is
 // added, and an entry whose charge alone exceeds the budget is refused.
 
-/// The 8-byte header at the start of every entry block.
+/// The 8-byte header at the start of every entry block. After it come the optional extras the state
+/// flags announce (an 8-byte deadline, then an 8-byte group hash), then the key, then the value.
 struct EntryHeader {
     var valueLength: UInt32
     var keyLength: UInt16
     var frequency: UInt8
+    /// Bits 0-1: the queue (small or main); bit 2: has a deadline; bit 3: has a group; bit 7: dead.
     var state: UInt8
 
     static let small: UInt8 = 1
     static let main: UInt8 = 2
+    static let queueMask: UInt8 = 0x03
+    static let expiryFlag: UInt8 = 0x04
+    static let groupFlag: UInt8 = 0x08
     static let deadFlag: UInt8 = 0x80
 
     var isDead: Bool { state & EntryHeader.deadFlag != 0 }
-    var totalLength: Int { Int(keyLength) + Int(valueLength) }
+    var queue: UInt8 { state & EntryHeader.queueMask }
+    var hasExpiry: Bool { state & EntryHeader.expiryFlag != 0 }
+    var hasGroup: Bool { state & EntryHeader.groupFlag != 0 }
+
+    static func extrasLength(flags: UInt8) -> Int {
+        (flags & expiryFlag != 0 ? 8 : 0) + (flags & groupFlag != 0 ? 8 : 0)
+    }
+
+    /// Where the key starts, from the block's start.
+    var keyOffset: Int { ShardStorage.headerSize + Self.extrasLength(flags: state) }
+    /// Where the group hash lies, from the block's start (valid when `hasGroup`).
+    var groupOffset: Int { ShardStorage.headerSize + (hasExpiry ? 8 : 0) }
+    /// The bytes after the header: extras, key and value. The entry is charged this + the overhead.
+    var storedLength: Int { Self.extrasLength(flags: state) + Int(keyLength) + Int(valueLength) }
 }
 
 /// The outcome of ``ShardStorage/store(hash:key:value:)``.
@@ -79,6 +97,7 @@ struct ShardStorage: ~Copyable {
     let budget: Int
     let smallTarget: Int
     let hasher: KeyHash
+    let clock: CacheClock
 
     /// Charges of live and dead blocks.
     var charged = 0
@@ -103,7 +122,7 @@ struct ShardStorage: ~Copyable {
     static let headerSize = MemoryLayout<EntryHeader>.stride
 
     /// Creates empty storage; nil when the initial arrays (about 1.2 KiB) cannot be allocated.
-    init?(budget: Int, hasher: KeyHash) {
+    init?(budget: Int, hasher: KeyHash, clock: CacheClock) {
         guard let index = allocateZeroed(UInt64.self, Self.initialBuckets) else { return nil }
         guard let ghost = allocateZeroed(UInt32.self, Self.initialBuckets / 2) else {
             free(index)
@@ -117,6 +136,7 @@ struct ShardStorage: ~Copyable {
         self.budget = budget
         self.smallTarget = budget / 10
         self.hasher = hasher
+        self.clock = clock
         self.index = index
         self.indexMask = Self.initialBuckets - 1
         self.ghost = ghost
@@ -132,10 +152,22 @@ struct ShardStorage: ~Copyable {
         free(index); free(ghost)
     }
 
-    /// The charge of an entry with these lengths.
+    /// The charge of an entry storing `storedLength` bytes after its header.
     @inline(__always)
-    static func charge(totalLength: Int) -> Int {
-        totalLength &+ MemoryTier.entryOverhead
+    static func charge(storedLength: Int) -> Int {
+        storedLength &+ MemoryTier.entryOverhead
+    }
+
+    /// The deadline (ms since 1970) of a block whose header has the expiry flag.
+    @inline(__always)
+    static func deadline(of block: UnsafeMutableRawPointer) -> Int64 {
+        block.loadUnaligned(fromByteOffset: headerSize, as: Int64.self)
+    }
+
+    /// Whether a block's entry has expired at `now`.
+    @inline(__always)
+    static func isExpired(_ block: UnsafeMutableRawPointer, _ header: EntryHeader, now: Int64) -> Bool {
+        header.hasExpiry && deadline(of: block) <= now
     }
 
     // MARK: Reads
@@ -145,7 +177,14 @@ struct ShardStorage: ~Copyable {
     mutating func withValue<R>(
         hash: UInt64, key: UnsafeRawBufferPointer, _ body: (UnsafeRawBufferPointer) -> R
     ) -> R? {
-        guard let (_, block) = find(hash: hash, key: key) else {
+        guard let (position, block) = find(hash: hash, key: key) else {
+            counters.misses &+= 1
+            return nil
+        }
+        let state = block.assumingMemoryBound(to: EntryHeader.self).pointee
+        if state.hasExpiry && Self.isExpired(block, state, now: clock.now()) {
+            unlink(position: position, block: block)
+            counters.expirations &+= 1
             counters.misses &+= 1
             return nil
         }
@@ -154,42 +193,48 @@ struct ShardStorage: ~Copyable {
         let header = block.assumingMemoryBound(to: EntryHeader.self)
         let frequency = header.pointee.frequency
         if frequency < Self.frequencyCap { header.pointee.frequency = frequency &+ 1 }
-        let start = block + Self.headerSize + Int(header.pointee.keyLength)
+        let start = block + header.pointee.keyOffset + Int(header.pointee.keyLength)
         return body(UnsafeRawBufferPointer(start: start, count: Int(header.pointee.valueLength)))
     }
 
-    /// Whether `key` is present, without counting a read or changing its frequency.
+    /// Whether `key` is present and unexpired, without counting a read or changing its frequency.
     func contains(hash: UInt64, key: UnsafeRawBufferPointer) -> Bool {
-        find(hash: hash, key: key) != nil
+        guard let (_, block) = find(hash: hash, key: key) else { return false }
+        let header = block.assumingMemoryBound(to: EntryHeader.self).pointee
+        return !(header.hasExpiry && Self.isExpired(block, header, now: clock.now()))
     }
 
     // MARK: Writes
 
-    /// Stores `value` for `key`, replacing any previous value. Makes room first; refuses (leaving the key
-    /// absent) when the entry cannot fit the shard's budget or memory runs out.
-    mutating func store(hash: UInt64, key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer)
-        -> StoreOutcome
-    {
-        let totalLength = key.count + value.count
+    /// Stores `value` for `key`, replacing any previous value, with an optional deadline (ms since
+    /// 1970, 0 = none) and group hash (0 = none). Makes room first; refuses (leaving the key absent)
+    /// when the entry cannot fit the shard's budget or memory runs out.
+    mutating func store(
+        hash: UInt64, key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, deadline: Int64 = 0,
+        group: UInt64 = 0
+    ) -> StoreOutcome {
+        let flags = (deadline != 0 ? EntryHeader.expiryFlag : 0) | (group != 0 ? EntryHeader.groupFlag : 0)
+        let storedLength = EntryHeader.extrasLength(flags: flags) + key.count + value.count
         var queue = EntryHeader.small
         var frequency: UInt8 = 0
         var isUpdate = false
         if let (position, block) = find(hash: hash, key: key) {
             let header = block.assumingMemoryBound(to: EntryHeader.self)
-            if header.pointee.totalLength == totalLength {
-                // Same size: overwrite the value in place; the key bytes are already equal.
+            if header.pointee.storedLength == storedLength && header.pointee.state & ~EntryHeader.queueMask == flags {
+                // Same layout: overwrite extras and value in place; the key bytes are already equal.
                 header.pointee.valueLength = UInt32(value.count)
-                copyBytes(value, to: block + Self.headerSize + key.count)
+                writeExtras(block, deadline: deadline, group: group)
+                copyBytes(value, to: block + header.pointee.keyOffset + key.count)
                 header.pointee.frequency = min(header.pointee.frequency &+ 1, Self.frequencyCap)
                 counters.updates &+= 1
                 return .updated
             }
-            queue = header.pointee.state
+            queue = header.pointee.queue
             frequency = min(header.pointee.frequency &+ 1, Self.frequencyCap)
             isUpdate = true
             unlink(position: position, block: block)
         }
-        let charge = Self.charge(totalLength: totalLength)
+        let charge = Self.charge(storedLength: storedLength)
         guard charge <= budget else { return refuse(droppedPrevious: isUpdate) }
         while charged + charge > budget {
             // Cannot fail while anything is charged; the guard keeps a broken invariant from spinning.
@@ -198,19 +243,17 @@ struct ShardStorage: ~Copyable {
         if !isUpdate && ghostTake(hash: hash) { queue = EntryHeader.main }
 
         // Out of memory anywhere below is a refusal, never a trap; nothing taken is leaked.
-        guard let block = malloc(Self.headerSize + totalLength) else { return refuse(droppedPrevious: isUpdate) }
+        guard let block = malloc(Self.headerSize + storedLength) else { return refuse(droppedPrevious: isUpdate) }
         guard UInt(bitPattern: block) < (1 << 48), ensureIndexRoom() else {
             free(block)
             return refuse(droppedPrevious: isUpdate)
         }
-        block.initializeMemory(
-            as: EntryHeader.self,
-            repeating: EntryHeader(
-                valueLength: UInt32(value.count), keyLength: UInt16(key.count), frequency: frequency,
-                state: queue),
-            count: 1)
-        copyBytes(key, to: block + Self.headerSize)
-        copyBytes(value, to: block + Self.headerSize + key.count)
+        let header = EntryHeader(
+            valueLength: UInt32(value.count), keyLength: UInt16(key.count), frequency: frequency, state: queue | flags)
+        block.initializeMemory(as: EntryHeader.self, repeating: header, count: 1)
+        writeExtras(block, deadline: deadline, group: group)
+        copyBytes(key, to: block + header.keyOffset)
+        copyBytes(value, to: block + header.keyOffset + key.count)
         let pushed = queue == EntryHeader.small ? small.push(block) : main.push(block)
         guard pushed, indexInsert(hash: hash, block: block) else {
             if pushed {
@@ -226,6 +269,50 @@ struct ShardStorage: ~Copyable {
         count += 1
         if isUpdate { counters.updates &+= 1 } else { counters.inserts &+= 1 }
         return isUpdate ? .updated : .inserted
+    }
+
+    /// Writes the deadline and group hash a block's flags announce.
+    private func writeExtras(_ block: UnsafeMutableRawPointer, deadline: Int64, group: UInt64) {
+        var offset = Self.headerSize
+        if deadline != 0 {
+            block.storeBytes(of: deadline, toByteOffset: offset, as: Int64.self)
+            offset += 8
+        }
+        if group != 0 { block.storeBytes(of: group, toByteOffset: offset, as: UInt64.self) }
+    }
+
+    /// Removes every live entry matching `predicate` (given its block and header); returns how many.
+    mutating func removeAll(where predicate: (UnsafeMutableRawPointer, EntryHeader) -> Bool) -> Int {
+        // Collected first: unlinking may compact the rings being walked.
+        var matches: [UnsafeMutableRawPointer] = []
+        for ring in [small, main] {
+            ring.forEach { block in
+                let header = block.assumingMemoryBound(to: EntryHeader.self).pointee
+                if !header.isDead && predicate(block, header) { matches.append(block) }
+            }
+        }
+        for block in matches {
+            let hash = hashOf(block)
+            if let position = indexPosition(hash: hash, block: block) { unlink(position: position, block: block) }
+        }
+        return matches.count
+    }
+
+    /// Removes the entries of the group whose hash is `group`; returns how many.
+    mutating func removeGroup(_ group: UInt64) -> Int {
+        let removed = removeAll { block, header in
+            header.hasGroup && block.loadUnaligned(fromByteOffset: header.groupOffset, as: UInt64.self) == group
+        }
+        counters.removals &+= UInt64(removed)
+        return removed
+    }
+
+    /// Removes the entries whose deadline has passed; returns how many.
+    mutating func removeExpired() -> Int {
+        let now = clock.now()
+        let removed = removeAll { block, header in Self.isExpired(block, header, now: now) }
+        counters.expirations &+= UInt64(removed)
+        return removed
     }
 
     /// Removes `key`; returns whether it was present.
@@ -284,8 +371,8 @@ struct ShardStorage: ~Copyable {
         indexDelete(at: position)
         count -= 1
         let header = block.assumingMemoryBound(to: EntryHeader.self)
-        let queue = header.pointee.state
-        header.pointee.state = queue | EntryHeader.deadFlag
+        let queue = header.pointee.queue
+        header.pointee.state |= EntryHeader.deadFlag
         if queue == EntryHeader.small {
             small.dead += 1
             if small.needsCompaction {
