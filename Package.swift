@@ -11,6 +11,8 @@ let package = Package(
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.1.0"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.5.0"),
+        .package(url: "https://github.com/apple/swift-metrics", from: "2.4.0"),
     ],
     targets: [
         .systemLibrary(
@@ -27,7 +29,11 @@ let package = Package(
         ),
         .target(
             name: "Magpie",
-            dependencies: ["CXXHash", "CZstd"],
+            dependencies: [
+                "CXXHash", "CZstd",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+            ],
             path: "Sources/Magpie"
         ),
         .executableTarget(
@@ -41,7 +47,10 @@ let package = Package(
         ),
         .testTarget(
             name: "MagpieTests",
-            dependencies: ["Magpie"],
+            dependencies: [
+                "Magpie",
+                .product(name: "MetricsTestKit", package: "swift-metrics"),
+            ],
             path: "Tests/MagpieTests"
         ),
     ],

@@ -10,6 +10,7 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
         private enum Kind: Sendable, Hashable {
             case keyTooLong, valueTooLarge, invalidConfiguration, compressionFailed, decompressionFailed
             case directoryLocked, directoryUnusable, manifestMismatch, noSpace, ioFailure, closed
+            case encodingFailed, decodingFailed
         }
 
         private let kind: Kind
@@ -37,8 +38,13 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
         public static let noSpace = Code(.noSpace)
         /// Any other failed system call; ``MagpieError/errno`` and ``MagpieError/path`` say which.
         public static let ioFailure = Code(.ioFailure)
-        /// The tier was closed.
+        /// The tier or cache was closed.
         public static let closed = Code(.closed)
+        /// A ``CacheCoder`` could not encode the value.
+        public static let encodingFailed = Code(.encodingFailed)
+        /// The stored bytes do not decode as the requested type (a type mismatch, or bytes not written by
+        /// the coder).
+        public static let decodingFailed = Code(.decodingFailed)
 
         public var description: String {
             switch kind {
@@ -53,6 +59,8 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
             case .invalidConfiguration: "invalidConfiguration"
             case .compressionFailed: "compressionFailed"
             case .decompressionFailed: "decompressionFailed"
+            case .encodingFailed: "encodingFailed"
+            case .decodingFailed: "decodingFailed"
             }
         }
     }

@@ -4,6 +4,9 @@
 /// uses its own temporary directory, so tests running in parallel never see each other's faults.
 enum FileIOFaults {
     static func set(under directory: String, _ inject: (@Sendable (_ call: String, _ path: String) -> Int32?)?) {
-        FileIO.injectedFailures.withLock { $0[directory + "/"] = inject }
+        FileIO.injectedFailures.withLock { table in
+            table[directory + "/"] = inject
+            FileIO.hasInjections.store(!table.isEmpty, ordering: .relaxed)
+        }
     }
 }

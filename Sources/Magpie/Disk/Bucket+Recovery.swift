@@ -123,13 +123,13 @@ extension BucketState {
             index.insert(DiskSlot(hash: header.keyHash, offset: offset, length: header.recordLength, expiryMilliseconds: header.expiry))
             liveBytes += header.recordLength
             if header.groupLength > 0 {
-                groups[Array(record[header.groupOffset..<header.payloadOffset]), default: []].append(UInt32(offset / 8))
+                groups[Array(record[header.groupOffset..<header.groupEnd]), default: []].append(UInt32(offset / 8))
             }
         case .tombstone:
             let key = UnsafeRawBufferPointer(rebasing: record[header.keyOffset..<header.groupOffset])
             removeRecovered(keyHash: header.keyHash, key: key, file: file)
         case .groupTombstone:
-            let name = Array(record[header.groupOffset..<header.payloadOffset])
+            let name = Array(record[header.groupOffset..<header.groupEnd])
             for offset8 in groups.removeValue(forKey: name) ?? [] {
                 // The member's own record gives its tag; the slot still points at it unless replaced.
                 let member = UnsafeRawBufferPointer(rebasing: file[(Int(offset8) * 8)...])

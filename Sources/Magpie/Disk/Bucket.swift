@@ -1,4 +1,5 @@
 import Glibc
+import Logging
 
 // MARK: - A bucket: one append-only file, its index, its lock
 //
@@ -21,6 +22,7 @@ struct BucketContext: Sendable {
     let bucketCount: Int
     /// Held while compacting: one temporary file at a time in the whole tier.
     let compaction: Locked<Void>
+    let logger: Logger?
 }
 
 struct BucketCounters {
@@ -98,6 +100,9 @@ struct BucketState {
                 !header.isDead, header.recordLength == slot.length
             else {
                 counters.corruptRecords += 1
+                context.logger?.warning(
+                    "magpie: corrupt record dropped from the index",
+                    metadata: ["path": "\(context.path)", "offset": "\(slot.offset)"])
                 drop(at: position)  // a later slot of the run may shift into `position`: look again
                 continue
             }
@@ -312,6 +317,7 @@ struct BucketState {
     /// Evicts until the live records and `needed` fit in 3/4 of the share, then compacts.
     private mutating func makeRoom(for needed: Int, now: Int64) throws(MagpieError) {
         let target = max(0, context.share * 3 / 4 - needed - BucketFileHeader.size)
+        var evicted: [DiskSlot] = []
         while liveBytes > target && index.count > 0 {
             let position = index.hand % index.capacity
             var slot = index[position]
@@ -322,11 +328,21 @@ struct BucketState {
                 index[position] = slot
                 index.hand = position + 1
             } else {
+                evicted.append(slot)
                 drop(at: position)  // the hand stays: a later slot may have shifted into this position
                 counters.evictions += 1
             }
         }
-        try context.compaction.withLock { (_: inout Void) throws(MagpieError) in try compact() }
+        let compactions = counters.compactions
+        do {
+            try context.compaction.withLock { (_: inout Void) throws(MagpieError) in try compact() }
+        } catch {
+            // If the old file is still the bucket, the evicted records stay in it: mark them dead so
+            // recovery cannot revive one over a later write that never reached disk (say, a `Cache`
+            // store kept in memory only). After the rename their offsets mean nothing: leave them.
+            if counters.compactions == compactions { for slot in evicted { markDead(slot) } }
+            throw error
+        }
     }
 
     /// Rewrites the live records into a new file and renames it over the bucket file.

@@ -1,4 +1,5 @@
 import Glibc
+import Logging
 import Synchronization
 
 /// The disk tier: a directory of a fixed set of fixed-name bucket files, each an append-only log of
@@ -51,6 +52,8 @@ public final class DiskTier: Sendable {
         /// keys chosen by an attacker then cannot pile into one bucket). An existing directory keeps
         /// the seed in its MANIFEST. Set it for reproducible tests and benchmarks.
         public var hashSeed: UInt64?
+        /// Where corruption found on disk (and healed) is logged; nil logs nothing.
+        public var logger: Logger?
 
         /// A configuration with defaults: zstd level 1, values of 64 bytes or more compressed.
         public init(
@@ -85,9 +88,9 @@ public final class DiskTier: Sendable {
     let hasher: KeyHash
 
     let buckets: [Locked<BucketState>]
-    private let sequence: Atomic<UInt64>
-    private let compression: ZstdPool
-    private let compresses: Bool
+    let sequence: Atomic<UInt64>
+    let compression: ZstdPool
+    let compresses: Bool
     private let lockFile: Locked<Int32>
     let originalBytes = Atomic<UInt64>(0)
     let storedBytes = Atomic<UInt64>(0)
@@ -126,8 +129,17 @@ public final class DiskTier: Sendable {
                 for number in 0..<count {
                     let context = BucketContext(
                         number: number, path: bucketDirectory + "/" + Self.bucketName(number, count: count),
-                        directory: bucketDirectory, share: share, hasher: hasher, bucketCount: count, compaction: compaction)
+                        directory: bucketDirectory, share: share, hasher: hasher, bucketCount: count, compaction: compaction,
+                        logger: configuration.logger)
                     let state = try BucketState.open(context: context, now: now)
+                    if state.counters.corruptRecords > 0 || state.counters.truncatedTails > 0 {
+                        configuration.logger?.warning(
+                            "magpie: recovered a damaged bucket file: corrupt records skipped, torn tail cut",
+                            metadata: [
+                                "path": "\(context.path)", "corrupt_records": "\(state.counters.corruptRecords)",
+                                "truncated_tails": "\(state.counters.truncatedTails)",
+                            ])
+                    }
                     maximumSequence = max(maximumSequence, state.maximumSequence)
                     buckets.append(Locked(state))
                 }
@@ -172,35 +184,7 @@ public final class DiskTier: Sendable {
     }
 
     private func _value(forKey key: UnsafeRawBufferPointer) throws(MagpieError) -> [UInt8]? {
-        try checkKey(key)
-        let hash = hasher.hash(key)
-        let now = configuration.clock.now()
-        let bucket = bucket(for: hash)
-        let found = try bucket.withLock { (state: inout BucketState) throws(MagpieError) -> FoundRecord? in
-            try state.read(tag: DiskSlot.tag(of: hash), key: key, now: now)
-        }
-        guard var found else { return nil }
-        let header = found.header
-        switch header.codec {
-        case .raw:
-            // Trim the record down to its payload in place: one memmove, no second buffer.
-            found.bytes.removeLast(found.bytes.count - header.payloadOffset - header.storedLength)
-            found.bytes.removeFirst(header.payloadOffset)
-            return found.bytes
-        case .zstd:
-            let payload = found.bytes[header.payloadOffset..<(header.payloadOffset + header.storedLength)]
-            // The checksum matched, so a failure here means the writer stored a bad frame: still a miss.
-            do {
-                return try payload.withUnsafeBytes { raw in
-                    Result { () throws(MagpieError) -> [UInt8] in
-                        try compression.decompress(raw, originalLength: header.originalLength)
-                    }
-                }.get()
-            } catch {
-                bucket.withLock { $0.counters.corruptRecords += 1 }
-                return nil
-            }
-        }
+        try _entry(forKey: key)?.value
     }
 
     // MARK: Writes
@@ -231,44 +215,7 @@ public final class DiskTier: Sendable {
     private func _set(_ value: UnsafeRawBufferPointer, forKey key: UnsafeRawBufferPointer, expiry: Expiry, group: String?)
         throws(MagpieError)
     {
-        try checkKey(key)
-        let group = Array((group ?? "").utf8)
-        guard group.count <= Self.maximumGroupLength else {
-            throw MagpieError(.keyTooLong, "group name of \(group.count) bytes; the limit is \(Self.maximumGroupLength)")
-        }
-        guard value.count <= Int(UInt32.max) else {
-            throw MagpieError(.valueTooLarge, "value of \(value.count) bytes does not fit a \(bucketBudget)-byte bucket")
-        }
-        let now = configuration.clock.now()
-        let deadline = expiry.deadline(now: now)
-        if deadline != 0 && deadline <= now {
-            _ = try _remove(key)  // expired on arrival: the key must not keep an older value
-            return
-        }
-        var compressed: [UInt8]? = nil
-        if compresses && value.count >= configuration.minimumCompressibleLength {
-            compressed = try compression.compress(value)
-        }
-        let storedLength = compressed?.count ?? value.count
-        let recordLength = RecordHeader.recordLength(key: key.count, group: group.count, stored: storedLength)
-        guard recordLength <= bucketBudget - BucketFileHeader.size, recordLength <= DiskSlot.maximumLength else {
-            throw MagpieError(.valueTooLarge, "value of \(value.count) bytes does not fit a \(bucketBudget)-byte bucket")
-        }
-        let hash = hasher.hash(key)
-        let header = RecordHeader(
-            kind: .value, codec: compressed == nil ? .raw : .zstd, keyLength: key.count, groupLength: group.count,
-            storedLength: storedLength, originalLength: value.count, expiry: deadline, sequence: 0, keyHash: hash)
-        var record = group.withUnsafeBytes { group in
-            if let compressed {
-                return compressed.withUnsafeBytes { RecordHeader.makeRecord(header, key: key, group: group, payload: $0) }
-            }
-            return RecordHeader.makeRecord(header, key: key, group: group, payload: value)
-        }
-        try bucket(for: hash).withLock { (state: inout BucketState) throws(MagpieError) in
-            try state.store(&record, header, key: key, nextSequence: nextSequence, now: now)
-        }
-        originalBytes.add(UInt64(value.count), ordering: .relaxed)
-        storedBytes.add(UInt64(storedLength), ordering: .relaxed)
+        try _store(value, forKey: key, expiry: expiry, group: group, placement: DiskPlacement())
     }
 
     /// Removes `key`, durably (a tombstone is appended). Returns whether it was present.
@@ -283,7 +230,7 @@ public final class DiskTier: Sendable {
         try removeValue(forKey: key.utf8)
     }
 
-    private func _remove(_ key: UnsafeRawBufferPointer) throws(MagpieError) -> Bool {
+    func _remove(_ key: UnsafeRawBufferPointer) throws(MagpieError) -> Bool {
         try checkKey(key)
         let hash = hasher.hash(key)
         let header = RecordHeader(
@@ -384,15 +331,15 @@ public final class DiskTier: Sendable {
 
     // MARK: Helpers
 
-    private func nextSequence() -> UInt64 {
+    func nextSequence() -> UInt64 {
         sequence.add(1, ordering: .relaxed).oldValue
     }
 
-    private func bucket(for hash: UInt64) -> Locked<BucketState> {
+    func bucket(for hash: UInt64) -> Locked<BucketState> {
         buckets[Self.bucket(of: hash, count: bucketCount)]
     }
 
-    private func checkKey(_ key: UnsafeRawBufferPointer) throws(MagpieError) {
+    func checkKey(_ key: UnsafeRawBufferPointer) throws(MagpieError) {
         guard key.count <= Self.maximumKeyLength else {
             throw MagpieError(.keyTooLong, "key of \(key.count) bytes; the limit is \(Self.maximumKeyLength)")
         }

@@ -14,8 +14,12 @@ enum FileIO {
         return MagpieError(code, "\(call) failed: \(String(cString: strerror(errno)))", errno: errno, path: path)
     }
 
+    /// Set by tests while any failure is injected: production I/O pays one relaxed load, no lock.
+    static let hasInjections = Atomic<Bool>(false)
+
     @inline(__always)
     private static func injected(_ call: String, _ path: String) throws(MagpieError) {
+        guard hasInjections.load(ordering: .relaxed) else { return }
         let injections = injectedFailures.withLock { table in table.isEmpty ? [] : Array(table) }
         for (prefix, inject) in injections where path.hasPrefix(prefix) {
             if let errno = inject(call, path) { throw error(call, errno, path) }
@@ -36,6 +40,7 @@ enum FileIO {
     static func read(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, at offset: Int, path: String)
         throws(MagpieError) -> Int
     {
+        try injected("pread", path)
         var done = 0
         while done < buffer.count {
             let n = pread(fd, buffer.baseAddress! + done, buffer.count - done, off_t(offset + done))

@@ -7,17 +7,23 @@
 //   0  u32 magic "MGPB"        4  u32 format version (1)   8  u32 bucket index   12 u32 bucket count
 //   16 u64 hash seed           24 u64 checksum: XXH3-64 of bytes 0..<24
 //
-// Record header (56 bytes), then key, group and payload bytes, then zero padding to a multiple of 8:
+// Record header (56 bytes), then key, group, the optional 8-byte memory policy and payload bytes, then
+// zero padding to a multiple of 8:
 //   0  u32 magic "MGPR", or "DEAD" once the record is superseded or removed (see below)
 //   4  u8  format version (1)
 //   5  u8  kind: 1 value, 2 tombstone (deletes the key), 3 group tombstone (deletes the group's
 //          records written before it; the group name is in the group field, the key is empty)
-//   6  u8  codec: 0 raw, 1 zstd (one frame)               7  u8 reserved, 0
+//   6  u8  codec: 0 raw, 1 zstd (one frame)
+//   7  u8  flags (value records only, else 0): bit 0 = an 8-byte memory policy follows the group
+//          (i64: 0 none, > 0 an absolute memory deadline in ms, < 0 minus a memory lifetime in ms; the
+//          `Cache` re-applies it when it promotes the entry into memory); bit 1 = disk only (never
+//          promoted into memory). Other bits 0. Records written by `DiskTier` alone have flags 0.
 //   8  u16 key length          10 u16 group length         12 u32 stored (payload) length
 //   16 u32 original value length (= stored for raw)         20 u32 reserved, 0
 //   24 i64 expiry, milliseconds since 1970 (0 = never)      32 u64 sequence number
 //   40 u64 key hash (XXH3-64 of the key with the cache's seed; picks the bucket)
-//   48 u64 checksum: XXH3-64 of key ‖ group ‖ payload, seeded with XXH3-64 of header bytes 4..<48
+//   48 u64 checksum: XXH3-64 of key ‖ group ‖ memory policy ‖ payload, seeded with XXH3-64 of header
+//          bytes 4..<48
 //
 // Dead records. When a key's record is superseded (a newer value) or removed (remove, group removal),
 // its magic is overwritten with "DEAD" in place. The checksum leaves the magic out, so a dead record
@@ -37,6 +43,16 @@ enum RecordKind: UInt8 {
     case value = 1
     case tombstone = 2
     case groupTombstone = 3
+}
+
+/// Per-record flags (header byte 7), for value records.
+struct RecordFlags: OptionSet, Equatable {
+    var rawValue: UInt8
+    /// An 8-byte memory policy sits between the group and the payload.
+    static let memoryPolicy = RecordFlags(rawValue: 1)
+    /// The entry lives on disk only: a read never promotes it into memory.
+    static let diskOnly = RecordFlags(rawValue: 2)
+    static let all: RecordFlags = [.memoryPolicy, .diskOnly]
 }
 
 /// How a record's payload is stored.
@@ -62,17 +78,22 @@ struct RecordHeader: Equatable {
     var keyHash: UInt64
     /// Whether the magic says "DEAD" (superseded or removed).
     var isDead = false
+    var flags: RecordFlags = []
 
-    var bodyLength: Int { keyLength + groupLength + storedLength }
+    /// Bytes of the optional memory policy.
+    var policyLength: Int { flags.contains(.memoryPolicy) ? 8 : 0 }
+    var bodyLength: Int { keyLength + groupLength + policyLength + storedLength }
     /// The record's length on disk, padding included.
     var recordLength: Int { (Self.size + bodyLength + 7) & ~7 }
     var keyOffset: Int { Self.size }
     var groupOffset: Int { Self.size + keyLength }
-    var payloadOffset: Int { Self.size + keyLength + groupLength }
+    var groupEnd: Int { Self.size + keyLength + groupLength }
+    var policyOffset: Int { groupEnd }
+    var payloadOffset: Int { groupEnd + policyLength }
 
     /// The record length of an entry with these lengths.
-    static func recordLength(key: Int, group: Int, stored: Int) -> Int {
-        (size + key + group + stored + 7) & ~7
+    static func recordLength(key: Int, group: Int, stored: Int, policy: Int = 0) -> Int {
+        (size + key + group + policy + stored + 7) & ~7
     }
 
     /// Writes the 48 bytes before the checksum.
@@ -81,7 +102,7 @@ struct RecordHeader: Equatable {
         raw.storeBytes(of: Self.formatVersion, toByteOffset: 4, as: UInt8.self)
         raw.storeBytes(of: kind.rawValue, toByteOffset: 5, as: UInt8.self)
         raw.storeBytes(of: codec.rawValue, toByteOffset: 6, as: UInt8.self)
-        raw.storeBytes(of: UInt8(0), toByteOffset: 7, as: UInt8.self)
+        raw.storeBytes(of: flags.rawValue, toByteOffset: 7, as: UInt8.self)
         raw.storeBytes(of: UInt16(keyLength).littleEndian, toByteOffset: 8, as: UInt16.self)
         raw.storeBytes(of: UInt16(groupLength).littleEndian, toByteOffset: 10, as: UInt16.self)
         raw.storeBytes(of: UInt32(storedLength).littleEndian, toByteOffset: 12, as: UInt32.self)
@@ -96,7 +117,7 @@ struct RecordHeader: Equatable {
     static func decode(_ bytes: UnsafeRawBufferPointer) -> RecordHeader? {
         let recordMagic = bytes.count >= size ? UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 0, as: UInt32.self)) : 0
         guard recordMagic == magic || recordMagic == deadMagic,
-            bytes[4] == formatVersion, bytes[7] == 0,
+            bytes[4] == formatVersion, RecordFlags.all.isSuperset(of: RecordFlags(rawValue: bytes[7])),
             bytes.loadUnaligned(fromByteOffset: 20, as: UInt32.self) == 0,
             let kind = RecordKind(rawValue: bytes[5]), let codec = Codec(rawValue: bytes[6])
         else { return nil }
@@ -109,7 +130,8 @@ struct RecordHeader: Equatable {
             expiry: Int64(littleEndian: bytes.loadUnaligned(fromByteOffset: 24, as: Int64.self)),
             sequence: UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 32, as: UInt64.self)),
             keyHash: UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 40, as: UInt64.self)),
-            isDead: recordMagic == deadMagic)
+            isDead: recordMagic == deadMagic, flags: RecordFlags(rawValue: bytes[7]))
+        if kind != .value && !header.flags.isEmpty { return nil }
         switch kind {
         case .value:
             if codec == .raw && header.storedLength != header.originalLength { return nil }
@@ -122,10 +144,11 @@ struct RecordHeader: Equatable {
         return header
     }
 
-    /// Builds a whole record: header, key, group, payload, padding, checksum.
+    /// Builds a whole record: header, key, group, memory policy (when the flags say so), payload,
+    /// padding, checksum.
     static func makeRecord(
         _ header: RecordHeader, key: UnsafeRawBufferPointer, group: UnsafeRawBufferPointer,
-        payload: UnsafeRawBufferPointer
+        payload: UnsafeRawBufferPointer, memoryPolicy: Int64 = 0
     ) -> [UInt8] {
         [UInt8](unsafeUninitializedCapacity: header.recordLength) { buffer, initialized in
             let raw = UnsafeMutableRawBufferPointer(buffer)
@@ -134,6 +157,9 @@ struct RecordHeader: Equatable {
             if !key.isEmpty { (raw.baseAddress! + header.keyOffset).copyMemory(from: key.baseAddress!, byteCount: key.count) }
             if !group.isEmpty {
                 (raw.baseAddress! + header.groupOffset).copyMemory(from: group.baseAddress!, byteCount: group.count)
+            }
+            if header.policyLength != 0 {
+                raw.storeBytes(of: memoryPolicy.littleEndian, toByteOffset: header.policyOffset, as: Int64.self)
             }
             if !payload.isEmpty {
                 (raw.baseAddress! + header.payloadOffset).copyMemory(from: payload.baseAddress!, byteCount: payload.count)

@@ -1,0 +1,154 @@
+import Foundation
+
+/// Turns values into the bytes a ``Cache`` stores, and back. ``JSONCacheCoder`` is the default;
+/// conform your own type for a binary format (property lists, protobuf, …).
+public protocol CacheCoder: Sendable {
+    /// The bytes that represent `value`.
+    func encode<Value: Encodable>(_ value: Value) throws -> [UInt8]
+    /// The value of type `type` that `bytes` represent; throws if they do not represent one.
+    func decode<Value: Decodable>(_ type: Value.Type, from bytes: [UInt8]) throws -> Value
+}
+
+/// A ``CacheCoder`` that stores values as JSON (Foundation's `JSONEncoder`/`JSONDecoder`, sorted keys
+/// so equal values give equal bytes).
+public struct JSONCacheCoder: CacheCoder {
+    /// A JSON coder.
+    public init() {}
+
+    public func encode<Value: Encodable>(_ value: Value) throws -> [UInt8] {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        return [UInt8](try encoder.encode(value))
+    }
+
+    public func decode<Value: Decodable>(_ type: Value.Type, from bytes: [UInt8]) throws -> Value {
+        try JSONDecoder().decode(type, from: Data(bytes))
+    }
+}
+
+/// A typed view of a ``Cache``: `Codable` values in, the same values out, through a ``CacheCoder``.
+///
+/// ```swift
+/// struct Profile: Codable, Sendable { var name: String; var avatar: URL }
+/// let profiles = cache.typed(Profile.self)
+/// try profiles.set(profile, forKey: "profile:42", options: .expiring(.after(.seconds(600))))
+/// let again = try profiles.value(forKey: "profile:42")   // Profile?
+/// ```
+///
+/// Typed views share the cache's keys: a key written as one type and read as another throws
+/// ``MagpieError/Code/decodingFailed`` (when the coder can tell: JSON that happens to fit both types
+/// decodes).
+public struct TypedCache<Value: Codable & Sendable>: Sendable {
+    /// The cache underneath.
+    public let cache: Cache
+    /// The coder in use.
+    public let coder: any CacheCoder
+
+    /// A typed view of `cache` using `coder`.
+    public init(_ cache: Cache, coder: any CacheCoder = JSONCacheCoder()) {
+        self.cache = cache
+        self.coder = coder
+    }
+
+    /// The value for `key`, decoded; nil on a miss.
+    /// - Throws: ``MagpieError/Code/decodingFailed`` when the stored bytes are not a `Value`; the
+    ///   cache's read errors.
+    public func value(forKey key: String) throws(MagpieError) -> Value? {
+        guard let bytes = try cache.value(forKey: key) else { return nil }
+        return try decode(bytes, key: key)
+    }
+
+    /// Encodes `value` and stores it for `key`.
+    /// - Throws: ``MagpieError/Code/encodingFailed``; the cache's store errors.
+    public func set(_ value: Value, forKey key: String, options: EntryOptions? = nil) throws(MagpieError) {
+        try cache.set(try encode(value, key: key), forKey: key, options: options)
+    }
+
+    /// Removes `key`; see ``Cache/removeValue(forKey:)-(String)``.
+    @discardableResult
+    public func removeValue(forKey key: String) throws(MagpieError) -> Bool {
+        try cache.removeValue(forKey: key)
+    }
+
+    /// The decoded value for `key`, nil on a miss or any error (logged). Assigning encodes and stores;
+    /// nil removes.
+    public subscript(key: String) -> Value? {
+        get {
+            do {
+                return try value(forKey: key)
+            } catch {
+                cache.logger.warning("magpie: typed read failed", metadata: ["error": "\(error)"])
+                return nil
+            }
+        }
+        nonmutating set {
+            do {
+                if let newValue { try set(newValue, forKey: key) } else { try removeValue(forKey: key) }
+            } catch {
+                cache.logger.warning("magpie: typed store failed", metadata: ["error": "\(error)"])
+            }
+        }
+    }
+
+    /// The value for `key`, decoded; disk reads run on the cache's I/O threads.
+    nonisolated(nonsending)
+    public func value(forKey key: String) async throws -> Value? {
+        guard let bytes = try await cache.value(forKey: key) else { return nil }
+        return try decode(bytes, key: key)
+    }
+
+    /// Encodes `value` and stores it; the disk write runs on the cache's I/O threads.
+    nonisolated(nonsending)
+    public func set(_ value: Value, forKey key: String, options: EntryOptions? = nil) async throws {
+        try await cache.set(try encode(value, key: key), forKey: key, options: options)
+    }
+
+    /// The value for `key`, or on a miss the value `load` produces, stored with `options`; concurrent
+    /// callers share one load. See ``Cache/value(forKey:options:load:)``.
+    nonisolated(nonsending)
+    public func value(
+        forKey key: String, options: EntryOptions? = nil, load: @escaping @Sendable () async throws -> Value
+    ) async throws -> Value {
+        let coder = self.coder
+        let bytes = try await cache.value(forKey: key, options: options) {
+            let value = try await load()
+            do {
+                return try coder.encode(value)
+            } catch {
+                throw MagpieError(.encodingFailed, "could not encode a \(Value.self) for key '\(key)': \(error)")
+            }
+        }
+        return try decode(bytes, key: key)
+    }
+
+    private func decode(_ bytes: [UInt8], key: String) throws(MagpieError) -> Value {
+        do {
+            return try coder.decode(Value.self, from: bytes)
+        } catch {
+            throw MagpieError(.decodingFailed, "the value for key '\(key)' does not decode as \(Value.self): \(error)")
+        }
+    }
+
+    private func encode(_ value: Value, key: String) throws(MagpieError) -> [UInt8] {
+        do {
+            return try coder.encode(value)
+        } catch {
+            throw MagpieError(.encodingFailed, "could not encode a \(Value.self) for key '\(key)': \(error)")
+        }
+    }
+}
+
+extension Cache {
+    /// A typed view of this cache for `Codable` values of `type`, coded by `coder` (JSON by default).
+    public func typed<Value: Codable & Sendable>(_ type: Value.Type, coder: any CacheCoder = JSONCacheCoder()) -> TypedCache<Value> {
+        TypedCache(self, coder: coder)
+    }
+
+    /// The value for `key` decoded as `type` by `coder`; nil on a miss.
+    /// - Throws: ``MagpieError/Code/decodingFailed`` when the stored bytes are not a `type`.
+    public func value<Value: Codable & Sendable>(forKey key: String, as type: Value.Type, coder: any CacheCoder = JSONCacheCoder())
+        throws(MagpieError) -> Value?
+    {
+        try TypedCache<Value>(self, coder: coder).value(forKey: key)
+    }
+}

@@ -1,0 +1,358 @@
+import Foundation
+import Logging
+import Synchronization
+
+/// A two-tier cache: a ``MemoryTier`` in front of an optional ``DiskTier``, each within its own byte budget.
+///
+/// ```swift
+/// let cache = try Cache(Cache.Configuration(directory: "/var/cache/thumbnails"))
+/// cache["avatar:42"] = pngBytes                // both tiers
+/// let bytes = cache["avatar:42"]               // memory, else disk (then promoted into memory)
+/// cache["avatar:42"] = nil                     // removed from both
+/// ```
+///
+/// **Reads** check memory, then disk. A disk hit is copied into memory (promoted) without being
+/// written to disk again, with the entry's memory expiry re-applied (see ``EntryOptions/memoryExpiry``);
+/// entries stored ``Tiers/diskOnly`` are never promoted. Expired entries are misses at once.
+///
+/// **Writes** go to both tiers unless the entry's ``EntryOptions/tiers`` say otherwise. The disk write
+/// comes first: if it fails, the call throws and neither tier changes. A store with
+/// ``Tiers/memoryOnly`` removes the key's older value from disk; one with ``Tiers/diskOnly`` removes
+/// it from memory. So a read returns nothing or the value of the latest successful store or removal.
+///
+/// **Consistency between tiers.** The changes one call makes to both tiers, and a read's disk lookup
+/// and promotion, run under a lock striped by the key's hash, so they never interleave for one key:
+/// a promotion cannot put back a value that a concurrent store replaced or a removal removed.
+/// ``removeAll()`` and ``removeAll(inGroup:)`` hold every stripe. A memory hit takes no stripe.
+///
+/// **Durability** is the disk tier's: a returned store has reached the kernel; ``flush()`` makes it
+/// survive power loss. After a crash a read returns nothing or a value stored for its key; removals and
+/// group removals that returned are never undone (see <doc:DurabilityAndCrashSafety>).
+///
+/// **Async.** Every operation has an `async` form that runs disk I/O on ``Configuration/ioThreadCount``
+/// dedicated threads, never on Swift's cooperative pool; a memory hit returns on the caller's executor
+/// without a hop. ``value(forKey:options:load:)`` coalesces concurrent loads of one missing key.
+///
+/// **Errors** are ``MagpieError`` values. The subscript, which cannot throw, logs failures and treats a
+/// failed read as a miss.
+public final class Cache: Sendable {
+    /// The configuration the cache was opened with (bucket count as found on disk).
+    public let configuration: Configuration
+    @usableFromInline let memory: MemoryTier
+    let disk: DiskTier?
+    let stripes: LockStripes
+    let pool: IOThreadPool
+    let flights = Locked<[[UInt8]: Flight]>([:])
+    let counters = Counters()
+    let closed = Atomic<Bool>(false)
+    let logger: Logger
+    let metrics: MetricsReporter?
+
+    final class Counters: Sendable {
+        let promotions = Atomic<UInt64>(0)
+        let loaderRuns = Atomic<UInt64>(0)
+        let loaderCoalesced = Atomic<UInt64>(0)
+        let loaderFailures = Atomic<UInt64>(0)
+        let diskErrors = Atomic<UInt64>(0)
+    }
+
+    /// Opens a cache: the memory tier, and the disk tier when ``Configuration/directory`` is set.
+    /// - Throws: ``MagpieError/Code/invalidConfiguration`` for budgets or counts out of range; the
+    ///   disk tier's errors when it cannot open its directory (``MagpieError/Code/directoryLocked``,
+    ///   ``MagpieError/Code/directoryUnusable``, ``MagpieError/Code/manifestMismatch``, I/O errors).
+    public init(_ configuration: Configuration = Configuration()) throws(MagpieError) {
+        var resolved = configuration
+        var disk: DiskTier? = nil
+        if let directory = configuration.directory {
+            var diskConfiguration = DiskTier.Configuration(
+                directory: directory, budget: configuration.diskBudget, bucketCount: configuration.bucketCount,
+                compressionLevel: configuration.compressionLevel, clock: configuration.clock,
+                hashSeed: configuration.hashSeed)
+            diskConfiguration.logger = configuration.logger
+            disk = try DiskTier(diskConfiguration)
+            resolved.bucketCount = disk?.bucketCount
+        }
+        // One seed for both tiers: the directory's, so placement is stable across restarts.
+        let hasher = disk?.hasher ?? configuration.hashSeed.map { KeyHash(seed: $0) } ?? .random()
+        do throws(MagpieError) {
+            memory = try MemoryTier(
+                budget: configuration.memoryBudget, shardCount: configuration.shardCount, hasher: hasher,
+                clock: configuration.clock)
+        } catch {
+            try? disk?.close()
+            throw error
+        }
+        self.disk = disk
+        self.configuration = resolved
+        self.logger = configuration.logger
+        stripes = LockStripes(count: 1024)
+        pool = IOThreadPool(threadCount: disk == nil ? 1 : configuration.ioThreadCount, name: "magpie-io")
+        metrics = configuration.metrics.map { MetricsReporter($0) }
+        if let interval = configuration.metrics?.interval { startReporting(every: interval) }
+    }
+
+    /// A memory-only cache with the given budget (the other settings default).
+    public convenience init(memoryBudget: Int) throws(MagpieError) {
+        try self.init(Configuration(memoryBudget: memoryBudget))
+    }
+
+    deinit {
+        pool.shutdown()
+        metrics?.stop()
+    }
+
+    // MARK: Reads
+
+    /// The value stored for `key`, or nil: absent, expired, evicted, or dropped as corrupt.
+    ///
+    /// Cost: a memory hit is one hash, one shard lock and a copy of the value. A miss reads disk
+    /// (one `pread`, plus zstd decompression for compressed values) and promotes the value.
+    /// - Throws: ``MagpieError/Code/keyTooLong``, disk I/O errors, ``MagpieError/Code/closed``.
+    public func value(forKey key: String) throws(MagpieError) -> [UInt8]? {
+        if let value = memory.value(forKey: key) { return value }
+        return try withKey(key) { key throws(MagpieError) in try _valueAfterMemoryMiss(key) }
+    }
+
+    /// ``value(forKey:)-(String)`` for a key of arbitrary bytes.
+    @inlinable
+    public func value(forKey key: some Sequence<UInt8>) throws(MagpieError) -> [UInt8]? {
+        try withKey(key) { key throws(MagpieError) in try _value(key) }
+    }
+
+    /// The value stored for `key` as `Data` (one copy, from the tier's storage into the `Data`).
+    public func data(forKey key: String) throws(MagpieError) -> Data? {
+        if let data = memory.withValue(forKey: key, { $0.isEmpty ? Data() : Data(bytes: $0.baseAddress!, count: $0.count) }) {
+            return data
+        }
+        return try withKey(key) { key throws(MagpieError) in try _valueAfterMemoryMiss(key).map { Data($0) } }
+    }
+
+    /// Whether `key` has a live value in either tier. Not counted as a read; does not promote.
+    public func contains(_ key: String) throws(MagpieError) -> Bool {
+        if memory.contains(key) { return true }
+        guard let disk else { return false }
+        return try withKey(key) { key throws(MagpieError) in try logged("contains") { () throws(MagpieError) in try disk._contains(key) } }
+    }
+
+    /// The value for `key`; nil on a miss or a failed read (which is logged). Assigning stores the
+    /// value with ``Configuration/defaultOptions``; assigning nil removes the key. Use
+    /// ``set(_:forKey:options:)-(_,String,_)`` to see errors.
+    public subscript(key: String) -> [UInt8]? {
+        get {
+            (try? value(forKey: key)) ?? nil
+        }
+        set {
+            do {
+                if let newValue { try set(newValue, forKey: key) } else { try removeValue(forKey: key) }
+            } catch {
+                logger.warning("magpie: subscript store failed", metadata: ["error": "\(error)"])
+            }
+        }
+    }
+
+    @usableFromInline
+    func _value(_ key: UnsafeRawBufferPointer) throws(MagpieError) -> [UInt8]? {
+        if let value = memory._copyValue(forKey: key) { return value }
+        return try _valueAfterMemoryMiss(key)
+    }
+
+    /// The disk half of a read: look up, and promote a hit, with the key's stripe held.
+    func _valueAfterMemoryMiss(_ key: UnsafeRawBufferPointer) throws(MagpieError) -> [UInt8]? {
+        guard let disk else {
+            try checkOpen()
+            return nil
+        }
+        let hash = memory.hasher._hash(key)
+        return try stripes.withLock(for: hash) { () throws(MagpieError) -> [UInt8]? in
+            guard let entry = try logged("read", { () throws(MagpieError) in try disk._entry(forKey: key) }) else {
+                return nil
+            }
+            promote(entry, forKey: key)
+            return entry.value
+        }
+    }
+
+    private func promote(_ entry: DiskEntry, forKey key: UnsafeRawBufferPointer) {
+        guard !entry.placement.diskOnly else { return }
+        let now = configuration.clock.now()
+        let deadline = EntryOptions.promotedDeadline(policy: entry.placement.memoryPolicy, diskDeadline: entry.expiry, now: now)
+        guard deadline == 0 || deadline > now else { return }
+        let stored = entry.value.withUnsafeBytes { value in
+            memory._set(value, forKey: key, expiry: deadline == 0 ? .never : .at(millisecondsSince1970: deadline), group: entry.group)
+        }
+        if case .success(true) = stored { counters.promotions.add(1, ordering: .relaxed) }
+    }
+
+    // MARK: Writes
+
+    /// Stores `value` for `key` with `options` (``Configuration/defaultOptions`` when nil), replacing any
+    /// previous value in both tiers.
+    ///
+    /// A value too large for the memory tier's shard is kept on disk only (counted as a refusal); one
+    /// too large for a disk bucket throws. An expiry already past removes the key.
+    /// - Throws: ``MagpieError/Code/keyTooLong`` (key or group), ``MagpieError/Code/valueTooLarge``,
+    ///   ``MagpieError/Code/noSpace``, ``MagpieError/Code/ioFailure``, ``MagpieError/Code/closed``. After a
+    ///   throw the key keeps its previous value (or has none).
+    public func set(_ value: some Sequence<UInt8>, forKey key: String, options: EntryOptions? = nil) throws(MagpieError) {
+        try withKey(key) { key throws(MagpieError) in
+            try memory.withValueBytes(value) { value in Result { () throws(MagpieError) in try _set(value, forKey: key, options: options) } }.get()
+        }
+    }
+
+    /// ``set(_:forKey:options:)-(_,String,_)`` for a key of arbitrary bytes.
+    @inlinable
+    public func set(_ value: some Sequence<UInt8>, forKey key: some Sequence<UInt8>, options: EntryOptions? = nil)
+        throws(MagpieError)
+    {
+        try withKey(key) { key throws(MagpieError) in
+            try memory.withValueBytes(value) { value in Result { () throws(MagpieError) in try _set(value, forKey: key, options: options) } }.get()
+        }
+    }
+
+    @usableFromInline
+    func _set(_ value: UnsafeRawBufferPointer, forKey key: UnsafeRawBufferPointer, options: EntryOptions?) throws(MagpieError) {
+        try checkOpen()
+        let options = options ?? configuration.defaultOptions
+        guard let disk else {
+            _ = try memory._set(value, forKey: key, expiry: options.memoryExpiry, group: options.group).get()
+            return
+        }
+        try stripes.withLock(for: memory.hasher._hash(key)) { () throws(MagpieError) in
+            try logged("store") { () throws(MagpieError) in
+                switch options.tiers {
+                case .memoryAndDisk:
+                    let placement = DiskPlacement(memoryPolicy: options.encodedMemoryPolicy)
+                    try disk._store(value, forKey: key, expiry: options.effectiveDiskExpiry, group: options.group, placement: placement)
+                    _ = try memory._set(value, forKey: key, expiry: options.memoryExpiry, group: options.group).get()
+                case .memoryOnly:
+                    _ = try disk._removeIfPresent(key)
+                    _ = try memory._set(value, forKey: key, expiry: options.memoryExpiry, group: options.group).get()
+                case .diskOnly:
+                    let placement = DiskPlacement(memoryPolicy: options.encodedMemoryPolicy, diskOnly: true)
+                    try disk._store(value, forKey: key, expiry: options.effectiveDiskExpiry, group: options.group, placement: placement)
+                    _ = memory._remove(key)
+                }
+            }
+        }
+    }
+
+    /// Removes `key` from both tiers (durably on disk). Returns whether either tier held it.
+    @discardableResult
+    public func removeValue(forKey key: String) throws(MagpieError) -> Bool {
+        try withKey(key) { key throws(MagpieError) in try _remove(key) }
+    }
+
+    /// ``removeValue(forKey:)-(String)`` for a key of arbitrary bytes.
+    @discardableResult @inlinable
+    public func removeValue(forKey key: some Sequence<UInt8>) throws(MagpieError) -> Bool {
+        try withKey(key) { key throws(MagpieError) in try _remove(key) }
+    }
+
+    @usableFromInline
+    func _remove(_ key: UnsafeRawBufferPointer) throws(MagpieError) -> Bool {
+        try checkOpen()
+        guard let disk else { return memory._remove(key) }
+        return try stripes.withLock(for: memory.hasher._hash(key)) { () throws(MagpieError) -> Bool in
+            let onDisk = try logged("remove") { () throws(MagpieError) in try disk._remove(key) }
+            return memory._remove(key) || onDisk
+        }
+    }
+
+    /// Removes every entry from both tiers. On disk, bucket after bucket: if it throws, the buckets not
+    /// yet emptied keep their entries (memory is emptied regardless).
+    public func removeAll() throws(MagpieError) {
+        try checkOpen()
+        try stripes.withAllLocked { () throws(MagpieError) in
+            defer { memory.removeAll() }
+            if let disk { try logged("remove all") { () throws(MagpieError) in try disk.removeAll() } }
+        }
+    }
+
+    /// Removes every entry stored with `group` from both tiers; on disk durably (a group tombstone), so
+    /// none comes back after a restart. Costs a walk over every entry of both tiers.
+    @discardableResult
+    public func removeAll(inGroup group: String) throws(MagpieError) -> RemovedEntries {
+        try checkOpen()
+        return try stripes.withAllLocked { () throws(MagpieError) -> RemovedEntries in
+            var removed = RemovedEntries()
+            if let disk {
+                removed.disk = try logged("remove group") { () throws(MagpieError) in try disk.removeAll(inGroup: group) }
+            }
+            removed.memory = memory.removeAll(inGroup: group)
+            return removed
+        }
+    }
+
+    /// Removes the entries whose expiry has passed from both tiers. Expired entries are misses whether
+    /// or not this runs: it reclaims their room early.
+    @discardableResult
+    public func removeExpired() throws(MagpieError) -> RemovedEntries {
+        try checkOpen()
+        var removed = RemovedEntries(memory: memory.removeExpired())
+        if let disk { removed.disk = try logged("remove expired") { () throws(MagpieError) in try disk.removeExpired() } }
+        return removed
+    }
+
+    /// Makes every store and removal so far durable (fsync of the disk tier's files and directories).
+    /// A memory-only cache has nothing to flush.
+    public func flush() throws(MagpieError) {
+        try checkOpen()
+        if let disk { try logged("flush") { () throws(MagpieError) in try disk.flush() } }
+    }
+
+    /// Closes the cache: stops the I/O threads and the metrics reporter, closes the disk tier (leaving an
+    /// index snapshot for a fast reopen) and empties memory. Later calls throw ``MagpieError/Code/closed``;
+    /// reads return nil. Closing twice is harmless.
+    public func close() throws(MagpieError) {
+        guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        pool.shutdown()
+        metrics?.stop()
+        reportMetrics()
+        defer { memory.removeAll() }
+        if let disk { try logged("close") { () throws(MagpieError) in try disk.close() } }
+    }
+
+    // MARK: Helpers
+
+    func checkOpen() throws(MagpieError) {
+        if closed.load(ordering: .relaxed) { throw MagpieError(.closed, "the cache is closed") }
+    }
+
+    /// Runs a disk operation; logs and counts an I/O failure before rethrowing it.
+    func logged<R>(_ operation: String, _ body: () throws(MagpieError) -> R) throws(MagpieError) -> R {
+        do {
+            return try body()
+        } catch {
+            if error.code == .ioFailure || error.code == .noSpace {
+                counters.diskErrors.add(1, ordering: .relaxed)
+                logger.error(
+                    "magpie: disk \(operation) failed",
+                    metadata: ["error": "\(error)", "path": "\(error.path ?? "")", "errno": "\(error.errno.map(String.init) ?? "")"])
+            }
+            throw error
+        }
+    }
+
+    @inlinable
+    func withKey<R>(_ key: some Sequence<UInt8>, _ body: (UnsafeRawBufferPointer) throws(MagpieError) -> R) throws(MagpieError) -> R {
+        try memory.withKeyBytes(key) { key in Result { () throws(MagpieError) -> R in try body(key) } }.get()
+    }
+
+    func withKey<R>(_ key: String, _ body: (UnsafeRawBufferPointer) throws(MagpieError) -> R) throws(MagpieError) -> R {
+        try memory.withKeyBytes(key) { key in Result { () throws(MagpieError) -> R in try body(key) } }.get()
+    }
+}
+
+/// How many entries an operation removed from each tier (an entry held by both counts in both).
+public struct RemovedEntries: Sendable, Hashable {
+    /// Entries removed from memory.
+    public var memory: Int
+    /// Entries removed from disk.
+    public var disk: Int
+
+    /// Counts per tier.
+    public init(memory: Int = 0, disk: Int = 0) {
+        self.memory = memory
+        self.disk = disk
+    }
+}

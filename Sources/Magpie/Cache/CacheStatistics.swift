@@ -1,0 +1,58 @@
+/// A snapshot of a ``Cache``'s counters, per tier and for the façade.
+///
+/// The counts add up: every read that consults memory is a memory hit or miss; every memory miss of
+/// a two-tier cache is a disk hit or miss (reads that fail with an error aside), so
+/// ``hits`` + ``misses`` = `memory.hits + memory.misses`. ``Cache/contains(_:)`` is not a read.
+public struct CacheStatistics: Sendable, Hashable {
+    /// The memory tier's counters.
+    public var memory: MemoryTierStatistics
+    /// The disk tier's counters; nil for a memory-only cache.
+    public var disk: DiskTierStatistics?
+    /// Disk hits copied into memory.
+    public var promotions: UInt64
+    /// Loads started by ``Cache/value(forKey:options:load:)`` (one per coalesced group of callers).
+    public var loaderRuns: UInt64
+    /// Callers that joined a load already running for their key instead of starting one.
+    public var loaderCoalesced: UInt64
+    /// Loads that threw (their error reached every waiter; nothing was cached).
+    public var loaderFailures: UInt64
+    /// Disk operations that failed with an I/O error or a full file system (each was logged).
+    public var diskErrors: UInt64
+
+    /// Reads answered by either tier.
+    public var hits: UInt64 { memory.hits + (disk?.hits ?? 0) }
+    /// Reads answered by neither tier.
+    public var misses: UInt64 { disk?.misses ?? memory.misses }
+    /// hits / (hits + misses), or 0 before the first read.
+    public var hitRatio: Double {
+        let reads = hits + misses
+        return reads == 0 ? 0 : Double(hits) / Double(reads)
+    }
+
+    /// A snapshot with the given parts.
+    public init(
+        memory: MemoryTierStatistics = MemoryTierStatistics(), disk: DiskTierStatistics? = nil, promotions: UInt64 = 0,
+        loaderRuns: UInt64 = 0, loaderCoalesced: UInt64 = 0, loaderFailures: UInt64 = 0, diskErrors: UInt64 = 0
+    ) {
+        self.memory = memory
+        self.disk = disk
+        self.promotions = promotions
+        self.loaderRuns = loaderRuns
+        self.loaderCoalesced = loaderCoalesced
+        self.loaderFailures = loaderFailures
+        self.diskErrors = diskErrors
+    }
+}
+
+extension Cache {
+    /// The counters of both tiers and of the façade. Costs a lock of every memory shard and disk bucket.
+    public var statistics: CacheStatistics {
+        CacheStatistics(
+            memory: memory.statistics, disk: disk?.statistics,
+            promotions: counters.promotions.load(ordering: .relaxed),
+            loaderRuns: counters.loaderRuns.load(ordering: .relaxed),
+            loaderCoalesced: counters.loaderCoalesced.load(ordering: .relaxed),
+            loaderFailures: counters.loaderFailures.load(ordering: .relaxed),
+            diskErrors: counters.diskErrors.load(ordering: .relaxed))
+    }
+}

@@ -1,0 +1,149 @@
+// The record-level read and write paths of DiskTier, shared by its public byte API and by `Cache`,
+// which also stores a memory policy and a disk-only flag with each value (see `RecordFormat.swift`).
+
+/// What `Cache` asks the disk tier to store beside a value, so that a later read knows how to promote it.
+struct DiskPlacement: Sendable, Equatable {
+    /// The encoded memory policy: 0 none, > 0 an absolute memory deadline (ms), < 0 minus a lifetime (ms).
+    var memoryPolicy: Int64 = 0
+    /// Never promote the entry into memory.
+    var diskOnly = false
+
+    var flags: RecordFlags {
+        var flags: RecordFlags = []
+        if memoryPolicy != 0 { flags.insert(.memoryPolicy) }
+        if diskOnly { flags.insert(.diskOnly) }
+        return flags
+    }
+}
+
+/// A value read from disk with what was stored beside it.
+struct DiskEntry: Sendable {
+    var value: [UInt8]
+    /// The disk deadline in ms since 1970, 0 for never.
+    var expiry: Int64
+    var placement: DiskPlacement
+    /// The group's name, nil when it has none.
+    var group: String?
+}
+
+extension DiskTier {
+    /// The live record for `key`, decoded. Nil when absent, expired, or its record failed its checksum
+    /// (counted and dropped).
+    func _entry(forKey key: UnsafeRawBufferPointer) throws(MagpieError) -> DiskEntry? {
+        try checkKey(key)
+        let hash = hasher.hash(key)
+        let now = configuration.clock.now()
+        let bucket = bucket(for: hash)
+        let found = try bucket.withLock { (state: inout BucketState) throws(MagpieError) -> FoundRecord? in
+            try state.read(tag: DiskSlot.tag(of: hash), key: key, now: now)
+        }
+        guard var found else { return nil }
+        let header = found.header
+        var placement = DiskPlacement(diskOnly: header.flags.contains(.diskOnly))
+        if header.policyLength != 0 {
+            placement.memoryPolicy = Int64(
+                littleEndian: found.bytes.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: header.policyOffset, as: Int64.self) })
+        }
+        let group = header.groupLength == 0 ? nil : String(decoding: found.bytes[header.groupOffset..<header.groupEnd], as: UTF8.self)
+        switch header.codec {
+        case .raw:
+            // Trim the record down to its payload in place: one memmove, no second buffer.
+            found.bytes.removeLast(found.bytes.count - header.payloadOffset - header.storedLength)
+            found.bytes.removeFirst(header.payloadOffset)
+            return DiskEntry(value: found.bytes, expiry: header.expiry, placement: placement, group: group)
+        case .zstd:
+            let payload = found.bytes[header.payloadOffset..<(header.payloadOffset + header.storedLength)]
+            // The checksum matched, so a failure here means the writer stored a bad frame: still a miss.
+            do {
+                let value = try payload.withUnsafeBytes { raw in
+                    Result { () throws(MagpieError) -> [UInt8] in
+                        try compression.decompress(raw, originalLength: header.originalLength)
+                    }
+                }.get()
+                return DiskEntry(value: value, expiry: header.expiry, placement: placement, group: group)
+            } catch {
+                bucket.withLock { $0.counters.corruptRecords += 1 }
+                configuration.logger?.warning("magpie: a stored zstd frame did not decompress", metadata: ["error": "\(error)"])
+                return nil
+            }
+        }
+    }
+
+    /// Stores `value` for `key` with `placement` beside it, replacing any previous value.
+    func _store(
+        _ value: UnsafeRawBufferPointer, forKey key: UnsafeRawBufferPointer, expiry: Expiry, group: String?,
+        placement: DiskPlacement
+    ) throws(MagpieError) {
+        try checkKey(key)
+        let group = Array((group ?? "").utf8)
+        guard group.count <= Self.maximumGroupLength else {
+            throw MagpieError(.keyTooLong, "group name of \(group.count) bytes; the limit is \(Self.maximumGroupLength)")
+        }
+        guard value.count <= Int(UInt32.max) else {
+            throw MagpieError(.valueTooLarge, "value of \(value.count) bytes does not fit a \(bucketBudget)-byte bucket")
+        }
+        let now = configuration.clock.now()
+        let deadline = expiry.deadline(now: now)
+        if deadline != 0 && deadline <= now {
+            _ = try _remove(key)  // expired on arrival: the key must not keep an older value
+            return
+        }
+        var compressed: [UInt8]? = nil
+        if compresses && value.count >= configuration.minimumCompressibleLength {
+            compressed = try compression.compress(value)
+        }
+        let storedLength = compressed?.count ?? value.count
+        let flags = placement.flags
+        let policyLength = flags.contains(.memoryPolicy) ? 8 : 0
+        let recordLength = RecordHeader.recordLength(key: key.count, group: group.count, stored: storedLength, policy: policyLength)
+        guard recordLength <= bucketBudget - BucketFileHeader.size, recordLength <= DiskSlot.maximumLength else {
+            throw MagpieError(.valueTooLarge, "value of \(value.count) bytes does not fit a \(bucketBudget)-byte bucket")
+        }
+        let hash = hasher.hash(key)
+        let header = RecordHeader(
+            kind: .value, codec: compressed == nil ? .raw : .zstd, keyLength: key.count, groupLength: group.count,
+            storedLength: storedLength, originalLength: value.count, expiry: deadline, sequence: 0, keyHash: hash,
+            flags: flags)
+        var record = group.withUnsafeBytes { group in
+            if let compressed {
+                return compressed.withUnsafeBytes {
+                    RecordHeader.makeRecord(header, key: key, group: group, payload: $0, memoryPolicy: placement.memoryPolicy)
+                }
+            }
+            return RecordHeader.makeRecord(header, key: key, group: group, payload: value, memoryPolicy: placement.memoryPolicy)
+        }
+        try bucket(for: hash).withLock { (state: inout BucketState) throws(MagpieError) in
+            try state.store(&record, header, key: key, nextSequence: nextSequence, now: now)
+        }
+        originalBytes.add(UInt64(value.count), ordering: .relaxed)
+        storedBytes.add(UInt64(storedLength), ordering: .relaxed)
+    }
+
+    /// Removes `key` if the index holds it (durably, with a tombstone); writes nothing when it does not.
+    /// For `Cache`'s memory-only stores, which must not leave an older disk value behind. Unindexed
+    /// records of the key in the file are dead-marked or compacted away (see `makeRoom`), so recovery
+    /// cannot bring one back.
+    func _removeIfPresent(_ key: UnsafeRawBufferPointer) throws(MagpieError) -> Bool {
+        try checkKey(key)
+        let hash = hasher.hash(key)
+        let present = try bucket(for: hash).withLock { (state: inout BucketState) throws(MagpieError) -> Bool in
+            try state.checkOpen()
+            return state.index.positions(tag: DiskSlot.tag(of: hash)).isEmpty == false
+        }
+        return present ? try _remove(key) : false
+    }
+}
+
+extension DiskTier {
+    /// Whether `key` has a live, unexpired record. Not counted as a read; leaves the clock bit alone.
+    func _contains(_ key: UnsafeRawBufferPointer) throws(MagpieError) -> Bool {
+        try checkKey(key)
+        let hash = hasher.hash(key)
+        let now = configuration.clock.now()
+        return try bucket(for: hash).withLock { (state: inout BucketState) throws(MagpieError) -> Bool in
+            try state.checkOpen()
+            guard let (_, found) = try state.find(tag: DiskSlot.tag(of: hash), key: key) else { return false }
+            return found.header.expiry == 0 || found.header.expiry > now
+        }
+    }
+}
