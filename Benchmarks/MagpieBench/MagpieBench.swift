@@ -7,7 +7,7 @@ struct MagpieBench: ParsableCommand {
         commandName: "magpie-bench",
         abstract: "Measures Magpie and the caches it replaces on the same workload, in one process.",
         version: magpieBenchVersion,
-        subcommands: [Suite.self, Memory.self, Disk.self, CrashChild.self],
+        subcommands: [Suite.self, Memory.self, Disk.self, Tiered.self, CrashChild.self],
         defaultSubcommand: Suite.self)
 }
 
@@ -31,12 +31,16 @@ struct Suite: ParsableCommand {
         let disk = try DiskOptions.parse(["--fileperkey-keys", "20000"])
         var results = try MemoryScenario(options: memory).run(progress: progressLine)
         results += try DiskScenario(options: disk).run(progress: progressLine)
+        let tiered = try TieredOptions.parse([])
+        results += try TieredScenario(options: tiered).run(progress: progressLine)
         let stamp = timestamp()
         let report = Report(
             date: stamp, machine: .current(),
-            config: ["memory": .object(memory.config), "disk": .object(disk.config)], results: results)
+            config: ["memory": .object(memory.config), "disk": .object(disk.config), "tiered": .object(tiered.config)],
+            results: results)
         print()
         printTable(results)
+        printTieredSummary(results)
         let path = "\(output)/\(stamp)/results.json"
         try report.write(to: path)
         print("\nwrote \(path)")

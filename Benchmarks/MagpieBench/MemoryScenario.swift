@@ -21,7 +21,7 @@ struct MemoryOptions: ParsableArguments {
     @Option(help: "Seed of thread t's sequence is this + t.") var threadSeedBase: UInt64 = 1000
     @Option(help: "Magpie shard count (power of two); default: the tier's default.") var shards: Int?
     @Option(parsing: .upToNextOption, help: "Systems to run.")
-    var systems: [String] = ["magpie", "magpie-inplace", "mutex-dictionary", "NSCache"]
+    var systems: [String] = ["magpie", "magpie-inplace", "magpie-cache", "mutex-dictionary", "NSCache"]
     @Option(help: "Operations per thread of the latency pass (every one timed).") var latencyOps: Int?
     @Option(help: "Timed passes per run; ops/s is their median (the first pass gives the hit ratio).")
     var repetitions = 3
@@ -57,7 +57,7 @@ struct MemoryOptions: ParsableArguments {
         guard !threads.isEmpty, threads.allSatisfy({ $0 >= 1 }) else { throw ValidationError("--threads must be ≥ 1") }
         guard repetitions >= 1 else { throw ValidationError("--repetitions must be ≥ 1") }
         guard ops >= 1, warmup >= 0 else { throw ValidationError("--ops must be ≥ 1, --warmup ≥ 0") }
-        let known = Set(["magpie", "magpie-inplace", "mutex-dictionary", "NSCache"])
+        let known = Set(["magpie", "magpie-inplace", "magpie-cache", "mutex-dictionary", "NSCache"])
         for s in systems where !known.contains(s) { throw ValidationError("unknown system \(s); known: \(known.sorted())") }
     }
 
@@ -157,6 +157,12 @@ struct MemoryScenario {
         case "magpie-inplace":
             let tier = try MemoryTier(budget: budget, shardCount: options.shards)
             return measure(MagpieInPlace(tier: tier), threads: threads, warmup: warmup, sequences: sequences)
+        case "magpie-cache":
+            var configuration = Cache.Configuration(memoryBudget: budget)
+            configuration.shardCount = options.shards
+            configuration.metrics = nil
+            let cache = try Cache(configuration)
+            return measure(MagpieCacheSystem(cache: cache), threads: threads, warmup: warmup, sequences: sequences)
         case "mutex-dictionary":
             return measure(MutexDictionary(), threads: threads, warmup: warmup, sequences: sequences)
         default:
