@@ -46,6 +46,7 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
         /// the coder).
         public static let decodingFailed = Code(.decodingFailed)
 
+        /// The code's name, e.g. `ioFailure`.
         public var description: String {
             switch kind {
             case .directoryLocked: "directoryLocked"
@@ -82,6 +83,7 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
         self.path = path
     }
 
+    /// `MagpieError.<code>: <message>`, then the path and errno when known.
     public var description: String {
         var text = "MagpieError.\(code): \(message)"
         if let path { text += " (path: \(path))" }

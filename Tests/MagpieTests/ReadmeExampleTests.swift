@@ -2,25 +2,47 @@ import Foundation
 import Magpie
 import Testing
 
+struct Profile: Codable, Sendable {
+    var name: String
+}
+
+func downloadAvatar(_ id: Int) async throws -> [UInt8] {
+    [UInt8(id)]
+}
+
 @Suite("README")
 struct ReadmeExampleTests {
     // README-EXAMPLE-BEGIN
-    func example() throws -> (String?, Int?) {
-        // 64 MiB of memory, split over the default number of shards.
-        let cache = try MemoryTier(budget: 64 << 20)
+    func example(directory: String) throws -> ([UInt8]?, RemovedEntries, String?) {
+        // Memory (64 MiB) in front of disk (1 GiB) in `directory`; without a directory, memory only.
+        let cache = try Cache(Cache.Configuration(directory: directory, memoryBudget: 64 << 20, diskBudget: 1 << 30))
 
-        try cache.set(Array("hello, magpie".utf8), forKey: "greeting")
+        cache["greeting"] = Array("hello, magpie".utf8)  // both tiers
+        let greeting = cache["greeting"]  // memory, else disk (then promoted into memory)
 
-        // A copy of the value, as [UInt8]:
-        let text = cache.value(forKey: "greeting").map { String(decoding: $0, as: UTF8.self) }
-        // Or read it in place, without a copy:
-        let length = cache.withValue(forKey: "greeting") { bytes in bytes.count }
+        // Five minutes in memory, a day on disk, removed together with the rest of user 7's entries:
+        let options = EntryOptions(memoryExpiry: .after(.seconds(300)), diskExpiry: .after(.seconds(86_400)), group: "user:7")
+        try cache.set(Array("session data".utf8), forKey: "session:42", options: options)
+        let removed = try cache.removeAll(inGroup: "user:7")  // both tiers, durably
 
-        cache.removeValue(forKey: "greeting")
-        print(cache.statistics.hits, cache.statistics.misses)
-        return (text, length)
+        // Any Codable value, JSON by default (pass any CacheCoder):
+        let profiles = cache.typed(Profile.self)
+        try profiles.set(Profile(name: "Ada"), forKey: "profile:1")
+        let name = try profiles.value(forKey: "profile:1")?.name
+
+        try cache.close()  // leaves index snapshots for a fast reopen
+        return (greeting, removed, name)
     }
     // README-EXAMPLE-END
+
+    // README-ASYNC-EXAMPLE-BEGIN
+    func asyncExample(cache: Cache) async throws -> [UInt8] {
+        let avatar = try await cache.value(forKey: "avatar:42") {
+            try await downloadAvatar(42)  // runs once for all concurrent callers; errors reach them all, uncached
+        }
+        return avatar
+    }
+    // README-ASYNC-EXAMPLE-END
 
     // README-DISK-EXAMPLE-BEGIN
     func diskExample(directory: String) throws -> ([UInt8]?, Int) {
@@ -46,10 +68,18 @@ struct ReadmeExampleTests {
     }
 
     @Test("the README's example compiles and does what it says")
-    func runs() throws {
-        let (text, length) = try example()
-        #expect(text == "hello, magpie")
-        #expect(length == 13)
+    func runs() async throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let (greeting, removed, name) = try example(directory: directory.child("cache"))
+        #expect(greeting == Array("hello, magpie".utf8))
+        #expect(removed == RemovedEntries(memory: 1, disk: 1))
+        #expect(name == "Ada")
+        let reopened = try Cache(Cache.Configuration(directory: directory.child("cache")))
+        #expect(reopened["greeting"] == Array("hello, magpie".utf8))
+        #expect(reopened["session:42"] == nil)
+        #expect(try await asyncExample(cache: reopened) == [42])
+        #expect(try await asyncExample(cache: reopened) == [42])
     }
 
     @Test("the README shows the same code as this test")
@@ -59,7 +89,7 @@ struct ReadmeExampleTests {
         let readme = try String(contentsOf: root.appendingPathComponent("README.md"), encoding: .utf8)
         let source = try String(contentsOf: URL(fileURLWithPath: #filePath), encoding: .utf8)
         let readmeLines = Set(readme.split(separator: "\n").map { $0.trimmingCharacters(in: .whitespaces) })
-        for marker in ["README-EXAMPLE-", "README-DISK-EXAMPLE-"] {
+        for marker in ["README-EXAMPLE-", "README-ASYNC-EXAMPLE-", "README-DISK-EXAMPLE-"] {
             let begin = source.range(of: "// " + marker + "BEGIN")!.upperBound
             let end = source.range(of: "    // " + marker + "END")!.lowerBound
             let body = source[begin..<end].split(separator: "\n").dropFirst(2).dropLast(2)  // func line, return

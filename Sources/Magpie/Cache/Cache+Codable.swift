@@ -15,12 +15,14 @@ public struct JSONCacheCoder: CacheCoder {
     /// A JSON coder.
     public init() {}
 
+    /// The JSON bytes of `value` (keys sorted).
     public func encode<Value: Encodable>(_ value: Value) throws -> [UInt8] {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
         return [UInt8](try encoder.encode(value))
     }
 
+    /// The `type` value that the JSON `bytes` describe; throws a `DecodingError` if they describe none.
     public func decode<Value: Decodable>(_ type: Value.Type, from bytes: [UInt8]) throws -> Value {
         try JSONDecoder().decode(type, from: Data(bytes))
     }
@@ -64,7 +66,7 @@ public struct TypedCache<Value: Codable & Sendable>: Sendable {
         try cache.set(try encode(value, key: key), forKey: key, options: options)
     }
 
-    /// Removes `key`; see ``Cache/removeValue(forKey:)-(String)``.
+    /// Removes `key`; see `Cache.removeValue(forKey:)`.
     @discardableResult
     public func removeValue(forKey key: String) throws(MagpieError) -> Bool {
         try cache.removeValue(forKey: key)

@@ -18,6 +18,7 @@ extension Cache {
     /// running for the others; when every caller has been cancelled, the load's task is cancelled.
     /// A value that cannot be cached (say, larger than a bucket) is still returned, and the failure logged.
     /// - Parameters:
+    ///   - key: the key, its UTF-8 bytes.
     ///   - options: how to store the loaded value; nil: ``Configuration/defaultOptions``.
     ///   - load: produces the value; runs in its own task (not the caller's).
     /// - Throws: what `load` throws, `CancellationError`, or the cache's read errors.

@@ -23,9 +23,9 @@ import Synchronization
 /// **Consistency between tiers.** The changes one call makes to both tiers, and a read's disk lookup
 /// and promotion, run under a lock striped by the key's hash, so they never interleave for one key:
 /// a promotion cannot put back a value that a concurrent store replaced or a removal removed.
-/// ``removeAll()`` and ``removeAll(inGroup:)`` hold every stripe. A memory hit takes no stripe.
+/// `removeAll()` and `removeAll(inGroup:)` hold every stripe. A memory hit takes no stripe.
 ///
-/// **Durability** is the disk tier's: a returned store has reached the kernel; ``flush()`` makes it
+/// **Durability** is the disk tier's: a returned store has reached the kernel; `flush()` makes it
 /// survive power loss. After a crash a read returns nothing or a value stored for its key; removals and
 /// group removals that returned are never undone (see <doc:DurabilityAndCrashSafety>).
 ///
@@ -113,7 +113,7 @@ public final class Cache: Sendable {
         return try withKey(key) { key throws(MagpieError) in try _valueAfterMemoryMiss(key) }
     }
 
-    /// ``value(forKey:)-(String)`` for a key of arbitrary bytes.
+    /// `value(forKey:)` for a key of arbitrary bytes.
     @inlinable
     public func value(forKey key: some Sequence<UInt8>) throws(MagpieError) -> [UInt8]? {
         try withKey(key) { key throws(MagpieError) in try _value(key) }
@@ -152,7 +152,7 @@ public final class Cache: Sendable {
 
     /// The value for `key`; nil on a miss or a failed read (which is logged). Assigning stores the
     /// value with ``Configuration/defaultOptions``; assigning nil removes the key. Use
-    /// ``set(_:forKey:options:)-(_,String,_)`` to see errors.
+    /// `set(_:forKey:options:)` to see errors.
     public subscript(key: String) -> [UInt8]? {
         get {
             (try? value(forKey: key)) ?? nil
@@ -216,7 +216,7 @@ public final class Cache: Sendable {
         }
     }
 
-    /// ``set(_:forKey:options:)-(_,String,_)`` for a key of arbitrary bytes.
+    /// `set(_:forKey:options:)` for a key of arbitrary bytes.
     @inlinable
     public func set(_ value: some Sequence<UInt8>, forKey key: some Sequence<UInt8>, options: EntryOptions? = nil)
         throws(MagpieError)
@@ -259,7 +259,7 @@ public final class Cache: Sendable {
         try withKey(key) { key throws(MagpieError) in try _remove(key) }
     }
 
-    /// ``removeValue(forKey:)-(String)`` for a key of arbitrary bytes.
+    /// `removeValue(forKey:)` for a key of arbitrary bytes.
     @discardableResult @inlinable
     public func removeValue(forKey key: some Sequence<UInt8>) throws(MagpieError) -> Bool {
         try withKey(key) { key throws(MagpieError) in try _remove(key) }

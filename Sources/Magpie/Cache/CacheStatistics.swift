@@ -2,7 +2,7 @@
 ///
 /// The counts add up: every read that consults memory is a memory hit or miss; every memory miss of
 /// a two-tier cache is a disk hit or miss (reads that fail with an error aside), so
-/// ``hits`` + ``misses`` = `memory.hits + memory.misses`. ``Cache/contains(_:)`` is not a read.
+/// ``hits`` + ``misses`` = `memory.hits + memory.misses`. `Cache.contains(_:)` is not a read.
 public struct CacheStatistics: Sendable, Hashable {
     /// The memory tier's counters.
     public var memory: MemoryTierStatistics

@@ -24,7 +24,7 @@ public struct EntryOptions: Sendable, Hashable {
     public var memoryExpiry: Expiry
     /// When the disk copy stops being served; nil: the same as ``memoryExpiry`` (measured from the store).
     public var diskExpiry: Expiry?
-    /// The group ("owner") to remove the entry with, see ``Cache/removeAll(inGroup:)``; nil for none.
+    /// The group ("owner") to remove the entry with, see `Cache.removeAll(inGroup:)`; nil for none.
     public var group: String?
     /// Which tiers keep the entry.
     public var tiers: Tiers

@@ -191,6 +191,8 @@ public final class DiskTier: Sendable {
 
     /// Stores `value` for `key`, replacing any previous value.
     /// - Parameters:
+    ///   - value: the bytes to store.
+    ///   - key: the key's bytes.
     ///   - expiry: when the entry stops being served; an instant already past removes the key.
     ///   - group: a group to remove it with, see ``removeAll(inGroup:)``.
     /// - Throws: ``MagpieError/Code/keyTooLong`` (key or group), ``MagpieError/Code/valueTooLarge`` when the

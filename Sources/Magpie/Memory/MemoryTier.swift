@@ -144,6 +144,8 @@ public final class MemoryTier: Sendable {
 
     /// Stores a copy of `value` for `key`, replacing any previous value.
     /// - Parameters:
+    ///   - value: the bytes to store.
+    ///   - key: the key's bytes.
     ///   - expiry: when the entry stops being served (by ``clock``); an instant already past stores nothing
     ///     and removes the key.
     ///   - group: a group to remove it with, see ``removeAll(inGroup:)``; nil or empty for none.

@@ -11,17 +11,25 @@ final class IOThreadPool: Sendable {
         var jobs: [@Sendable () -> Void] = []
         var head = 0
         var stopping = false
-        var idle = 0
+        var started = false
     }
 
     private let condition = NSCondition()
     private let state: Locked<State>
     let threadCount: Int
 
+    private let name: String
+
+    /// A pool of `threadCount` threads named `<name>-<number>`, started on the first submission (a cache
+    /// used only synchronously never starts them).
     init(threadCount: Int, name: String) {
         self.threadCount = max(1, threadCount)
+        self.name = name
         state = Locked(State())
-        for number in 0..<self.threadCount {
+    }
+
+    private func startThreads() {
+        for number in 0..<threadCount {
             let threadName = "\(name)-\(number)"
             let thread = Thread { [self] in
                 Thread.current.threadDictionary[Self.nameKey] = threadName
@@ -42,11 +50,13 @@ final class IOThreadPool: Sendable {
     func submit(_ job: @escaping @Sendable () -> Void) -> Bool {
         condition.lock()
         defer { condition.unlock() }
-        let accepted = state.withLock { state in
-            guard !state.stopping else { return false }
+        let (accepted, start) = state.withLock { state -> (Bool, Bool) in
+            guard !state.stopping else { return (false, false) }
             state.jobs.append(job)
-            return true
+            defer { state.started = true }
+            return (true, !state.started)
         }
+        if start { startThreads() }
         if accepted { condition.signal() }
         return accepted
     }
