@@ -36,10 +36,10 @@ tsan: deps
 # DocC: builds the symbol graph and the catalog, failing on any warning (undocumented parameter,
 # broken link).
 docs: deps
-	rm -rf .build-docs-symbols && mkdir -p .build-docs-symbols
-	swift build --scratch-path .build-docs-build --target Magpie -Xswiftc -emit-symbol-graph -Xswiftc -emit-symbol-graph-dir -Xswiftc $(CURDIR)/.build-docs-symbols
-	@set -o pipefail; docc convert Sources/Magpie/Magpie.docc --additional-symbol-graph-dir $(CURDIR)/.build-docs-symbols \
-	  --fallback-display-name Magpie --fallback-bundle-identifier org.magpie.Magpie --output-path .build-docs \
+	mkdir -p .build-docs/symbols
+	swift build --scratch-path .build-docs/build --target Magpie -Xswiftc -emit-symbol-graph -Xswiftc -emit-symbol-graph-dir -Xswiftc $(CURDIR)/.build-docs/symbols
+	@set -o pipefail; docc convert Sources/Magpie/Magpie.docc --additional-symbol-graph-dir $(CURDIR)/.build-docs/symbols \
+	  --fallback-display-name Magpie --fallback-bundle-identifier org.magpie.Magpie --output-path .build-docs/Magpie.doccarchive \
 	  --analyze 2>&1 | tee .build-docs.log
 	@if grep -E "^(warning|error)" .build-docs.log; then echo "error: DocC warnings"; rm -f .build-docs.log; exit 1; fi
 	@rm -f .build-docs.log
