@@ -165,6 +165,7 @@ struct TieredScenario {
         var missCost = histogram()
         var hits = 0
         var wrong = 0
+        let writesBefore = (system as? MagpieTiered)?.cache.statistics.disk?.writes
         let start = nowNanoseconds()
         for rank in ranks {
             let i = Int(rank)
@@ -187,6 +188,11 @@ struct TieredScenario {
         }
         let seconds = Double(nowNanoseconds() - start) / 1e9
         var extra = system.extra()
+        if let writesBefore, let writesAfter = (system as? MagpieTiered)?.cache.statistics.disk?.writes {
+            // Promotions must not write to disk: only the sets after misses may.
+            extra["disk_writes_during_gets"] = .int(Int(writesAfter - writesBefore))
+            extra["misses_during_gets"] = .int(gets - hits)
+        }
         extra["working_set_bytes"] = .int(workingSet)
         extra["memory_budget_bytes"] = .int(memoryBudget)
         extra["disk_budget_bytes"] = .int(diskBudget)
