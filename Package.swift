@@ -7,6 +7,7 @@ let package = Package(
     products: [
         .library(name: "Magpie", targets: ["Magpie"]),
         .executable(name: "magpie-bench", targets: ["MagpieBench"]),
+        .executable(name: "magpie-fuzz", targets: ["MagpieFuzz"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
@@ -27,6 +28,10 @@ let package = Package(
             pkgConfig: "libzstd",
             providers: [.apt(["libzstd-dev"]), .brew(["zstd"])]
         ),
+        .systemLibrary(
+            name: "CFuzzerDriver",
+            path: "CModules/CFuzzerDriver"
+        ),
         .target(
             name: "Magpie",
             dependencies: [
@@ -44,6 +49,11 @@ let package = Package(
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
             ],
             path: "Benchmarks/MagpieBench"
+        ),
+        .executableTarget(
+            name: "MagpieFuzz",
+            dependencies: ["Magpie", "CFuzzerDriver"],
+            path: "Fuzz/MagpieFuzz"
         ),
         .testTarget(
             name: "MagpieTests",

@@ -215,6 +215,29 @@ struct CacheExpiryTests {
         #expect(cache.statistics.disk!.entries == 0)
     }
 
+    @Test("far-future and extreme expiries on both tiers: stored, promoted after reopen, never a trap")
+    func extremeExpiries() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let options: [EntryOptions] = [
+            EntryOptions(memoryExpiry: .after(.seconds(Int64.max)), diskExpiry: .at(millisecondsSince1970: .max)),
+            EntryOptions(memoryExpiry: .at(millisecondsSince1970: .max), diskExpiry: .after(.seconds(Int64.max))),
+            EntryOptions(memoryExpiry: .after(.seconds(Int64.max / 1000)), diskExpiry: nil),
+            EntryOptions(memoryExpiry: .after(.nanoseconds(1)), diskExpiry: .at(millisecondsSince1970: .max - 1)),
+        ]
+        do {
+            let cache = try makeCache(directory)
+            for (i, option) in options.enumerated() { try cache.set([UInt8(i)], forKey: "far-\(i)", options: option) }
+            for i in options.indices { #expect(try cache.value(forKey: "far-\(i)") == [UInt8(i)]) }
+            try cache.close()
+        }
+        let cache = try makeCache(directory)
+        for i in options.indices { #expect(try cache.value(forKey: "far-\(i)") == [UInt8(i)]) }  // promoted
+        for i in options.indices.dropLast() { #expect(cache.memory.value(forKey: "far-\(i)") == [UInt8(i)]) }
+        try cache.removeExpired()
+        #expect(cache.statistics.disk!.entries == options.count)
+    }
+
     @Test("a group is removed from both tiers, durably: nothing comes back after reopen")
     func groups() throws {
         let directory = TemporaryDirectory()

@@ -180,6 +180,26 @@ struct DiskTierPersistenceTests {
         #expect(try tier.removeExpired() == 1)
         #expect(tier.statistics.entries == 1)
     }
+
+    /// Found by the libFuzzer target: an expiry near Int64.max overflowed the index's rounding to seconds.
+    @Test("far-future expiries (Int64.max instants, huge durations) are stored, read and reopened")
+    func farFutureExpiry() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let expiries: [Expiry] = [
+            .at(millisecondsSince1970: .max), .at(millisecondsSince1970: .max - 1), .after(.seconds(Int64.max)),
+            .after(.seconds(Int64.max / 1000 - 1_700_000_000)),
+        ]
+        do {
+            let tier = try DiskTier(config(directory.path))
+            for (i, expiry) in expiries.enumerated() { try tier.set(json(i, 64), forKey: "far-\(i)", expiry: expiry) }
+            for i in expiries.indices { #expect(try tier.value(forKey: "far-\(i)") == json(i, 64)) }
+            try tier.close()
+        }
+        let tier = try DiskTier(config(directory.path))
+        for i in expiries.indices { #expect(try tier.value(forKey: "far-\(i)") == json(i, 64)) }
+        #expect(try tier.removeExpired() == 0)
+    }
 }
 
 @Suite("DiskTier: budget, errors and hostile input")

@@ -66,7 +66,8 @@ public struct EntryOptions: Sendable, Hashable {
         if policy > 0 {
             deadline = policy
         } else if policy < 0 {
-            let sum = now.addingReportingOverflow(-policy)
+            let lifetime = policy == .min ? Int64.max : -policy  // a foreign record may hold Int64.min
+            let sum = now.addingReportingOverflow(lifetime)
             deadline = sum.overflow ? Int64.max : sum.partialValue
         } else {
             deadline = 0

@@ -37,7 +37,8 @@ struct DiskSlot: Equatable {
         tag = Self.tag(of: hash)
         offset8 = UInt32(offset / 8)
         lengthAndReference = UInt32(length)
-        let seconds = expiryMilliseconds <= 0 ? 0 : (expiryMilliseconds + 999) / 1000
+        // Rounded up without overflow: an instant near Int64.max (a far-future expiry) is valid.
+        let seconds = expiryMilliseconds <= 0 ? 0 : expiryMilliseconds / 1000 + (expiryMilliseconds % 1000 == 0 ? 0 : 1)
         expiry = UInt32(min(seconds, Int64(UInt32.max)))
     }
 

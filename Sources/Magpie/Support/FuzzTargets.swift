@@ -1,0 +1,218 @@
+import Glibc
+
+/// Entry points for the libFuzzer harness (`Fuzz/MagpieFuzz`), behind SPI: not part of the public API.
+///
+/// Each returns a description of a broken invariant, or nil. They never trap on any input: the harness
+/// turns a returned violation into a crash so that libFuzzer records the input.
+@_spi(Fuzzing)
+public enum FuzzTargets {
+    /// Record decoding. `data` is taken as the bytes of one record (it may run past it). Invariants:
+    /// decoding never traps; a record that validates re-encodes, from its parsed header and body, to
+    /// exactly its own bytes (so the parser and the writer agree on every field).
+    public static func decodeRecord(_ data: UnsafeRawBufferPointer) -> String? {
+        _ = RecordHeader.decode(data)
+        guard let header = RecordHeader.validate(data) else { return nil }
+        let body = { (offset: Int, count: Int) in UnsafeRawBufferPointer(rebasing: data[offset..<(offset + count)]) }
+        var policy: Int64 = 0
+        if header.policyLength != 0 { policy = Int64(littleEndian: data.loadUnaligned(fromByteOffset: header.policyOffset, as: Int64.self)) }
+        var rebuilt = RecordHeader.makeRecord(
+            header, key: body(header.keyOffset, header.keyLength), group: body(header.groupOffset, header.groupLength),
+            payload: body(header.payloadOffset, header.storedLength), memoryPolicy: policy)
+        rebuilt.withUnsafeMutableBytes { RecordHeader.setSequence(header.sequence, in: $0, header) }
+        if header.isDead { rebuilt.withUnsafeMutableBytes { $0.storeBytes(of: RecordHeader.deadMagic.littleEndian, as: UInt32.self) } }
+        let original = Array(data.prefix(RecordHeader.size + header.bodyLength))
+        guard Array(rebuilt.prefix(original.count)) == original else {
+            return "a valid record does not re-encode to its own bytes: \(original.prefix(64))"
+        }
+        return nil
+    }
+
+    /// Bucket recovery. `data` drives the building of a bucket file (see ``BucketImage``): records whose
+    /// fields, key, group and payload come from `data`, most of them sealed with a correct key hash and
+    /// checksum so that recovery's logic past validation is reached, some deliberately broken, plus torn
+    /// and garbage bytes. The file replaces bucket 0 of a one-bucket tier in `directory` (created on
+    /// first use; an odd-length input keeps the previous run's now-stale index snapshot), which is then
+    /// opened, read, written, closed and reopened. Invariants: nothing traps;
+    /// every value read for a key is the value of some valid record the image holds for that key; the
+    /// tier stays usable (a store can be read back, also after a reopen).
+    public static func recoverBucket(_ data: UnsafeRawBufferPointer, directory: String) -> String? {
+        let seed: UInt64 = 0x5EED
+        let configuration = DiskTier.Configuration(directory: directory, budget: 1 << 20, bucketCount: 1, hashSeed: seed)
+        let image = BucketImage(data, seed: seed)
+        let bucket = directory + "/buckets/" + DiskTier.bucketName(0, count: 1)
+        do {
+            if access(bucket, F_OK) != 0 {
+                let tier = try DiskTier(configuration)
+                try tier.close()
+            }
+            // An even-length input also drops the index snapshot the last round's close left; an odd one
+            // keeps it, stale for the new file, which the open must detect rather than trust.
+            if data.count % 2 == 0 { unlink(bucket + ".index") }
+            let fd = try FileIO.open(bucket, O_RDWR | O_CREAT | O_TRUNC)
+            defer { Glibc.close(fd) }
+            try image.bytes.withUnsafeBytes { raw in Result { () throws(MagpieError) in try FileIO.write(fd, raw, at: 0, path: bucket) } }.get()
+        } catch {
+            return nil  // the file system failed us, not the code under test
+        }
+        for round in 0..<2 {
+            let tier: DiskTier
+            do {
+                tier = try DiskTier(configuration)
+            } catch {
+                return "open failed on round \(round): \(error)"
+            }
+            for (key, values) in image.values {
+                guard let got = try? tier.value(forKey: key) else { continue }
+                if !values.contains(got) { return "key \(key) read \(got.prefix(32)), a value no valid record holds" }
+            }
+            let probe = Array("fuzz-probe-\(round)".utf8)
+            do {
+                try tier.set(probe, forKey: "fuzz-probe")
+                guard try tier.value(forKey: "fuzz-probe") == probe else { return "a store on the recovered tier did not read back" }
+                try tier.close()
+            } catch {
+                return "the recovered tier failed: \(error)"
+            }
+        }
+        return nil
+    }
+
+    /// A seed corpus: inputs in the harness's format (first byte: 0 record decoding, 1 bucket recovery).
+    /// Records of every kind and flag, and bucket images that exercise newest-wins, tombstones, group
+    /// tombstones, expiry, compression, torn tails, garbage and broken checksums.
+    public static func seeds() -> [[UInt8]] {
+        var seeds: [[UInt8]] = []
+        let hasher = KeyHash(seed: 0x5EED)
+        let json = Array(#"{"id":1,"name":"magpie","tags":["a","b","a","b"],"text":"aaaaaaaaaaaaaaaaaaaa"}"#.utf8)
+        func record(_ kind: RecordKind, key: [UInt8], group: [UInt8], value: [UInt8], zstd: Bool, flags: RecordFlags) -> [UInt8] {
+            var payload = value
+            var codec = Codec.raw
+            if zstd, let compressor = try? ZstdCompressor(level: 1), let compressed = try? compressor.compress(value) {
+                payload = compressed
+                codec = .zstd
+            }
+            let header = RecordHeader(
+                kind: kind, codec: codec, keyLength: key.count, groupLength: group.count, storedLength: payload.count,
+                originalLength: value.count, expiry: 1_700_000_000_000, sequence: 7, keyHash: hasher.hash(key), flags: flags)
+            return key.withUnsafeBytes { k in
+                group.withUnsafeBytes { g in
+                    payload.withUnsafeBytes { p in RecordHeader.makeRecord(header, key: k, group: g, payload: p, memoryPolicy: -60_000) }
+                }
+            }
+        }
+        let key = Array("user:42".utf8)
+        seeds.append([0] + record(.value, key: key, group: [], value: json, zstd: false, flags: []))
+        seeds.append([0] + record(.value, key: key, group: Array("g".utf8), value: json, zstd: true, flags: []))
+        seeds.append([0] + record(.value, key: key, group: [], value: json, zstd: false, flags: [.memoryPolicy]))
+        seeds.append([0] + record(.value, key: key, group: Array("g".utf8), value: json, zstd: true, flags: .all))
+        seeds.append([0] + record(.value, key: [], group: [], value: [], zstd: false, flags: []))
+        seeds.append([0] + record(.tombstone, key: key, group: [], value: [], zstd: false, flags: []))
+        seeds.append([0] + record(.groupTombstone, key: [], group: Array("g".utf8), value: [], zstd: false, flags: []))
+        // Bucket images: instructions (control, key length, group length, payload length high and low,
+        // expiry, then the bytes), see BucketImage.
+        func instruction(_ control: UInt8, key: [UInt8], group: [UInt8] = [], payload: [UInt8] = [], expiry: UInt8 = 0) -> [UInt8] {
+            let length = payload.count
+            return [control, UInt8(key.count), UInt8(group.count), UInt8(length >> 8), UInt8(length & 0xff), expiry] + key + group
+                + payload
+        }
+        let a: [UInt8] = [0, 0]  // "aa"
+        let b: [UInt8] = [1]  // "b"
+        let g: [UInt8] = [0]  // "g"
+        seeds.append([1] + instruction(0, key: a, payload: json) + instruction(0, key: a, payload: Array(json.reversed())))
+        seeds.append([1] + instruction(0, key: a, payload: json) + instruction(0x40, key: a) + instruction(0, key: b, payload: json))
+        seeds.append(
+            [1] + instruction(0, key: a, group: g, payload: json) + instruction(0x10, key: b, group: g, payload: json)
+                + instruction(0x60, key: [], group: g) + instruction(0, key: b, payload: [1, 2, 3]))
+        seeds.append([1] + instruction(0x90, key: a, payload: json, expiry: 200) + instruction(0, key: b, payload: json, expiry: 5))
+        seeds.append([1] + instruction(0, key: a, payload: json) + instruction(4, key: a, payload: [9]) + instruction(8, key: b, payload: [8]))
+        seeds.append([1] + instruction(0, key: a, payload: json) + [2, 17] + Array(repeating: 0xAB, count: 17) + instruction(0, key: b, payload: json))
+        seeds.append([1] + instruction(0, key: a, payload: json) + instruction(3, key: b, payload: json) + [40])
+        return seeds
+    }
+}
+
+/// A bucket file built from fuzzer bytes. The data is consumed as a sequence of instructions:
+///   control byte: bits 0-1 what to emit (0, 1: a record; 2: garbage bytes; 3: a torn record),
+///     bit 2: leave the checksum wrong, bit 3: write the "DEAD" magic, bit 4: a valid zstd payload,
+///     bits 5-6: kind (value, value, tombstone, group tombstone), bit 7: set the memory-policy flag;
+///   then key length (mod 24), group length (mod 6), payload length (two bytes, mod 600), expiry byte
+///   (0: none, else a past or future instant), and the key, group and payload bytes themselves.
+/// Keys are drawn from a small alphabet so that records of one key meet.
+struct BucketImage {
+    var bytes: [UInt8]
+    /// For every key, the values that valid records hold (what a read may return).
+    var values: [[UInt8]: [[UInt8]]] = [:]
+
+    init(_ data: UnsafeRawBufferPointer, seed: UInt64) {
+        let hasher = KeyHash(seed: seed)
+        bytes = BucketFileHeader(bucketIndex: 0, bucketCount: 1, seed: seed).encoded()
+        var input = data[...]
+        func take(_ count: Int) -> [UInt8] {
+            let part = Array(input.prefix(count))
+            input = input.dropFirst(part.count)
+            return part
+        }
+        func byte() -> UInt8 { take(1).first ?? 0 }
+        var sequence: UInt64 = 1
+        let kinds: [RecordKind] = [.value, .value, .tombstone, .groupTombstone]
+        while !input.isEmpty && bytes.count < 1 << 19 {
+            let control: UInt8 = byte()
+            if control & 3 == 2 {
+                let garbageLength: Int = Int(byte())
+                bytes += take(garbageLength)  // garbage, possibly misaligned
+                continue
+            }
+            let kind: RecordKind = kinds[Int(control >> 5) & 3]
+            let keyLength: Int = Int(byte()) % 24
+            let groupLength: Int = Int(byte()) % 6
+            let high: Int = Int(byte())
+            let low: Int = Int(byte())
+            let expiryByte: UInt8 = byte()
+            var key: [UInt8] = []
+            for raw: UInt8 in take(keyLength) { key.append(UInt8(0x61) + raw % 4) }  // "a"..."d"
+            var group: [UInt8] = []
+            for raw: UInt8 in take(groupLength) { group.append(UInt8(0x67) + raw % 2) }  // "g", "h"
+            if kind == .groupTombstone { key = [] }
+            if kind == .groupTombstone && group.isEmpty { group = [0x67] }
+            if kind == .tombstone { group = [] }
+            let payloadLength: Int = kind == .value ? (high * 256 + low) % 600 : 0
+            let value: [UInt8] = take(payloadLength)
+            var expiry: Int64 = 0
+            if expiryByte != 0 { expiry = expiryByte < 128 ? 1 : Int64.max - 1 }
+            var codec = Codec.raw
+            var payload = value
+            if kind == .value && control & 16 != 0, !value.isEmpty,
+                let compressor = try? ZstdCompressor(level: 1),
+                let compressed = try? compressor.compress(value)
+            {
+                codec = .zstd
+                payload = compressed
+            }
+            let flags: RecordFlags = kind == .value && control & 128 != 0 ? [.memoryPolicy] : []
+            let header = RecordHeader(
+                kind: kind, codec: codec, keyLength: key.count, groupLength: group.count, storedLength: payload.count,
+                originalLength: value.count, expiry: expiry, sequence: 0, keyHash: hasher.hash(key), flags: flags)
+            var record = key.withUnsafeBytes { k in
+                group.withUnsafeBytes { g in
+                    payload.withUnsafeBytes { p in RecordHeader.makeRecord(header, key: k, group: g, payload: p, memoryPolicy: -5000) }
+                }
+            }
+            record.withUnsafeMutableBytes { RecordHeader.setSequence(sequence, in: $0, header) }
+            sequence += 1
+            let broken = control & 4 != 0
+            if broken { record[RecordHeader.size + header.bodyLength - 1] ^= 0x5a }  // the last body byte, or the checksum
+            if control & 8 != 0 {
+                record.withUnsafeMutableBytes { $0.storeBytes(of: RecordHeader.deadMagic.littleEndian, as: UInt32.self) }
+            }
+            if control & 3 == 3 {
+                let tornLength: Int = Int(byte()) % max(1, record.count)
+                bytes += record.prefix(tornLength)  // a torn record
+                continue
+            }
+            if !broken && kind == .value && control & 8 == 0 {
+                values[key, default: []].append(value)
+            }
+            bytes += record
+        }
+    }
+}
