@@ -1,11 +1,12 @@
 # Magpie: two set-up commands for a fresh Debian machine.
 #   make bench   installs what is missing, builds release, runs the default benchmark suite
-#   make test    installs what is missing, builds (no warnings allowed in our code), runs every test
+#   make test    installs what is missing, builds (no warnings allowed in our code), runs every bounded
+#                suite: tests, Thread Sanitizer over the concurrency suites, a short fuzz pass
 SHELL := /bin/bash
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := libxxhash-dev libzstd-dev pkg-config
 
-.PHONY: deps bench test build docs tsan fuzz fuzz-build format clean
+.PHONY: deps bench test unit build docs tsan fuzz fuzz-build format clean
 
 deps:
 	@if ! pkg-config --exists libxxhash libzstd 2>/dev/null; then \
@@ -24,7 +25,15 @@ build: deps
 	  echo "error: compiler warnings in Magpie's sources (see above)"; rm -f .build-warnings.log; exit 1; fi
 	@rm -f .build-warnings.log
 
-test: build
+# Every bounded suite, as CI runs it: the unit, model, stress, corruption and crash-loop tests; the
+# concurrency suites under Thread Sanitizer; a short libFuzzer pass. About 10 minutes on 2 cores from a
+# fresh clone. `make unit` runs only the first part.
+CI_FUZZ_SECONDS ?= 45
+test: unit
+	$(MAKE) --no-print-directory tsan
+	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(CI_FUZZ_SECONDS)
+
+unit: build
 	swift test
 
 # The concurrency suites under Thread Sanitizer. TSan's deadlock detector can livelock on thread start
@@ -58,7 +67,7 @@ fuzz-build: deps
 fuzz: fuzz-build
 	@mkdir -p .build-fuzz/corpus .build-fuzz/artifacts .build-fuzz/logs $(FUZZ_WORK)
 	@rm -f .build-fuzz/logs/*
-	@set -o pipefail; export MAGPIE_FUZZ_DIR=$(FUZZ_WORK); cd .build-fuzz/logs && for job in $$(seq 1 $(FUZZ_JOBS)); do \
+	@set -o pipefail; export MAGPIE_FUZZ_DIR=$(FUZZ_WORK) SWIFT_BACKTRACE=enable=no; cd .build-fuzz/logs && for job in $$(seq 1 $(FUZZ_JOBS)); do \
 	  ../x86_64-unknown-linux-gnu/release/magpie-fuzz $(FUZZ_FLAGS) -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 \
 	    -artifact_prefix=$(CURDIR)/.build-fuzz/artifacts/ $(CURDIR)/.build-fuzz/corpus $(CURDIR)/Fuzz/corpus \
 	    > fuzz-$$job.log 2>&1 & \

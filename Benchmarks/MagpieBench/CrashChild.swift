@@ -5,6 +5,10 @@ import Magpie
 /// The writer the crash tests kill: opens a disk tier and writes, removes, group-removes and flushes
 /// in a loop until killed. Every value names its key, version and length, and its bytes follow from
 /// those, so a reader can tell a value that was written for a key from any other bytes.
+///
+/// Before each operation it writes a journal line to standard output ("s key version length group",
+/// "r key", "g group", "f"), so the parent knows every operation that completed (all lines but the last)
+/// and the one that may have been cut short (the last), and can check the reopened tier against a model.
 struct CrashChild: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "crash-child", abstract: "Write to a disk tier until killed (used by the crash tests).",
@@ -18,7 +22,7 @@ struct CrashChild: ParsableCommand {
 
     func run() throws {
         let tier = try DiskTier(.init(directory: directory, budget: budget, bucketCount: buckets))
-        FileHandle.standardOutput.write(Data("ready\n".utf8))  // unbuffered: the parent waits for it
+        journal("ready")
         var state = seed
         var version = Int(seed % 100_000) * 10_000_000
         while true {
@@ -28,15 +32,30 @@ struct CrashChild: ParsableCommand {
             switch (state >> 56) % 32 {
             case 0..<24:
                 let length = Int((state >> 20) % 3000)
+                journal("s \(key) \(version) \(length) \(key % 4)")
                 try tier.set(crashValue(key: key, version: version, length: length), forKey: "k\(key)", group: "g\(key % 4)")
             case 24..<29:
+                journal("r \(key)")
                 try tier.removeValue(forKey: "k\(key)")
             case 29:
+                journal("g \(key % 4)")
                 try tier.removeAll(inGroup: "g\(key % 4)")
             default:
+                journal("f")
                 try tier.flush()
             }
         }
+    }
+}
+
+/// One line to standard output, unbuffered (a write(2) each: a SIGKILL loses nothing written).
+private func journal(_ line: String) {
+    var bytes = Array((line + "\n").utf8)
+    var done = 0
+    while done < bytes.count {
+        let written = bytes.withUnsafeMutableBytes { write(1, $0.baseAddress! + done, $0.count - done) }
+        if written <= 0 { if errno == EINTR { continue } else { return } }
+        done += written
     }
 }
 

@@ -2,12 +2,12 @@ import ArgumentParser
 import Foundation
 
 @main
-struct MagpieBench: ParsableCommand {
+struct MagpieBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "magpie-bench",
         abstract: "Measures Magpie and the caches it replaces on the same workload, in one process.",
         version: magpieBenchVersion,
-        subcommands: [Suite.self, Memory.self, Disk.self, Tiered.self, CrashChild.self],
+        subcommands: [Suite.self, Memory.self, Disk.self, Tiered.self, Stress.self, CrashChild.self],
         defaultSubcommand: Suite.self)
 }
 

@@ -329,6 +329,16 @@ public final class Cache: Sendable {
         if let disk { try logged("close") { () throws(MagpieError) in try disk.close() } }
     }
 
+    /// Deletes a cache directory's Magpie files so that the next open starts empty: the documented way
+    /// to reset a directory a ``Cache`` refuses to open (``MagpieError/Code/directoryUnusable`` for an
+    /// unreadable or missing MANIFEST, ``MagpieError/Code/manifestMismatch`` for another format or
+    /// bucket count). Other files in the directory are left alone. Same as
+    /// ``DiskTier/destroy(directory:)``.
+    /// - Throws: ``MagpieError/Code/directoryLocked`` while a cache has the directory open; I/O errors.
+    public static func destroy(directory: String) throws(MagpieError) {
+        try DiskTier.destroy(directory: directory)
+    }
+
     // MARK: Helpers
 
     func checkOpen() throws(MagpieError) {

@@ -12,6 +12,8 @@ import Glibc
 // If one is found, the bytes skipped count as one corrupt record; if none, the rest of the file is a
 // torn tail (an append cut short by a crash) or trailing garbage, and is truncated. A file whose
 // header is missing or belongs elsewhere (another bucket, count or seed) is reset to empty and counted.
+// A file in which corrupt records were skipped is then rewritten without them (healed, by a compaction),
+// so the damage is counted once, not at every open.
 
 extension BucketState {
     /// Opens (creating if needed) and recovers the bucket file.
@@ -55,6 +57,7 @@ extension BucketState {
             counters.truncatedTails += 1
             try FileIO.truncate(fd, to: end, path: path)
         }
+        if counters.corruptRecords > 0 { heal() }  // the skipped bytes leave the file
     }
 
     /// Whether the file starts with this bucket's header.

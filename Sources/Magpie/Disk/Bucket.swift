@@ -89,6 +89,8 @@ struct BucketState {
     /// The index position and record of `key`. Verifies each candidate's checksum and key.
     mutating func find(tag: UInt32, key: UnsafeRawBufferPointer) throws(MagpieError) -> (Int, FoundRecord)? {
         var position = index.home(tag)
+        var sawCorruption = false
+        defer { if sawCorruption { heal() } }
         while !index[position].isEmpty {
             let slot = index[position]
             guard slot.tag == tag else {
@@ -104,6 +106,7 @@ struct BucketState {
                     "magpie: corrupt record dropped from the index",
                     metadata: ["path": "\(context.path)", "offset": "\(slot.offset)"])
                 drop(at: position)  // a later slot of the run may shift into `position`: look again
+                sawCorruption = true
                 continue
             }
             let matches = bytes.withUnsafeBytes { raw in
@@ -342,6 +345,19 @@ struct BucketState {
             // store kept in memory only). After the rename their offsets mean nothing: leave them.
             if counters.compactions == compactions { for slot in evicted { markDead(slot) } }
             throw error
+        }
+    }
+
+    /// After corruption was found: rewrites the bucket without the damaged bytes (a compaction keeps
+    /// only the indexed, verified records), so that the damage is gone from the file and is neither met
+    /// nor counted again. Index positions stay valid. A failure leaves the file as it was (still correct:
+    /// the damage stays skipped) and is logged.
+    mutating func heal() {
+        do {
+            try context.compaction.withLock { (_: inout Void) throws(MagpieError) in try compact() }
+        } catch {
+            context.logger?.warning(
+                "magpie: could not rewrite a damaged bucket file", metadata: ["path": "\(context.path)", "error": "\(error)"])
         }
     }
 

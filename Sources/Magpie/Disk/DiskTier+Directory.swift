@@ -5,6 +5,11 @@ import Glibc
 extension DiskTier {
     /// Opens LOCK and takes an exclusive `flock` on it (which also conflicts with a second open of the
     /// same directory in this process). Returns the descriptor, whose closing releases the lock.
+    ///
+    /// A held lock is retried for up to `lockWait` before `directoryLocked`: a lock just released can
+    /// still be held for a moment by a child process that another thread is spawning (between fork and
+    /// exec the child shares the descriptor, O_CLOEXEC notwithstanding), so a close and reopen in a
+    /// process that also spawns processes would otherwise fail now and then.
     static func lock(_ directory: String) throws(MagpieError) -> Int32 {
         let path = directory + "/LOCK"
         let fd: Int32
@@ -13,8 +18,17 @@ extension DiskTier {
         } catch {
             throw MagpieError(.directoryUnusable, "cannot open the lock file: \(error.message)", errno: error.errno, path: path)
         }
-        if flock(fd, LOCK_EX | LOCK_NB) != 0 {
+        var waited: UInt32 = 0
+        var pause: UInt32 = 1_000  // µs, doubling
+        while flock(fd, LOCK_EX | LOCK_NB) != 0 {
             let code = errno
+            if code == EINTR { continue }
+            if code == EWOULDBLOCK && waited < lockWait {
+                usleep(pause)
+                waited += pause
+                pause = min(pause * 2, 64_000)
+                continue
+            }
             Glibc.close(fd)
             if code == EWOULDBLOCK {
                 throw MagpieError(.directoryLocked, "another DiskTier has this directory open", errno: code, path: directory)
@@ -24,12 +38,21 @@ extension DiskTier {
         return fd
     }
 
+    /// How long `lock` waits for a held lock, in µs.
+    static let lockWait: UInt32 = 250_000
+
     /// Reads the MANIFEST, or writes one for a new directory.
     static func openManifest(_ configuration: Configuration) throws(MagpieError) -> Manifest {
         let directory = configuration.directory
         let path = directory + "/MANIFEST"
         guard let bytes = try FileIO.readFile(path) else {
             let foreign = (FileIO.list(directory) ?? []).filter { !["LOCK", "MANIFEST.tmp"].contains($0) }
+            if foreign.contains("buckets") {
+                throw MagpieError(
+                    .directoryUnusable,
+                    "the MANIFEST is missing but bucket files remain; DiskTier.destroy(directory:) resets the directory",
+                    path: path)
+            }
             guard foreign.isEmpty else {
                 throw MagpieError(
                     .directoryUnusable, "the directory has no MANIFEST but holds \(foreign.sorted().prefix(5)); refusing to use it",
@@ -123,6 +146,7 @@ extension DiskTier {
                 total.indexBytes += state.index.bytes
             }
         }
+        total.missingBucketFiles = missingBucketFiles
         total.originalValueBytes = originalBytes.load(ordering: .relaxed)
         total.storedValueBytes = storedBytes.load(ordering: .relaxed)
         return total

@@ -92,11 +92,14 @@ public final class DiskTier: Sendable {
     let compression: ZstdPool
     let compresses: Bool
     private let lockFile: Locked<Int32>
+    /// Bucket files that were absent at open although the directory had a MANIFEST.
+    let missingBucketFiles: Int
     let originalBytes = Atomic<UInt64>(0)
     let storedBytes = Atomic<UInt64>(0)
 
     /// Opens the directory, creating it if needed, and recovers every bucket.
-    /// - Throws: ``MagpieError/Code/directoryLocked`` if another tier has it open;
+    /// - Throws: ``MagpieError/Code/directoryLocked`` if another tier has it open (after waiting up to
+    ///   a quarter of a second for it to be released);
     ///   ``MagpieError/Code/directoryUnusable`` if it cannot be created or written, holds files Magpie
     ///   did not write, or its MANIFEST is unreadable; ``MagpieError/Code/manifestMismatch`` if it was
     ///   created with another format or bucket count; ``MagpieError/Code/invalidConfiguration`` for a
@@ -114,6 +117,7 @@ public final class DiskTier: Sendable {
         try FileIO.makeDirectory(directory)
         let lockFD = try Self.lock(directory)
         do throws(MagpieError) {
+            let hadManifest = access(directory + "/MANIFEST", F_OK) == 0
             let manifest = try Self.openManifest(configuration)
             let count = manifest.bucketCount
             let share = try Self.bucketBudget(configuration.budget, count: count)
@@ -125,12 +129,19 @@ public final class DiskTier: Sendable {
             let now = configuration.clock.now()
             var buckets: [Locked<BucketState>] = []
             var maximumSequence: UInt64 = 0
+            var missing = 0
             do throws(MagpieError) {
                 for number in 0..<count {
                     let context = BucketContext(
                         number: number, path: bucketDirectory + "/" + Self.bucketName(number, count: count),
                         directory: bucketDirectory, share: share, hasher: hasher, bucketCount: count, compaction: compaction,
                         logger: configuration.logger)
+                    if hadManifest && access(context.path, F_OK) != 0 {
+                        // Deleted from outside: it is recreated empty, and its entries are lost (misses).
+                        missing += 1
+                        configuration.logger?.warning(
+                            "magpie: a bucket file was missing; recreated empty", metadata: ["path": "\(context.path)"])
+                    }
                     let state = try BucketState.open(context: context, now: now)
                     if state.counters.corruptRecords > 0 || state.counters.truncatedTails > 0 {
                         configuration.logger?.warning(
@@ -156,6 +167,7 @@ public final class DiskTier: Sendable {
             self.buckets = buckets
             self.sequence = Atomic(maximumSequence + 1)
             self.lockFile = Locked(lockFD)
+            self.missingBucketFiles = missing
         } catch {
             Glibc.close(lockFD)  // releases the flock
             throw error

@@ -1,0 +1,287 @@
+import ArgumentParser
+import Foundation
+import Magpie
+import Synchronization
+
+/// `magpie-bench stress`: a long randomized mixed workload over both tiers with invariant checks.
+///
+/// Every task owns some keys and shares others. For an owned key the task knows the latest value it set
+/// (or that it removed the key), so a read must return nil (evicted, expired, or removed by another
+/// task's remove-all) or exactly that value: an older version or a removed value coming back is a
+/// violation. A shared key is written by every task; a read must return a value written for that key,
+/// byte for byte. Every operation of the public API is in the mix (sync and async, the single-flight
+/// loader, tier-only entries, groups, remove-all, expiry, statistics). Budgets are checked at every
+/// report. Exit status 1 on any violation or unexpected error.
+struct Stress: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Randomized mixed operations on a two-tier cache from many tasks, checking every read and both budgets.")
+
+    @Option(help: "Seconds to run.") var duration = 60.0
+    @Option(help: "Stop early after this many operations in all (0: no limit).") var maxOperations = 0
+    @Option(help: "Tasks (0: 2 × cores).") var tasks = 0
+    @Option(help: "Keys each task owns.") var ownedKeys = 64
+    @Option(help: "Keys every task shares.") var sharedKeys = 64
+    @Option(help: "Memory budget in bytes (small, so that eviction and promotion never stop).") var memoryBudget = 256 << 10
+    @Option(help: "Disk budget in bytes (small, so that disk eviction and compaction never stop).") var diskBudget = 384 << 10
+    @Option(help: "Disk bucket count.") var buckets = 8
+    @Option(help: "Memory shard count.") var shards = 8
+    @Option(help: "Seed of the operation sequences.") var seed: UInt64 = 1
+    @Option(help: "Seconds between progress lines.") var reportEvery = 5.0
+    @Option(help: "Parent directory for the cache directory (removed afterwards).") var workDirectory: String?
+
+    func validate() throws {
+        guard duration > 0, reportEvery > 0, ownedKeys >= 1, sharedKeys >= 1, tasks >= 0, maxOperations >= 0 else {
+            throw ValidationError("--duration, --report-every > 0; --owned-keys, --shared-keys ≥ 1; --tasks, --max-operations ≥ 0")
+        }
+    }
+
+    func run() async throws {
+        let parent = workDirectory ?? NSTemporaryDirectory()
+        let directory = parent + "/magpie-stress-\(getpid())"
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var configuration = Cache.Configuration(directory: directory, memoryBudget: memoryBudget, diskBudget: diskBudget)
+        configuration.bucketCount = buckets
+        configuration.shardCount = shards
+        configuration.metrics = nil
+        let cache = try Cache(configuration)
+        let taskCount = tasks > 0 ? tasks : 2 * ProcessInfo.processInfo.activeProcessorCount
+        let shared = StressShared()
+        let start = nowNanoseconds()
+        let end = start + UInt64(duration * 1e9)
+        emit("stress: \(taskCount) tasks, \(ownedKeys) owned keys each, \(sharedKeys) shared, memory budget \(memoryBudget) B, "
+            + "disk budget \(diskBudget) B, \(buckets) buckets, \(shards) shards, seed \(seed), \(duration) s")
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for task in 0..<taskCount {
+                group.addTask {
+                    var worker = StressWorker(
+                        task: task, cache: cache, shared: shared, ownedKeys: ownedKeys, sharedKeys: sharedKeys,
+                        seed: seed &+ UInt64(task) &* 0x9E37_79B9_7F4A_7C15)
+                    while nowNanoseconds() < end && !shared.stop.load(ordering: .relaxed) {
+                        for _ in 0..<64 { await worker.step() }
+                        let total = shared.operations.add(64, ordering: .relaxed).newValue
+                        if maxOperations > 0 && total >= maxOperations { shared.stop.store(true, ordering: .relaxed) }
+                    }
+                }
+            }
+            group.addTask {
+                var next = start + UInt64(reportEvery * 1e9)
+                while nowNanoseconds() < end && !shared.stop.load(ordering: .relaxed) {
+                    try await Task.sleep(for: .milliseconds(50))
+                    if nowNanoseconds() >= next {
+                        report(cache, shared, start: start, directory: directory)
+                        next += UInt64(reportEvery * 1e9)
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        report(cache, shared, start: start, directory: directory)
+        try cache.close()
+        let violations = shared.violations.withLock { $0 }
+        let operations = shared.operations.load(ordering: .relaxed)
+        let seconds = Double(nowNanoseconds() - start) / 1e9
+        emit(
+            "stress: \(operations) operations in \(String(format: "%.1f", seconds)) s (\(formatRate(Double(operations) / seconds))/s), "
+                + "\(shared.reads.load(ordering: .relaxed)) reads checked, \(violations.count) violations")
+        for violation in violations.prefix(20) { emit("  violation: \(violation)") }
+        if !violations.isEmpty { throw ExitCode(1) }
+    }
+
+    func report(_ cache: Cache, _ shared: StressShared, start: UInt64, directory: String) {
+        let stats = cache.statistics
+        let disk = stats.disk ?? DiskTierStatistics()
+        if stats.memory.chargedBytes > memoryBudget {
+            shared.violate("memory tier charged \(stats.memory.chargedBytes) B over its budget \(memoryBudget) B")
+        }
+        if disk.bytesOnDisk > diskBudget {
+            shared.violate("disk tier holds \(disk.bytesOnDisk) B over its budget \(diskBudget) B")
+        }
+        if stats.diskErrors > 0 { shared.violate("\(stats.diskErrors) disk errors") }
+        let seconds = Double(nowNanoseconds() - start) / 1e9
+        let operations = shared.operations.load(ordering: .relaxed)
+        emit(
+            String(
+                format: "  %6.1f s  %12d ops  %9@/s  rss %6.1f MiB  memory %4.0f%% of budget  disk %4.0f%%  "
+                    + "hits mem %d disk %d  evictions %d/%d  violations %d",
+                seconds, operations, formatRate(Double(operations) / seconds), Double(residentBytes()) / 1_048_576,
+                100 * Double(stats.memory.chargedBytes) / Double(memoryBudget), 100 * Double(disk.bytesOnDisk) / Double(diskBudget),
+                stats.memory.hits, disk.hits, stats.memory.evictions, disk.evictions,
+                shared.violations.withLock { $0.count }))
+    }
+}
+
+/// State every stress task shares.
+final class StressShared: Sendable {
+    let operations = Atomic<Int>(0)
+    let reads = Atomic<Int>(0)
+    let stop = Atomic<Bool>(false)
+    let violations = Mutex<[String]>([])
+
+    func violate(_ message: String) {
+        violations.withLock { if $0.count < 1000 { $0.append(message) } }
+    }
+}
+
+/// One task's operation sequence and what it knows of its owned keys.
+struct StressWorker {
+    let task: Int
+    let cache: Cache
+    let shared: StressShared
+    let ownedKeys: Int
+    let sharedKeys: Int
+    var state: UInt64
+    var version = 0
+    /// The latest value set for each owned key and its group, nil once removed.
+    var latest: [(value: [UInt8], group: Int)?]
+
+    init(task: Int, cache: Cache, shared: StressShared, ownedKeys: Int, sharedKeys: Int, seed: UInt64) {
+        self.task = task
+        self.cache = cache
+        self.shared = shared
+        self.ownedKeys = ownedKeys
+        self.sharedKeys = sharedKeys
+        self.state = seed
+        self.latest = Array(repeating: nil, count: ownedKeys)
+    }
+
+    mutating func random(_ bound: Int) -> Int {
+        state = splitmix64(state)
+        return Int(state % UInt64(bound))
+    }
+
+    func ownedName(_ key: Int) -> String { "t\(task)-\(key)" }
+    func groupName(_ group: Int) -> String { "t\(task)-g\(group)" }
+
+    mutating func makeOptions(group: Int) -> EntryOptions {
+        let tiers: Tiers = [.memoryAndDisk, .memoryAndDisk, .memoryOnly, .diskOnly][random(4)]
+        switch random(8) {
+        case 0: return EntryOptions(memoryExpiry: .after(.milliseconds(20 + random(200))), group: groupName(group), tiers: tiers)
+        case 1:
+            return EntryOptions(
+                memoryExpiry: .after(.milliseconds(5)), diskExpiry: .after(.seconds(30)), group: groupName(group), tiers: tiers)
+        default: return EntryOptions(group: groupName(group), tiers: tiers)
+        }
+    }
+
+    mutating func step() async {
+        version += 1
+        do {
+            if random(4) == 0 {
+                try await sharedStep()
+            } else {
+                try await ownedStep()
+            }
+        } catch {
+            shared.violate("task \(task): unexpected error \(error)")
+        }
+    }
+
+    /// A shared key: any task's value, but always one written for this key.
+    mutating func sharedStep() async throws {
+        let key = random(sharedKeys)
+        let name = "s\(key)"
+        let length = 16 + random(1500)
+        switch random(10) {
+        case 0..<4:
+            try syncSet(cache, crashValue(key: key, version: task << 40 | version, length: length), name, nil)
+        case 4..<9:
+            let got = random(2) == 0 ? try syncValue(cache, name) : try await cache.value(forKey: name)
+            shared.reads.add(1, ordering: .relaxed)
+            if let got, !isValue(got, ofKey: key) {
+                shared.violate("task \(task): shared key \(name) read \(got.count) bytes not written for it: \(got.prefix(24))")
+            }
+        default:
+            try syncRemove(cache, name)
+        }
+    }
+
+    /// An owned key: nil or exactly the latest value this task set.
+    mutating func ownedStep() async throws {
+        let key = random(ownedKeys)
+        let name = ownedName(key)
+        let group = key % 4
+        switch random(100) {
+        case 0..<30:
+            let value = crashValue(key: key, version: version, length: 1 + random(random(8) == 0 ? 6000 : 600))
+            let options = makeOptions(group: group)
+            if random(2) == 0 { try syncSet(cache, value, name, options) } else {
+                try await cache.set(value, forKey: name, options: options)
+            }
+            latest[key] = (value, group)
+        case 30..<70:
+            let got = random(3) == 0 ? try await cache.value(forKey: name) : try syncValue(cache, name)
+            check(got, key: key, name: name, what: "read")
+        case 70..<78:
+            let value = crashValue(key: key, version: version, length: 1 + random(600))
+            let got = try await cache.value(forKey: name, options: EntryOptions(group: groupName(group))) { value }
+            if got == value {
+                latest[key] = (value, group)
+            } else {
+                check(got, key: key, name: name, what: "loader")
+            }
+        case 78..<86:
+            if random(2) == 0 { try syncRemove(cache, name) } else { _ = try await cache.removeValue(forKey: name) }
+            latest[key] = nil
+        case 86..<90:
+            _ = try await cache.removeAll(inGroup: groupName(group))
+            for k in latest.indices where latest[k]?.group == group { latest[k] = nil }
+        case 90..<95:
+            let present = random(2) == 0 ? try syncContains(cache, name) : try await cache.contains(name)
+            if present && latest[key] == nil { shared.violate("task \(task): contains(\(name)) after its removal") }
+        case 95..<97:
+            _ = try await cache.removeExpired()
+        case 97:
+            if random(200) == 0 {
+                try await cache.removeAll()
+                for k in latest.indices { latest[k] = nil }
+            }
+        default:
+            _ = cache.statistics
+        }
+    }
+
+    func check(_ got: [UInt8]?, key: Int, name: String, what: String) {
+        shared.reads.add(1, ordering: .relaxed)
+        guard let got else { return }
+        guard let expected = latest[key] else {
+            shared.violate("task \(task): \(what) of \(name) returned \(got.prefix(24)) after it was removed")
+            return
+        }
+        if got != expected.value {
+            shared.violate("task \(task): \(what) of \(name) returned \(got.prefix(24)), not the latest \(expected.value.prefix(24))")
+        }
+    }
+
+    /// Whether `bytes` is exactly `crashValue(key:version:length:)` for `key` and the version and length
+    /// it names.
+    func isValue(_ bytes: [UInt8], ofKey key: Int) -> Bool {
+        guard let end = bytes.firstIndex(of: UInt8(ascii: ";")), let text = String(bytes: bytes[..<end], encoding: .utf8),
+            text.first == "k"
+        else { return false }
+        let parts = text.dropFirst().split(whereSeparator: { $0 == "v" || $0 == "l" })
+        guard parts.count == 3, Int(parts[0]) == key, let version = Int(parts[1]), let length = Int(parts[2]) else { return false }
+        return bytes == crashValue(key: key, version: version, length: length)
+    }
+}
+
+// The synchronous API, called from async code: in an async context the async overloads would be chosen.
+private func syncSet(_ cache: Cache, _ value: [UInt8], _ key: String, _ options: EntryOptions?) throws {
+    try cache.set(value, forKey: key, options: options)
+}
+
+private func syncValue(_ cache: Cache, _ key: String) throws -> [UInt8]? {
+    try cache.value(forKey: key)
+}
+
+private func syncRemove(_ cache: Cache, _ key: String) throws {
+    _ = try cache.removeValue(forKey: key)
+}
+
+private func syncContains(_ cache: Cache, _ key: String) throws -> Bool {
+    try cache.contains(key)
+}
+
+/// Writes a line to standard output at once (progress must show while the run goes on, also in a pipe).
+private func emit(_ line: String) {
+    FileHandle.standardOutput.write(Data((line + "\n").utf8))
+}
