@@ -22,7 +22,7 @@ struct Stress: AsyncParsableCommand {
     @Option(help: "Keys each task owns.") var ownedKeys = 64
     @Option(help: "Keys every task shares.") var sharedKeys = 64
     @Option(help: "Memory budget in bytes (small, so that eviction and promotion never stop).") var memoryBudget = 256 << 10
-    @Option(help: "Disk budget in bytes (small, so that disk eviction and compaction never stop).") var diskBudget = 384 << 10
+    @Option(help: "Disk budget in bytes (small, so that disk eviction and compaction never stop).") var diskBudget = 192 << 10
     @Option(help: "Disk bucket count.") var buckets = 8
     @Option(help: "Memory shard count.") var shards = 8
     @Option(help: "Seed of the operation sequences.") var seed: UInt64 = 1

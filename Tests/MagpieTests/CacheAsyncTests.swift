@@ -166,7 +166,7 @@ struct CacheAsyncTests {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
         let cache = try makeCache(directory)
-        let threads = Mutex<[String]>([])
+        let threads = Locked<[String]>([])
         FileIOFaults.set(under: directory.path) { call, _ in
             if call == "pread" || call == "pwrite" { threads.withLock { $0.append(IOThreadPool.currentThreadName ?? "caller") } }
             return nil
@@ -203,7 +203,7 @@ struct CacheConsistencyTests {
         let seed = TestSeed.value(default: 5)
         let threads = 4
         let keys = 48
-        let finals = Mutex<[Int: [UInt8]?]>([:])
+        let finals = Locked<[Int: [UInt8]?]>([:])
         DispatchQueue.concurrentPerform(iterations: threads) { thread in
             var generator = SeededGenerator(seed: seed &+ UInt64(thread))
             var mine: [Int: [UInt8]?] = [:]

@@ -82,7 +82,7 @@ struct CacheHostileInputTests {
 
 /// Strings collected from many tasks.
 private final class Collected: Sendable {
-    let items = Mutex<[String]>([])
+    let items = Locked<[String]>([])
 }
 
 /// The synchronous API, called from async code (where the async overloads would be chosen).

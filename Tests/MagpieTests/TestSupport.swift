@@ -1,5 +1,5 @@
 import Foundation
-import Magpie
+@testable import Magpie
 import Synchronization
 
 /// A seeded generator (splitmix64) so every random test replays exactly. Set MAGPIE_TEST_SEED to
@@ -57,9 +57,9 @@ struct TemporaryDirectory {
 
 /// A clock tests move by hand.
 final class ManualClock: Sendable {
-    private let milliseconds: Mutex<Int64>
+    private let milliseconds: Locked<Int64>
 
-    init(_ start: Int64 = 1_700_000_000_000) { milliseconds = Mutex(start) }
+    init(_ start: Int64 = 1_700_000_000_000) { milliseconds = Locked(start) }
 
     var now: Int64 { milliseconds.withLock { $0 } }
     func advance(seconds: Int64) { milliseconds.withLock { $0 += seconds * 1000 } }

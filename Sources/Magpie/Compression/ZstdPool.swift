@@ -38,6 +38,8 @@ final class ZstdPool: Sendable {
         }
         defer { free.withLock { $0.compressors.append(box) } }
         // A destination as large as the input: zstd fails exactly when the output would not be smaller.
+        // (Nothing is smaller than an empty input; and see decompress on zero capacities.)
+        if source.isEmpty { return nil }
         var fits = false
         let output = [UInt8](unsafeUninitializedCapacity: source.count) { buffer, initialized in
             let written = try? box.compressor.compress(source, into: UnsafeMutableRawBufferPointer(buffer))
@@ -56,6 +58,12 @@ final class ZstdPool: Sendable {
             box = DecompressorBox(try ZstdDecompressor())
         }
         defer { free.withLock { $0.decompressors.append(box) } }
+        if originalLength == 0 {
+            // Not through init(unsafeUninitializedCapacity:): for a zero capacity it writes into the
+            // stdlib's shared empty-array storage, a (benign) race that Thread Sanitizer reports.
+            _ = try box.decompressor.decompress(source, into: UnsafeMutableRawBufferPointer(start: nil, count: 0))
+            return []
+        }
         var failure: MagpieError? = nil
         // decompress(_:into:) either fills the whole buffer or throws; only then is it counted initialised.
         let output = [UInt8](unsafeUninitializedCapacity: originalLength) { buffer, initialized in

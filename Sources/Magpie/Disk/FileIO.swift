@@ -7,7 +7,9 @@ enum FileIO {
     /// Failures injected by tests, by path prefix (each test registers its own directory, so tests
     /// running in parallel never see each other's faults): called before every write-like call with
     /// its name and path; a non-nil errno makes the call fail with it. Empty outside tests.
-    static let injectedFailures = Mutex<[String: @Sendable (_ call: String, _ path: String) -> Int32?]>([:])
+    /// (A pthread-based `Locked`, not `Mutex`: Thread Sanitizer cannot see `Mutex`'s futex and would
+    /// report the table's accesses from different threads as races.)
+    static let injectedFailures = Locked<[String: @Sendable (_ call: String, _ path: String) -> Int32?]>([:])
 
     static func error(_ call: String, _ errno: Int32, _ path: String) -> MagpieError {
         let code: MagpieError.Code = (errno == ENOSPC || errno == EDQUOT) ? .noSpace : .ioFailure
