@@ -41,6 +41,13 @@ struct Percentiles: Codable, Sendable, Equatable {
     var p999: UInt64
     var max: UInt64
 
+    /// No latency measured (a simulation).
+    static let zero = Percentiles(p50: 0, p90: 0, p99: 0, p999: 0, max: 0)
+
+    init(p50: UInt64, p90: UInt64, p99: UInt64, p999: UInt64, max: UInt64) {
+        (self.p50, self.p90, self.p99, self.p999, self.max) = (p50, p90, p99, p999, max)
+    }
+
     init(_ histogram: Histogram<UInt64>) {
         p50 = histogram.valueAtPercentile(50)
         p90 = histogram.valueAtPercentile(90)
@@ -126,15 +133,7 @@ func printTable(_ results: [BenchResult]) {
             String(r.latency_ns.p999), String(r.latency_ns.max), String(format: "%.4f", r.hit_ratio),
         ])
     }
-    let widths = (0..<header.count).map { column in rows.map { $0[column].count }.max() ?? 0 }
-    for (n, row) in rows.enumerated() {
-        let line = row.enumerated().map { column, cell in
-            column < 2 ? cell.padding(toLength: widths[column], withPad: " ", startingAt: 0)
-                : String(repeating: " ", count: widths[column] - cell.count) + cell
-        }.joined(separator: "  ")
-        print(line)
-        if n == 0 { print(String(repeating: "-", count: line.count)) }
-    }
+    printAligned(rows)
 }
 
 func formatRate(_ rate: Double) -> String {

@@ -24,16 +24,6 @@ private func describedBy(_ value: [UInt8]) -> (key: Int, version: Int, length: I
     return (key, version, length)
 }
 
-/// The magpie-bench executable built beside this test bundle.
-private func benchExecutable() -> String? {
-    let directory = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent()
-    for candidate in [directory, directory.deletingLastPathComponent()] {
-        let path = candidate.appendingPathComponent("magpie-bench").path
-        if FileManager.default.isExecutableFile(atPath: path) { return path }
-    }
-    return nil
-}
-
 @Suite("DiskTier: crash loop")
 struct CrashTests {
     /// Cycles to run: MAGPIE_CRASH_CYCLES, default 25 (CI). The opt-in long run sets 1000 or more.

@@ -76,3 +76,13 @@ func directoryBytes(_ path: String) -> Int {
         return total + ((attributes?[.size] as? Int) ?? 0)
     }
 }
+
+/// The magpie-bench executable built beside this test bundle.
+func benchExecutable() -> String? {
+    let directory = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent()
+    for candidate in [directory, directory.deletingLastPathComponent()] {
+        let path = candidate.appendingPathComponent("magpie-bench").path
+        if FileManager.default.isExecutableFile(atPath: path) { return path }
+    }
+    return nil
+}

@@ -1,0 +1,86 @@
+import Foundation
+import Testing
+
+/// `magpie-bench replay` on tiny traces whose miss counts are worked out by hand.
+@Suite("magpie-bench replay")
+struct BenchReplayTests {
+    /// Runs the replay with --json and returns each system's (miss ratio, byte miss ratio).
+    func replay(_ trace: String, name: String, _ arguments: [String]) throws -> [String: (Double, Double)] {
+        let executable = try #require(benchExecutable(), "magpie-bench is not built next to the tests")
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        try trace.write(toFile: directory.child(name), atomically: true, encoding: .utf8)
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = ["replay", directory.child(name), "--json", directory.child("out.json")] + arguments
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0)
+        let data = try Data(contentsOf: URL(fileURLWithPath: directory.child("out.json")))
+        let report = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+        var out: [String: (Double, Double)] = [:]
+        for case let row as [String: Any] in report["results"] as? [Any] ?? [] {
+            let extra = row["extra"] as? [String: Any] ?? [:]
+            out[row["system"] as? String ?? ""] = (extra["miss_ratio"] as? Double ?? -1, extra["byte_miss_ratio"] as? Double ?? -1)
+        }
+        return out
+    }
+
+    @Test("LRU, FIFO and Belady give the hand-computed misses on a 7-request trace (capacity 3 objects)")
+    func referencePolicies() throws {
+        // a b c a d a b, every object 1,000 B, capacity 3,000 B.
+        // LRU: a b c miss, a hit, d miss (evicts b), a hit, b miss: 5 misses.
+        // FIFO: a b c miss, a hit, d miss (evicts a), a miss (evicts b), b miss: 6.
+        // Belady: a b c miss, a hit, d miss (evicts c or d, never used again), a hit, b hit: 4.
+        let trace = ["a", "b", "c", "a", "d", "a", "b"].map { "\($0),1000" }.joined(separator: "\n")
+        let result = try replay(trace, name: "tiny.csv", ["--budget", "3000"])
+        #expect(result["LRU"]?.0 == 5.0 / 7)
+        #expect(result["FIFO"]?.0 == 6.0 / 7)
+        #expect(result["Belady"]?.0 == 4.0 / 7)
+        let magpie = try #require(result["magpie-memory"])
+        #expect(magpie.0 >= 4.0 / 7 && magpie.0 <= 1)  // never better than the optimum
+    }
+
+    @Test("byte miss ratios weigh objects by size; percentages are of the working set; the binary format reads")
+    func bytesAndBinary() throws {
+        // Object x (9,000 B) requested twice, y (1,000 B) twice: working set 10,000 B.
+        var records = Data()
+        for (id, size) in [(1, 9000), (2, 1000), (1, 9000), (2, 1000)] as [(UInt64, UInt32)] {
+            var time = UInt32(0).littleEndian, id = id.littleEndian, size = size.littleEndian, next = Int64(-1).littleEndian
+            records.append(Data(bytes: &time, count: 4))
+            records.append(Data(bytes: &id, count: 8))
+            records.append(Data(bytes: &size, count: 4))
+            records.append(Data(bytes: &next, count: 8))
+        }
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        // 100 % of the working set holds both: only the two first requests miss.
+        let path = directory.child("t.oracleGeneral.bin")
+        try records.write(to: URL(fileURLWithPath: path))
+        let executable = try #require(benchExecutable())
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = ["replay", path, "--budget", "100%", "10%", "--json", directory.child("out.json")]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0)
+        let report = try #require(
+            try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: directory.child("out.json")))) as? [String: Any])
+        let rows = (report["results"] as? [[String: Any]]) ?? []
+        func ratios(_ scenario: String, _ system: String) -> (Double, Double)? {
+            guard let row = rows.first(where: { $0["scenario"] as? String == scenario && $0["system"] as? String == system }),
+                let extra = row["extra"] as? [String: Any]
+            else { return nil }
+            return (extra["miss_ratio"] as? Double ?? -1, extra["byte_miss_ratio"] as? Double ?? -1)
+        }
+        #expect(ratios("replay 100%", "LRU").map { $0 == 0.5 && $1 == 0.5 } == true)
+        #expect(ratios("replay 100%", "magpie-memory").map { $0 == 0.5 && $1 == 0.5 } == true)
+        // 10 % = 1,000 B: only y fits, so x always misses and y misses once: 3 of 4 requests.
+        #expect(ratios("replay 10%", "Belady").map { $0 == 0.75 && $1 == 19000.0 / 20000 } == true)
+        #expect(ratios("replay 10%", "LRU").map { $0.0 == 0.75 } == true)
+    }
+}
