@@ -1,0 +1,122 @@
+import ArgumentParser
+import Foundation
+import Magpie
+
+/// `magpie-bench sweep`: tuning curves from the scenarios, one parameter varied at a time — memory hit
+/// ratio vs budget, memory throughput vs shard count, disk compression ratio and speed vs zstd level.
+struct Sweep: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Tuning curves: hit ratio vs memory budget, throughput vs shards, compression and speed vs zstd level.",
+        discussion: """
+            Each point is one run of the memory or disk scenario (same workload and seeds as `magpie-bench \
+            memory` and `disk`, shorter by default) with one parameter changed. `--json` writes every row, \
+            tagged with the curve and the point, and the options that reproduce it.
+            """)
+
+    enum Curve: String, ExpressibleByArgument, CaseIterable { case budget, shards, level }
+
+    @Option(parsing: .upToNextOption, help: "Curves to draw.") var curves: [Curve] = Curve.allCases
+    @Option(parsing: .upToNextOption, help: "Memory budgets, in % of the working set (budget curve).")
+    var budgetPercents: [Double] = [1, 2, 5, 10, 20, 40]
+    @Option(parsing: .upToNextOption, help: "Shard counts, powers of two (shards curve).") var shardCounts = [1, 2, 4, 8, 16, 64]
+    @Option(parsing: .upToNextOption, help: "Thread counts for the shards curve.") var threads = [1, 2]
+    @Option(parsing: .upToNextOption, help: "zstd levels; 0 stores raw (level curve).") var levels = [0, 1, 3, 6, 9]
+    @Option(help: "Distinct keys of the memory scenario.") var keys = 200_000
+    @Option(help: "Timed operations per thread of each memory point (and as many warm-up operations).")
+    var ops = 500_000
+    @Option(help: "Keys written per disk point (4 KiB values, half JSON-like).") var diskKeys = 20_000
+    @OptionGroup var outputOptions: OutputOptions
+
+    func validate() throws {
+        guard budgetPercents.allSatisfy({ $0 > 0 }), keys > 0, ops > 0, diskKeys > 0 else {
+            throw ValidationError("budgets, --keys, --ops and --disk-keys must be positive")
+        }
+        for s in shardCounts where s < 1 || s > MemoryTier.maximumShardCount || s & (s - 1) != 0 {
+            throw ValidationError("shard count \(s) must be a power of two from 1 to \(MemoryTier.maximumShardCount)")
+        }
+        for level in levels where level < 0 || level > 22 { throw ValidationError("zstd level \(level) must be 0...22") }
+    }
+
+    func run() throws {
+        var results: [BenchResult] = []
+        var tables: [(String, [[String]])] = []
+        let memoryBase = [
+            "--keys", "\(keys)", "--ops", "\(ops)", "--warmup", "\(ops)", "--systems", "magpie", "--repetitions", "1",
+        ]
+        if curves.contains(.budget) {
+            var rows = [["budget %", "budget B", "hit ratio", "ops/s", "p50 ns", "p99 ns"]]
+            for percent in budgetPercents {
+                let options = try MemoryOptions.parse(memoryBase + ["--budget-percent", "\(percent)", "--threads", "1"])
+                progressLine("sweep budget: \(percent) %")
+                for var r in try MemoryScenario(options: options).run(progress: { _ in }) {
+                    rows.append([
+                        String(format: "%g", percent), String(options.effectiveBudget), String(format: "%.4f", r.hit_ratio),
+                        formatRate(r.ops_per_sec), String(r.latency_ns.p50), String(r.latency_ns.p99),
+                    ])
+                    tag(&r, "budget_percent", .double(percent))
+                    results.append(r)
+                }
+            }
+            tables.append(("Hit ratio vs memory budget (magpie, 1 thread, Zipf 0.99, \(keys) keys)", rows))
+        }
+        if curves.contains(.shards) {
+            var rows = [["shards", "threads", "ops/s", "p99 ns", "hit ratio"]]
+            for shards in shardCounts {
+                let options = try MemoryOptions.parse(
+                    memoryBase + ["--shards", "\(shards)", "--threads"] + threads.map(String.init))
+                progressLine("sweep shards: \(shards)")
+                for var r in try MemoryScenario(options: options).run(progress: { _ in }) {
+                    rows.append([
+                        String(shards), String(r.threads), formatRate(r.ops_per_sec), String(r.latency_ns.p99),
+                        String(format: "%.4f", r.hit_ratio),
+                    ])
+                    tag(&r, "shards", .int(shards))
+                    results.append(r)
+                }
+            }
+            tables.append(("Throughput vs shard count (magpie, 10 % budget)", rows))
+        }
+        if curves.contains(.level) {
+            var rows = [["level", "compression ratio", "set ops/s", "set p50 ns", "get ops/s", "get p50 ns"]]
+            for level in levels {
+                let options = try DiskOptions.parse([
+                    "--keys", "\(diskKeys)", "--gets", "\(diskKeys * 4)", "--level", "\(level)", "--systems", "magpie",
+                ])
+                progressLine("sweep level: \(level)")
+                var points = try DiskScenario(options: options).run(progress: { _ in })
+                guard let set = points.first(where: { $0.scenario == "disk-set" }),
+                    let get = points.first(where: { $0.scenario == "disk-get" })
+                else { continue }
+                var ratio = 1.0
+                if case .double(let value) = set.extra["compression_ratio"] { ratio = value }
+                rows.append([
+                    String(level), String(format: "%.3f", ratio), formatRate(set.ops_per_sec), String(set.latency_ns.p50),
+                    formatRate(get.ops_per_sec), String(get.latency_ns.p50),
+                ])
+                for index in points.indices { tag(&points[index], "zstd_level", .int(level)) }
+                results += points
+            }
+            tables.append(("Disk compression and speed vs zstd level (\(diskKeys) × 4 KiB, page-cache hot)", rows))
+        }
+        for (title, rows) in tables {
+            print("\n\(title)")
+            printAligned(rows)
+        }
+        if let json = outputOptions.json {
+            let config: [String: JSONValue] = [
+                "curves": .array(curves.map { .string($0.rawValue) }),
+                "budget_percents": .array(budgetPercents.map { .double($0) }),
+                "shard_counts": .array(shardCounts.map { .int($0) }), "threads": .array(threads.map { .int($0) }),
+                "levels": .array(levels.map { .int($0) }), "keys": .int(keys), "ops": .int(ops), "disk_keys": .int(diskKeys),
+            ]
+            try Report(date: timestamp(), machine: .current(), config: ["sweep": .object(config)], results: results)
+                .write(to: json)
+        }
+    }
+
+    /// Marks a row with the curve's parameter and its value at this point.
+    func tag(_ result: inout BenchResult, _ parameter: String, _ value: JSONValue) {
+        result.extra["sweep_parameter"] = .string(parameter)
+        result.extra["sweep_value"] = value
+    }
+}

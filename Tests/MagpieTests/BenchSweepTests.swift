@@ -1,0 +1,44 @@
+import Foundation
+import Testing
+
+/// `magpie-bench sweep` at toy sizes: the curves come out tagged and point the right way.
+@Suite("magpie-bench sweep")
+struct BenchSweepTests {
+    @Test("hit ratio rises with the budget, zstd beats raw on JSON-like values, every point is tagged")
+    func curves() throws {
+        let executable = try #require(benchExecutable(), "magpie-bench is not built next to the tests")
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = [
+            "sweep", "--budget-percents", "1", "30", "--shard-counts", "1", "4", "--threads", "1", "--levels", "0", "1",
+            "--keys", "5000", "--ops", "20000", "--disk-keys", "300", "--json", directory.child("sweep.json"),
+        ]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0)
+        let data = try Data(contentsOf: URL(fileURLWithPath: directory.child("sweep.json")))
+        let report = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+        let rows = try #require(report["results"] as? [[String: Any]])
+        func points(_ parameter: String, scenario: String? = nil) -> [(Double, [String: Any])] {
+            rows.compactMap { row in
+                guard let extra = row["extra"] as? [String: Any], extra["sweep_parameter"] as? String == parameter,
+                    scenario == nil || row["scenario"] as? String == scenario
+                else { return nil }
+                return ((extra["sweep_value"] as? NSNumber)?.doubleValue ?? -1, row)
+            }
+        }
+        let budget = points("budget_percent")
+        #expect(budget.map(\.0) == [1, 30])
+        let hitRatios = budget.map { ($0.1["hit_ratio"] as? Double) ?? -1 }
+        #expect(hitRatios.count == 2 && hitRatios[0] < hitRatios[1], "\(hitRatios)")
+        #expect(points("shards").map(\.0) == [1, 4])
+        let sets = points("zstd_level", scenario: "disk-set")
+        #expect(sets.map(\.0) == [0, 1])
+        let ratios = sets.map { (($0.1["extra"] as? [String: Any])?["compression_ratio"] as? Double) ?? -1 }
+        #expect(ratios.count == 2 && ratios[0] == 1 && ratios[1] > 1.3, "\(ratios)")
+    }
+}
