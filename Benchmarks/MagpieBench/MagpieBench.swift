@@ -7,7 +7,7 @@ struct MagpieBench: AsyncParsableCommand {
         commandName: "magpie-bench",
         abstract: "Measures Magpie and the caches it replaces on the same workload, in one process.",
         version: magpieBenchVersion,
-        subcommands: [Suite.self, Memory.self, Disk.self, Tiered.self, Stress.self, Replay.self, Sweep.self, Compare.self, CrashChild.self],
+        subcommands: [Suite.self, Memory.self, Disk.self, Tiered.self, Stress.self, Replay.self, Sweep.self, Compare.self, RenderReport.self, CrashChild.self],
         defaultSubcommand: Suite.self)
 }
 
@@ -33,17 +33,30 @@ struct Suite: ParsableCommand {
         results += try DiskScenario(options: disk).run(progress: progressLine)
         let tiered = try TieredOptions.parse([])
         results += try TieredScenario(options: tiered).run(progress: progressLine)
+        // Short tuning curves for the report: hit ratio vs budget, throughput vs shards.
+        let sweep = try Sweep.parse(["--curves", "budget", "shards", "--keys", "200000", "--ops", "300000"])
+        let (curves, curveTables) = try sweep.measure()
+        results += curves
         let stamp = timestamp()
         let report = Report(
             date: stamp, machine: .current(),
-            config: ["memory": .object(memory.config), "disk": .object(disk.config), "tiered": .object(tiered.config)],
+            config: [
+                "memory": .object(memory.config), "disk": .object(disk.config), "tiered": .object(tiered.config),
+                "sweep": .object(sweep.config),
+            ],
             results: results)
         print()
-        printTable(results)
+        printTable(results.filter { $0.extra["sweep_parameter"] == nil })  // the curves get their own tables
         printTieredSummary(results)
+        for (title, rows) in curveTables {
+            print("\n\(title)")
+            printAligned(rows)
+        }
         let path = "\(output)/\(stamp)/results.json"
         try report.write(to: path)
-        print("\nwrote \(path)")
+        let page = "\(output)/\(stamp)/report.html"
+        try HTMLReport.render(report).write(toFile: page, atomically: true, encoding: .utf8)
+        print("\nwrote \(path) and \(page)")
         if let json = outputOptions.json { try report.write(to: json) }
     }
 }

@@ -38,6 +38,28 @@ struct Sweep: ParsableCommand {
     }
 
     func run() throws {
+        let (results, tables) = try measure()
+        for (title, rows) in tables {
+            print("\n\(title)")
+            printAligned(rows)
+        }
+        if let json = outputOptions.json {
+            try Report(date: timestamp(), machine: .current(), config: ["sweep": .object(config)], results: results)
+                .write(to: json)
+        }
+    }
+
+    var config: [String: JSONValue] {
+        [
+            "curves": .array(curves.map { .string($0.rawValue) }),
+            "budget_percents": .array(budgetPercents.map { .double($0) }),
+            "shard_counts": .array(shardCounts.map { .int($0) }), "threads": .array(threads.map { .int($0) }),
+            "levels": .array(levels.map { .int($0) }), "keys": .int(keys), "ops": .int(ops), "disk_keys": .int(diskKeys),
+        ]
+    }
+
+    /// Runs every point of the chosen curves: the rows (tagged) and a table per curve.
+    func measure() throws -> ([BenchResult], [(String, [[String]])]) {
         var results: [BenchResult] = []
         var tables: [(String, [[String]])] = []
         let memoryBase = [
@@ -98,20 +120,7 @@ struct Sweep: ParsableCommand {
             }
             tables.append(("Disk compression and speed vs zstd level (\(diskKeys) × 4 KiB, page-cache hot)", rows))
         }
-        for (title, rows) in tables {
-            print("\n\(title)")
-            printAligned(rows)
-        }
-        if let json = outputOptions.json {
-            let config: [String: JSONValue] = [
-                "curves": .array(curves.map { .string($0.rawValue) }),
-                "budget_percents": .array(budgetPercents.map { .double($0) }),
-                "shard_counts": .array(shardCounts.map { .int($0) }), "threads": .array(threads.map { .int($0) }),
-                "levels": .array(levels.map { .int($0) }), "keys": .int(keys), "ops": .int(ops), "disk_keys": .int(diskKeys),
-            ]
-            try Report(date: timestamp(), machine: .current(), config: ["sweep": .object(config)], results: results)
-                .write(to: json)
-        }
+        return (results, tables)
     }
 
     /// Marks a row with the curve's parameter and its value at this point.
