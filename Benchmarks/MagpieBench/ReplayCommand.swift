@@ -2,19 +2,23 @@ import ArgumentParser
 import Foundation
 import Magpie
 
-/// `magpie-bench replay TRACE`: a request trace through Magpie's memory tier at one or more budgets,
-/// cache-aside (a miss stores the object), with exact LRU, FIFO and Belady's optimum over the same
-/// trace and budgets for reference.
+/// `magpie-bench replay TRACE`: a request trace through Magpie's memory tier, disk tier or both (a
+/// `Cache`) at one or more budgets, cache-aside (a miss stores the object), with exact LRU, FIFO and
+/// Belady's optimum over the same trace and budgets for reference.
 struct Replay: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Replay a request trace through the memory tier at several budgets, beside LRU, FIFO and Belady.",
+        abstract: "Replay a request trace through the memory tier, the disk tier or both, beside LRU, FIFO and Belady.",
         discussion: """
             Budgets are bytes (4194304, 64MiB, 2GB) or a percentage of the trace's working set (1%, 10%). \
             With --charge object-size (the default) an entry is charged exactly its object's size, as \
             simulators such as libCacheSim charge, so miss ratios compare directly with theirs; the stored \
             value is then the object size less the key and the tier's per-entry overhead. With --charge \
             full an entry is charged what Magpie charges in production: object + key + \
-            \(MemoryTier.entryOverhead) B. Only the memory tier is replayed so far.
+            \(MemoryTier.entryOverhead) B. The disk tier stores values raw (no zstd: the replayed bytes are \
+            zeros) and, under object-size charging, each record is the object's size (header and key \
+            included); a bucket evicts to three quarters of its share, so it holds somewhat less than its \
+            budget. --tier both replays a Cache whose memory budget is the budget and whose disk budget is \
+            --disk-factor times it; its miss ratio counts misses of both tiers.
             """)
 
     @Argument(help: "The trace file.") var trace: String
@@ -24,9 +28,14 @@ struct Replay: ParsableCommand {
     var budget: [String] = ["1%", "10%"]
     @Option(help: "What an entry is charged: object-size or full.") var charge: Charge = .objectSize
     @Option(help: "Memory tier shards (1: one global policy, as simulators have).") var shards = 1
+    @Option(help: "What to replay through: memory, disk or both.") var tier: TierChoice = .memory
+    @Option(help: "With --tier both: the disk budget as a multiple of the memory budget.") var diskFactor = 10.0
+    @Option(help: "Parent directory for disk-tier directories (removed afterwards).") var workDirectory: String?
     @Option(parsing: .upToNextOption, help: "Reference policies to run (LRU, FIFO, Belady).")
     var references: [String] = ReferencePolicy.allCases.map(\.rawValue)
     @OptionGroup var outputOptions: OutputOptions
+
+    enum TierChoice: String, ExpressibleByArgument { case memory, disk, both }
 
     enum Charge: String, ExpressibleByArgument {
         case objectSize = "object-size"
@@ -35,6 +44,7 @@ struct Replay: ParsableCommand {
 
     func validate() throws {
         guard shards >= 1, shards <= MemoryTier.maximumShardCount else { throw ValidationError("--shards out of range") }
+        guard diskFactor >= 1 else { throw ValidationError("--disk-factor must be ≥ 1") }
         for name in references where ReferencePolicy(rawValue: name) == nil {
             throw ValidationError("unknown reference policy \(name); choose from \(ReferencePolicy.allCases.map(\.rawValue))")
         }
@@ -72,10 +82,18 @@ struct Replay: ParsableCommand {
         for text in budget {
             let bytes = Self.parseBudget(text, workingSet: loaded.workingSetBytes)!
             let label = text.hasSuffix("%") ? "\(text) = \(bytes) B" : "\(bytes) B"
-            progressLine("replay: magpie-memory at \(label)")
-            let (outcome, seconds) = try replayMagpie(loaded, budget: bytes)
-            rows.append(row(label, "magpie-memory", outcome, rate: Double(outcome.requests) / seconds))
-            results.append(result(text, bytes, "magpie-memory", outcome, seconds: seconds, loaded))
+            let system = "magpie-\(tier.rawValue)"
+            progressLine("replay: \(system) at \(label)")
+            let (outcome, seconds, extra) =
+                switch tier {
+                case .memory: try replayMagpie(loaded, budget: bytes)
+                case .disk: try replayDisk(loaded, budget: bytes)
+                case .both: try replayCache(loaded, budget: bytes)
+                }
+            rows.append(row(label, system, outcome, rate: Double(outcome.requests) / seconds))
+            var measured = result(text, bytes, system, outcome, seconds: seconds, loaded)
+            measured.extra.merge(extra) { _, new in new }
+            results.append(measured)
             for name in references {
                 let policy = ReferencePolicy(rawValue: name)!
                 progressLine("replay: \(name) at \(label)")
@@ -92,6 +110,7 @@ struct Replay: ParsableCommand {
             let config: [String: JSONValue] = [
                 "scenario": .string("replay"), "trace": .string(trace), "format": .string(format.rawValue),
                 "budgets": .array(budget.map { .string($0) }), "charge": .string(charge.rawValue), "shards": .int(shards),
+                "tier": .string(tier.rawValue), "disk_factor": .double(diskFactor),
                 "references": .array(references.map { .string($0) }),
             ]
             try Report(date: timestamp(), machine: .current(), config: ["replay": .object(config)], results: results)
@@ -101,27 +120,103 @@ struct Replay: ParsableCommand {
 
     /// Cache-aside through a fresh memory tier: a hit is a read (it counts for the eviction policy), a
     /// miss stores a value sized per `charge`.
-    func replayMagpie(_ trace: Trace, budget: Int) throws -> (ReplayOutcome, Double) {
-        let tier = try MemoryTier(budget: budget, shardCount: shards, hasher: KeyHash(seed: 1))
+    typealias Measured = (ReplayOutcome, Double, [String: JSONValue])
+
+    /// Runs the trace: `lookup` says whether a request hits, `store` stores a value of the given length
+    /// after a miss. Values are zeros, sized per `charge`: the object's size less `overhead` bytes.
+    func drive(
+        _ trace: Trace, overhead: Int, lookup: (UnsafeRawBufferPointer) throws -> Bool,
+        store: (UnsafeRawBufferPointer, UnsafeRawBufferPointer) throws -> Void
+    ) rethrows -> (ReplayOutcome, Double) {
         let largest = Int(trace.sizes.max() ?? 0)
         let zeros = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, largest), alignment: 16)
         defer { zeros.deallocate() }
         zeros.initializeMemory(as: UInt8.self, repeating: 0)
-        let keyLength = MemoryLayout<UInt64>.size
         var outcome = ReplayOutcome()
         let start = nowNanoseconds()
         for request in 0..<trace.count {
             var id = trace.ids[request].littleEndian
             let size = trace.sizes[request]
-            let hit = withUnsafeBytes(of: &id) { key in tier.withValue(forKey: key) { _ in true } } ?? false
+            let hit = try withUnsafeBytes(of: &id) { try lookup($0) }
             outcome.count(size: size, hit: hit)
             if !hit {
-                let length = charge == .full ? Int(size) : max(0, Int(size) - keyLength - MemoryTier.entryOverhead)
-                let value = UnsafeRawBufferPointer(rebasing: zeros[0..<length])
-                _ = try withUnsafeBytes(of: &id) { key in try tier.set(value, forKey: key) }
+                let length = charge == .full ? Int(size) : max(0, Int(size) - overhead)
+                try withUnsafeBytes(of: &id) { try store(UnsafeRawBufferPointer(rebasing: zeros[0..<length]), $0) }
             }
         }
         return (outcome, Double(nowNanoseconds() - start) / 1e9)
+    }
+
+    /// The memory tier alone: a hit is a read (it counts for the eviction policy) without a copy.
+    func replayMagpie(_ trace: Trace, budget: Int) throws -> Measured {
+        let tier = try MemoryTier(budget: budget, shardCount: shards, hasher: KeyHash(seed: 1))
+        let (outcome, seconds) = try drive(
+            trace, overhead: MemoryLayout<UInt64>.size + MemoryTier.entryOverhead,
+            lookup: { key in tier.withValue(forKey: key) { _ in true } ?? false },
+            store: { value, key in _ = try tier.set(value, forKey: key) })
+        return (outcome, seconds, ["refused": .int(Int(tier.statistics.refusals))])
+    }
+
+    /// A fresh directory for a disk replay, removed by the caller.
+    func scratchDirectory() -> String {
+        (workDirectory ?? NSTemporaryDirectory()) + "/magpie-replay-\(getpid())-\(nowNanoseconds())"
+    }
+
+    /// Bucket count for a disk budget: the default, halved while a bucket's share could not hold two
+    /// of the trace's largest records.
+    func bucketCount(budget: Int, largest: Int) -> Int {
+        var count = DiskTier.defaultBucketCount(budget: budget)
+        while count > 1 && budget / count < 2 * (largest + 64) { count /= 2 }
+        return count
+    }
+
+    /// The disk tier alone, raw values; a store the tier refuses (larger than a bucket's share) is a miss.
+    func replayDisk(_ trace: Trace, budget: Int) throws -> Measured {
+        let directory = scratchDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let count = bucketCount(budget: budget, largest: Int(trace.sizes.max() ?? 0))
+        let tier = try DiskTier(.init(directory: directory, budget: budget, bucketCount: count, compressionLevel: nil))
+        var refused = 0
+        let (outcome, seconds) = try drive(
+            trace, overhead: 56 + MemoryLayout<UInt64>.size,  // a record's 56-byte header and the key
+            lookup: { key in try tier.value(forKey: key) != nil },
+            store: { value, key in if (try? tier.set(value, forKey: key)) == nil { refused += 1 } })
+        let stats = tier.statistics
+        try tier.close()
+        return (
+            outcome, seconds,
+            ["buckets": .int(count), "refused": .int(refused), "disk_evictions": .int(Int(stats.evictions)),
+             "bytes_on_disk": .int(stats.bytesOnDisk)]
+        )
+    }
+
+    /// A `Cache`: memory budget `budget`, disk budget `budget` × --disk-factor.
+    func replayCache(_ trace: Trace, budget: Int) throws -> Measured {
+        let directory = scratchDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let diskBudget = Int(Double(budget) * diskFactor)
+        var configuration = Cache.Configuration(directory: directory, memoryBudget: budget, diskBudget: diskBudget)
+        configuration.shardCount = shards
+        configuration.bucketCount = bucketCount(budget: diskBudget, largest: Int(trace.sizes.max() ?? 0))
+        configuration.compressionLevel = nil
+        configuration.hashSeed = 1
+        configuration.metrics = nil
+        let cache = try Cache(configuration)
+        var memoryHits = 0
+        let (outcome, seconds) = try drive(
+            trace, overhead: MemoryLayout<UInt64>.size + MemoryTier.entryOverhead,
+            lookup: { key in
+                guard let hit = try cache.lookup(key) else { return false }
+                if hit.tier == .memory { memoryHits += 1 }
+                return true
+            },
+            store: { value, key in try? cache.set(value, forKey: key) })
+        try cache.close()
+        return (
+            outcome, seconds,
+            ["disk_budget_bytes": .int(diskBudget), "memory_hits": .int(memoryHits),
+             "disk_hits": .int(outcome.requests - outcome.misses - memoryHits)]
+        )
     }
 
     func row(_ budget: String, _ system: String, _ outcome: ReplayOutcome, rate: Double?) -> [String] {

@@ -83,4 +83,14 @@ struct BenchReplayTests {
         #expect(ratios("replay 10%", "Belady").map { $0 == 0.75 && $1 == 19000.0 / 20000 } == true)
         #expect(ratios("replay 10%", "LRU").map { $0.0 == 0.75 } == true)
     }
+
+    @Test("the disk tier and the two-tier Cache replay too: with room for everything only first requests miss")
+    func diskAndBoth() throws {
+        let trace = ["x,9000", "y,1000", "x,9000", "y,1000", "z,500", "z,500"].joined(separator: "\n")
+        for tier in ["disk", "both"] {
+            let result = try replay(trace, name: "t.csv", ["--budget", "400%", "--tier", tier, "--references", "LRU"])
+            #expect(result["magpie-\(tier)"]?.0 == 0.5, "\(tier): \(String(describing: result["magpie-\(tier)"]))")
+            #expect(result["LRU"]?.0 == 0.5)
+        }
+    }
 }

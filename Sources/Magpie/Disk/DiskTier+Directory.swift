@@ -81,8 +81,9 @@ extension DiskTier {
         return manifest
     }
 
-    /// 4 MiB of budget per bucket, at least 16 and at most 256 buckets.
-    static func defaultBucketCount(budget: Int) -> Int {
+    /// The bucket count a new directory gets when ``Configuration/bucketCount`` is nil: 4 MiB of budget
+    /// per bucket, at least 16 and at most 256 buckets.
+    public static func defaultBucketCount(budget: Int) -> Int {
         var count = 16
         while count < 256 && budget / count > 4 << 20 { count *= 2 }
         return count
