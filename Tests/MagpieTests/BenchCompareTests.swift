@@ -21,18 +21,11 @@ struct BenchCompareTests {
     }
 
     func compare(_ baseline: String, _ candidate: String, _ arguments: [String] = []) throws -> Int32 {
-        let executable = try #require(benchExecutable(), "magpie-bench is not built next to the tests")
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
         try baseline.write(toFile: directory.child("a.json"), atomically: true, encoding: .utf8)
         try candidate.write(toFile: directory.child("b.json"), atomically: true, encoding: .utf8)
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = ["compare", directory.child("a.json"), directory.child("b.json")] + arguments
-        process.standardOutput = FileHandle.nullDevice
-        try process.run()
-        process.waitUntilExit()
-        return process.terminationStatus
+        return try runBench(["compare", directory.child("a.json"), directory.child("b.json")] + arguments)
     }
 
     @Test("exit 0 within the threshold, 1 beyond it, per chosen metric; 2 for a file that is not a report")

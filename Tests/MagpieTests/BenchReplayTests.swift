@@ -6,18 +6,10 @@ import Testing
 struct BenchReplayTests {
     /// Runs the replay with --json and returns each system's (miss ratio, byte miss ratio).
     func replay(_ trace: String, name: String, _ arguments: [String]) throws -> [String: (Double, Double)] {
-        let executable = try #require(benchExecutable(), "magpie-bench is not built next to the tests")
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
         try trace.write(toFile: directory.child(name), atomically: true, encoding: .utf8)
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = ["replay", directory.child(name), "--json", directory.child("out.json")] + arguments
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        process.waitUntilExit()
-        #expect(process.terminationStatus == 0)
+        #expect(try runBench(["replay", directory.child(name), "--json", directory.child("out.json")] + arguments) == 0)
         let data = try Data(contentsOf: URL(fileURLWithPath: directory.child("out.json")))
         let report = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
         var out: [String: (Double, Double)] = [:]
@@ -59,15 +51,7 @@ struct BenchReplayTests {
         // 100 % of the working set holds both: only the two first requests miss.
         let path = directory.child("t.oracleGeneral.bin")
         try records.write(to: URL(fileURLWithPath: path))
-        let executable = try #require(benchExecutable())
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = ["replay", path, "--budget", "100%", "10%", "--json", directory.child("out.json")]
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        process.waitUntilExit()
-        #expect(process.terminationStatus == 0)
+        #expect(try runBench(["replay", path, "--budget", "100%", "10%", "--json", directory.child("out.json")]) == 0)
         let report = try #require(
             try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: directory.child("out.json")))) as? [String: Any])
         let rows = (report["results"] as? [[String: Any]]) ?? []

@@ -30,7 +30,6 @@ struct BenchReportTests {
 
     @Test("the page is well-formed XHTML with one latency chart per scenario, the budget curve and the throughput charts")
     func renders() throws {
-        let executable = try #require(benchExecutable(), "magpie-bench is not built next to the tests")
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
         let rows = [
@@ -49,13 +48,7 @@ struct BenchReportTests {
              "config": {}, "results": [\(rows.joined(separator: ",\n"))]}
             """
         try json.write(toFile: directory.child("results.json"), atomically: true, encoding: .utf8)
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = ["report", directory.child("results.json")]
-        process.standardOutput = FileHandle.nullDevice
-        try process.run()
-        process.waitUntilExit()
-        #expect(process.terminationStatus == 0)
+        #expect(try runBench(["report", directory.child("results.json")]) == 0)
         let page = try Data(contentsOf: URL(fileURLWithPath: directory.child("report.html")))
         let parser = XMLParser(data: page)
         let counter = Counter()

@@ -6,20 +6,13 @@ import Testing
 struct BenchSweepTests {
     @Test("hit ratio rises with the budget, zstd beats raw on JSON-like values, every point is tagged")
     func curves() throws {
-        let executable = try #require(benchExecutable(), "magpie-bench is not built next to the tests")
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = [
+        let status = try runBench([
             "sweep", "--budget-percents", "1", "30", "--shard-counts", "1", "4", "--threads", "1", "--levels", "0", "1",
             "--keys", "5000", "--ops", "20000", "--disk-keys", "300", "--json", directory.child("sweep.json"),
-        ]
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        process.waitUntilExit()
-        #expect(process.terminationStatus == 0)
+        ])
+        #expect(status == 0)
         let data = try Data(contentsOf: URL(fileURLWithPath: directory.child("sweep.json")))
         let report = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
         let rows = try #require(report["results"] as? [[String: Any]])

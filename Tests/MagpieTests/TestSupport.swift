@@ -86,3 +86,21 @@ func benchExecutable() -> String? {
     }
     return nil
 }
+
+struct BenchNotBuilt: Error, CustomStringConvertible {
+    var description: String { "magpie-bench is not built next to the tests; run `make test` (it builds every product)" }
+}
+
+/// Runs the magpie-bench built beside the tests with `arguments`, its output discarded; returns its exit
+/// status.
+func runBench(_ arguments: [String]) throws -> Int32 {
+    guard let executable = benchExecutable() else { throw BenchNotBuilt() }
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: executable)
+    process.arguments = arguments
+    process.standardOutput = FileHandle.nullDevice
+    process.standardError = FileHandle.nullDevice
+    try process.run()
+    process.waitUntilExit()
+    return process.terminationStatus
+}
