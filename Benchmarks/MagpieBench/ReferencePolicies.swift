@@ -23,15 +23,125 @@ struct ReplayOutcome {
 }
 
 enum ReferencePolicy: String, CaseIterable {
-    case lru = "LRU", fifo = "FIFO", belady = "Belady"
+    case lru = "LRU", fifo = "FIFO", arc = "ARC", belady = "Belady"
 
     func replay(_ trace: Trace, capacity: Int) -> ReplayOutcome {
         switch self {
         case .lru: replayLRU(trace, capacity: capacity)
         case .fifo: replayFIFO(trace, capacity: capacity)
+        case .arc: replayARC(trace, capacity: capacity)
         case .belady: replayBelady(trace, capacity: capacity)
         }
     }
+}
+
+/// An LRU-ordered list of (id, size) with its byte total: most recent at the front.
+private struct RecencyList {
+    private var slotOf: [UInt64: Int32] = [:]
+    private var ids: [UInt64] = []
+    private var sizes: [Int] = []
+    private var previous: [Int32] = []
+    private var next: [Int32] = []
+    private var freeSlots: [Int32] = []
+    private var head: Int32 = -1
+    private var tail: Int32 = -1
+    private(set) var bytes = 0
+
+    var isEmpty: Bool { head < 0 }
+    func contains(_ id: UInt64) -> Bool { slotOf[id] != nil }
+
+    mutating func pushFront(_ id: UInt64, size: Int) {
+        let slot: Int32
+        if let reused = freeSlots.popLast() {
+            slot = reused
+            ids[Int(slot)] = id
+            sizes[Int(slot)] = size
+        } else {
+            slot = Int32(ids.count)
+            ids.append(id)
+            sizes.append(size)
+            previous.append(-1)
+            next.append(-1)
+        }
+        previous[Int(slot)] = -1
+        next[Int(slot)] = head
+        if head >= 0 { previous[Int(head)] = slot }
+        head = slot
+        if tail < 0 { tail = slot }
+        slotOf[id] = slot
+        bytes += size
+    }
+
+    /// Removes `id`; returns its size.
+    @discardableResult
+    mutating func remove(_ id: UInt64) -> Int? {
+        guard let slot = slotOf.removeValue(forKey: id) else { return nil }
+        let (p, n) = (previous[Int(slot)], next[Int(slot)])
+        if p >= 0 { next[Int(p)] = n } else { head = n }
+        if n >= 0 { previous[Int(n)] = p } else { tail = p }
+        freeSlots.append(slot)
+        bytes -= sizes[Int(slot)]
+        return sizes[Int(slot)]
+    }
+
+    /// Removes the least recent entry.
+    mutating func popBack() -> (id: UInt64, size: Int)? {
+        guard tail >= 0 else { return nil }
+        let id = ids[Int(tail)]
+        return remove(id).map { (id, $0) }
+    }
+}
+
+/// ARC (Megiddo and Modha), in bytes: T1 (seen once) and T2 (seen again) hold the cached objects, the
+/// ghosts B1 and B2 remember what each evicted, and the target size of T1 adapts on ghost hits by the
+/// missed object's size scaled by the ghosts' ratio.
+private func replayARC(_ trace: Trace, capacity: Int) -> ReplayOutcome {
+    var outcome = ReplayOutcome()
+    var t1 = RecencyList(), t2 = RecencyList(), b1 = RecencyList(), b2 = RecencyList()
+    var target = 0.0  // bytes T1 should hold
+    let c = Double(capacity)
+    /// Makes room for `size` bytes, evicting from T1 or T2 into their ghosts.
+    func replace(_ size: Int, inB2: Bool) {
+        while t1.bytes + t2.bytes + size > capacity {
+            if !t1.isEmpty && (Double(t1.bytes) > target || (inB2 && Double(t1.bytes) >= target) || t2.isEmpty) {
+                if let (id, s) = t1.popBack() { b1.pushFront(id, size: s) }
+            } else if let (id, s) = t2.popBack() {
+                b2.pushFront(id, size: s)
+            } else {
+                return
+            }
+        }
+    }
+    for request in 0..<trace.count {
+        let id = trace.ids[request]
+        let size = Int(trace.sizes[request])
+        if let s = t1.remove(id) ?? t2.remove(id) {
+            outcome.count(size: UInt32(size), hit: true)
+            t2.pushFront(id, size: s)
+            continue
+        }
+        outcome.count(size: UInt32(size), hit: false)
+        guard size <= capacity else { continue }
+        if b1.contains(id) {
+            target = min(c, target + max(Double(b2.bytes) / Double(max(1, b1.bytes)), 1) * Double(size))
+            b1.remove(id)
+            replace(size, inB2: false)
+            t2.pushFront(id, size: size)
+        } else if b2.contains(id) {
+            target = max(0, target - max(Double(b1.bytes) / Double(max(1, b2.bytes)), 1) * Double(size))
+            b2.remove(id)
+            replace(size, inB2: true)
+            t2.pushFront(id, size: size)
+        } else {
+            // Keep |T1| + |B1| ≤ c and the whole directory ≤ 2c, in bytes.
+            while t1.bytes + b1.bytes + size > capacity, !b1.isEmpty { _ = b1.popBack() }
+            while t1.bytes + b1.bytes + size > capacity, let (_, _) = t1.popBack() {}
+            while t1.bytes + t2.bytes + b1.bytes + b2.bytes + size > 2 * capacity, !b2.isEmpty { _ = b2.popBack() }
+            replace(size, inB2: false)
+            t1.pushFront(id, size: size)
+        }
+    }
+    return outcome
 }
 
 /// Exact LRU: a doubly linked list over slot arrays, most recent at the head.
