@@ -144,63 +144,22 @@ private func replayARC(_ trace: Trace, capacity: Int) -> ReplayOutcome {
     return outcome
 }
 
-/// Exact LRU: a doubly linked list over slot arrays, most recent at the head.
+/// Exact LRU over a `RecencyList`.
 private func replayLRU(_ trace: Trace, capacity: Int) -> ReplayOutcome {
     var outcome = ReplayOutcome()
-    var slotOf: [UInt64: Int32] = [:]
-    var ids: [UInt64] = []
-    var sizes: [Int] = []
-    var previous: [Int32] = []
-    var next: [Int32] = []
-    var freeSlots: [Int32] = []
-    var head: Int32 = -1
-    var tail: Int32 = -1
-    var used = 0
-    func unlink(_ slot: Int32) {
-        let (p, n) = (previous[Int(slot)], next[Int(slot)])
-        if p >= 0 { next[Int(p)] = n } else { head = n }
-        if n >= 0 { previous[Int(n)] = p } else { tail = p }
-    }
-    func pushFront(_ slot: Int32) {
-        previous[Int(slot)] = -1
-        next[Int(slot)] = head
-        if head >= 0 { previous[Int(head)] = slot }
-        head = slot
-        if tail < 0 { tail = slot }
-    }
+    var cached = RecencyList()
     for request in 0..<trace.count {
         let id = trace.ids[request]
         let size = trace.sizes[request]
-        if let slot = slotOf[id] {
+        if let held = cached.remove(id) {
             outcome.count(size: size, hit: true)
-            unlink(slot)
-            pushFront(slot)
+            cached.pushFront(id, size: held)
             continue
         }
         outcome.count(size: size, hit: false)
         guard Int(size) <= capacity else { continue }
-        while used + Int(size) > capacity, tail >= 0 {
-            let victim = tail
-            unlink(victim)
-            used -= sizes[Int(victim)]
-            slotOf[ids[Int(victim)]] = nil
-            freeSlots.append(victim)
-        }
-        let slot: Int32
-        if let reused = freeSlots.popLast() {
-            slot = reused
-            ids[Int(slot)] = id
-            sizes[Int(slot)] = Int(size)
-        } else {
-            slot = Int32(ids.count)
-            ids.append(id)
-            sizes.append(Int(size))
-            previous.append(-1)
-            next.append(-1)
-        }
-        pushFront(slot)
-        slotOf[id] = slot
-        used += Int(size)
+        while cached.bytes + Int(size) > capacity, cached.popBack() != nil {}
+        cached.pushFront(id, size: Int(size))
     }
     return outcome
 }
