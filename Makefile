@@ -26,7 +26,7 @@ build: deps
 	@rm -f .build-warnings.log
 
 # Every bounded suite, as CI runs it: the unit, model, stress, corruption and crash-loop tests; the
-# concurrency suites under Thread Sanitizer; a short libFuzzer pass. About 10 minutes on 2 cores from a
+# concurrency suites under Thread Sanitizer; a short libFuzzer pass. About 4–5 minutes on 2 cores from a
 # fresh clone. `make unit` runs only the first part.
 CI_FUZZ_SECONDS ?= 45
 test: unit

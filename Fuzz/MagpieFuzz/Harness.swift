@@ -18,8 +18,7 @@ enum Harness {
 
     /// Writes to standard error (fd 2) without touching the C `stderr` global.
     static func report(_ message: String) {
-        var bytes = Array(message.utf8)
-        bytes.withUnsafeMutableBytes { raw in _ = write(2, raw.baseAddress, raw.count) }
+        Array(message.utf8).withUnsafeBytes { raw in _ = write(2, raw.baseAddress, raw.count) }
     }
 
     static func run(_ input: UnsafeRawBufferPointer) -> String? {

@@ -30,6 +30,8 @@ final class ZstdPool: Sendable {
 
     /// The compressed form of `source`, or nil when it would not be smaller.
     func compress(_ source: UnsafeRawBufferPointer) throws(MagpieError) -> [UInt8]? {
+        // Nothing is smaller than an empty input (and see decompress on zero capacities).
+        if source.isEmpty { return nil }
         let box: CompressorBox
         if let reused = free.withLock({ $0.compressors.popLast() }) {
             box = reused
@@ -38,8 +40,6 @@ final class ZstdPool: Sendable {
         }
         defer { free.withLock { $0.compressors.append(box) } }
         // A destination as large as the input: zstd fails exactly when the output would not be smaller.
-        // (Nothing is smaller than an empty input; and see decompress on zero capacities.)
-        if source.isEmpty { return nil }
         var fits = false
         let output = [UInt8](unsafeUninitializedCapacity: source.count) { buffer, initialized in
             let written = try? box.compressor.compress(source, into: UnsafeMutableRawBufferPointer(buffer))
