@@ -23,13 +23,14 @@ struct ReplayOutcome {
 }
 
 enum ReferencePolicy: String, CaseIterable {
-    case lru = "LRU", fifo = "FIFO", arc = "ARC", belady = "Belady"
+    case lru = "LRU", fifo = "FIFO", arc = "ARC", s3fifo = "S3-FIFO", belady = "Belady"
 
     func replay(_ trace: Trace, capacity: Int) -> ReplayOutcome {
         switch self {
         case .lru: replayLRU(trace, capacity: capacity)
         case .fifo: replayFIFO(trace, capacity: capacity)
         case .arc: replayARC(trace, capacity: capacity)
+        case .s3fifo: replayS3FIFO(trace, capacity: capacity)
         case .belady: replayBelady(trace, capacity: capacity)
         }
     }

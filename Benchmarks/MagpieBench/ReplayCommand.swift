@@ -1,13 +1,13 @@
 import ArgumentParser
 import Foundation
-import Magpie
+@_spi(Benchmarking) import Magpie
 
 /// `magpie-bench replay TRACE`: a request trace through Magpie's memory tier, disk tier or both (a
-/// `Cache`) at one or more budgets, cache-aside (a miss stores the object), with exact LRU, FIFO and
-/// Belady's optimum over the same trace and budgets for reference.
+/// `Cache`) at one or more budgets, cache-aside (a miss stores the object), with reference policies
+/// (exact LRU, FIFO, ARC, S3-FIFO, Belady's optimum) over the same trace and budgets.
 struct Replay: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Replay a request trace through the memory tier, the disk tier or both, beside LRU, FIFO and Belady.",
+        abstract: "Replay a request trace through the memory tier, the disk tier or both, beside reference policies.",
         discussion: """
             Budgets are bytes (4194304, 64MiB, 2GB) or a percentage of the trace's working set (1%, 10%). \
             With --charge object-size (the default) an entry is charged exactly its object's size, as \
@@ -18,7 +18,10 @@ struct Replay: ParsableCommand {
             zeros) and, under object-size charging, each record is the object's size (header and key \
             included); a bucket evicts to three quarters of its share, so it holds somewhat less than its \
             budget. --tier both replays a Cache whose memory budget is the budget and whose disk budget is \
-            --disk-factor times it; its miss ratio counts misses of both tiers.
+            --disk-factor times it; its miss ratio counts misses of both tiers. --tier memory stores, on \
+            a miss, a placeholder charged exactly as the value would be but holding no bytes (the same \
+            policy decisions, at simulator speed); --store-values stores the bytes instead. References: \
+            exact LRU, FIFO, ARC (bytes), S3-FIFO as libCacheSim runs it, and Belady's optimum.
             """)
 
     @Argument(help: "The trace file.") var trace: String
@@ -28,10 +31,12 @@ struct Replay: ParsableCommand {
     var budget: [String] = ["1%", "10%"]
     @Option(help: "What an entry is charged: object-size or full.") var charge: Charge = .objectSize
     @Option(help: "Memory tier shards (1: one global policy, as simulators have).") var shards = 1
+    @Flag(help: "With --tier memory: store each missed object's bytes instead of a placeholder charged the same.")
+    var storeValues = false
     @Option(help: "What to replay through: memory, disk or both.") var tier: TierChoice = .memory
     @Option(help: "With --tier both: the disk budget as a multiple of the memory budget.") var diskFactor = 10.0
     @Option(help: "Parent directory for disk-tier directories (removed afterwards).") var workDirectory: String?
-    @Option(parsing: .upToNextOption, help: "Reference policies to run (LRU, FIFO, Belady).")
+    @Option(parsing: .upToNextOption, help: "Reference policies to run (LRU, FIFO, ARC, S3-FIFO, Belady).")
     var references: [String] = ReferencePolicy.allCases.map(\.rawValue)
     @OptionGroup var outputOptions: OutputOptions
 
@@ -110,7 +115,7 @@ struct Replay: ParsableCommand {
             let config: [String: JSONValue] = [
                 "scenario": .string("replay"), "trace": .string(trace), "format": .string(format.rawValue),
                 "budgets": .array(budget.map { .string($0) }), "charge": .string(charge.rawValue), "shards": .int(shards),
-                "tier": .string(tier.rawValue), "disk_factor": .double(diskFactor),
+                "tier": .string(tier.rawValue), "disk_factor": .double(diskFactor), "store_values": .bool(storeValues),
                 "references": .array(references.map { .string($0) }),
             ]
             try Report(date: timestamp(), machine: .current(), config: ["replay": .object(config)], results: results)
@@ -147,14 +152,33 @@ struct Replay: ParsableCommand {
         return (outcome, Double(nowNanoseconds() - start) / 1e9)
     }
 
-    /// The memory tier alone: a hit is a read (it counts for the eviction policy) without a copy.
+    /// The memory tier alone: a hit is a read (it counts for the eviction policy) without a copy. A
+    /// miss stores a placeholder charged as the value (`MemoryTier.simulateRequest`), or with
+    /// `--store-values` the value's bytes.
     func replayMagpie(_ trace: Trace, budget: Int) throws -> Measured {
         let tier = try MemoryTier(budget: budget, shardCount: shards, hasher: KeyHash(seed: 1))
+        let overhead = MemoryLayout<UInt64>.size + MemoryTier.entryOverhead
+        if !storeValues {
+            var outcome = ReplayOutcome()
+            // Options are read once: a property wrapper's getter costs a metadata lookup per call.
+            let full = charge == .full
+            let (ids, sizes) = (trace.ids, trace.sizes)
+            let start = nowNanoseconds()
+            for request in 0..<ids.count {
+                var id = ids[request].littleEndian
+                let size = sizes[request]
+                let length = full ? Int(size) : max(0, Int(size) - overhead)
+                let hit = withUnsafeBytes(of: &id) { tier.simulateRequest(forKey: $0, valueLength: length) }
+                outcome.count(size: size, hit: hit)
+            }
+            let seconds = Double(nowNanoseconds() - start) / 1e9
+            return (outcome, seconds, ["refused": .int(Int(tier.statistics.refusals)), "store_values": .bool(false)])
+        }
         let (outcome, seconds) = try drive(
-            trace, overhead: MemoryLayout<UInt64>.size + MemoryTier.entryOverhead,
+            trace, overhead: overhead,
             lookup: { key in tier.withValue(forKey: key) { _ in true } ?? false },
             store: { value, key in _ = try tier.set(value, forKey: key) })
-        return (outcome, seconds, ["refused": .int(Int(tier.statistics.refusals))])
+        return (outcome, seconds, ["refused": .int(Int(tier.statistics.refusals)), "store_values": .bool(true)])
     }
 
     /// A fresh directory for a disk replay, removed by the caller.

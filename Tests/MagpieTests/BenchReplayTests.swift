@@ -91,6 +91,41 @@ struct BenchReplayTests {
         #expect(abs((result["ARC"]?.0 ?? -1) - 7.0 / 13) < 1e-9)
     }
 
+    @Test("S3-FIFO (libCacheSim's parameters) keeps a twice-read object through two scans (hand-computed)")
+    func s3fifoReference() throws {
+        // Capacity 2,000 B, objects 100 B: small 200 B, main 1,800 B, ghost 1,800 B; small may fill
+        // the whole cache while main is empty. a a s1…s20 a a t1…t20 a (45 requests):
+        // a misses, hits (frequency 1); s1…s19 fill the cache; s20 evicts from small: a has frequency
+        // 1 < 2, so it goes to the ghost. a misses, is found in the ghost and enters main (s1 goes);
+        // a hits. t1…t20 each evict from small (main, 100 B, is under its share); a still hits.
+        // Misses: 1 + 20 + 1 + 20 = 42. LRU also loses a to t20: 43.
+        let names = ["a", "a"] + (1...20).map { "s\($0)" } + ["a", "a"] + (1...20).map { "t\($0)" } + ["a"]
+        let result = try replay(names.map { "\($0),100" }.joined(separator: "\n"), name: "s3.csv",
+            ["--budget", "2000", "--references", "S3-FIFO", "LRU"])
+        #expect(abs((result["S3-FIFO"]?.0 ?? -1) - 42.0 / 45) < 1e-9)
+        #expect(abs((result["LRU"]?.0 ?? -1) - 43.0 / 45) < 1e-9)
+    }
+
+    @Test("placeholders and stored values give the memory tier identical miss ratios")
+    func placeholdersMatchStoredValues() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let path = directory.child("drift.csv")
+        #expect(try runBench([
+            "trace-gen", "--requests", "40000", "--objects", "3000", "--drift-every", "5000", "--drift-shift", "300",
+            "--scan-every", "10000", "--scan-length", "1000", "-o", path,
+        ]) == 0)
+        let trace = try String(contentsOfFile: path, encoding: .utf8)
+        for (charge, budget) in [("object-size", "1%"), ("object-size", "10%"), ("full", "5%")] {
+            let common = ["--budget", budget, "--references", "LRU", "--charge", charge, "--shards", "4"]
+            let placeholder = try replay(trace, name: "t.csv", common)
+            let stored = try replay(trace, name: "t.csv", common + ["--store-values"])
+            let a = try #require(placeholder["magpie-memory"]), b = try #require(stored["magpie-memory"])
+            #expect(a.0 == b.0 && a.1 == b.1, "\(charge) \(budget): placeholders \(a), stored values \(b)")
+            #expect(a.0 > 0.05 && a.0 < 1)
+        }
+    }
+
     @Test("trace-gen writes the requested number of requests, with scans of never-repeated ids")
     func traceGen() throws {
         let directory = TemporaryDirectory()

@@ -1,4 +1,5 @@
-/// The memory tier: a sharded, lock-striped, byte-budgeted table with S3-FIFO eviction.
+/// The memory tier: a sharded, lock-striped, byte-budgeted table with S3-FIFO-family eviction (a small
+/// FIFO, a CLOCK main queue, two ghosts and an ARC-style adaptive split between the queues).
 ///
 /// A key's XXH3 hash picks one of ``shardCount`` shards (a power of two); each shard has its own lock,
 /// index, queues and an equal share of ``budget``. Two keys in different shards never contend.
@@ -14,7 +15,7 @@
 /// call from any thread.
 ///
 /// ### Implementation Notes
-/// The data layout, the S3-FIFO policy and its guarantees are described at the top of
+/// The data layout, the eviction policy and its guarantees are described at the top of
 /// `Memory/ShardStorage.swift`. Cost of a hit: one hash, one uncontended lock, an index probe that
 /// compares an 8-bit tag and then the key (two dependent memory reads: bucket, then entry), a byte store,
 /// and the copy of the value.

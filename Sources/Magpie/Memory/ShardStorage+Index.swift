@@ -129,17 +129,16 @@ extension ShardStorage {
                 buckets *= 2
                 continue
             }
-            guard let newGhost = allocateZeroed(UInt32.self, buckets / 2) else {
+            guard let newGhost = allocateZeroed(UInt32.self, buckets) else {
                 free(table)
                 return false
             }
+            Self.regrowGhost(ghost, oldMask: indexMask, into: newGhost, buckets: buckets)
             free(index)
             index = table
             indexMask = mask
-            // The ghost is a hint; a resize starts it afresh rather than re-placing it.
             free(ghost)
             ghost = newGhost
-            ghostMask = buckets / 2 - 1
             return true
         }
         return false
@@ -150,30 +149,5 @@ extension ShardStorage {
     func hashOf(_ block: UnsafeMutableRawPointer) -> UInt64 {
         let header = block.assumingMemoryBound(to: EntryHeader.self).pointee
         return hasher._hash(UnsafeRawBufferPointer(start: block + header.keyOffset, count: Int(header.keyLength)))
-    }
-
-    // MARK: Ghost filter
-
-    /// A direct-mapped filter of hashes recently evicted from `small`: one UInt32 per position.
-    @inline(__always)
-    func ghostPosition(_ hash: UInt64) -> Int {
-        Int(truncatingIfNeeded: hash &>> 16) & ghostMask
-    }
-
-    @inline(__always)
-    func ghostMark(_ hash: UInt64) -> UInt32 {
-        UInt32(truncatingIfNeeded: hash &>> 32) | 1  // never 0, which means empty
-    }
-
-    mutating func ghostRemember(hash: UInt64) {
-        ghost[ghostPosition(hash)] = ghostMark(hash)
-    }
-
-    /// Whether the ghost remembers `hash`; forgets it if so.
-    mutating func ghostTake(hash: UInt64) -> Bool {
-        let position = ghostPosition(hash)
-        guard ghost[position] == ghostMark(hash) else { return false }
-        ghost[position] = 0
-        return true
     }
 }

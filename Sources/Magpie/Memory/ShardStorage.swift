@@ -12,10 +12,11 @@ import Glibc
 //   index    open addressing, 8-byte buckets: tag (hash >> 56) : 8 | distance from home : 8 |
 //            block address : 48. 0 = empty. A hit costs two dependent memory reads: bucket, block.
 //   rings    two FIFOs of block pointers (8 B each): `small` and `main` (S3-FIFO's queues).
-//   ghost    one UInt32 per two index buckets: a direct-mapped filter of hashes evicted from `small`.
+//   ghost    one UInt32 per index bucket: two ghosts (hashes evicted unread from `small`, and from
+//            `main`), each a window over the last `budget` bytes it took in (ShardStorage+Ghost.swift).
 //
-// Per entry, at the index's maximum load (3/4): bucket 8/0.75 ≈ 11 B + ghost ≈ 3 B + ring 8 B +
-// header 8 B + glibc's chunk header 8 B = 38 B, charged as ``MemoryTier/entryOverhead`` = 40 B.
+// Per entry, at the index's maximum load (3/4): bucket 8/0.75 ≈ 11 B + ghost 4/0.75 ≈ 5 B + ring 8 B +
+// header 8 B + glibc's chunk header 8 B = 40 B, charged as ``MemoryTier/entryOverhead``.
 // Not charged: index headroom below its maximum load (it doubles past 3/4) and malloc's rounding of
 // a chunk to 16 B. The benchmark reports resident memory against the budget so the uncharged part
 // is measured, not guessed.
@@ -30,18 +31,26 @@ import Glibc
 // pointers on x86-64 and arm64 Linux); a block outside that is freed and the store refused, never
 // mis-indexed.
 //
-// ### Eviction: S3-FIFO (Yang et al., SOSP'23), byte-charged
+// ### Eviction: S3-FIFO with a CLOCK main queue and ARC's adaptation, byte-charged
 //
-//  - A hit sets frequency = min(frequency + 1, 3): one byte store on the line already read.
-//  - A new key goes to `small`, or straight to `main` when the ghost remembers its hash.
-//  - To make room: if `small` is charged more than its target (10 % of the shard budget) or `main`
-//    is empty, pop `small`'s oldest: frequency > 0 moves it to `main` (frequency reset), else it is
-//    evicted and its hash enters the ghost. Otherwise pop `main`'s oldest: frequency > 0 re-queues it
-//    with frequency - 1, else it is evicted.
+// S3-FIFO (Yang et al., SOSP '23) with two changes, chosen by trace replay (BENCHMARKS.md): `main`
+// keeps one reference bit (frequency cap 1: plain CLOCK) rather than two, which follows drifting
+// popularity better, and the split between `small` and `main` adapts as ARC's does (Megiddo and
+// Modha, FAST '03), with a ghost for each queue.
+//
+//  - A hit sets frequency = 1: one byte store on the line already read.
+//  - A new key goes to `small`, or straight to `main` when either ghost remembers its hash. A hash
+//    remembered by the small ghost grows `small`'s target by the entry's charge (scaled by the
+//    ghosts' size ratio when the main ghost is larger); one remembered by the main ghost shrinks it
+//    likewise. The target starts at 10 % of the shard budget and stays within 1 % and 90 %.
+//  - To make room: unless `main` is charged more than its share (the budget less `small`'s target)
+//    or `small` is empty, pop `small`'s oldest until one is evicted: frequency > 0 moves it to `main`
+//    (frequency reset), else it is evicted into the small ghost. Otherwise pop `main`'s oldest:
+//    frequency > 0 re-queues it with frequency 0, else it is evicted into the main ghost.
 // Guarantees the tests rely on: an entry read since its insertion is never evicted straight out of
 // `small`; an entry in `main` is evicted only after `main` has rotated past it frequency + 1 times;
-// new keys that are never read again pass through `small` only, so a scan of them can take from
-// `main` at most the bytes by which `small` may exceed its target (one entry).
+// new keys that are never read again (a scan) pass through `small` only and never hit a ghost, so
+// they take from `main` at most the bytes by which `main` may exceed its share.
 //
 // ### Removal: dead blocks
 //
@@ -61,7 +70,8 @@ struct EntryHeader {
     var valueLength: UInt32
     var keyLength: UInt16
     var frequency: UInt8
-    /// Bits 0-1: the queue (small or main); bit 2: has a deadline; bit 3: has a group; bit 7: dead.
+    /// Bits 0-1: the queue (small or main); bit 2: has a deadline; bit 3: has a group; bit 4: a
+    /// placeholder (the value is charged but not stored: trace replay only); bit 7: dead.
     var state: UInt8
 
     static let small: UInt8 = 1
@@ -69,12 +79,14 @@ struct EntryHeader {
     static let queueMask: UInt8 = 0x03
     static let expiryFlag: UInt8 = 0x04
     static let groupFlag: UInt8 = 0x08
+    static let placeholderFlag: UInt8 = 0x10
     static let deadFlag: UInt8 = 0x80
 
     var isDead: Bool { state & EntryHeader.deadFlag != 0 }
     var queue: UInt8 { state & EntryHeader.queueMask }
     var hasExpiry: Bool { state & EntryHeader.expiryFlag != 0 }
     var hasGroup: Bool { state & EntryHeader.groupFlag != 0 }
+    var isPlaceholder: Bool { state & EntryHeader.placeholderFlag != 0 }
 
     static func extrasLength(flags: UInt8) -> Int {
         (flags & expiryFlag != 0 ? 8 : 0) + (flags & groupFlag != 0 ? 8 : 0)
@@ -95,7 +107,8 @@ enum StoreOutcome {
 
 struct ShardStorage: ~Copyable {
     let budget: Int
-    let smallTarget: Int
+    /// What `small` may hold before it is evicted from first; adapts (see ShardStorage+Ghost.swift).
+    var smallTarget: Int
     let hasher: KeyHash
     let clock: CacheClock
 
@@ -108,8 +121,11 @@ struct ShardStorage: ~Copyable {
 
     var index: UnsafeMutablePointer<UInt64>
     var indexMask: Int
+    /// As many slots as `index` has buckets (see ShardStorage+Ghost.swift).
     var ghost: UnsafeMutablePointer<UInt32>
-    var ghostMask: Int
+    let ghostShift: Int
+    var smallGhost = GhostWindow()
+    var mainGhost = GhostWindow()
 
     var small: EntryRing
     var main: EntryRing
@@ -118,13 +134,13 @@ struct ShardStorage: ~Copyable {
 
     static let initialBuckets = 64
     static let initialRing = 32
-    static let frequencyCap: UInt8 = 3
+    static let frequencyCap: UInt8 = 1
     static let headerSize = MemoryLayout<EntryHeader>.stride
 
     /// Creates empty storage; nil when the initial arrays (about 1.2 KiB) cannot be allocated.
     init?(budget: Int, hasher: KeyHash, clock: CacheClock) {
         guard let index = allocateZeroed(UInt64.self, Self.initialBuckets) else { return nil }
-        guard let ghost = allocateZeroed(UInt32.self, Self.initialBuckets / 2) else {
+        guard let ghost = allocateZeroed(UInt32.self, Self.initialBuckets) else {
             free(index)
             return nil
         }
@@ -140,7 +156,7 @@ struct ShardStorage: ~Copyable {
         self.index = index
         self.indexMask = Self.initialBuckets - 1
         self.ghost = ghost
-        self.ghostMask = Self.initialBuckets / 2 - 1
+        self.ghostShift = Self.ghostShift(budget: budget)
         self.small = small
         self.main = main
     }
@@ -182,11 +198,18 @@ struct ShardStorage: ~Copyable {
             return nil
         }
         let state = block.assumingMemoryBound(to: EntryHeader.self).pointee
-        if state.hasExpiry && Self.isExpired(block, state, now: clock.now()) {
-            unlink(position: position, block: block)
-            counters.expirations &+= 1
-            counters.misses &+= 1
-            return nil
+        if state.state & (EntryHeader.expiryFlag | EntryHeader.placeholderFlag) != 0 {
+            // A placeholder has no bytes to show (only `simulateRequest` makes them).
+            if state.isPlaceholder {
+                counters.misses &+= 1
+                return nil
+            }
+            if Self.isExpired(block, state, now: clock.now()) {
+                unlink(position: position, block: block)
+                counters.expirations &+= 1
+                counters.misses &+= 1
+                return nil
+            }
         }
         counters.hits &+= 1
         // Invariant: a block reachable from the index is live: header, then keyLength + valueLength bytes.
@@ -201,26 +224,49 @@ struct ShardStorage: ~Copyable {
     func contains(hash: UInt64, key: UnsafeRawBufferPointer) -> Bool {
         guard let (_, block) = find(hash: hash, key: key) else { return false }
         let header = block.assumingMemoryBound(to: EntryHeader.self).pointee
-        return !(header.hasExpiry && Self.isExpired(block, header, now: clock.now()))
+        return !header.isPlaceholder && !(header.hasExpiry && Self.isExpired(block, header, now: clock.now()))
+    }
+
+    /// A request of trace replay: a hit (counted as a read) if `key` is present, else a miss that
+    /// stores a placeholder charged as a value of `valueLength` bytes without holding them. The
+    /// policy sees exactly what `store` of such a value would do; no value bytes are written or read.
+    mutating func simulateRequest(hash: UInt64, key: UnsafeRawBufferPointer, valueLength: Int) -> Bool {
+        if let (_, block) = find(hash: hash, key: key) {
+            counters.hits &+= 1
+            let header = block.assumingMemoryBound(to: EntryHeader.self)
+            if header.pointee.frequency < Self.frequencyCap { header.pointee.frequency &+= 1 }
+            return true
+        }
+        counters.misses &+= 1
+        _ = store(
+            hash: hash, key: key, value: UnsafeRawBufferPointer(start: nil, count: 0), placeholderLength: valueLength,
+            knownAbsent: true)
+        return false
     }
 
     // MARK: Writes
 
     /// Stores `value` for `key`, replacing any previous value, with an optional deadline (ms since
     /// 1970, 0 = none) and group hash (0 = none). Makes room first; refuses (leaving the key absent)
-    /// when the entry cannot fit the shard's budget or memory runs out.
+    /// when the entry cannot fit the shard's budget or memory runs out. With `placeholderLength`,
+    /// `value` is ignored and a placeholder charged as a value of that length is stored instead.
+    /// `knownAbsent` skips the lookup of a key the caller has just found absent (lock held since).
     mutating func store(
         hash: UInt64, key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, deadline: Int64 = 0,
-        group: UInt64 = 0
+        group: UInt64 = 0, placeholderLength: Int? = nil, knownAbsent: Bool = false
     ) -> StoreOutcome {
         let flags = (deadline != 0 ? EntryHeader.expiryFlag : 0) | (group != 0 ? EntryHeader.groupFlag : 0)
-        let storedLength = EntryHeader.extrasLength(flags: flags) + key.count + value.count
+            | (placeholderLength != nil ? EntryHeader.placeholderFlag : 0)
+        let valueLength = placeholderLength ?? value.count
+        let storedLength = EntryHeader.extrasLength(flags: flags) + key.count + valueLength
         var queue = EntryHeader.small
         var frequency: UInt8 = 0
         var isUpdate = false
-        if let (position, block) = find(hash: hash, key: key) {
+        if !knownAbsent, let (position, block) = find(hash: hash, key: key) {
             let header = block.assumingMemoryBound(to: EntryHeader.self)
-            if header.pointee.storedLength == storedLength && header.pointee.state & ~EntryHeader.queueMask == flags {
+            if placeholderLength == nil && header.pointee.storedLength == storedLength
+                && header.pointee.state & ~EntryHeader.queueMask == flags
+            {
                 // Same layout: overwrite extras and value in place; the key bytes are already equal.
                 header.pointee.valueLength = UInt32(value.count)
                 writeExtras(block, deadline: deadline, group: group)
@@ -240,20 +286,27 @@ struct ShardStorage: ~Copyable {
             // Cannot fail while anything is charged; the guard keeps a broken invariant from spinning.
             guard evictOne() else { return refuse(droppedPrevious: isUpdate) }
         }
-        if !isUpdate && ghostTake(hash: hash) { queue = EntryHeader.main }
+        if !isUpdate {
+            let remembered = ghostTake(hash: hash, charge: charge)
+            if remembered != .none {
+                queue = EntryHeader.main
+                adaptSmallTarget(after: remembered, charge: charge)
+            }
+        }
 
         // Out of memory anywhere below is a refusal, never a trap; nothing taken is leaked.
-        guard let block = malloc(Self.headerSize + storedLength) else { return refuse(droppedPrevious: isUpdate) }
+        let blockLength = Self.headerSize + storedLength - (placeholderLength ?? 0)
+        guard let block = malloc(blockLength) else { return refuse(droppedPrevious: isUpdate) }
         guard UInt(bitPattern: block) < (1 << 48), ensureIndexRoom() else {
             free(block)
             return refuse(droppedPrevious: isUpdate)
         }
         let header = EntryHeader(
-            valueLength: UInt32(value.count), keyLength: UInt16(key.count), frequency: frequency, state: queue | flags)
+            valueLength: UInt32(valueLength), keyLength: UInt16(key.count), frequency: frequency, state: queue | flags)
         block.initializeMemory(as: EntryHeader.self, repeating: header, count: 1)
         writeExtras(block, deadline: deadline, group: group)
         copyBytes(key, to: block + header.keyOffset)
-        copyBytes(value, to: block + header.keyOffset + key.count)
+        if placeholderLength == nil { copyBytes(value, to: block + header.keyOffset + key.count) }
         let pushed = queue == EntryHeader.small ? small.push(block) : main.push(block)
         guard pushed, indexInsert(hash: hash, block: block) else {
             if pushed {
@@ -332,18 +385,20 @@ struct ShardStorage: ~Copyable {
         main.removeAll()
         // Shrinking can only fail to allocate; then the current (larger) arrays are kept, cleared.
         if let index = allocateZeroed(UInt64.self, Self.initialBuckets) {
-            if let ghost = allocateZeroed(UInt32.self, Self.initialBuckets / 2) {
+            if let ghost = allocateZeroed(UInt32.self, Self.initialBuckets) {
                 free(self.index); free(self.ghost)
                 self.index = index
                 self.indexMask = Self.initialBuckets - 1
                 self.ghost = ghost
-                self.ghostMask = Self.initialBuckets / 2 - 1
             } else {
                 free(index)
             }
         }
         memset(index, 0, (indexMask + 1) * MemoryLayout<UInt64>.stride)
         memset(ghost, 0, (ghostMask + 1) * MemoryLayout<UInt32>.stride)
+        smallGhost = GhostWindow()
+        mainGhost = GhostWindow()
+        smallTarget = budget / 10
         charged = 0
         smallCharged = 0
         count = 0

@@ -1,0 +1,25 @@
+// Trace replay through the real memory tier at simulator speed: placeholders charged like values.
+
+extension MemoryTier {
+    /// One request of a trace replay, for `magpie-bench replay` and similar tools (not for serving).
+    ///
+    /// A hit when `key` is present: counted as a read, so the eviction policy sees it exactly as it
+    /// sees ``withValue(forKey:_:)-(Sequence<UInt8>,_)``. Otherwise a miss, after which a
+    /// *placeholder* is stored: an entry charged as a value of `valueLength` bytes would be, placed and
+    /// evicted by the same code, but holding no value bytes, so a replay measures the policy and the
+    /// tier's bookkeeping rather than `memcpy` of the objects. The miss ratios are identical to storing
+    /// real values of that length (a test checks this).
+    ///
+    /// Placeholders are invisible to the serving API: reads of one are misses and ``contains(_:)-(Sequence<UInt8>)``
+    /// is false; a ``set(_:forKey:expiry:group:)-(Sequence<UInt8>,Sequence<UInt8>,_,_)`` replaces one.
+    /// - Returns: whether the request hit. A `valueLength` outside 0...``maximumValueLength`` or a key
+    ///   over ``maximumKeyLength`` is a miss that stores nothing.
+    @_spi(Benchmarking)
+    public func simulateRequest(forKey key: UnsafeRawBufferPointer, valueLength: Int) -> Bool {
+        guard key.count <= Self.maximumKeyLength, valueLength >= 0, valueLength <= Self.maximumValueLength else {
+            return false
+        }
+        let hash = hasher._hash(key)
+        return withShard(for: hash) { $0.simulateRequest(hash: hash, key: key, valueLength: valueLength) }
+    }
+}
