@@ -20,6 +20,15 @@ struct BenchReplayTests {
         return out
     }
 
+    /// The text of a trace `magpie-bench trace-gen` writes with `arguments`.
+    func generateTrace(_ arguments: [String]) throws -> String {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let path = directory.child("trace.csv")
+        #expect(try runBench(["trace-gen"] + arguments + ["-o", path]) == 0)
+        return try String(contentsOfFile: path, encoding: .utf8)
+    }
+
     @Test("LRU, FIFO and Belady give the hand-computed misses on a 7-request trace (capacity 3 objects)")
     func referencePolicies() throws {
         // a b c a d a b, every object 1,000 B, capacity 3,000 B.
@@ -108,14 +117,10 @@ struct BenchReplayTests {
 
     @Test("placeholders and stored values give the memory tier identical miss ratios")
     func placeholdersMatchStoredValues() throws {
-        let directory = TemporaryDirectory()
-        defer { directory.cleanup() }
-        let path = directory.child("drift.csv")
-        #expect(try runBench([
-            "trace-gen", "--requests", "40000", "--objects", "3000", "--drift-every", "5000", "--drift-shift", "300",
-            "--scan-every", "10000", "--scan-length", "1000", "-o", path,
-        ]) == 0)
-        let trace = try String(contentsOfFile: path, encoding: .utf8)
+        let trace = try generateTrace([
+            "--requests", "40000", "--objects", "3000", "--drift-every", "5000", "--drift-shift", "300",
+            "--scan-every", "10000", "--scan-length", "1000",
+        ])
         for (charge, budget) in [("object-size", "1%"), ("object-size", "10%"), ("full", "5%")] {
             let common = ["--budget", budget, "--references", "LRU", "--charge", charge, "--shards", "4"]
             let placeholder = try replay(trace, name: "t.csv", common)
@@ -128,14 +133,10 @@ struct BenchReplayTests {
 
     @Test("trace-gen writes the requested number of requests, with scans of never-repeated ids")
     func traceGen() throws {
-        let directory = TemporaryDirectory()
-        defer { directory.cleanup() }
-        let path = directory.child("drift.csv")
-        #expect(try runBench([
-            "trace-gen", "--requests", "10000", "--objects", "500", "--drift-every", "2000", "--drift-shift", "100",
-            "--scan-every", "4000", "--scan-length", "300", "-o", path,
-        ]) == 0)
-        let lines = try String(contentsOfFile: path, encoding: .utf8).split(separator: "\n")
+        let lines = try generateTrace([
+            "--requests", "10000", "--objects", "500", "--drift-every", "2000", "--drift-shift", "100",
+            "--scan-every", "4000", "--scan-length", "300",
+        ]).split(separator: "\n")
         #expect(lines.count == 10_000)
         let ids = lines.compactMap { UInt64($0.split(separator: ",")[0]) }
         let scanIDs = ids.filter { $0 >= 1 << 40 }
