@@ -28,6 +28,12 @@ struct GhostWindow {
     var evicted: UInt64 = 0
     var taken: Double = 0
 
+    /// Counts `charge` bytes entering the ghost; the taken bytes fade by the share of the window moved.
+    mutating func advance(by charge: Int, window: Int) {
+        evicted &+= UInt64(charge)
+        taken -= taken * Double(charge) / Double(max(1, window))
+    }
+
     /// About how many bytes the ghost remembers, given its window of `window` bytes.
     func remembered(window: Int) -> Double {
         max(1, Double(min(UInt64(window), evicted)) - taken)
@@ -85,13 +91,7 @@ extension ShardStorage {
     mutating func ghostRemember(hash: UInt64, charge: Int, fromMain: Bool) {
         let slot = ghostFingerprint(hash) | (fromMain ? mainGhostBit : 0)
             | ghostStamp(fromMain ? mainGhost : smallGhost)
-        if fromMain {
-            mainGhost.evicted &+= UInt64(charge)
-            mainGhost.taken -= mainGhost.taken * Double(charge) / Double(max(1, budget))
-        } else {
-            smallGhost.evicted &+= UInt64(charge)
-            smallGhost.taken -= smallGhost.taken * Double(charge) / Double(max(1, budget))
-        }
+        if fromMain { mainGhost.advance(by: charge, window: budget) } else { smallGhost.advance(by: charge, window: budget) }
         let base = Int(truncatingIfNeeded: hash &>> 16) & ghostMask & ~(Self.ghostWays - 1)
         var target = base
         var oldest: UInt32 = 0

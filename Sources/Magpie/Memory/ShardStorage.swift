@@ -227,23 +227,6 @@ struct ShardStorage: ~Copyable {
         return !header.isPlaceholder && !(header.hasExpiry && Self.isExpired(block, header, now: clock.now()))
     }
 
-    /// A request of trace replay: a hit (counted as a read) if `key` is present, else a miss that
-    /// stores a placeholder charged as a value of `valueLength` bytes without holding them. The
-    /// policy sees exactly what `store` of such a value would do; no value bytes are written or read.
-    mutating func simulateRequest(hash: UInt64, key: UnsafeRawBufferPointer, valueLength: Int) -> Bool {
-        if let (_, block) = find(hash: hash, key: key) {
-            counters.hits &+= 1
-            let header = block.assumingMemoryBound(to: EntryHeader.self)
-            if header.pointee.frequency < Self.frequencyCap { header.pointee.frequency &+= 1 }
-            return true
-        }
-        counters.misses &+= 1
-        _ = store(
-            hash: hash, key: key, value: UnsafeRawBufferPointer(start: nil, count: 0), placeholderLength: valueLength,
-            knownAbsent: true)
-        return false
-    }
-
     // MARK: Writes
 
     /// Stores `value` for `key`, replacing any previous value, with an optional deadline (ms since
