@@ -18,32 +18,30 @@ func replayS3FIFO(_ trace: Trace, capacity: Int) -> ReplayOutcome {
     let smallCapacity = Int(Double(capacity) * 0.10)
     let mainCapacity = capacity - smallCapacity
     let ghostCapacity = Int(Double(capacity) * 0.90)
-    var objects: [UInt64: (size: Int, frequency: Int, inMain: Bool)] = [:]
+    var objects: [UInt64: (size: Int, frequency: Int)] = [:]
     var small = IDQueue(), main = IDQueue()
     var smallBytes = 0, mainBytes = 0
     var ghost = IDQueue()
-    var ghostSequence: [UInt64: Int] = [:]  // id → the ghost queue entry that is current
-    var ghostSizes: [Int: Int] = [:]  // sequence → size
+    var ghostEntries: [UInt64: (sequence: Int, size: Int)] = [:]  // id → its current ghost queue entry
     var ghostBytes = 0
     var sequence = 0
 
     func ghostRemove(_ id: UInt64) -> Bool {
-        guard let current = ghostSequence.removeValue(forKey: id) else { return false }
-        ghostBytes -= ghostSizes.removeValue(forKey: current) ?? 0
+        guard let entry = ghostEntries.removeValue(forKey: id) else { return false }
+        ghostBytes -= entry.size
         return true
     }
     func ghostAdd(_ id: UInt64, size: Int) {
-        guard ghostSequence[id] == nil else { return }  // a FIFO "get": present is a hit, nothing moves
+        guard ghostEntries[id] == nil else { return }  // a FIFO "get": present is a hit, nothing moves
         guard size <= ghostCapacity else { return }
         while ghostBytes + size > ghostCapacity, let (oldest, stamp) = ghost.pop() {
-            guard ghostSequence[oldest] == stamp else { continue }  // removed since
-            ghostSequence[oldest] = nil
-            ghostBytes -= ghostSizes.removeValue(forKey: stamp) ?? 0
+            guard let entry = ghostEntries[oldest], entry.sequence == stamp else { continue }  // removed since
+            ghostEntries[oldest] = nil
+            ghostBytes -= entry.size
         }
         sequence += 1
         ghost.push(id, sequence)
-        ghostSequence[id] = sequence
-        ghostSizes[sequence] = size
+        ghostEntries[id] = (sequence, size)
         ghostBytes += size
     }
     func evictSmall() {
@@ -51,7 +49,7 @@ func replayS3FIFO(_ trace: Trace, capacity: Int) -> ReplayOutcome {
             guard let object = objects[id] else { continue }
             smallBytes -= object.size
             if object.frequency >= 2 {
-                objects[id] = (object.size, 0, true)
+                objects[id] = (object.size, 0)
                 main.push(id, 0)
                 mainBytes += object.size
             } else {
@@ -89,12 +87,11 @@ func replayS3FIFO(_ trace: Trace, capacity: Int) -> ReplayOutcome {
         while smallBytes + mainBytes + size > capacity {
             if mainBytes > mainCapacity || smallBytes == 0 { evictMain() } else { evictSmall() }
         }
+        objects[id] = (size, 0)
         if ghostHit {
-            objects[id] = (size, 0, true)
             main.push(id, 0)
             mainBytes += size
         } else {
-            objects[id] = (size, 0, false)
             small.push(id, 0)
             smallBytes += size
         }

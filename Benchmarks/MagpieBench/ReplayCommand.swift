@@ -127,27 +127,28 @@ struct Replay: ParsableCommand {
     /// miss stores a value sized per `charge`.
     typealias Measured = (ReplayOutcome, Double, [String: JSONValue])
 
-    /// Runs the trace: `lookup` says whether a request hits, `store` stores a value of the given length
-    /// after a miss. Values are zeros, sized per `charge`: the object's size less `overhead` bytes.
+    /// Runs the trace: `request` gets each request's key and the value a miss stores (zeros, sized
+    /// per `charge`: the object's size less `overhead` bytes) and says whether the request hit.
     func drive(
-        _ trace: Trace, overhead: Int, lookup: (UnsafeRawBufferPointer) throws -> Bool,
-        store: (UnsafeRawBufferPointer, UnsafeRawBufferPointer) throws -> Void
+        _ trace: Trace, overhead: Int,
+        request: (_ key: UnsafeRawBufferPointer, _ missValue: UnsafeRawBufferPointer) throws -> Bool
     ) rethrows -> (ReplayOutcome, Double) {
         let largest = Int(trace.sizes.max() ?? 0)
         let zeros = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, largest), alignment: 16)
         defer { zeros.deallocate() }
         zeros.initializeMemory(as: UInt8.self, repeating: 0)
+        // Options are read once: a property wrapper's getter costs a metadata lookup per call.
+        let full = charge == .full
+        let (ids, sizes) = (trace.ids, trace.sizes)
         var outcome = ReplayOutcome()
         let start = nowNanoseconds()
-        for request in 0..<trace.count {
-            var id = trace.ids[request].littleEndian
-            let size = trace.sizes[request]
-            let hit = try withUnsafeBytes(of: &id) { try lookup($0) }
+        for index in ids.indices {
+            var id = ids[index].littleEndian
+            let size = sizes[index]
+            let length = full ? Int(size) : max(0, Int(size) - overhead)
+            let value = UnsafeRawBufferPointer(rebasing: zeros[0..<length])
+            let hit = try withUnsafeBytes(of: &id) { try request($0, value) }
             outcome.count(size: size, hit: hit)
-            if !hit {
-                let length = charge == .full ? Int(size) : max(0, Int(size) - overhead)
-                try withUnsafeBytes(of: &id) { try store(UnsafeRawBufferPointer(rebasing: zeros[0..<length]), $0) }
-            }
         }
         return (outcome, Double(nowNanoseconds() - start) / 1e9)
     }
@@ -158,27 +159,17 @@ struct Replay: ParsableCommand {
     func replayMagpie(_ trace: Trace, budget: Int) throws -> Measured {
         let tier = try MemoryTier(budget: budget, shardCount: shards, hasher: KeyHash(seed: 1))
         let overhead = MemoryLayout<UInt64>.size + MemoryTier.entryOverhead
-        if !storeValues {
-            var outcome = ReplayOutcome()
-            // Options are read once: a property wrapper's getter costs a metadata lookup per call.
-            let full = charge == .full
-            let (ids, sizes) = (trace.ids, trace.sizes)
-            let start = nowNanoseconds()
-            for request in 0..<ids.count {
-                var id = ids[request].littleEndian
-                let size = sizes[request]
-                let length = full ? Int(size) : max(0, Int(size) - overhead)
-                let hit = withUnsafeBytes(of: &id) { tier.simulateRequest(forKey: $0, valueLength: length) }
-                outcome.count(size: size, hit: hit)
+        let (outcome, seconds) =
+            if storeValues {
+                try drive(trace, overhead: overhead) { key, value in
+                    if tier.withValue(forKey: key, { _ in true }) != nil { return true }
+                    _ = try tier.set(value, forKey: key)
+                    return false
+                }
+            } else {
+                drive(trace, overhead: overhead) { key, value in tier.simulateRequest(forKey: key, valueLength: value.count) }
             }
-            let seconds = Double(nowNanoseconds() - start) / 1e9
-            return (outcome, seconds, ["refused": .int(Int(tier.statistics.refusals)), "store_values": .bool(false)])
-        }
-        let (outcome, seconds) = try drive(
-            trace, overhead: overhead,
-            lookup: { key in tier.withValue(forKey: key) { _ in true } ?? false },
-            store: { value, key in _ = try tier.set(value, forKey: key) })
-        return (outcome, seconds, ["refused": .int(Int(tier.statistics.refusals)), "store_values": .bool(true)])
+        return (outcome, seconds, ["refused": .int(Int(tier.statistics.refusals)), "store_values": .bool(storeValues)])
     }
 
     /// A fresh directory for a disk replay, removed by the caller.
@@ -201,10 +192,12 @@ struct Replay: ParsableCommand {
         let count = bucketCount(budget: budget, largest: Int(trace.sizes.max() ?? 0))
         let tier = try DiskTier(.init(directory: directory, budget: budget, bucketCount: count, compressionLevel: nil))
         var refused = 0
-        let (outcome, seconds) = try drive(
-            trace, overhead: 56 + MemoryLayout<UInt64>.size,  // a record's 56-byte header and the key
-            lookup: { key in try tier.value(forKey: key) != nil },
-            store: { value, key in if (try? tier.set(value, forKey: key)) == nil { refused += 1 } })
+        // Overhead: a record's 56-byte header and the key.
+        let (outcome, seconds) = try drive(trace, overhead: 56 + MemoryLayout<UInt64>.size) { key, value in
+            if try tier.value(forKey: key) != nil { return true }
+            if (try? tier.set(value, forKey: key)) == nil { refused += 1 }
+            return false
+        }
         let stats = tier.statistics
         try tier.close()
         return (
@@ -227,14 +220,15 @@ struct Replay: ParsableCommand {
         configuration.metrics = nil
         let cache = try Cache(configuration)
         var memoryHits = 0
-        let (outcome, seconds) = try drive(
-            trace, overhead: MemoryLayout<UInt64>.size + MemoryTier.entryOverhead,
-            lookup: { key in
-                guard let hit = try cache.lookup(key) else { return false }
+        let (outcome, seconds) = try drive(trace, overhead: MemoryLayout<UInt64>.size + MemoryTier.entryOverhead) {
+            key, value in
+            if let hit = try cache.lookup(key) {
                 if hit.tier == .memory { memoryHits += 1 }
                 return true
-            },
-            store: { value, key in try? cache.set(value, forKey: key) })
+            }
+            try? cache.set(value, forKey: key)
+            return false
+        }
         try cache.close()
         return (
             outcome, seconds,
