@@ -28,6 +28,10 @@ let package = Package(
             pkgConfig: "libzstd",
             providers: [.apt(["libzstd-dev"]), .brew(["zstd"])]
         ),
+        .target(
+            name: "CMagpieGuard",
+            path: "CModules/CMagpieGuard"
+        ),
         .systemLibrary(
             name: "CFuzzerDriver",
             path: "CModules/CFuzzerDriver"
@@ -35,7 +39,7 @@ let package = Package(
         .target(
             name: "Magpie",
             dependencies: [
-                "CXXHash", "CZstd",
+                "CXXHash", "CZstd", "CMagpieGuard",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
             ],

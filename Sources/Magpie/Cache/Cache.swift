@@ -69,6 +69,7 @@ public final class Cache: Sendable {
                 compressionLevel: configuration.compressionLevel, clock: configuration.clock,
                 hashSeed: configuration.hashSeed)
             diskConfiguration.logger = configuration.logger
+            diskConfiguration.mappedReads = configuration.mappedDiskReads
             disk = try DiskTier(diskConfiguration)
             resolved.bucketCount = disk?.bucketCount
         }

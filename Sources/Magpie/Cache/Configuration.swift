@@ -39,6 +39,10 @@ extension Cache {
         public var logger: Logger
         /// How statistics reach swift-metrics; nil reports nothing.
         public var metrics: MetricsOptions?
+        /// Read disk records through mappings of the bucket files, with a process-wide SIGBUS guard
+        /// (the default); false: a `pread` per read and no signal handler. See
+        /// ``DiskTier/Configuration/mappedReads``.
+        public var mappedDiskReads = true
 
         /// A configuration with the defaults; pass a directory for a two-tier cache.
         public init(

@@ -20,6 +20,7 @@ extension BucketState {
     static func open(context: BucketContext, now: Int64) throws(MagpieError) -> BucketState {
         var state = BucketState(context: context)
         state.fd = try FileIO.open(context.path, O_RDWR | O_CREAT)
+        state.remap()
         do {
             try state.recover(now: now)
         } catch {

@@ -21,8 +21,12 @@ struct BucketContext: Sendable {
     let hasher: KeyHash
     let bucketCount: Int
     /// Held while compacting: one temporary file at a time in the whole tier.
-    let compaction: Locked<Void>
+    /// (It holds the tier's count of compactions begun rather than Void: Thread Sanitizer reports the
+    /// zero-sized state's accesses as racing with reads of the lock's own fields.)
+    let compaction: Locked<UInt64>
     let logger: Logger?
+    /// Read through a mapping of the file (``DiskTier/Configuration/mappedReads``).
+    let mappedReads: Bool
 }
 
 struct BucketCounters {
@@ -38,12 +42,6 @@ struct BucketCounters {
     var openedFromSnapshot = false
 }
 
-/// A record read for a key: its bytes and parsed header.
-struct FoundRecord {
-    var header: RecordHeader
-    var bytes: [UInt8]
-}
-
 struct BucketState {
     let context: BucketContext
     var fd: Int32 = -1
@@ -54,6 +52,11 @@ struct BucketState {
     var index = BucketIndex()
     var counters = BucketCounters()
     var maximumSequence: UInt64 = 0
+    /// The file's mapping for reads (see FileMapping.swift); nil: reads use `pread`.
+    var mapping: FileMapping? = nil
+    /// A read met a corrupt record: the file is rewritten without it when the operation ends (not at
+    /// once: the operation may still hold index positions, which a compaction can move).
+    var needsHealing = false
 
     init(context: BucketContext) {
         self.context = context
@@ -63,85 +66,6 @@ struct BucketState {
 
     func checkOpen() throws(MagpieError) {
         guard isOpen else { throw MagpieError(.closed, "the disk tier is closed", path: context.path) }
-    }
-
-    // MARK: Reads
-
-    /// The newest live record for `key`, or nil. Corrupt records met on the way are counted and dropped
-    /// from the index (healed); expired ones are dropped too.
-    mutating func read(tag: UInt32, key: UnsafeRawBufferPointer, now: Int64) throws(MagpieError) -> FoundRecord? {
-        try checkOpen()
-        guard let (position, found) = try find(tag: tag, key: key) else {
-            counters.misses += 1
-            return nil
-        }
-        if found.header.expiry != 0 && found.header.expiry <= now {
-            drop(at: position)
-            counters.expired += 1
-            counters.misses += 1
-            return nil
-        }
-        index[position].referenced = true
-        counters.hits += 1
-        return found
-    }
-
-    /// The index position and record of `key`. Verifies each candidate's checksum and key.
-    mutating func find(tag: UInt32, key: UnsafeRawBufferPointer) throws(MagpieError) -> (Int, FoundRecord)? {
-        var position = index.home(tag)
-        var sawCorruption = false
-        defer { if sawCorruption { heal() } }
-        while !index[position].isEmpty {
-            let slot = index[position]
-            guard slot.tag == tag else {
-                position = index.next(position)
-                continue
-            }
-            let bytes = try readRecord(slot)
-            guard let header = bytes.withUnsafeBytes({ RecordHeader.validate($0) }), header.kind == .value,
-                !header.isDead, header.recordLength == slot.length
-            else {
-                counters.corruptRecords += 1
-                context.logger?.warning(
-                    "magpie: corrupt record dropped from the index",
-                    metadata: ["path": "\(context.path)", "offset": "\(slot.offset)"])
-                drop(at: position)  // a later slot of the run may shift into `position`: look again
-                sawCorruption = true
-                continue
-            }
-            let matches = bytes.withUnsafeBytes { raw in
-                header.keyLength == key.count
-                    && (key.isEmpty || memcmp(raw.baseAddress! + header.keyOffset, key.baseAddress!, key.count) == 0)
-            }
-            if matches { return (position, FoundRecord(header: header, bytes: bytes)) }
-            position = index.next(position)
-        }
-        return nil
-    }
-
-    func readRecord(_ slot: DiskSlot) throws(MagpieError) -> [UInt8] {
-        try readBytes(slot.length, at: slot.offset)  // a short read fails validation
-    }
-
-    /// Up to `count` bytes of the file from `offset`: fewer only at the end of the file.
-    func readBytes(_ count: Int, at offset: Int) throws(MagpieError) -> [UInt8] {
-        // init(unsafeUninitializedCapacity:) with a zero capacity writes into the stdlib's shared
-        // empty-array storage, a (benign) race that Thread Sanitizer reports: an empty file reads as [].
-        if count <= 0 { return [] }
-        let fd = self.fd
-        let path = context.path
-        var failure: MagpieError? = nil
-        // Only the bytes pread filled are counted as initialised.
-        let bytes = [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
-            do throws(MagpieError) {
-                initialized = try FileIO.read(fd, into: UnsafeMutableRawBufferPointer(buffer), at: offset, path: path)
-            } catch {
-                failure = error
-                initialized = 0
-            }
-        }
-        if let failure { throw failure }
-        return bytes
     }
 
     /// Removes the slot at `position` from the index (its record becomes garbage).
@@ -159,6 +83,7 @@ struct BucketState {
         nextSequence: () -> UInt64, now: Int64
     ) throws(MagpieError) {
         try checkOpen()
+        defer { healIfNeeded() }
         let tag = DiskSlot.tag(of: header.keyHash)
         var previous: DiskSlot? = nil
         if let (position, _) = try find(tag: tag, key: key) {
@@ -187,6 +112,7 @@ struct BucketState {
         nextSequence: () -> UInt64, now: Int64
     ) throws(MagpieError) -> Bool {
         try checkOpen()
+        defer { healIfNeeded() }
         var previous: DiskSlot? = nil
         if let (position, _) = try find(tag: tag, key: key) {
             previous = index[position]
@@ -272,14 +198,24 @@ struct BucketState {
     }
 
     mutating func close() {
+        mapping?.unmap()
+        mapping = nil
         if fd >= 0 { Glibc.close(fd) }
         fd = -1
+    }
+
+    /// Maps the current file for reads, replacing the mapping of any previous file. Called with the
+    /// lock held whenever `fd` changes, before anything reads through it.
+    mutating func remap() {
+        mapping?.unmap()
+        mapping = context.mappedReads && fd >= 0 ? FileMapping.map(fd, length: context.share) : nil
     }
 
     /// Overwrites the magic of a record that is no longer indexed with "DEAD", so that recovery never
     /// applies it. Best effort: the record is already out of the index, and a tombstone or newer
     /// record follows it in the file; a failed mark only loses that extra protection.
     private func markDead(_ slot: DiskSlot) {
+        guard slot.offset + 4 <= size else { return }  // never write past the records
         withUnsafeBytes(of: RecordHeader.deadMagic.littleEndian) { raw in
             _ = try? FileIO.write(fd, raw, at: slot.offset, path: context.path, operation: "mark")
         }
@@ -341,7 +277,10 @@ struct BucketState {
         }
         let compactions = counters.compactions
         do {
-            try context.compaction.withLock { (_: inout Void) throws(MagpieError) in try compact() }
+            try context.compaction.withLock { (begun: inout UInt64) throws(MagpieError) in
+                begun &+= 1
+                try compact()
+            }
         } catch {
             // If the old file is still the bucket, the evicted records stay in it: mark them dead so
             // recovery cannot revive one over a later write that never reached disk (say, a `Cache`
@@ -352,12 +291,16 @@ struct BucketState {
     }
 
     /// After corruption was found: rewrites the bucket without the damaged bytes (a compaction keeps
-    /// only the indexed, verified records), so that the damage is gone from the file and is neither met
-    /// nor counted again. Index positions stay valid. A failure leaves the file as it was (still correct:
-    /// the damage stays skipped) and is logged.
+    /// only the indexed records that verify again), so that the damage is gone from the file and is
+    /// neither met nor counted again. Index positions may move (damaged slots are dropped): call it only
+    /// when none is held. A failure leaves the file as it was (still correct: the damage stays skipped)
+    /// and is logged.
     mutating func heal() {
         do {
-            try context.compaction.withLock { (_: inout Void) throws(MagpieError) in try compact() }
+            try context.compaction.withLock { (begun: inout UInt64) throws(MagpieError) in
+                begun &+= 1
+                try compact()
+            }
         } catch {
             context.logger?.warning(
                 "magpie: could not rewrite a damaged bucket file", metadata: ["path": "\(context.path)", "error": "\(error)"])
@@ -376,13 +319,24 @@ struct BucketState {
                 Result { () throws(MagpieError) in try FileIO.write(newFD, raw, at: 0, path: temporary) }
             }.get()
             for position in 0..<index.slots.count where !index[position].isEmpty {
-                let bytes = try readRecord(index[position])
                 let at = newSize
-                try bytes.withUnsafeBytes { raw in
-                    Result { () throws(MagpieError) in try FileIO.write(newFD, raw, at: at, path: temporary) }
+                // Records were verified when indexed; damage since then is copied as it is, and found
+                // (and counted) by the next read of the record.
+                let slot = index[position]
+                let bytes = try readRecord(slot)
+                let copied = try bytes.withUnsafeBytes { raw in
+                    Result { () throws(MagpieError) -> Int in
+                        // Verified again: damage done to the file since the record was indexed stays
+                        // behind (the slot is dropped below) instead of being copied into the new file.
+                        guard raw.count == slot.length, let header = RecordHeader.validate(raw), header.kind == .value,
+                            !header.isDead, header.recordLength == slot.length
+                        else { return 0 }
+                        try FileIO.write(newFD, raw, at: at, path: temporary)
+                        return raw.count
+                    }
                 }.get()
-                moved[position].offset8 = UInt32(newSize / 8)
-                newSize += bytes.count
+                moved[position].offset8 = copied == 0 ? Self.damagedOffset8 : UInt32(newSize / 8)
+                newSize += copied
             }
             try FileIO.sync(newFD, path: temporary)
             try FileIO.rename(temporary, to: context.path)
@@ -394,9 +348,25 @@ struct BucketState {
         // The renamed file is the bucket now, whatever happens next.
         Glibc.close(fd)
         fd = newFD
+        remap()
         size = newSize
         index = moved
         counters.compactions += 1
+        needsHealing = false
+        while let position = index.slots.firstIndex(where: { !$0.isEmpty && $0.offset8 == Self.damagedOffset8 }) {
+            drop(at: position)
+            counters.corruptRecords += 1
+            context.logger?.warning("magpie: a damaged record was left out of a compacted bucket", metadata: ["path": "\(context.path)"])
+        }
         try FileIO.syncDirectory(context.directory)
+    }
+
+    /// Marks, during a compaction, a slot whose record failed verification (no record starts there:
+    /// the largest bucket's last 8 bytes cannot hold one).
+    private static let damagedOffset8 = UInt32.max
+
+    /// Rewrites the file without the damage a read of this operation met (see `needsHealing`).
+    mutating func healIfNeeded() {
+        if needsHealing { heal() }
     }
 }

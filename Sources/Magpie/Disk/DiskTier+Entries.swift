@@ -89,7 +89,10 @@ extension DiskTier {
             return
         }
         var compressed: [UInt8]? = nil
-        if compresses && value.count >= configuration.minimumCompressibleLength {
+        // Noise-like values are not offered to zstd (see Compressibility.swift).
+        if compresses && value.count >= configuration.minimumCompressibleLength
+            && !Compressibility.looksIncompressible(value)
+        {
             compressed = try compression.compress(value)
         }
         let storedLength = compressed?.count ?? value.count
@@ -107,10 +110,10 @@ extension DiskTier {
         var record = group.withUnsafeBytes { group in
             if let compressed {
                 return compressed.withUnsafeBytes {
-                    RecordHeader.makeRecord(header, key: key, group: group, payload: $0, memoryPolicy: placement.memoryPolicy)
+                    RecordHeader.makeRecord(header, key: key, group: group, payload: $0, memoryPolicy: placement.memoryPolicy, sealed: false)
                 }
             }
-            return RecordHeader.makeRecord(header, key: key, group: group, payload: value, memoryPolicy: placement.memoryPolicy)
+            return RecordHeader.makeRecord(header, key: key, group: group, payload: value, memoryPolicy: placement.memoryPolicy, sealed: false)
         }
         try bucket(for: hash).withLock { (state: inout BucketState) throws(MagpieError) in
             try state.store(&record, header, key: key, nextSequence: nextSequence, now: now)
@@ -142,6 +145,7 @@ extension DiskTier {
         let now = configuration.clock.now()
         return try bucket(for: hash).withLock { (state: inout BucketState) throws(MagpieError) -> Bool in
             try state.checkOpen()
+            defer { state.healIfNeeded() }
             guard let (_, found) = try state.find(tag: DiskSlot.tag(of: hash), key: key) else { return false }
             return found.header.expiry == 0 || found.header.expiry > now
         }

@@ -57,6 +57,19 @@ enum FileIO {
         return done
     }
 
+    /// A read of `buffer.count` bytes at `offset`: copied from `mapping` when it covers them (see
+    /// FileMapping.swift), else, or when the copy is interrupted, with `pread`. Returns the bytes read:
+    /// fewer only at the end of the file. Injected `pread` failures apply to both ways alike.
+    static func read(
+        _ fd: Int32, mapping: FileMapping?, into buffer: UnsafeMutableRawBufferPointer, at offset: Int, path: String
+    ) throws(MagpieError) -> Int {
+        if let mapping {
+            try injected("pread", path)
+            if mapping.copy(at: offset, into: buffer) { return buffer.count }
+        }
+        return try read(fd, into: buffer, at: offset, path: path)
+    }
+
     /// `pwrite(2)` of all of `bytes` at `offset`. `operation` names the write for fault injection.
     static func write(
         _ fd: Int32, _ bytes: UnsafeRawBufferPointer, at offset: Int, path: String, operation: String = "pwrite"

@@ -145,14 +145,19 @@ struct RecordHeader: Equatable {
     }
 
     /// Builds a whole record: header, key, group, memory policy (when the flags say so), payload,
-    /// padding, checksum.
+    /// padding, and, when `sealed`, the checksum. The disk tier's writes pass `sealed: false`: the
+    /// append stamps the sequence number and seals then (one checksum per write, not two); the
+    /// checksum field is zero until then.
     static func makeRecord(
         _ header: RecordHeader, key: UnsafeRawBufferPointer, group: UnsafeRawBufferPointer,
-        payload: UnsafeRawBufferPointer, memoryPolicy: Int64 = 0
+        payload: UnsafeRawBufferPointer, memoryPolicy: Int64 = 0, sealed: Bool = true
     ) -> [UInt8] {
         [UInt8](unsafeUninitializedCapacity: header.recordLength) { buffer, initialized in
             let raw = UnsafeMutableRawBufferPointer(buffer)
-            raw.initializeMemory(as: UInt8.self, repeating: 0)
+            // Zero all but the payload (which is copied over): header gaps, checksum field, padding.
+            let payloadEnd = header.payloadOffset + payload.count
+            UnsafeMutableRawBufferPointer(rebasing: raw[..<header.payloadOffset]).initializeMemory(as: UInt8.self, repeating: 0)
+            UnsafeMutableRawBufferPointer(rebasing: raw[payloadEnd...]).initializeMemory(as: UInt8.self, repeating: 0)
             header.encode(into: raw.baseAddress!)
             if !key.isEmpty { (raw.baseAddress! + header.keyOffset).copyMemory(from: key.baseAddress!, byteCount: key.count) }
             if !group.isEmpty {
@@ -165,7 +170,7 @@ struct RecordHeader: Equatable {
                 (raw.baseAddress! + header.payloadOffset).copyMemory(from: payload.baseAddress!, byteCount: payload.count)
             }
             initialized = header.recordLength
-            sealChecksum(UnsafeMutableRawBufferPointer(rebasing: raw[..<header.recordLength]), header)
+            if sealed { sealChecksum(UnsafeMutableRawBufferPointer(rebasing: raw[..<header.recordLength]), header) }
         }
     }
 

@@ -1,0 +1,21 @@
+// Copies out of a memory-mapped file that survive the file shrinking underneath them.
+//
+// A read through a mapping of a file page that no longer exists (the file was truncated behind the
+// cache's back) or that the kernel cannot read (an I/O error) raises SIGBUS, which by default kills the
+// process. `magpie_guarded_copy` turns that signal into a return value: it records a jump point in a
+// thread-local, copies, and a SIGBUS raised while that point is set jumps back to it. SIGBUS raised
+// anywhere else goes to the handler that was installed before ours (or the default action).
+#ifndef MAGPIE_GUARD_H
+#define MAGPIE_GUARD_H
+#include <stddef.h>
+
+/// Installs the process-wide SIGBUS handler, once. Returns 0 when it is installed, -1 when sigaction
+/// failed (then guarded copies must not be used: the caller reads with pread instead).
+int magpie_guard_install(void);
+
+/// Copies `count` bytes from `source` (inside a mapping) to `destination`. Returns 0 on success, -1 if a
+/// SIGBUS interrupted the copy (then `destination` holds an unspecified prefix). Requires a successful
+/// `magpie_guard_install` first; not async-signal-safe, not reentrant on one thread.
+int magpie_guarded_copy(void *destination, const void *source, size_t count);
+
+#endif

@@ -1,0 +1,193 @@
+import Foundation
+import Testing
+
+@testable import Magpie
+
+@Suite("DiskTier: mapped reads, the SIGBUS guard, checksums and incompressible values")
+struct DiskMappedReadTests {
+    static func configuration(_ path: String, mapped: Bool, budget: Int = 4 << 20) -> DiskTier.Configuration {
+        var configuration = DiskTier.Configuration(directory: path, budget: budget, bucketCount: 4, hashSeed: 91)
+        configuration.mappedReads = mapped
+        return configuration
+    }
+
+    static func bucketFiles(_ path: String) -> [String] {
+        DiskCorruptionTests.bucketFiles(path).filter { !$0.hasSuffix(".index") }
+    }
+
+    @Test(
+        "a bucket file truncated or overwritten while the tier is open: no crash, no wrong value, counted, healed",
+        arguments: [true, false])
+    func damagedWhileOpen(mapped: Bool) throws {
+        for damage in ["truncate", "overwrite"] {
+            let directory = TemporaryDirectory()
+            defer { directory.cleanup() }
+            // One bucket, so that the first damaged record read heals the whole file.
+            var configuration = Self.configuration(directory.path, mapped: mapped)
+            configuration.bucketCount = 1
+            let tier = try DiskTier(configuration)
+            var written: [Int: [UInt8]] = [:]
+            for i in 0..<200 {
+                written[i] = selfDescribingValue(key: i, version: 1, length: 100 + i * 53 % 4000)
+                try tier.set(written[i]!, forKey: keyBytes(i))
+            }
+            // Behind the tier's back (it holds the file open and, when `mapped`, mapped).
+            let file = Self.bucketFiles(directory.path)[0]
+            let size = (try FileManager.default.attributesOfItem(atPath: file)[.size] as? Int) ?? 0
+            if damage == "truncate" {
+                #expect(truncate(file, off_t(size / 3)) == 0)
+            } else {
+                let fd = open(file, O_WRONLY)
+                let junk = [UInt8](repeating: 0xA5, count: size / 3)
+                #expect(junk.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, off_t(size / 3)) } == junk.count)
+                close(fd)
+            }
+            // Read until the first damaged record: that read heals the file, every other damaged record
+            // included (the compaction verifies each record again and leaves the damaged ones out).
+            var firstLost: Int? = nil
+            for i in 0..<200 where firstLost == nil {
+                if let got = try tier.value(forKey: keyBytes(i)) {
+                    #expect(got == written[i], "\(damage), mapped \(mapped): key \(i) read bytes that were never its value")
+                } else {
+                    firstLost = i
+                }
+            }
+            #expect(firstLost != nil, "\(damage): the damage changed nothing, so the test proved nothing")
+            #expect(tier.statistics.corruptRecords > 1, "\(damage), mapped \(mapped): damage read but not counted")
+            try tier.set([7, 8, 9], forKey: "after")  // the tier keeps working
+            #expect(try tier.value(forKey: "after") == [7, 8, 9])
+            try tier.close()
+            // Healed: a full scan (no index snapshot) finds no damage left in the file.
+            for file in DiskCorruptionTests.bucketFiles(directory.path) where file.hasSuffix(".index") {
+                try FileManager.default.removeItem(atPath: file)
+            }
+            let reopened = try DiskTier(configuration)
+            #expect(reopened.statistics.corruptRecords == 0 && reopened.statistics.truncatedTails == 0,
+                "\(damage), mapped \(mapped): damage was still in the file after healing")
+            #expect(try reopened.value(forKey: "after") == [7, 8, 9])
+            var lost = 0
+            for i in 0..<200 {
+                if let got = try reopened.value(forKey: keyBytes(i)) {
+                    #expect(got == written[i], "\(damage), mapped \(mapped): key \(i) after reopen")
+                } else {
+                    lost += 1
+                }
+            }
+            #expect(lost > 0)
+            try reopened.close()
+        }
+    }
+
+    @Test("mapped and pread reads give the same answers through evictions, compactions, removals and a reopen")
+    func mappedAgreesWithPread() throws {
+        let seed = TestSeed.value(default: 515)
+        let directories = [TemporaryDirectory(), TemporaryDirectory()]
+        defer { for directory in directories { directory.cleanup() } }
+        var tiers = try [true, false].enumerated().map { index, mapped in
+            try DiskTier(Self.configuration(directories[index].path, mapped: mapped, budget: 256 << 10))
+        }
+        var generator = SeededGenerator(seed: seed)
+        for step in 0..<4000 {
+            let key = keyBytes(Int.random(in: 0..<300, using: &generator))
+            let choice = Int.random(in: 0..<10, using: &generator)
+            let value = selfDescribingValue(key: step, version: step, length: Int.random(in: 0..<3000, using: &generator))
+            if step == 2000 {
+                for tier in tiers { try tier.close() }
+                tiers = try [true, false].enumerated().map { index, mapped in
+                    try DiskTier(Self.configuration(directories[index].path, mapped: mapped, budget: 256 << 10))
+                }
+            }
+            let results = try tiers.map { tier -> [UInt8]? in
+                switch choice {
+                case 0..<5:
+                    try tier.set(value, forKey: key)
+                    return nil
+                case 5: return try tier.removeValue(forKey: key) ? [1] : [0]
+                default: return try tier.value(forKey: key)
+                }
+            }
+            #expect(results[0] == results[1], "seed \(seed) step \(step): mapped and pread tiers disagree")
+        }
+        let statistics = tiers.map(\.statistics)
+        #expect(statistics[0].compactions > 0, "no compaction ran: the remap after one went untested")
+        #expect(statistics[0].hits == statistics[1].hits && statistics[0].evictions == statistics[1].evictions)
+        #expect(statistics[0].corruptRecords == 0 && statistics[1].corruptRecords == 0)
+    }
+
+    @Test("a SIGBUS outside the guard still reaches the handler installed before it")
+    func guardChains() throws {
+        guard let executable = benchExecutable() else { throw BenchNotBuilt() }
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let child = Process()
+        child.executableURL = URL(fileURLWithPath: executable)
+        child.arguments = ["sigbus-child", "--directory", directory.path]
+        try child.run()
+        // A handler that returns without handing on re-runs the faulting load forever: time it out.
+        let deadline = Date().addingTimeInterval(30)
+        while child.isRunning && Date() < deadline { usleep(10_000) }
+        if child.isRunning {
+            kill(child.processIdentifier, SIGKILL)
+            Issue.record("the child hung in its SIGBUS handler")
+        }
+        child.waitUntilExit()
+        #expect(child.terminationReason == .exit && child.terminationStatus == 42,
+            "the child's own SIGBUS handler did not run (reason \(child.terminationReason.rawValue), status \(child.terminationStatus))")
+    }
+
+    @Test("record checksums through libxxhash's dispatcher equal the plain entry point's")
+    func checksumDispatch() {
+        var generator = SeededGenerator(seed: TestSeed.value(default: 33))
+        let bytes = (0..<9000).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        bytes.withUnsafeBytes { raw in
+            for _ in 0..<300 {
+                let start = Int.random(in: 0..<64, using: &generator)
+                let length = Int.random(in: 0..<8000, using: &generator)
+                let header = UnsafeRawBufferPointer(rebasing: raw[0..<44])
+                let body = UnsafeRawBufferPointer(rebasing: raw[start..<(start + length)])
+                #expect(KeyHash.checksum(header: header, body: body) == KeyHash.checksumWithoutDispatch(header: header, body: body))
+            }
+        }
+    }
+
+    @Test("the compressibility test tells noise from text, JSON, base64 and runs")
+    func compressibility() {
+        var generator = SeededGenerator(seed: TestSeed.value(default: 8))
+        let random = (0..<4096).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        let json = Array(String(repeating: #"{"id":12,"user":"ada","tags":["x","y"],"score":0.5},"#, count: 80).utf8)
+        let base64 = Array(Data(random).base64EncodedString().utf8)
+        let text = Array(String(repeating: "the quick brown fox jumps over the lazy dog ", count: 100).utf8)
+        func incompressible(_ bytes: [UInt8]) -> Bool { bytes.withUnsafeBytes { Compressibility.looksIncompressible($0) } }
+        #expect(incompressible(random))
+        #expect(incompressible(Array(random.prefix(600))))
+        #expect(incompressible(random + random + random))  // sampled runs across a large value
+        #expect(!incompressible(Array(random.prefix(511))), "below the minimum length zstd is always tried")
+        #expect(!incompressible(json))
+        #expect(!incompressible(base64))
+        #expect(!incompressible(text))
+        #expect(!incompressible([UInt8](repeating: 0, count: 4096)))
+        #expect(!incompressible(Array(random.prefix(2048)) + [UInt8](repeating: 0, count: 2048)))
+    }
+
+    @Test("noise-like values are stored raw without asking zstd; compressible ones are compressed")
+    func incompressibleStoredRaw() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let tier = try DiskTier(Self.configuration(directory.path, mapped: true))
+        var generator = SeededGenerator(seed: 5)
+        // 4 KiB of random bytes twice: zstd would halve it by matching the second half to the first, but
+        // the sampled runs (32 of 64 bytes, 262 apart) never meet the same bytes twice, so the histogram
+        // looks like noise and the value is stored raw (the documented cost). Were zstd asked, the
+        // ratio would be about 0.5.
+        let block = (0..<4096).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        let repeated = block + block
+        #expect(repeated.withUnsafeBytes { Compressibility.looksIncompressible($0) })
+        try tier.set(repeated, forKey: "noise")
+        #expect(tier.statistics.compressionRatio == 1.0)
+        #expect(try tier.value(forKey: "noise") == repeated)
+        let json = Array(String(repeating: #"{"id":12,"user":"ada","tags":["x","y"]},"#, count: 100).utf8)
+        try tier.set(json, forKey: "json")
+        #expect(tier.statistics.storedValueBytes - UInt64(repeated.count) < UInt64(json.count / 4))
+        #expect(try tier.value(forKey: "json") == json)
+    }
+}
