@@ -176,7 +176,7 @@ struct DiskMappedReadTests {
         let tier = try DiskTier(Self.configuration(directory.path, mapped: true))
         var generator = SeededGenerator(seed: 5)
         // 4 KiB of random bytes twice: zstd would halve it by matching the second half to the first, but
-        // the sampled runs (32 of 64 bytes, 262 apart) never meet the same bytes twice, so the histogram
+        // the sampled runs (16 of 64 bytes, 541 apart) never meet the same bytes twice, so the histogram
         // looks like noise and the value is stored raw (the documented cost). Were zstd asked, the
         // ratio would be about 0.5.
         let block = (0..<4096).map { _ in UInt8.random(in: 0...255, using: &generator) }
