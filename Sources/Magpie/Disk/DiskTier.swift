@@ -60,7 +60,7 @@ public final class DiskTier: Sendable {
         /// Where corruption found on disk (and healed) is logged; nil logs nothing.
         public var logger: Logger?
         /// Read records through a read-only mapping of each bucket file (the default) instead of a
-        /// `pread` per read: about 1 µs less per 4 KiB read on our machine (BENCHMARKS.md). To survive
+        /// `pread` per read: 0.5–0.6 µs less per 4 KiB read on our machine (BENCHMARKS.md). To survive
         /// a bucket file being truncated behind its back, or a page the kernel cannot read, the tier then
         /// installs a process-wide SIGBUS handler (once, on the first open), which turns such a fault
         /// inside its own copy into a fallback to `pread` and passes every other SIGBUS on to the handler
