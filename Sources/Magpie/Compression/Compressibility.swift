@@ -10,7 +10,7 @@
 // coder (zstd's Huffman literals) can save at most 3.75 %. Uniformly random bytes give H2 ≈ 8 (the
 // expected sum is n(n-1)/256; with 1 KiB sampled, the threshold n(n-1)/208 is 3.5 standard deviations
 // above it, so noise is taken for data about once in 4,000 values, which then just try zstd); text,
-// JSON and binary records give well under 7, base64 of random about 6. The sample costs about 0.75 µs
+// JSON and binary records give well under 7, base64 of random about 6. The sample costs about 1 µs
 // here (2 KiB took 1.5 µs for no better verdicts).
 //
 // What it cannot see: long repeats of high-entropy content (the same random block twice), which zstd

@@ -320,8 +320,6 @@ struct BucketState {
             }.get()
             for position in 0..<index.slots.count where !index[position].isEmpty {
                 let at = newSize
-                // Records were verified when indexed; damage since then is copied as it is, and found
-                // (and counted) by the next read of the record.
                 let slot = index[position]
                 let bytes = try readRecord(slot)
                 let copied = try bytes.withUnsafeBytes { raw in
