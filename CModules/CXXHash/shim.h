@@ -21,13 +21,4 @@ static inline XXH64_hash_t magpie_xxh3_64_long(const void *input, size_t length,
 #endif
     return XXH3_64bits_withSeed(input, length, seed);
 }
-
-/// Whether `magpie_xxh3_64_long` uses the dispatcher (for tests and the benchmark's report).
-static inline int magpie_xxh3_has_dispatch(void) {
-#if defined(__x86_64__)
-    return XXH3_64bits_withSeed_dispatch != 0;
-#else
-    return 0;
-#endif
-}
 #endif

@@ -178,17 +178,23 @@ struct BucketState {
 
     /// Drops entries whose expiry has passed; returns how many.
     mutating func removeExpired(now: Int64) -> Int {
+        let removed = dropAll { $0.isExpired(nowMilliseconds: now) }
+        counters.expired += UInt64(removed)
+        return removed
+    }
+
+    /// Drops every indexed slot for which `condition` holds, in one pass; returns how many.
+    private mutating func dropAll(where condition: (DiskSlot) -> Bool) -> Int {
         var removed = 0
         var position = 0
         while position < index.slots.count {
-            if !index[position].isEmpty && index[position].isExpired(nowMilliseconds: now) {
+            if !index[position].isEmpty && condition(index[position]) {
                 drop(at: position)  // a later slot may shift into `position`: look at it again
                 removed += 1
             } else {
                 position += 1
             }
         }
-        counters.expired += UInt64(removed)
         return removed
     }
 
@@ -351,10 +357,12 @@ struct BucketState {
         index = moved
         counters.compactions += 1
         needsHealing = false
-        while let position = index.slots.firstIndex(where: { !$0.isEmpty && $0.offset8 == Self.damagedOffset8 }) {
-            drop(at: position)
-            counters.corruptRecords += 1
-            context.logger?.warning("magpie: a damaged record was left out of a compacted bucket", metadata: ["path": "\(context.path)"])
+        let damaged = dropAll { $0.offset8 == Self.damagedOffset8 }
+        if damaged > 0 {
+            counters.corruptRecords += UInt64(damaged)
+            context.logger?.warning(
+                "magpie: damaged records were left out of a compacted bucket",
+                metadata: ["path": "\(context.path)", "records": "\(damaged)"])
         }
         try FileIO.syncDirectory(context.directory)
     }

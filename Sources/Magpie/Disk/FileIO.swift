@@ -42,7 +42,18 @@ enum FileIO {
     static func read(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, at offset: Int, path: String)
         throws(MagpieError) -> Int
     {
+        try read(fd, mapping: nil, into: buffer, at: offset, path: path)
+    }
+
+    /// A read of `buffer.count` bytes at `offset`: copied from `mapping` when it covers them (see
+    /// FileMapping.swift), else, or when the copy is interrupted, with `pread` until `buffer` is full or
+    /// end of file. Returns the bytes read: fewer only at the end of the file. Injected `pread` failures
+    /// apply to both ways alike.
+    static func read(
+        _ fd: Int32, mapping: FileMapping?, into buffer: UnsafeMutableRawBufferPointer, at offset: Int, path: String
+    ) throws(MagpieError) -> Int {
         try injected("pread", path)
+        if let mapping, mapping.copy(at: offset, into: buffer) { return buffer.count }
         var done = 0
         while done < buffer.count {
             let n = pread(fd, buffer.baseAddress! + done, buffer.count - done, off_t(offset + done))
@@ -55,19 +66,6 @@ enum FileIO {
             }
         }
         return done
-    }
-
-    /// A read of `buffer.count` bytes at `offset`: copied from `mapping` when it covers them (see
-    /// FileMapping.swift), else, or when the copy is interrupted, with `pread`. Returns the bytes read:
-    /// fewer only at the end of the file. Injected `pread` failures apply to both ways alike.
-    static func read(
-        _ fd: Int32, mapping: FileMapping?, into buffer: UnsafeMutableRawBufferPointer, at offset: Int, path: String
-    ) throws(MagpieError) -> Int {
-        if let mapping {
-            try injected("pread", path)
-            if mapping.copy(at: offset, into: buffer) { return buffer.count }
-        }
-        return try read(fd, into: buffer, at: offset, path: path)
     }
 
     /// `pwrite(2)` of all of `bytes` at `offset`. `operation` names the write for fault injection.

@@ -69,7 +69,4 @@ extension KeyHash {
         let headerHash = XXH3_64bits_withSeed(header.baseAddress, header.count, 0)
         return XXH3_64bits_withSeed(body.baseAddress, body.count, headerHash)
     }
-
-    /// Whether record checksums use libxxhash's vector dispatcher on this machine.
-    static var checksumUsesDispatch: Bool { magpie_xxh3_has_dispatch() != 0 }
 }
