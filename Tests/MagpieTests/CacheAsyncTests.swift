@@ -165,7 +165,7 @@ struct CacheAsyncTests {
     func diskIOOnPoolThreads() async throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
-        let cache = try makeCache(directory)
+        let cache = try makeCache(directory, diskWriteBuffer: 0)  // the store's write is a pwrite, its read a pread
         let threads = Locked<[String]>([])
         FileIOFaults.set(under: directory.path) { call, _ in
             if call == "pread" || call == "pwrite" { threads.withLock { $0.append(IOThreadPool.currentThreadName ?? "caller") } }

@@ -6,11 +6,12 @@ import Testing
 /// A two-tier cache over a fresh directory, with a manual clock and a fixed seed.
 func makeCache(
     _ directory: TemporaryDirectory?, clock: ManualClock = ManualClock(), memoryBudget: Int = 1 << 20,
-    diskBudget: Int = 4 << 20, buckets: Int = 8, defaults: EntryOptions = EntryOptions()
+    diskBudget: Int = 4 << 20, buckets: Int = 8, defaults: EntryOptions = EntryOptions(), diskWriteBuffer: Int = 64 << 10
 ) throws -> Cache {
     var configuration = Cache.Configuration(
         directory: directory?.path, memoryBudget: memoryBudget, diskBudget: diskBudget, defaultOptions: defaults)
     configuration.bucketCount = buckets
+    configuration.diskWriteBufferSize = diskWriteBuffer
     configuration.shardCount = 4
     configuration.clock = clock.cacheClock
     configuration.hashSeed = 42
@@ -122,7 +123,7 @@ struct CacheTierTests {
     func failedDiskWrite() throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
-        let cache = try makeCache(directory)
+        let cache = try makeCache(directory, diskWriteBuffer: 0)  // every disk store meets its own failure
         try cache.set([1], forKey: "k")
         FileIOFaults.set(under: directory.path) { call, _ in call == "pwrite" ? EIO : nil }
         #expect(throws: MagpieError.self) { try cache.set([2], forKey: "k") }

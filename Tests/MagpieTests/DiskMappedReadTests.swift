@@ -78,25 +78,33 @@ struct DiskMappedReadTests {
         }
     }
 
-    @Test("mapped and pread reads give the same answers through evictions, compactions, removals and a reopen")
+    @Test("mapped, pread and write-through tiers give the same answers through evictions, compactions, removals and a reopen")
     func mappedAgreesWithPread() throws {
         let seed = TestSeed.value(default: 515)
-        let directories = [TemporaryDirectory(), TemporaryDirectory()]
+        // Mapped reads with the write buffer (the defaults), pread with it, mapped with every record
+        // written through: the same operations must give the same answers and the same evictions.
+        let kinds: [(mapped: Bool, buffer: Int?)] = [(true, nil), (false, nil), (true, 0)]
+        let directories = kinds.map { _ in TemporaryDirectory() }
         defer { for directory in directories { directory.cleanup() } }
-        var tiers = try [true, false].enumerated().map { index, mapped in
-            try DiskTier(Self.configuration(directories[index].path, mapped: mapped, budget: 256 << 10))
+        func open() throws -> [DiskTier] {
+            try kinds.enumerated().map { index, kind in
+                var configuration = Self.configuration(directories[index].path, mapped: kind.mapped, budget: 256 << 10)
+                if let buffer = kind.buffer { configuration.writeBufferSize = buffer }
+                return try DiskTier(configuration)
+            }
         }
+        var tiers = try open()
         var generator = SeededGenerator(seed: seed)
+        var bufferedReads = 0
         for step in 0..<4000 {
             let key = keyBytes(Int.random(in: 0..<300, using: &generator))
             let choice = Int.random(in: 0..<10, using: &generator)
             let value = selfDescribingValue(key: step, version: step, length: Int.random(in: 0..<3000, using: &generator))
             if step == 2000 {
                 for tier in tiers { try tier.close() }
-                tiers = try [true, false].enumerated().map { index, mapped in
-                    try DiskTier(Self.configuration(directories[index].path, mapped: mapped, budget: 256 << 10))
-                }
+                tiers = try open()
             }
+            if choice >= 6 && tiers[0].statistics.bufferedBytes > 0 { bufferedReads += 1 }
             let results = try tiers.map { tier -> [UInt8]? in
                 switch choice {
                 case 0..<5:
@@ -106,12 +114,17 @@ struct DiskMappedReadTests {
                 default: return try tier.value(forKey: key)
                 }
             }
-            #expect(results[0] == results[1], "seed \(seed) step \(step): mapped and pread tiers disagree")
+            #expect(results[0] == results[1] && results[0] == results[2],
+                "seed \(seed) step \(step): mapped, pread and write-through tiers disagree")
         }
         let statistics = tiers.map(\.statistics)
         #expect(statistics[0].compactions > 0, "no compaction ran: the remap after one went untested")
-        #expect(statistics[0].hits == statistics[1].hits && statistics[0].evictions == statistics[1].evictions)
-        #expect(statistics[0].corruptRecords == 0 && statistics[1].corruptRecords == 0)
+        #expect(statistics[2].bufferedBytes == 0 && bufferedReads > 1000, "the write buffer went untested")
+        for other in statistics.dropFirst() {
+            #expect(statistics[0].hits == other.hits && statistics[0].evictions == other.evictions)
+            #expect(statistics[0].compactions == other.compactions && statistics[0].entries == other.entries)
+        }
+        #expect(statistics.allSatisfy { $0.corruptRecords == 0 && $0.lostBufferedStores == 0 })
     }
 
     @Test("a SIGBUS outside the guard still reaches the handler installed before it")

@@ -342,7 +342,11 @@ struct DiskTierRobustnessTests {
     func injectedWriteFailures() throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
-        let tier = try DiskTier(config(directory.path, budget: 64 * 1024, buckets: 2))
+        // Every record written through, so that each call meets its own failure (the write buffer's
+        // failures are DiskWriteBufferTests').
+        var configuration = config(directory.path, budget: 64 * 1024, buckets: 2)
+        configuration.writeBufferSize = 0
+        let tier = try DiskTier(configuration)
         try tier.set(json(1, 200), forKey: "kept")
         let prefix = directory.path
         FileIOFaults.set(under: prefix) { call, path in call == "pwrite" ? ENOSPC : nil }

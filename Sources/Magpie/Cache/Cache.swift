@@ -25,8 +25,9 @@ import Synchronization
 /// a promotion cannot put back a value that a concurrent store replaced or a removal removed.
 /// `removeAll()` and `removeAll(inGroup:)` hold every stripe. A memory hit takes no stripe.
 ///
-/// **Durability** is the disk tier's: a returned store has reached the kernel; `flush()` makes it
-/// survive power loss. After a crash a read returns nothing or a value stored for its key; removals and
+/// **Durability** is the disk tier's: a returned removal has reached the kernel, a returned store has
+/// once its disk bucket's write buffer is written (see ``Configuration/diskWriteBufferSize``);
+/// `flush()` makes both survive power loss. After a crash a read returns nothing or a value stored for its key; removals and
 /// group removals that returned are never undone (see <doc:DurabilityAndCrashSafety>).
 ///
 /// **Async.** Every operation has an `async` form that runs disk I/O on ``Configuration/ioThreadCount``
@@ -70,6 +71,7 @@ public final class Cache: Sendable {
                 hashSeed: configuration.hashSeed)
             diskConfiguration.logger = configuration.logger
             diskConfiguration.mappedReads = configuration.mappedDiskReads
+            diskConfiguration.writeBufferSize = configuration.diskWriteBufferSize
             disk = try DiskTier(diskConfiguration)
             resolved.bucketCount = disk?.bucketCount
         }

@@ -43,6 +43,9 @@ extension Cache {
         /// (the default); false: a `pread` per read and no signal handler. See
         /// ``DiskTier/Configuration/mappedReads``.
         public var mappedDiskReads = true
+        /// Bytes each disk bucket gathers before one write to its file; 0 writes every disk store
+        /// through before the call returns. See ``DiskTier/Configuration/writeBufferSize``.
+        public var diskWriteBufferSize = 64 * 1024
 
         /// A configuration with the defaults; pass a directory for a two-tier cache.
         public init(

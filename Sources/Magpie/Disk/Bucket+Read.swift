@@ -70,11 +70,13 @@ extension BucketState {
         return nil
     }
 
-    /// The bytes of the record `slot` points at: from the file's mapping when there is one and the
-    /// record lies below `size`, else with `pread`. Fewer than the slot's length only if the file ends
-    /// early (which fails validation).
+    /// The bytes of the record `slot` points at: from the write buffer if it is still there, from the
+    /// file's mapping when there is one and the record lies in the written part of the file, else with
+    /// `pread`. Fewer than the slot's length only if the file ends early (which fails validation).
     func readRecord(_ slot: DiskSlot) throws(MagpieError) -> [UInt8] {
-        let mapping = slot.offset + slot.length <= size ? self.mapping : nil  // never map-read past the records
+        let written = self.written
+        if slot.offset >= written { return pendingRecord(slot) }
+        let mapping = slot.offset + slot.length <= written ? self.mapping : nil  // never map-read past the records
         return try readBytes(slot.length, at: slot.offset, mapping: mapping)
     }
 

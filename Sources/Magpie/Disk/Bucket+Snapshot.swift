@@ -24,6 +24,7 @@ extension BucketState {
     /// Writes the index snapshot (after a flush, on close). Best effort: a failure only means the
     /// next open scans the file.
     func writeSnapshot() {
+        guard pending.isEmpty else { return }  // only an index of records that are all in the file
         let slots = index.slots
         var bytes = [UInt8](repeating: 0, count: Self.snapshotHeaderSize + slots.count * 16 + 8)
         bytes.withUnsafeMutableBytes { raw in

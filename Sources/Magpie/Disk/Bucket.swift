@@ -27,6 +27,9 @@ struct BucketContext: Sendable {
     let logger: Logger?
     /// Read through a mapping of the file (``DiskTier/Configuration/mappedReads``).
     let mappedReads: Bool
+    /// Bytes of appends gathered before one write to the file (Bucket+WriteBuffer.swift); 0 writes
+    /// every record through.
+    let writeBuffer: Int
 }
 
 struct BucketCounters {
@@ -39,14 +42,19 @@ struct BucketCounters {
     var corruptRecords: UInt64 = 0
     var truncatedTails: UInt64 = 0
     var expired: UInt64 = 0
+    /// Buffered records lost because writing the buffer failed.
+    var lostBufferedRecords: UInt64 = 0
     var openedFromSnapshot = false
 }
 
 struct BucketState {
     let context: BucketContext
     var fd: Int32 = -1
-    /// Bytes of the file in use: header and records up to the last complete append.
+    /// Bytes of the log: header and records up to the last complete append, the last `pending.count`
+    /// of them still in the write buffer (see Bucket+WriteBuffer.swift).
     var size = BucketFileHeader.size
+    /// Records appended but not yet written to the file: they belong at `size - pending.count`.
+    var pending: [UInt8] = []
     /// Bytes of the records the index points at.
     var liveBytes = 0
     var index = BucketIndex()
@@ -120,7 +128,7 @@ struct BucketState {
         }
         let compactions = counters.compactions
         do {
-            _ = try append(&tombstone, header, nextSequence: nextSequence, now: now)
+            _ = try append(&tombstone, header, nextSequence: nextSequence, now: now, through: true)
         } catch {
             if let previous, counters.compactions == compactions { restore(previous) }
             throw error
@@ -156,7 +164,7 @@ struct BucketState {
         }
         let compactions = counters.compactions
         do {
-            _ = try append(&tombstone, header, nextSequence: nextSequence, now: now)
+            _ = try append(&tombstone, header, nextSequence: nextSequence, now: now, through: true)
         } catch {
             if counters.compactions == compactions { for member in members { restore(member) } }
             throw error
@@ -170,6 +178,7 @@ struct BucketState {
     mutating func removeAll() throws(MagpieError) {
         try checkOpen()
         try FileIO.truncate(fd, to: BucketFileHeader.size, path: context.path)
+        pending.removeAll(keepingCapacity: true)
         counters.removals += UInt64(index.count)
         index.removeAll()
         liveBytes = 0
@@ -184,7 +193,7 @@ struct BucketState {
     }
 
     /// Drops every indexed slot for which `condition` holds, in one pass; returns how many.
-    private mutating func dropAll(where condition: (DiskSlot) -> Bool) -> Int {
+    mutating func dropAll(where condition: (DiskSlot) -> Bool) -> Int {
         var removed = 0
         var position = 0
         while position < index.slots.count {
@@ -200,10 +209,12 @@ struct BucketState {
 
     mutating func flush() throws(MagpieError) {
         try checkOpen()
+        try writePending()
         try FileIO.sync(fd, path: context.path)
     }
 
     mutating func close() {
+        if isOpen { try? writePending() }  // best effort: `DiskTier.close()` has flushed already
         mapping?.unmap()
         mapping = nil
         if fd >= 0 { Glibc.close(fd) }
@@ -217,26 +228,12 @@ struct BucketState {
         mapping = context.mappedReads && fd >= 0 ? FileMapping.map(fd, length: context.share) : nil
     }
 
-    /// Overwrites the magic of a record that is no longer indexed with "DEAD", so that recovery never
-    /// applies it. Best effort: the record is already out of the index, and a tombstone or newer
-    /// record follows it in the file; a failed mark only loses that extra protection.
-    private func markDead(_ slot: DiskSlot) {
-        guard slot.offset + 4 <= size else { return }  // never write past the records
-        withUnsafeBytes(of: RecordHeader.deadMagic.littleEndian) { raw in
-            _ = try? FileIO.write(fd, raw, at: slot.offset, path: context.path, operation: "mark")
-        }
-    }
-
-    private mutating func restore(_ slot: DiskSlot) {
-        index.insert(slot)
-        liveBytes += slot.length
-    }
-
     // MARK: Room
 
-    /// Makes room if needed, stamps the record's sequence number and appends it. Returns its offset.
+    /// Makes room if needed, stamps the record's sequence number and appends it (`through`: and writes
+    /// it and everything buffered before it to the file). Returns its offset.
     private mutating func append(
-        _ record: inout [UInt8], _ header: RecordHeader, nextSequence: () -> UInt64, now: Int64
+        _ record: inout [UInt8], _ header: RecordHeader, nextSequence: () -> UInt64, now: Int64, through: Bool = false
     ) throws(MagpieError) -> Int {
         if size + record.count > context.share { try makeRoom(for: record.count, now: now) }
         guard size + record.count <= context.share else {
@@ -245,20 +242,9 @@ struct BucketState {
         let sequence = nextSequence()
         record.withUnsafeMutableBytes { RecordHeader.setSequence(sequence, in: $0, header) }
         let offset = size
-        let fd = self.fd
-        let path = context.path
-        do {
-            try record.withUnsafeBytes { raw in
-                Result { () throws(MagpieError) in try FileIO.write(fd, raw, at: offset, path: path) }
-            }.get()
-        } catch {
-            // Best effort: cut a partial record off. If this fails too, `size` still excludes it, the
-            // next append overwrites it, and recovery would truncate it as a torn tail.
-            try? FileIO.truncate(fd, to: offset, path: path)
-            throw error
-        }
-        size += record.count
+        try record.withUnsafeBytes { raw in Result { () throws(MagpieError) in try put(raw) } }.get()
         maximumSequence = max(maximumSequence, sequence)
+        if through { try writePending() }
         return offset
     }
 
@@ -313,35 +299,44 @@ struct BucketState {
         }
     }
 
-    /// Rewrites the live records into a new file and renames it over the bucket file.
+    /// Rewrites the live records (buffered ones included) into a new file, in writes of up to
+    /// `compactionChunk` bytes, and renames it over the bucket file.
     private mutating func compact() throws(MagpieError) {
         let temporary = context.path + ".compact"
         let newFD = try FileIO.open(temporary, O_RDWR | O_CREAT | O_TRUNC)
         var moved = index
         var newSize = BucketFileHeader.size
+        // The new file's bytes not yet written: they start at `chunkOffset`.
+        var chunk = BucketFileHeader(bucketIndex: context.number, bucketCount: context.bucketCount, seed: context.hasher.seed)
+            .encoded()
+        chunk.reserveCapacity(Self.compactionChunk)
+        var chunkOffset = 0
         do {
-            let header = BucketFileHeader(bucketIndex: context.number, bucketCount: context.bucketCount, seed: context.hasher.seed)
-            try header.encoded().withUnsafeBytes { raw in
-                Result { () throws(MagpieError) in try FileIO.write(newFD, raw, at: 0, path: temporary) }
-            }.get()
             for position in 0..<index.slots.count where !index[position].isEmpty {
-                let at = newSize
                 let slot = index[position]
                 let bytes = try readRecord(slot)
-                let copied = try bytes.withUnsafeBytes { raw in
-                    Result { () throws(MagpieError) -> Int in
-                        // Verified again: damage done to the file since the record was indexed stays
-                        // behind (the slot is dropped below) instead of being copied into the new file.
-                        guard raw.count == slot.length, let header = RecordHeader.validate(raw), header.kind == .value,
-                            !header.isDead, header.recordLength == slot.length
-                        else { return 0 }
-                        try FileIO.write(newFD, raw, at: at, path: temporary)
-                        return raw.count
-                    }
-                }.get()
-                moved[position].offset8 = copied == 0 ? Self.damagedOffset8 : UInt32(newSize / 8)
-                newSize += copied
+                // Verified again: damage done to the file since the record was indexed stays behind
+                // (the slot is dropped below) instead of being copied into the new file.
+                let intact = bytes.withUnsafeBytes { raw in
+                    guard raw.count == slot.length, let header = RecordHeader.validate(raw), header.kind == .value,
+                        !header.isDead, header.recordLength == slot.length
+                    else { return false }
+                    return true
+                }
+                guard intact else {
+                    moved[position].offset8 = Self.damagedOffset8
+                    continue
+                }
+                if chunk.count + bytes.count > Self.compactionChunk && !chunk.isEmpty {
+                    try Self.write(chunk, to: newFD, at: chunkOffset, path: temporary)
+                    chunkOffset += chunk.count
+                    chunk.removeAll(keepingCapacity: true)
+                }
+                chunk.append(contentsOf: bytes)
+                moved[position].offset8 = UInt32(newSize / 8)
+                newSize += bytes.count
             }
+            try Self.write(chunk, to: newFD, at: chunkOffset, path: temporary)
             try FileIO.sync(newFD, path: temporary)
             try FileIO.rename(temporary, to: context.path)
         } catch {
@@ -354,6 +349,7 @@ struct BucketState {
         fd = newFD
         remap()
         size = newSize
+        pending.removeAll(keepingCapacity: true)
         index = moved
         counters.compactions += 1
         needsHealing = false
@@ -365,6 +361,15 @@ struct BucketState {
                 metadata: ["path": "\(context.path)", "records": "\(damaged)"])
         }
         try FileIO.syncDirectory(context.directory)
+    }
+
+    /// The most bytes a compaction gathers before one write to the new file.
+    static let compactionChunk = 256 * 1024
+
+    private static func write(_ bytes: [UInt8], to fd: Int32, at offset: Int, path: String) throws(MagpieError) {
+        try bytes.withUnsafeBytes { raw in
+            Result { () throws(MagpieError) in try FileIO.write(fd, raw, at: offset, path: path) }
+        }.get()
     }
 
     /// Marks, during a compaction, a slot whose record failed verification (no record starts there:

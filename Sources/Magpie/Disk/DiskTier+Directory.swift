@@ -144,6 +144,8 @@ extension DiskTier {
                 total.entries += state.index.count
                 total.liveBytes += state.liveBytes
                 total.bytesOnDisk += state.size
+                total.bufferedBytes += state.pending.count
+                total.lostBufferedStores += c.lostBufferedRecords
                 total.indexBytes += state.index.bytes
             }
         }

@@ -17,20 +17,24 @@ import Synchronization
 /// described in `Disk/RecordFormat.swift` and `Disk/Bucket+Recovery.swift`.
 ///
 /// **Reads.** A read copies the key's record out of a read-only mapping of its bucket file (or reads it
-/// with `pread`, see ``Configuration/mappedReads``) into the bucket's buffer, verifies it there (checksum,
-/// key) and copies or decompresses the value from it, all under the bucket's lock. Values that look
-/// like noise (see `Compression/Compressibility.swift`) are stored raw without asking zstd.
+/// with `pread`, see ``Configuration/mappedReads``; or out of the bucket's write buffer) into a new
+/// array under the bucket's lock, verifies it there (checksum, key), then trims it to the value or
+/// decompresses the value from it. Values that look like noise (see `Compression/Compressibility.swift`)
+/// are stored raw without asking zstd.
 ///
 /// **Budget.** The bucket files never exceed ``Configuration/budget`` bytes together. While a bucket is
 /// compacted, one temporary file of at most ``bucketBudget`` bytes exists besides them (one compaction
 /// runs at a time), so the directory holds at most budget + bucketBudget bytes, plus MANIFEST and LOCK.
 ///
-/// **Durability.** A store, removal or group removal has reached the kernel's page cache when the call
-/// returns: it survives the process being killed, not a power loss. ``flush()`` makes everything
-/// written so far durable (fsync of every bucket file and of the directories). After a crash, recent
-/// writes may be lost, but a read returns either nothing or exactly a value that was stored for its
-/// key, and a removal or group removal that returned is never undone by a restart. ``removeAll()``
-/// empties bucket after bucket: a crash in the middle leaves the buckets it had not reached.
+/// **Durability.** A removal or group removal has reached the kernel's page cache when the call
+/// returns: it survives the process being killed, not a power loss. A store has too with
+/// ``Configuration/writeBufferSize`` 0; by default it may wait in its bucket's write buffer (at most
+/// 64 KiB) until the buffer is written, and is lost if the process dies first. ``flush()`` makes
+/// everything stored so far durable (the buffers written, fsync of every bucket file and of the
+/// directories). After a crash, recent stores may be lost, but a read returns either nothing or
+/// exactly a value that was stored for its key (never one a later store replaced), and a removal or
+/// group removal that returned is never undone by a restart. ``removeAll()`` empties bucket after
+/// bucket: a crash in the middle leaves the buckets it had not reached.
 ///
 /// **Reopening.** ``close()`` leaves an index snapshot per bucket, so a reopen after a clean close reads
 /// the snapshots instead of scanning every record (see `Disk/Bucket+Snapshot.swift`); after a crash the
@@ -66,6 +70,14 @@ public final class DiskTier: Sendable {
         /// inside its own copy into a fallback to `pread` and passes every other SIGBUS on to the handler
         /// installed before it. Set false to keep the process's signal handling untouched.
         public var mappedReads = true
+        /// Bytes of appends each bucket gathers in memory before writing them to its file with one
+        /// `pwrite` (at most an eighth of ``DiskTier/bucketBudget``): a set then costs the kernel's write
+        /// path about half as much (BENCHMARKS.md). The price: a set reaches the kernel only when its
+        /// bucket's buffer is written (when full, by a removal, a compaction, ``DiskTier/flush()`` or
+        /// ``DiskTier/close()``), so a process crash loses the sets still buffered; they read as misses
+        /// after a restart, never as older values. Removals are always written through. Memory: up to
+        /// this many bytes per bucket. 0 writes every record to the kernel before the call returns.
+        public var writeBufferSize = 64 * 1024
 
         /// A configuration with defaults: zstd level 1, values of 64 bytes or more compressed.
         public init(
@@ -147,7 +159,8 @@ public final class DiskTier: Sendable {
                     let context = BucketContext(
                         number: number, path: bucketDirectory + "/" + Self.bucketName(number, count: count),
                         directory: bucketDirectory, share: share, hasher: hasher, bucketCount: count, compaction: compaction,
-                        logger: configuration.logger, mappedReads: configuration.mappedReads)
+                        logger: configuration.logger, mappedReads: configuration.mappedReads,
+                        writeBuffer: max(0, min(configuration.writeBufferSize, share / 8)))
                     if hadManifest && access(context.path, F_OK) != 0 {
                         // Deleted from outside: it is recreated empty, and its entries are lost (misses).
                         missing += 1

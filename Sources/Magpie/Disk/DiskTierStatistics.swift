@@ -28,8 +28,13 @@ public struct DiskTierStatistics: Sendable, Hashable {
     public var entries: Int = 0
     /// Bytes of the live entries' records.
     public var liveBytes: Int = 0
-    /// Bytes of all bucket files (never more than the budget).
+    /// Bytes of all bucket files, with the bytes still in their write buffers (never more than the budget).
     public var bytesOnDisk: Int = 0
+    /// Bytes stored but still in the buckets' write buffers (see ``DiskTier/Configuration/writeBufferSize``).
+    public var bufferedBytes: Int = 0
+    /// Stores that had returned but were lost while in a write buffer, because writing the buffer
+    /// failed (they read as misses).
+    public var lostBufferedStores: UInt64 = 0
     /// Bytes of the in-memory indexes.
     public var indexBytes: Int = 0
     /// Value bytes given to ``DiskTier/set(_:forKey:expiry:group:)-(Sequence<UInt8>,Sequence<UInt8>,_,_)`` since open.
