@@ -49,11 +49,11 @@ extension BucketState {
             try expected.encoded().withUnsafeBytes { raw in
                 Result { () throws(MagpieError) in try FileIO.write(fd, raw, at: 0, path: path) }
             }.get()
-            size = BucketFileHeader.size
+            written = BucketFileHeader.size
             return
         }
         let end = bytes.withUnsafeBytes { scan($0, now: now) }
-        size = end
+        written = end
         if end < fileSize {
             counters.truncatedTails += 1
             try FileIO.truncate(fd, to: end, path: path)

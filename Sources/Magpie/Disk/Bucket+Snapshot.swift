@@ -88,7 +88,7 @@ extension BucketState {
         self.index = index
         self.liveBytes = liveBytes
         self.maximumSequence = sequence
-        self.size = fileSize
+        self.written = fileSize
         return true
     }
 }

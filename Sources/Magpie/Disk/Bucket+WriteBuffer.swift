@@ -8,9 +8,9 @@ import Glibc
 // must find them in the file: a removal (its tombstone must reach the kernel before it returns),
 // `flush()`, `close()`, a snapshot. A compaction copies them into the new file with the rest.
 //
-// Why: one 4 KiB `pwrite` per record made the kernel's write path (a system call, page-cache folio
-// lookups, and zeroing the rest of every partly written new block) about a fifth of a set; one
-// `pwrite` per 64 KiB costs per record about half of that (BENCHMARKS.md).
+// Why: with one `pwrite` per record, the kernel's write path (a system call, page-cache folio
+// lookups, zeroing the rest of every partly written new block) was about half of a set's time (perf);
+// gathered into writes of up to 64 KiB, a set takes about 30 % less time (BENCHMARKS.md).
 //
 // What it costs: a set is in the kernel only once its bucket's buffer is written, so a process crash
 // loses what the buffers held (up to `writeBuffer` bytes per bucket): those keys read as misses after
@@ -20,9 +20,6 @@ import Glibc
 // Reads of buffered records copy them out of `pending` (under the bucket's lock, like every read).
 
 extension BucketState {
-    /// Bytes of the log that are in the file; `size - written` are in `pending`.
-    var written: Int { size - pending.count }
-
     /// Appends `record` at `size`: into the buffer when it fits there, else (or with no buffer) after
     /// writing the buffer, straight to the file. On failure nothing of `record` is in the log, and if
     /// the buffer could not be written its records are gone (see `writePending`).
@@ -32,7 +29,6 @@ extension BucketState {
             if pending.count + record.count > capacity { try writePending() }
             if pending.capacity < capacity { pending.reserveCapacity(capacity) }
             record.withMemoryRebound(to: UInt8.self) { pending.append(contentsOf: $0) }  // one memcpy
-            size += record.count
             return
         }
         try writePending()
@@ -45,7 +41,7 @@ extension BucketState {
             try? FileIO.truncate(fd, to: offset, path: context.path)
             throw error
         }
-        size += record.count
+        written += record.count
     }
 
     /// Writes the buffered records to the file. On failure they are lost: their index slots are
@@ -65,6 +61,7 @@ extension BucketState {
             discardPending()
             throw error
         }
+        written += pending.count
         pending.removeAll(keepingCapacity: true)
     }
 
@@ -73,7 +70,6 @@ extension BucketState {
         let offset = written
         let lost = dropAll { $0.offset >= offset }
         counters.lostBufferedRecords += UInt64(lost)
-        size = offset
         pending.removeAll(keepingCapacity: true)
     }
 

@@ -50,11 +50,13 @@ struct BucketCounters {
 struct BucketState {
     let context: BucketContext
     var fd: Int32 = -1
-    /// Bytes of the log: header and records up to the last complete append, the last `pending.count`
-    /// of them still in the write buffer (see Bucket+WriteBuffer.swift).
-    var size = BucketFileHeader.size
-    /// Records appended but not yet written to the file: they belong at `size - pending.count`.
+    /// Bytes of the log in the file: header and records up to the last complete write.
+    var written = BucketFileHeader.size
+    /// Records appended but not yet written to the file (see Bucket+WriteBuffer.swift): they belong
+    /// at `written`. (A read of a written record never touches this array, not even its count.)
     var pending: [UInt8] = []
+    /// Bytes of the log: `written` and the buffered records after them.
+    var size: Int { written + pending.count }
     /// Bytes of the records the index points at.
     var liveBytes = 0
     var index = BucketIndex()
@@ -182,7 +184,7 @@ struct BucketState {
         counters.removals += UInt64(index.count)
         index.removeAll()
         liveBytes = 0
-        size = BucketFileHeader.size
+        written = BucketFileHeader.size
     }
 
     /// Drops entries whose expiry has passed; returns how many.
@@ -348,7 +350,7 @@ struct BucketState {
         Glibc.close(fd)
         fd = newFD
         remap()
-        size = newSize
+        written = newSize
         pending.removeAll(keepingCapacity: true)
         index = moved
         counters.compactions += 1
