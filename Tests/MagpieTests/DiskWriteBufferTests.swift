@@ -150,4 +150,37 @@ struct DiskWriteBufferTests {
         }
         try tier.close()
     }
+
+    @Test("a Cache writes its disk buffers to the kernel every diskBufferWriteInterval; without it they wait")
+    func cacheWritesBuffers() async throws {
+        for interval in [Duration.milliseconds(50), nil] {
+            let directory = TemporaryDirectory()
+            defer { directory.cleanup() }
+            var configuration = Cache.Configuration(directory: directory.path, memoryBudget: 1 << 20, diskBudget: 4 << 20)
+            configuration.bucketCount = 1
+            configuration.hashSeed = 3
+            configuration.metrics = nil
+            configuration.diskBufferWriteInterval = interval
+            let cache = try Cache(configuration)
+            let value = selfDescribingValue(key: 1, version: 1, length: 3000)
+            try await cache.set(value, forKey: "k")
+            var buffered = cache.statistics.disk?.bufferedBytes ?? -1
+            for _ in 0..<(interval == nil ? 15 : 100) where buffered != 0 {  // up to 0.3 s (6 intervals) or 2 s
+                try await Task.sleep(for: .milliseconds(20))
+                buffered = cache.statistics.disk?.bufferedBytes ?? -1
+            }
+            if interval == nil {
+                #expect(buffered > 0, "without the periodic write the store stays buffered")
+            } else {
+                #expect(buffered == 0, "the periodic write did not run")
+                // What a SIGKILL would leave now holds the store.
+                let image = directory.child("crash")
+                try Self.crashImage(of: directory.path, to: image)
+                let recovered = try DiskTier(.init(directory: image, budget: 4 << 20))
+                #expect(try recovered.value(forKey: "k") == value)
+                try recovered.close()
+            }
+            try cache.close()
+        }
+    }
 }

@@ -48,6 +48,8 @@ public final class Cache: Sendable {
     let closed = Atomic<Bool>(false)
     let logger: Logger
     let metrics: MetricsReporter?
+    /// The task that writes the disk write buffers every ``Configuration/diskBufferWriteInterval``.
+    let bufferWriter = Locked<Task<Void, Never>?>(nil)
 
     final class Counters: Sendable {
         let promotions = Atomic<UInt64>(0)
@@ -92,6 +94,9 @@ public final class Cache: Sendable {
         pool = IOThreadPool(threadCount: disk == nil ? 1 : configuration.ioThreadCount, name: "magpie-io")
         metrics = configuration.metrics.map { MetricsReporter($0) }
         if let interval = configuration.metrics?.interval { startReporting(every: interval) }
+        if disk != nil, configuration.diskWriteBufferSize > 0, let interval = configuration.diskBufferWriteInterval {
+            startWritingBuffers(every: interval)
+        }
     }
 
     /// A memory-only cache with the given budget (the other settings default).
@@ -100,6 +105,7 @@ public final class Cache: Sendable {
     }
 
     deinit {
+        bufferWriter.withLock { $0?.cancel() }
         pool.shutdown()
         metrics?.stop()
     }
@@ -325,6 +331,7 @@ public final class Cache: Sendable {
     /// reads return nil. Closing twice is harmless.
     public func close() throws(MagpieError) {
         guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        bufferWriter.withLock { $0?.cancel() }
         pool.shutdown()
         metrics?.stop()
         reportMetrics()
@@ -343,6 +350,21 @@ public final class Cache: Sendable {
     }
 
     // MARK: Helpers
+
+    /// Writes the disk tier's write buffers every `interval`, on an I/O thread (failures are logged and
+    /// counted in ``CacheStatistics/diskErrors`` like any disk failure).
+    private func startWritingBuffers(every interval: Duration) {
+        let task = Task { [weak self] in
+            while !Task.isCancelled {
+                try? await Task.sleep(for: interval)
+                guard let self, !Task.isCancelled, let disk = self.disk else { return }
+                _ = try? await self.pool.run { [self] () throws(MagpieError) in
+                    try self.logged("buffer write") { () throws(MagpieError) in try disk.writeBuffers() }
+                }
+            }
+        }
+        bufferWriter.withLock { $0 = task }
+    }
 
     func checkOpen() throws(MagpieError) {
         if closed.load(ordering: .relaxed) { throw MagpieError(.closed, "the cache is closed") }

@@ -46,6 +46,10 @@ extension Cache {
         /// Bytes each disk bucket gathers before one write to its file; 0 writes every disk store
         /// through before the call returns. See ``DiskTier/Configuration/writeBufferSize``.
         public var diskWriteBufferSize = 64 * 1024
+        /// How often the cache writes its disk buckets' write buffers to the kernel (on an I/O thread,
+        /// without fsync), so that no store waits longer than about this for a crash to spare it; nil
+        /// writes them only when full, on a removal, `flush()` and `close()`.
+        public var diskBufferWriteInterval: Duration? = .seconds(1)
 
         /// A configuration with the defaults; pass a directory for a two-tier cache.
         public init(

@@ -29,7 +29,7 @@ import Synchronization
 /// **Durability.** A removal or group removal has reached the kernel's page cache when the call
 /// returns: it survives the process being killed, not a power loss. A store has too with
 /// ``Configuration/writeBufferSize`` 0; by default it may wait in its bucket's write buffer (at most
-/// 64 KiB) until the buffer is written, and is lost if the process dies first. ``flush()`` makes
+/// 64 KiB) until the buffer is written (see ``writeBuffers()``), and is lost if the process dies first. ``flush()`` makes
 /// everything stored so far durable (the buffers written, fsync of every bucket file and of the
 /// directories). After a crash, recent stores may be lost, but a read returns either nothing or
 /// exactly a value that was stored for its key (never one a later store replaced), and a removal or
@@ -71,12 +71,13 @@ public final class DiskTier: Sendable {
         /// installed before it. Set false to keep the process's signal handling untouched.
         public var mappedReads = true
         /// Bytes of appends each bucket gathers in memory before writing them to its file with one
-        /// `pwrite` (at most an eighth of ``DiskTier/bucketBudget``): a set then costs the kernel's write
-        /// path about half as much (BENCHMARKS.md). The price: a set reaches the kernel only when its
-        /// bucket's buffer is written (when full, by a removal, a compaction, ``DiskTier/flush()`` or
-        /// ``DiskTier/close()``), so a process crash loses the sets still buffered; they read as misses
-        /// after a restart, never as older values. Removals are always written through. Memory: up to
-        /// this many bytes per bucket. 0 writes every record to the kernel before the call returns.
+        /// `pwrite` (at most an eighth of ``DiskTier/bucketBudget``): 30 % less time per set on our
+        /// machine (BENCHMARKS.md). The price: a set reaches the kernel only when its bucket's buffer is
+        /// written (when full, by a removal, a compaction, ``DiskTier/writeBuffers()``,
+        /// ``DiskTier/flush()`` or ``DiskTier/close()``; a `Cache` calls `writeBuffers()` every second),
+        /// so a process crash loses the sets still buffered; they read as misses after a restart, never
+        /// as older values. Removals are always written through. Memory: up to this many bytes per
+        /// bucket. 0 writes every record to the kernel before the call returns.
         public var writeBufferSize = 64 * 1024
 
         /// A configuration with defaults: zstd level 1, values of 64 bytes or more compressed.
@@ -344,6 +345,26 @@ public final class DiskTier: Sendable {
         }
         try FileIO.syncDirectory(configuration.directory + "/buckets")
         try FileIO.syncDirectory(configuration.directory)
+    }
+
+    /// Writes every bucket's write buffer to its file: everything stored so far has then reached the
+    /// kernel's page cache and survives the process being killed (not a power loss: that is
+    /// ``flush()``). A `Cache` calls it every ``Cache/Configuration/diskBufferWriteInterval``.
+    /// - Throws: the first bucket's failure (every bucket is still tried; the stores a failed buffer
+    ///   held become misses, see ``DiskTierStatistics/lostBufferedStores``), ``MagpieError/Code/closed``.
+    public func writeBuffers() throws(MagpieError) {
+        var failure: MagpieError? = nil
+        for bucket in buckets {
+            do {
+                try bucket.withLock { (state: inout BucketState) throws(MagpieError) in
+                    try state.checkOpen()
+                    try state.writePending()
+                }
+            } catch {
+                failure = failure ?? error
+            }
+        }
+        if let failure { throw failure }
     }
 
     /// Flushes, then closes every file and releases the directory. Later calls throw

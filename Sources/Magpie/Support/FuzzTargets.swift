@@ -203,12 +203,14 @@ struct BucketImage {
             if control & 8 != 0 {
                 record.withUnsafeMutableBytes { $0.storeBytes(of: RecordHeader.deadMagic.littleEndian, as: UInt32.self) }
             }
-            // A valid value record: its bytes may be returned for its key. A torn one counts too when the
-            // cut fell in its padding (every checksummed byte is there, so it is whole).
+            // A valid value record: its bytes may be returned for its key. A torn one counts too: the cut
+            // may fall in its padding, and the bytes that follow it (garbage, the next record) may by
+            // chance be exactly the ones cut off, and then it is whole again (a fuzzer found such an
+            // input). Its value is still the only one it can yield: other bytes fail the checksum.
             let intact = !broken && kind == .value && control & 8 == 0
             if control & 3 == 3 {
                 let tornLength: Int = Int(byte()) % max(1, record.count)
-                if intact && tornLength >= RecordHeader.size + header.bodyLength { values[key, default: []].append(value) }
+                if intact { values[key, default: []].append(value) }
                 bytes += record.prefix(tornLength)  // a torn record
                 continue
             }
