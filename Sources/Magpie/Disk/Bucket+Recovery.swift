@@ -46,9 +46,7 @@ extension BucketState {
         guard header == expected else {
             if read > 0 { counters.corruptRecords += 1 }
             try FileIO.truncate(fd, to: 0, path: path)
-            try expected.encoded().withUnsafeBytes { raw in
-                Result { () throws(MagpieError) in try FileIO.write(fd, raw, at: 0, path: path) }
-            }.get()
+            try FileIO.write(fd, expected.encoded(), at: 0, path: path)
             written = BucketFileHeader.size
             return
         }

@@ -50,14 +50,10 @@ extension BucketState {
     mutating func writePending() throws(MagpieError) {
         guard !pending.isEmpty else { return }
         let offset = written
-        let fd = self.fd
-        let path = context.path
         do {
-            try pending.withUnsafeBytes { raw in
-                Result { () throws(MagpieError) in try FileIO.write(fd, raw, at: offset, path: path) }
-            }.get()
+            try FileIO.write(fd, pending, at: offset, path: context.path)
         } catch {
-            try? FileIO.truncate(fd, to: offset, path: path)
+            try? FileIO.truncate(fd, to: offset, path: context.path)
             discardPending()
             throw error
         }

@@ -330,7 +330,7 @@ struct BucketState {
                     continue
                 }
                 if chunk.count + bytes.count > Self.compactionChunk && !chunk.isEmpty {
-                    try Self.write(chunk, to: newFD, at: chunkOffset, path: temporary)
+                    try FileIO.write(newFD, chunk, at: chunkOffset, path: temporary)
                     chunkOffset += chunk.count
                     chunk.removeAll(keepingCapacity: true)
                 }
@@ -338,7 +338,7 @@ struct BucketState {
                 moved[position].offset8 = UInt32(newSize / 8)
                 newSize += bytes.count
             }
-            try Self.write(chunk, to: newFD, at: chunkOffset, path: temporary)
+            try FileIO.write(newFD, chunk, at: chunkOffset, path: temporary)
             try FileIO.sync(newFD, path: temporary)
             try FileIO.rename(temporary, to: context.path)
         } catch {
@@ -367,12 +367,6 @@ struct BucketState {
 
     /// The most bytes a compaction gathers before one write to the new file.
     static let compactionChunk = 256 * 1024
-
-    private static func write(_ bytes: [UInt8], to fd: Int32, at offset: Int, path: String) throws(MagpieError) {
-        try bytes.withUnsafeBytes { raw in
-            Result { () throws(MagpieError) in try FileIO.write(fd, raw, at: offset, path: path) }
-        }.get()
-    }
 
     /// Marks, during a compaction, a slot whose record failed verification (no record starts there:
     /// the largest bucket's last 8 bytes cannot hold one).

@@ -86,6 +86,16 @@ enum FileIO {
         }
     }
 
+    /// ``write(_:_:at:path:operation:)`` of an array's bytes (`Array.withUnsafeBytes` rethrows untyped
+    /// errors, so the typed error travels out as a `Result`).
+    static func write(
+        _ fd: Int32, _ bytes: [UInt8], at offset: Int, path: String, operation: String = "pwrite"
+    ) throws(MagpieError) {
+        try bytes.withUnsafeBytes { raw in
+            Result { () throws(MagpieError) in try write(fd, raw, at: offset, path: path, operation: operation) }
+        }.get()
+    }
+
     /// `fsync(2)`.
     static func sync(_ fd: Int32, path: String) throws(MagpieError) {
         try injected("fsync", path)

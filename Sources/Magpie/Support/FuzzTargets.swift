@@ -49,7 +49,7 @@ public enum FuzzTargets {
             if data.count % 2 == 0 { unlink(bucket + ".index") }
             let fd = try FileIO.open(bucket, O_RDWR | O_CREAT | O_TRUNC)
             defer { Glibc.close(fd) }
-            try image.bytes.withUnsafeBytes { raw in Result { () throws(MagpieError) in try FileIO.write(fd, raw, at: 0, path: bucket) } }.get()
+            try FileIO.write(fd, image.bytes, at: 0, path: bucket)
         } catch {
             return nil  // the file system failed us, not the code under test
         }
