@@ -9,7 +9,7 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
     public struct Code: Sendable, Hashable, CustomStringConvertible {
         private enum Kind: Sendable, Hashable {
             case keyTooLong, valueTooLarge, invalidConfiguration, compressionFailed, decompressionFailed
-            case directoryLocked, directoryUnusable, manifestMismatch, noSpace, ioFailure, closed
+            case directoryLocked, directoryUnusable, directoryUnsafe, directoryReplaced, manifestMismatch, noSpace, ioFailure, closed
             case encodingFailed, decodingFailed
         }
 
@@ -32,6 +32,16 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
         /// The directory is missing and cannot be created, is not writable, holds files Magpie did not
         /// write, or its MANIFEST is unreadable. ``DiskTier/destroy(directory:)`` resets a Magpie directory.
         public static let directoryUnusable = Code(.directoryUnusable)
+        /// The directory cannot be trusted, so the tier refuses to write in it: the directory (or its
+        /// `buckets/`) is a symbolic link, is owned by another user, or is writable by other users (or
+        /// by its group, unless ``DiskTier/Configuration/allowsGroupWritableDirectory``); or a file the
+        /// tier must open (LOCK, MANIFEST) is a symbolic link, not a regular file, or owned by another
+        /// user. ``MagpieError/message`` names the problem and ``MagpieError/path`` the entry.
+        public static let directoryUnsafe = Code(.directoryUnsafe)
+        /// The directory, its `buckets/` or a bucket file was removed, renamed or replaced while the tier
+        /// had it open. The tier fails every later call (instead of writing into files nobody can reach);
+        /// close it and open the directory again.
+        public static let directoryReplaced = Code(.directoryReplaced)
         /// The MANIFEST's format version or bucket count differs from what was asked for.
         public static let manifestMismatch = Code(.manifestMismatch)
         /// The file system is full (`ENOSPC`) or over quota (`EDQUOT`).
@@ -51,6 +61,8 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
             switch kind {
             case .directoryLocked: "directoryLocked"
             case .directoryUnusable: "directoryUnusable"
+            case .directoryUnsafe: "directoryUnsafe"
+            case .directoryReplaced: "directoryReplaced"
             case .manifestMismatch: "manifestMismatch"
             case .noSpace: "noSpace"
             case .ioFailure: "ioFailure"

@@ -19,7 +19,7 @@ extension BucketState {
     /// Opens (creating if needed) and recovers the bucket file.
     static func open(context: BucketContext, now: Int64) throws(MagpieError) -> BucketState {
         var state = BucketState(context: context)
-        state.fd = try FileIO.open(context.path, O_RDWR | O_CREAT)
+        state.fd = try context.directory.open(.buckets, context.name, writable: true, create: true)!
         state.remap()
         do {
             try state.recover(now: now)
@@ -36,7 +36,7 @@ extension BucketState {
             counters.openedFromSnapshot = true
             return
         }
-        unlink(snapshotPath)  // unusable: never let it be read later
+        try? context.directory.unlink(.buckets, snapshotName)  // unusable: never let it be read later
         let bytes = try readBytes(fileSize, at: 0)
         let read = bytes.count
         let fd = self.fd

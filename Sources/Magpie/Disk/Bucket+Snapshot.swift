@@ -19,7 +19,7 @@ extension BucketState {
     /// 2: tags are the key hash's low 32 bits.
     static let snapshotVersion: UInt32 = 2
 
-    var snapshotPath: String { context.path + ".index" }
+    var snapshotName: String { context.name + ".index" }
 
     /// Writes the index snapshot (after a flush, on close). Best effort: a failure only means the
     /// next open scans the file.
@@ -49,13 +49,16 @@ extension BucketState {
             let sum = KeyHash(seed: 0).hash(UnsafeRawBufferPointer(rebasing: raw[0..<end]))
             raw.storeBytes(of: sum.littleEndian, toByteOffset: end, as: UInt64.self)
         }
-        _ = try? FileIO.writeFileAtomically(snapshotPath, bytes, directory: context.directory)
+        _ = try? context.directory.writeAtomically(.buckets, snapshotName, bytes)
     }
 
     /// Loads and deletes the snapshot if it fits the bucket file of `fileSize` bytes. True if loaded.
     mutating func loadSnapshot(fileSize: Int) -> Bool {
-        guard let bytes = try? FileIO.readFile(snapshotPath) else { return false }
-        defer { unlink(snapshotPath) }
+        guard let bytes = try? context.directory.readFile(.buckets, snapshotName) else {
+            try? context.directory.unlink(.buckets, snapshotName)  // a link or not ours: never read later
+            return false
+        }
+        defer { try? context.directory.unlink(.buckets, snapshotName) }
         let loaded = bytes.withUnsafeBytes { raw -> (BucketIndex, Int, UInt64)? in
             guard raw.count >= Self.snapshotHeaderSize + 8 else { return nil }
             func u32(_ at: Int) -> UInt32 { UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: at, as: UInt32.self)) }

@@ -15,8 +15,11 @@ import Logging
 /// What every bucket of a tier shares, and what tells buckets apart.
 struct BucketContext: Sendable {
     let number: Int
+    /// The file's name in `buckets/` ("00" … "ff").
+    let name: String
+    /// The file's path, for messages and fault injection (files are reached through `directory`).
     let path: String
-    let directory: String
+    let directory: CacheDirectory
     let share: Int
     let hasher: KeyHash
     let bucketCount: Int
@@ -24,6 +27,8 @@ struct BucketContext: Sendable {
     /// (It holds the tier's count of compactions begun rather than Void: Thread Sanitizer reports the
     /// zero-sized state's accesses as racing with reads of the lock's own fields.)
     let compaction: Locked<UInt64>
+    /// The tier's health: once the directory was found replaced, every operation fails.
+    let health: TierHealth
     let logger: Logger?
     /// Read through a mapping of the file (``DiskTier/Configuration/mappedReads``).
     let mappedReads: Bool
@@ -76,6 +81,7 @@ struct BucketState {
 
     func checkOpen() throws(MagpieError) {
         guard isOpen else { throw MagpieError(.closed, "the disk tier is closed", path: context.path) }
+        if let failure = context.health.failure { throw failure }
     }
 
     /// Removes the slot at `position` from the index (its record becomes garbage).
@@ -304,8 +310,9 @@ struct BucketState {
     /// Rewrites the live records (buffered ones included) into a new file, in writes of up to
     /// `compactionChunk` bytes, and renames it over the bucket file.
     private mutating func compact() throws(MagpieError) {
+        let temporaryName = context.name + ".compact"
         let temporary = context.path + ".compact"
-        let newFD = try FileIO.open(temporary, O_RDWR | O_CREAT | O_TRUNC)
+        let newFD = try context.directory.createExclusive(.buckets, temporaryName)
         var moved = index
         var newSize = BucketFileHeader.size
         // The new file's bytes not yet written: they start at `chunkOffset`.
@@ -340,10 +347,10 @@ struct BucketState {
             }
             try FileIO.write(newFD, chunk, at: chunkOffset, path: temporary)
             try FileIO.sync(newFD, path: temporary)
-            try FileIO.rename(temporary, to: context.path)
+            try context.directory.rename(.buckets, temporaryName, to: context.name)
         } catch {
             Glibc.close(newFD)
-            unlink(temporary)
+            try? context.directory.unlink(.buckets, temporaryName)
             throw error
         }
         // The renamed file is the bucket now, whatever happens next.
@@ -362,7 +369,7 @@ struct BucketState {
                 "magpie: damaged records were left out of a compacted bucket",
                 metadata: ["path": "\(context.path)", "records": "\(damaged)"])
         }
-        try FileIO.syncDirectory(context.directory)
+        try context.directory.sync(.buckets)
     }
 
     /// The most bytes a compaction gathers before one write to the new file.

@@ -1,21 +1,24 @@
 import Glibc
+import Synchronization
 
 // The directory: its lock, MANIFEST, bucket file names, stray files, and reset.
 
 extension DiskTier {
-    /// Opens LOCK and takes an exclusive `flock` on it (which also conflicts with a second open of the
-    /// same directory in this process). Returns the descriptor, whose closing releases the lock.
+    /// Opens LOCK (a regular file of ours, never through a link) and takes an exclusive `flock` on it
+    /// (which also conflicts with a second open of the same directory in this process). Returns the
+    /// descriptor, whose closing releases the lock.
     ///
     /// A held lock is retried for up to `lockWait` before `directoryLocked`: a lock just released can
     /// still be held for a moment by a child process that another thread is spawning (between fork and
     /// exec the child shares the descriptor, O_CLOEXEC notwithstanding), so a close and reopen in a
     /// process that also spawns processes would otherwise fail now and then.
-    static func lock(_ directory: String) throws(MagpieError) -> Int32 {
-        let path = directory + "/LOCK"
+    static func lock(_ root: RootDirectory) throws(MagpieError) -> Int32 {
+        let path = root.path + "/LOCK"
         let fd: Int32
         do {
-            fd = try FileIO.open(path, O_RDWR | O_CREAT)
+            fd = try root.open("LOCK", writable: true, create: true)!
         } catch {
+            if error.code == .directoryUnsafe { throw error }
             throw MagpieError(.directoryUnusable, "cannot open the lock file: \(error.message)", errno: error.errno, path: path)
         }
         var waited: UInt32 = 0
@@ -31,7 +34,7 @@ extension DiskTier {
             }
             Glibc.close(fd)
             if code == EWOULDBLOCK {
-                throw MagpieError(.directoryLocked, "another DiskTier has this directory open", errno: code, path: directory)
+                throw MagpieError(.directoryLocked, "another DiskTier has this directory open", errno: code, path: root.path)
             }
             throw FileIO.error("flock", code, path)
         }
@@ -42,12 +45,11 @@ extension DiskTier {
     static let lockWait: UInt32 = 250_000
 
     /// Reads the MANIFEST, or writes one for a new directory.
-    static func openManifest(_ configuration: Configuration) throws(MagpieError) -> Manifest {
-        let directory = configuration.directory
-        let path = directory + "/MANIFEST"
-        guard let bytes = try FileIO.readFile(path) else {
-            let foreign = (FileIO.list(directory) ?? []).filter { !["LOCK", "MANIFEST.tmp"].contains($0) }
-            if foreign.contains("buckets") {
+    static func openManifest(_ configuration: Configuration, _ directory: CacheDirectory) throws(MagpieError) -> Manifest {
+        let path = directory.path(.root, "MANIFEST")
+        guard let bytes = try directory.readFile(.root, "MANIFEST") else {
+            let foreign = try directory.list(.root).filter { !["LOCK", "MANIFEST.tmp", "buckets"].contains($0) }
+            if try !directory.list(.buckets).isEmpty {
                 throw MagpieError(
                     .directoryUnusable,
                     "the MANIFEST is missing but bucket files remain; DiskTier.destroy(directory:) resets the directory",
@@ -56,14 +58,14 @@ extension DiskTier {
             guard foreign.isEmpty else {
                 throw MagpieError(
                     .directoryUnusable, "the directory has no MANIFEST but holds \(foreign.sorted().prefix(5)); refusing to use it",
-                    path: directory)
+                    path: directory.path)
             }
             let count = configuration.bucketCount ?? defaultBucketCount(budget: configuration.budget)
             _ = try bucketBudget(configuration.budget, count: count)  // refuse before creating anything
             let manifest = Manifest(
                 bucketCount: count,
                 seed: configuration.hashSeed ?? KeyHash.random().seed, created: CacheClock.system.now())
-            try FileIO.writeFileAtomically(path, manifest.encoded(), directory: directory)
+            try directory.writeAtomically(.root, "MANIFEST", manifest.encoded())
             return manifest
         }
         guard let manifest = Manifest.decode(bytes), isValidBucketCount(manifest.bucketCount) else {
@@ -81,6 +83,20 @@ extension DiskTier {
         return manifest
     }
 
+    /// Before a bucket file is opened: an entry at its name that is not a regular file (a link someone
+    /// planted, a FIFO, a socket) is unlinked — the link, never its target — so that the open creates
+    /// a fresh file in its place. Returns whether the bucket's file was missing or replaced although the
+    /// directory had a MANIFEST (its entries are lost: misses). A directory at the name is left for the
+    /// open to refuse.
+    static func prepareBucketFile(_ context: BucketContext, hadManifest: Bool) throws(MagpieError) -> Bool {
+        let kind = context.directory.kind(.buckets, context.name)
+        if let kind, kind != S_IFREG && kind != S_IFDIR {
+            try context.directory.unlink(.buckets, context.name)
+            try? context.directory.unlink(.buckets, context.name + ".index")  // it indexed another file
+        }
+        return hadManifest && kind != S_IFREG
+    }
+
     /// The bucket count a new directory gets when ``Configuration/bucketCount`` is nil: 4 MiB of budget
     /// per bucket, at least 16 and at most 256 buckets.
     public static func defaultBucketCount(budget: Int) -> Int {
@@ -96,33 +112,92 @@ extension DiskTier {
         return String(repeating: "0", count: digits - hex.count) + hex
     }
 
-    /// Deletes files in buckets/ that are not bucket files (or their index snapshots) of this count: leftover `.compact`
-    /// temporaries of an interrupted compaction, and strays (they would count against the budget).
-    static func removeStrays(in directory: String, count: Int) throws(MagpieError) {
+    /// Deletes entries in buckets/ that are not bucket files (or their index snapshots) of this count:
+    /// leftover `.compact` and `.tmp` files of an interrupted compaction or close, and strays (they would
+    /// count against the budget). Links are removed, never followed.
+    static func removeStrays(in directory: CacheDirectory, count: Int) throws(MagpieError) {
         let buckets = (0..<count).map { bucketName($0, count: count) }
         let names = Set(buckets + buckets.map { $0 + ".index" })
-        for name in FileIO.list(directory) ?? [] where !names.contains(name) {
-            let path = directory + "/" + name
-            if unlink(path) != 0 && errno != ENOENT {
-                throw MagpieError(.directoryUnusable, "cannot remove the stray file", errno: errno, path: path)
+        for name in try directory.list(.buckets) where !names.contains(name) {
+            do {
+                try directory.unlink(.buckets, name)
+            } catch {
+                throw MagpieError(.directoryUnusable, "cannot remove the stray file", errno: error.errno, path: error.path)
             }
         }
     }
 
     /// Deletes a cache directory's Magpie files (MANIFEST, buckets, LOCK), so the next open starts empty.
     /// Other files in the directory are left alone. The documented way to reset a directory whose
-    /// MANIFEST is unreadable or whose bucket count should change.
-    /// - Throws: ``MagpieError/Code/directoryLocked`` if a tier has it open; I/O errors.
-    public static func destroy(directory: String) throws(MagpieError) {
-        guard FileIO.list(directory) != nil else { return }
-        let fd = try lock(directory)
+    /// MANIFEST is unreadable or whose bucket count should change. It never follows a link (a link
+    /// planted at `buckets` is removed, not entered) and refuses a directory owned by another user or
+    /// writable by all; unlike an open it accepts a group-writable one (it only removes).
+    /// - Throws: ``MagpieError/Code/directoryLocked`` if a tier has it open;
+    ///   ``MagpieError/Code/directoryUnsafe`` (see ``MagpieError/Code/directoryUnsafe``); I/O errors.
+    public static func destroy(directory path: String) throws(MagpieError) {
+        var info = stat()
+        guard lstat(path, &info) == 0 else { return }
+        let root = try RootDirectory(path: path, directoryMode: 0o700, fileMode: 0o600, allowsGroupWritable: true)
+        defer { Glibc.close(root.fd) }
+        let fd = try lock(root)
         defer { Glibc.close(fd) }
-        let buckets = directory + "/buckets"
-        for name in FileIO.list(buckets) ?? [] { unlink(buckets + "/" + name) }
-        rmdir(buckets)
-        unlink(directory + "/MANIFEST")
-        unlink(directory + "/MANIFEST.tmp")
-        unlink(directory + "/LOCK")
+        let bucketsPath = path + "/buckets"
+        var kind = stat()
+        if fstatat(root.fd, "buckets", &kind, AT_SYMLINK_NOFOLLOW) == 0 && kind.st_mode & S_IFMT == S_IFDIR {
+            let buckets = try CacheDirectory.openDirectory(
+                at: root.fd, "buckets", path: bucketsPath, allowsGroupWritable: true)
+            defer { Glibc.close(buckets.fd) }
+            for name in try FileIO.list(buckets.fd, path: bucketsPath) {
+                try FileIO.unlinkAt(buckets.fd, name, path: bucketsPath + "/" + name)
+            }
+            try FileIO.unlinkAt(root.fd, "buckets", path: bucketsPath, directory: true)
+        } else {
+            try FileIO.unlinkAt(root.fd, "buckets", path: bucketsPath)  // a link or a file: removed, not followed
+        }
+        for name in ["MANIFEST", "MANIFEST.tmp", "LOCK"] {
+            try FileIO.unlinkAt(root.fd, name, path: path + "/" + name)
+        }
+    }
+
+    // MARK: The directory's health
+
+    /// Checks that the directory, `buckets/` and every bucket file are still the ones opened (see
+    /// `CacheDirectory.check`); if not, marks the tier failed and throws
+    /// ``MagpieError/Code/directoryReplaced`` (now and from every later call).
+    func verifyDirectory() throws(MagpieError) {
+        if let failure = health.failure { throw failure }
+        var problem = directory.check(bucketFiles: [])
+        for bucket in buckets where problem == nil {
+            problem = bucket.withLock { state in
+                state.isOpen ? directory.check(bucketFiles: [(state.fd, state.context.name)]) : nil
+            }
+        }
+        if let problem {
+            health.fail(problem)
+            configuration.logger?.error("magpie: the cache directory changed under the tier", metadata: ["error": "\(problem)"])
+            throw problem
+        }
+        lastCheck.store(Self.monotonicMilliseconds(), ordering: .relaxed)
+    }
+
+    /// ``verifyDirectory()`` when ``Configuration/directoryCheckInterval`` has passed since the last
+    /// check (a coarse clock read otherwise); throws a failure found earlier at once.
+    @inline(__always)
+    func checkDirectoryIfDue() throws(MagpieError) {
+        if let failure = health.failure { throw failure }
+        guard let interval = checkInterval else { return }
+        if Self.monotonicMilliseconds() - lastCheck.load(ordering: .relaxed) >= interval { try verifyDirectory() }
+    }
+
+    static func monotonicMilliseconds() -> Int64 {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC_COARSE, &now)
+        return Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000
+    }
+
+    static func milliseconds(_ duration: Duration) -> Int64 {
+        let (seconds, attoseconds) = duration.components
+        return max(0, seconds * 1000 + attoseconds / 1_000_000_000_000_000)
     }
 
     /// The counters and sizes of all buckets.
@@ -153,5 +228,22 @@ extension DiskTier {
         total.originalValueBytes = originalBytes.load(ordering: .relaxed)
         total.storedValueBytes = storedBytes.load(ordering: .relaxed)
         return total
+    }
+}
+
+/// Whether the tier's directory is still its own: set once, when it was found removed or replaced.
+final class TierHealth: Sendable {
+    private let failed = Atomic<Bool>(false)
+    private let error = Locked<MagpieError?>(nil)
+
+    /// The failure, or nil while healthy (one relaxed load).
+    var failure: MagpieError? {
+        guard failed.load(ordering: .acquiring) else { return nil }
+        return error.withLock { $0 }
+    }
+
+    func fail(_ problem: MagpieError) {
+        error.withLock { if $0 == nil { $0 = problem } }
+        failed.store(true, ordering: .releasing)
     }
 }

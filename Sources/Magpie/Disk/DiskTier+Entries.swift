@@ -75,6 +75,7 @@ extension DiskTier {
         placement: DiskPlacement
     ) throws(MagpieError) {
         try checkKey(key)
+        try checkDirectoryIfDue()
         let group = Array((group ?? "").utf8)
         guard group.count <= Self.maximumGroupLength else {
             throw MagpieError(.keyTooLong, "group name of \(group.count) bytes; the limit is \(Self.maximumGroupLength)")

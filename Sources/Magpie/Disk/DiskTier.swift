@@ -79,6 +79,22 @@ public final class DiskTier: Sendable {
         /// as older values. Removals are always written through. Memory: up to this many bytes per
         /// bucket. 0 writes every record to the kernel before the call returns.
         public var writeBufferSize = 64 * 1024
+        /// The mode of the files the tier creates (0600: only the owner reads the data and the MANIFEST's
+        /// hash seed). The process's umask can only narrow it.
+        public var fileMode: UInt32 = 0o600
+        /// The mode of the directories the tier creates (the cache directory if missing, `buckets/`).
+        public var directoryMode: UInt32 = 0o700
+        /// Accept a cache directory (and `buckets/`) that its group may write to, for a directory shared
+        /// by a trusted group. Off by default: such a directory is refused with
+        /// ``MagpieError/Code/directoryUnsafe``. A directory writable by all users, or owned by another
+        /// user, is always refused. (Even in a group-writable directory the tier never follows a link
+        /// anyone plants; see `Disk/CacheDirectory.swift`.)
+        public var allowsGroupWritableDirectory = false
+        /// How often, at most, a write checks that the directory, `buckets/` and the bucket files are
+        /// still the ones the tier opened (a few `fstat` calls per bucket); `flush()` and
+        /// `writeBuffers()` always check. Once one was removed or replaced, every call throws
+        /// ``MagpieError/Code/directoryReplaced``. Nil: only `flush()` and `writeBuffers()` check.
+        public var directoryCheckInterval: Duration? = .seconds(1)
 
         /// A configuration with defaults: zstd level 1, values of 64 bytes or more compressed.
         public init(
@@ -117,6 +133,14 @@ public final class DiskTier: Sendable {
     let compression: ZstdPool
     let compresses: Bool
     private let lockFile: Locked<Int32>
+    /// The open, verified directory every file is reached through (see `Disk/CacheDirectory.swift`).
+    let directory: CacheDirectory
+    /// Set once the directory was found removed or replaced; every call then throws its error.
+    let health: TierHealth
+    /// ``Configuration/directoryCheckInterval`` in ms; nil: writes never check.
+    let checkInterval: Int64?
+    /// When a write last checked the directory (monotonic ms).
+    let lastCheck = Atomic<Int64>(0)
     /// Bucket files that were absent at open although the directory had a MANIFEST.
     let missingBucketFiles: Int
     let originalBytes = Atomic<UInt64>(0)
@@ -138,35 +162,52 @@ public final class DiskTier: Sendable {
         }
         compression = try ZstdPool(level: configuration.compressionLevel ?? 1)
         compresses = configuration.compressionLevel != nil
-        let directory = configuration.directory
-        try FileIO.makeDirectory(directory)
-        let lockFD = try Self.lock(directory)
+        let root = try RootDirectory(
+            path: configuration.directory, directoryMode: mode_t(configuration.directoryMode),
+            fileMode: mode_t(configuration.fileMode), allowsGroupWritable: configuration.allowsGroupWritableDirectory)
+        let lockFD: Int32
+        let directory: CacheDirectory
         do throws(MagpieError) {
-            let hadManifest = access(directory + "/MANIFEST", F_OK) == 0
-            let manifest = try Self.openManifest(configuration)
+            lockFD = try Self.lock(root)
+            do throws(MagpieError) {
+                directory = try CacheDirectory(
+                    root: root, directoryMode: mode_t(configuration.directoryMode),
+                    allowsGroupWritable: configuration.allowsGroupWritableDirectory)
+            } catch {
+                Glibc.close(lockFD)
+                throw error
+            }
+        } catch {
+            Glibc.close(root.fd)
+            throw error
+        }
+        do throws(MagpieError) {
+            let hadManifest = directory.kind(.root, "MANIFEST") != nil
+            let manifest = try Self.openManifest(configuration, directory)
             let count = manifest.bucketCount
             let share = try Self.bucketBudget(configuration.budget, count: count)
             let hasher = KeyHash(seed: manifest.seed)
-            let bucketDirectory = directory + "/buckets"
-            try FileIO.makeDirectory(bucketDirectory)
-            try Self.removeStrays(in: bucketDirectory, count: count)
+            try Self.removeStrays(in: directory, count: count)
             let compaction = Locked<UInt64>(0)
+            let health = TierHealth()
             let now = configuration.clock.now()
             var buckets: [Locked<BucketState>] = []
             var maximumSequence: UInt64 = 0
             var missing = 0
             do throws(MagpieError) {
                 for number in 0..<count {
+                    let name = Self.bucketName(number, count: count)
                     let context = BucketContext(
-                        number: number, path: bucketDirectory + "/" + Self.bucketName(number, count: count),
-                        directory: bucketDirectory, share: share, hasher: hasher, bucketCount: count, compaction: compaction,
+                        number: number, name: name, path: directory.path(.buckets, name), directory: directory,
+                        share: share, hasher: hasher, bucketCount: count, compaction: compaction, health: health,
                         logger: configuration.logger, mappedReads: configuration.mappedReads,
                         writeBuffer: max(0, min(configuration.writeBufferSize, share / 8)))
-                    if hadManifest && access(context.path, F_OK) != 0 {
-                        // Deleted from outside: it is recreated empty, and its entries are lost (misses).
+                    if try Self.prepareBucketFile(context, hadManifest: hadManifest) {
+                        // Deleted or replaced from outside: it is recreated empty, and its entries are lost (misses).
                         missing += 1
                         configuration.logger?.warning(
-                            "magpie: a bucket file was missing; recreated empty", metadata: ["path": "\(context.path)"])
+                            "magpie: a bucket file was missing or not a regular file; recreated empty",
+                            metadata: ["path": "\(context.path)"])
                     }
                     let state = try BucketState.open(context: context, now: now)
                     if state.counters.corruptRecords > 0 || state.counters.truncatedTails > 0 {
@@ -194,6 +235,9 @@ public final class DiskTier: Sendable {
             self.sequence = Atomic(maximumSequence + 1)
             self.lockFile = Locked(lockFD)
             self.missingBucketFiles = missing
+            self.directory = directory
+            self.health = health
+            self.checkInterval = configuration.directoryCheckInterval.map { Self.milliseconds($0) }
         } catch {
             Glibc.close(lockFD)  // releases the flock
             throw error
@@ -272,6 +316,7 @@ public final class DiskTier: Sendable {
 
     func _remove(_ key: UnsafeRawBufferPointer) throws(MagpieError) -> Bool {
         try checkKey(key)
+        try checkDirectoryIfDue()
         let hash = hasher.hash(key)
         let header = RecordHeader(
             kind: .tombstone, codec: .raw, keyLength: key.count, groupLength: 0, storedLength: 0, originalLength: 0,
@@ -294,6 +339,7 @@ public final class DiskTier: Sendable {
         guard !name.isEmpty, name.count <= Self.maximumGroupLength else {
             throw MagpieError(.keyTooLong, "group names are 1 to \(Self.maximumGroupLength) bytes, not \(name.count)")
         }
+        try checkDirectoryIfDue()
         let header = RecordHeader(
             kind: .groupTombstone, codec: .raw, keyLength: 0, groupLength: name.count, storedLength: 0, originalLength: 0,
             expiry: 0, sequence: 0, keyHash: 0)
@@ -317,6 +363,7 @@ public final class DiskTier: Sendable {
 
     /// Removes every entry (bucket by bucket; see the durability note above).
     public func removeAll() throws(MagpieError) {
+        try checkDirectoryIfDue()
         for bucket in buckets {
             try bucket.withLock { (state: inout BucketState) throws(MagpieError) in try state.removeAll() }
         }
@@ -339,20 +386,25 @@ public final class DiskTier: Sendable {
     }
 
     /// Makes everything written so far durable: fsync of every bucket file and of the directories.
+    /// - Throws: ``MagpieError/Code/directoryReplaced`` (checked first) if the directory, `buckets/` or a
+    ///   bucket file was removed or replaced while open; I/O errors; ``MagpieError/Code/closed``.
     public func flush() throws(MagpieError) {
+        try verifyDirectory()
         for bucket in buckets {
             try bucket.withLock { (state: inout BucketState) throws(MagpieError) in try state.flush() }
         }
-        try FileIO.syncDirectory(configuration.directory + "/buckets")
-        try FileIO.syncDirectory(configuration.directory)
+        try directory.sync(.buckets)
+        try directory.sync(.root)
     }
 
     /// Writes every bucket's write buffer to its file: everything stored so far has then reached the
     /// kernel's page cache and survives the process being killed (not a power loss: that is
     /// ``flush()``). A `Cache` calls it every ``Cache/Configuration/diskBufferWriteInterval``.
     /// - Throws: the first bucket's failure (every bucket is still tried; the stores a failed buffer
-    ///   held become misses, see ``DiskTierStatistics/lostBufferedStores``), ``MagpieError/Code/closed``.
+    ///   held become misses, see ``DiskTierStatistics/lostBufferedStores``), ``MagpieError/Code/closed``,
+    ///   ``MagpieError/Code/directoryReplaced`` (checked first, see ``flush()``).
     public func writeBuffers() throws(MagpieError) {
+        try verifyDirectory()
         var failure: MagpieError? = nil
         for bucket in buckets {
             do {

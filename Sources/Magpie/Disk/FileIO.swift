@@ -28,16 +28,6 @@ enum FileIO {
         }
     }
 
-    /// `open(2)`.
-    static func open(_ path: String, _ flags: Int32, mode: mode_t = 0o644) throws(MagpieError) -> Int32 {
-        if flags & (O_WRONLY | O_RDWR | O_CREAT) != 0 { try injected("open", path) }
-        while true {
-            let fd = Glibc.open(path, flags | O_CLOEXEC, mode)
-            if fd >= 0 { return fd }
-            if errno != EINTR { throw error("open", errno, path) }
-        }
-    }
-
     /// `pread(2)` until `buffer` is full or end of file; returns the bytes read.
     static func read(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, at offset: Int, path: String)
         throws(MagpieError) -> Int
@@ -119,31 +109,81 @@ enum FileIO {
         return Int(info.st_size)
     }
 
-    /// `rename(2)`.
-    static func rename(_ from: String, to: String) throws(MagpieError) {
-        try injected("rename", to)
-        guard Glibc.rename(from, to) == 0 else { throw error("rename", errno, to) }
+    /// `openat(2)` of `name` relative to the directory `directoryFD`, never following a symbolic link
+    /// (`O_NOFOLLOW`: a link in `name`'s place fails with `ELOOP`, dangling or not, and creates nothing).
+    /// With `regularFile`, the opened file must be a regular file owned by the effective user, else the
+    /// call fails with ``MagpieError/Code/directoryUnsafe``. `path` names it in errors.
+    static func openAt(
+        _ directoryFD: Int32, _ name: String, _ flags: Int32, mode: mode_t, path: String, regularFile: Bool = true
+    ) throws(MagpieError) -> Int32 {
+        if flags & (O_WRONLY | O_RDWR | O_CREAT) != 0 { try injected("open", path) }
+        var fd: Int32
+        repeat {
+            fd = openat(directoryFD, name, flags | O_NOFOLLOW | O_CLOEXEC, mode)
+        } while fd < 0 && errno == EINTR
+        guard fd >= 0 else {
+            let code = errno
+            if code == ELOOP {
+                throw MagpieError(.directoryUnsafe, "refusing to open a symbolic link", errno: code, path: path)
+            }
+            throw error("open", code, path)
+        }
+        guard regularFile else { return fd }
+        var info = stat()
+        guard fstat(fd, &info) == 0 else {
+            let code = errno
+            Glibc.close(fd)
+            throw error("fstat", code, path)
+        }
+        let problem: String? =
+            info.st_mode & S_IFMT != S_IFREG ? "not a regular file"
+            : info.st_uid != geteuid() ? "owned by uid \(info.st_uid), not by this process's uid \(geteuid())" : nil
+        if let problem {
+            Glibc.close(fd)
+            throw MagpieError(.directoryUnsafe, "refusing a file that is \(problem)", path: path)
+        }
+        return fd
     }
 
-    /// `fsync(2)` of a directory, so that renames and creations in it are durable.
-    static func syncDirectory(_ path: String) throws(MagpieError) {
-        let fd = try open(path, O_RDONLY | O_DIRECTORY)
-        defer { close(fd) }
-        try sync(fd, path: path)
-    }
-
-    /// `mkdir(2)`; an existing directory is fine.
-    static func makeDirectory(_ path: String) throws(MagpieError) {
-        if mkdir(path, 0o755) != 0 && errno != EEXIST {
-            throw MagpieError(
-                .directoryUnusable, "mkdir failed: \(String(cString: strerror(errno)))", errno: errno, path: path)
+    /// Creates `name` in `directoryFD` as a new regular file open for reading and writing, with
+    /// `O_CREAT | O_EXCL | O_NOFOLLOW`. An entry already there (a leftover temporary, or a link someone
+    /// planted) is unlinked first — `unlinkat` removes the link itself, never its target — and the
+    /// exclusive create is tried once more.
+    static func createExclusive(_ directoryFD: Int32, _ name: String, mode: mode_t, path: String) throws(MagpieError) -> Int32 {
+        do {
+            return try openAt(directoryFD, name, O_RDWR | O_CREAT | O_EXCL, mode: mode, path: path)
+        } catch let error where error.errno == EEXIST {
+            _ = error
+            try unlinkAt(directoryFD, name, path: path)
+            return try openAt(directoryFD, name, O_RDWR | O_CREAT | O_EXCL, mode: mode, path: path)
         }
     }
 
-    /// The names in a directory (without "." and ".."), or nil if it does not exist.
-    static func list(_ path: String) -> [String]? {
-        guard let dir = opendir(path) else { return nil }
-        defer { closedir(dir) }
+    /// `renameat(2)` within one directory. A link at `to` is replaced, not followed.
+    static func renameAt(_ directoryFD: Int32, _ from: String, to: String, path: String) throws(MagpieError) {
+        try injected("rename", path)
+        guard renameat(directoryFD, from, directoryFD, to) == 0 else { throw error("rename", errno, path) }
+    }
+
+    /// `unlinkat(2)`: removes the entry `name` (a link itself, never what it points at). A missing
+    /// entry is fine.
+    static func unlinkAt(_ directoryFD: Int32, _ name: String, path: String, directory: Bool = false) throws(MagpieError) {
+        guard unlinkat(directoryFD, name, directory ? AT_REMOVEDIR : 0) == 0 || errno == ENOENT else {
+            throw error(directory ? "rmdir" : "unlink", errno, path)
+        }
+    }
+
+    /// The names in the open directory `directoryFD` (without "." and ".."); the descriptor stays open.
+    static func list(_ directoryFD: Int32, path: String) throws(MagpieError) -> [String] {
+        let copy = dup(directoryFD)
+        guard copy >= 0 else { throw error("dup", errno, path) }
+        guard let dir = fdopendir(copy) else {
+            let code = errno
+            Glibc.close(copy)
+            throw error("fdopendir", code, path)
+        }
+        defer { closedir(dir) }  // closes `copy`
+        rewinddir(dir)  // the copy shares its offset with `directoryFD`
         var names: [String] = []
         while let entry = readdir(dir) {
             let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
@@ -152,42 +192,5 @@ enum FileIO {
             if name != "." && name != ".." { names.append(name) }
         }
         return names
-    }
-
-    /// Reads a whole (small) file, or nil if it does not exist.
-    static func readFile(_ path: String) throws(MagpieError) -> [UInt8]? {
-        let fd: Int32
-        do {
-            fd = try open(path, O_RDONLY)
-        } catch {
-            if error.errno == ENOENT { return nil }
-            throw error
-        }
-        defer { close(fd) }
-        let length = try size(fd, path: path)
-        var bytes = [UInt8](repeating: 0, count: length)
-        let read = try bytes.withUnsafeMutableBytes { buffer in
-            Result { () throws(MagpieError) -> Int in try FileIO.read(fd, into: buffer, at: 0, path: path) }
-        }.get()
-        return Array(bytes.prefix(read))
-    }
-
-    /// Writes a file atomically: a temporary sibling, fsync, rename over `path`, fsync of the directory.
-    static func writeFileAtomically(_ path: String, _ bytes: [UInt8], directory: String) throws(MagpieError) {
-        let temporary = path + ".tmp"
-        let fd = try open(temporary, O_WRONLY | O_CREAT | O_TRUNC)
-        do {
-            try bytes.withUnsafeBytes { raw in
-                Result { () throws(MagpieError) in try write(fd, raw, at: 0, path: temporary) }
-            }.get()
-            try sync(fd, path: temporary)
-        } catch {
-            close(fd)
-            unlink(temporary)
-            throw error
-        }
-        close(fd)
-        try rename(temporary, to: path)
-        try syncDirectory(directory)
     }
 }

@@ -47,7 +47,7 @@ public enum FuzzTargets {
             // An even-length input also drops the index snapshot the last round's close left; an odd one
             // keeps it, stale for the new file, which the open must detect rather than trust.
             if data.count % 2 == 0 { unlink(bucket + ".index") }
-            let fd = try FileIO.open(bucket, O_RDWR | O_CREAT | O_TRUNC)
+            let fd = try FileIO.openAt(AT_FDCWD, bucket, O_RDWR | O_CREAT | O_TRUNC, mode: 0o600, path: bucket)
             defer { Glibc.close(fd) }
             try FileIO.write(fd, image.bytes, at: 0, path: bucket)
         } catch {
