@@ -103,18 +103,22 @@ struct CacheTierTests {
         #expect(throws: MagpieError.self) { try cache.value(forKey: "x") }
     }
 
-    @Test("a value too large for a memory shard is kept on disk only; one too large for a bucket throws and changes nothing")
+    @Test("a value too large for memory is kept on disk only; one larger than the disk tier's largest throws and changes nothing")
     func oversizedValues() throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
         let cache = try makeCache(directory, memoryBudget: 16 << 10, diskBudget: 1 << 20)
-        let big = Array(repeating: UInt8(1), count: 8 << 10)  // > a 4 KiB shard
+        let big = Array(repeating: UInt8(1), count: 20 << 10)  // > the 16 KiB memory budget
         try cache.set(big, forKey: "big")
         #expect(try cache.value(forKey: "big") == big)
         #expect(cache.memory.value(forKey: "big") == nil)
         try cache.set([9], forKey: "huge")
         var generator = SeededGenerator(seed: 5)
-        let huge = (0..<(300 << 10)).map { _ in UInt8.random(in: 0...255, using: &generator) }  // > a 128 KiB bucket
+        // Larger than one bucket's share (about 116 KiB here): buckets lend each other room.
+        let large = (0..<(300 << 10)).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        try cache.set(large, forKey: "large")
+        #expect(try cache.value(forKey: "large") == large)
+        let huge = (0..<(cache.disk!.largestStorableValue + 1)).map { _ in UInt8.random(in: 0...255, using: &generator) }
         #expect(throws: MagpieError.self) { try cache.set(huge, forKey: "huge") }
         #expect(try cache.value(forKey: "huge") == [9])
     }

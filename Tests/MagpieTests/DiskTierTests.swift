@@ -209,7 +209,8 @@ struct DiskTierRobustnessTests {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
         let recordLength = 56 + 8 + 200  // key-NNN keys are 7-8 bytes; padded to 8
-        let tier = try DiskTier(.init(directory: directory.path, budget: 64 * recordLength, bucketCount: 1, compressionLevel: nil))
+        // One bucket: its share is (budget − 128) / 2, room for 64 records.
+        let tier = try DiskTier(.init(directory: directory.path, budget: 2 * 64 * recordLength + 128, bucketCount: 1, compressionLevel: nil))
         var i = 0
         while tier.statistics.compactions == 0 {
             try tier.set(random(200, seed: UInt64(i)), forKey: keyBytes(i))
@@ -332,7 +333,7 @@ struct DiskTierRobustnessTests {
         #expect(tooLong?.code == .keyTooLong)
         try tier.set(json(7, 10), forKey: "big")
         let tooLarge = #expect(throws: MagpieError.self) {
-            try tier.set(random(tier.bucketBudget, seed: 1), forKey: "big")
+            try tier.set(random(tier.largestStorableValue + 1, seed: 1), forKey: "big")
         }
         #expect(tooLarge?.code == .valueTooLarge)
         #expect(try tier.value(forKey: "big") == json(7, 10))

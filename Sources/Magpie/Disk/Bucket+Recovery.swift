@@ -23,6 +23,10 @@ extension BucketState {
         state.remap()
         do {
             try state.recover(now: now)
+            if state.size > state.limit {  // it had borrowed: it keeps what its file holds
+                state.limit = state.size
+                state.remap()
+            }
         } catch {
             state.close()
             throw error

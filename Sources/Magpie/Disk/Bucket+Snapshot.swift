@@ -21,12 +21,15 @@ extension BucketState {
 
     var snapshotName: String { context.name + ".index" }
 
+    /// The bytes of this bucket's snapshot now.
+    var snapshotLength: Int { Self.snapshotHeaderSize + index.slots.count * 16 + 8 }
+
     /// Writes the index snapshot (after a flush, on close). Best effort: a failure only means the
     /// next open scans the file.
     func writeSnapshot() {
         guard pending.isEmpty else { return }  // only an index of records that are all in the file
         let slots = index.slots
-        var bytes = [UInt8](repeating: 0, count: Self.snapshotHeaderSize + slots.count * 16 + 8)
+        var bytes = [UInt8](repeating: 0, count: snapshotLength)
         bytes.withUnsafeMutableBytes { raw in
             raw.storeBytes(of: Self.snapshotMagic.littleEndian, toByteOffset: 0, as: UInt32.self)
             raw.storeBytes(of: Self.snapshotVersion.littleEndian, toByteOffset: 4, as: UInt32.self)

@@ -6,11 +6,13 @@ import Logging
 // Every operation on a bucket runs with its lock held (`Locked<BucketState>`), so a bucket's file,
 // size and index always change together. I/O that fails leaves the index as it was before the call.
 //
-// Room: the file never grows past `share` bytes. When an append would pass it, the clock hand evicts
-// live entries (skipping, once, those read since it last passed) until the live records fit in 3/4 of
-// the share, then the bucket is compacted: its live records are copied to `<file>.compact`, which is
-// fsynced and renamed over the file, and the directory fsynced. One compaction runs at a time in the
-// whole tier, so the bucket files plus the one temporary file never exceed budget + share.
+// Room: the file never grows past the bucket's `limit`, which it may raise by borrowing from the tier
+// (see DiskLedger.swift and Bucket+Room.swift). When the tier has no room left to lend, the clock hand
+// evicts live entries (skipping, once, those read since it last passed) until the live records fit in
+// 3/4 of the limit, then the bucket is compacted: its live records are copied to `<name>.compact`,
+// which is fsynced and renamed over the file, and the directory fsynced. One compaction runs at a time
+// in the whole tier, and its temporary file fits the headroom the ledger keeps for it, so everything
+// in the directory stays within the budget.
 
 /// What every bucket of a tier shares, and what tells buckets apart.
 struct BucketContext: Sendable {
@@ -27,6 +29,8 @@ struct BucketContext: Sendable {
     /// (It holds the tier's count of compactions begun rather than Void: Thread Sanitizer reports the
     /// zero-sized state's accesses as racing with reads of the lock's own fields.)
     let compaction: Locked<UInt64>
+    /// The tier's budget beyond the buckets' own limits (DiskLedger.swift).
+    let ledger: DiskLedger
     /// The tier's health: once the directory was found replaced, every operation fails.
     let health: TierHealth
     let logger: Logger?
@@ -72,9 +76,12 @@ struct BucketState {
     /// A read met a corrupt record: the file is rewritten without it when the operation ends (not at
     /// once: the operation may still hold index positions, which a compaction can move).
     var needsHealing = false
+    /// The most bytes the file may hold now: its share, plus what it borrowed, less what it lent.
+    var limit: Int
 
     init(context: BucketContext) {
         self.context = context
+        self.limit = context.share
     }
 
     var isOpen: Bool { fd >= 0 }
@@ -96,9 +103,10 @@ struct BucketState {
     /// any, becomes garbage. On failure the index is as before.
     mutating func store(
         _ record: inout [UInt8], _ header: RecordHeader, key: UnsafeRawBufferPointer,
-        nextSequence: () -> UInt64, now: Int64
-    ) throws(MagpieError) {
+        nextSequence: () -> UInt64, now: Int64, policy: RoomPolicy
+    ) throws(MagpieError) -> RoomOutcome<Void> {
         try checkOpen()
+        if let short = reserveRoom(record.count, policy: policy) { return .short(short) }
         defer { healIfNeeded() }
         let tag = DiskSlot.tag(of: header.keyHash)
         var previous: DiskSlot? = nil
@@ -119,15 +127,17 @@ struct BucketState {
         liveBytes += record.count
         counters.writes += 1
         if let previous, counters.compactions == compactions { markDead(previous) }
+        return .done(())
     }
 
     /// Removes `key` and appends a tombstone, so the removal survives a restart even if an older record
     /// of the key (say, of an evicted entry) is still in the file. Returns whether the key was live.
     mutating func remove(
         tag: UInt32, key: UnsafeRawBufferPointer, tombstone: inout [UInt8], _ header: RecordHeader,
-        nextSequence: () -> UInt64, now: Int64
-    ) throws(MagpieError) -> Bool {
+        nextSequence: () -> UInt64, now: Int64, policy: RoomPolicy
+    ) throws(MagpieError) -> RoomOutcome<Bool> {
         try checkOpen()
+        if let short = reserveRoom(tombstone.count, policy: policy) { return .short(short) }
         defer { healIfNeeded() }
         var previous: DiskSlot? = nil
         if let (position, _) = try find(tag: tag, key: key) {
@@ -145,16 +155,17 @@ struct BucketState {
             counters.removals += 1
             if counters.compactions == compactions { markDead(previous) }
         }
-        return previous != nil
+        return .done(previous != nil)
     }
 
     /// Removes every live entry whose group is `group` and appends a group tombstone (always: older
     /// records of the group may remain in the file). Returns the number of live entries removed.
     mutating func removeGroup(
         _ group: UnsafeRawBufferPointer, tombstone: inout [UInt8], _ header: RecordHeader,
-        nextSequence: () -> UInt64, now: Int64
-    ) throws(MagpieError) -> Int {
+        nextSequence: () -> UInt64, now: Int64, policy: RoomPolicy
+    ) throws(MagpieError) -> RoomOutcome<Int> {
         try checkOpen()
+        if let short = reserveRoom(tombstone.count, policy: policy) { return .short(short) }
         var members: [DiskSlot] = []
         for slot in index.slots where !slot.isEmpty {
             let bytes = try readRecord(slot)
@@ -179,7 +190,7 @@ struct BucketState {
         }
         counters.removals += UInt64(members.count)
         if counters.compactions == compactions { for member in members { markDead(member) } }
-        return members.count
+        return .done(members.count)
     }
 
     /// Empties the bucket: the file keeps only its header.
@@ -191,6 +202,7 @@ struct BucketState {
         index.removeAll()
         liveBytes = 0
         written = BucketFileHeader.size
+        returnSurplus(keeping: 0)
     }
 
     /// Drops entries whose expiry has passed; returns how many.
@@ -231,9 +243,9 @@ struct BucketState {
 
     /// Maps the current file for reads, replacing the mapping of any previous file. Called with the
     /// lock held whenever `fd` changes, before anything reads through it.
-    mutating func remap() {
+    mutating func remap(length: Int? = nil) {
         mapping?.unmap()
-        mapping = context.mappedReads && fd >= 0 ? FileMapping.map(fd, length: context.share) : nil
+        mapping = context.mappedReads && fd >= 0 ? FileMapping.map(fd, length: length ?? max(context.share, limit)) : nil
     }
 
     // MARK: Room
@@ -243,9 +255,9 @@ struct BucketState {
     private mutating func append(
         _ record: inout [UInt8], _ header: RecordHeader, nextSequence: () -> UInt64, now: Int64, through: Bool = false
     ) throws(MagpieError) -> Int {
-        if size + record.count > context.share { try makeRoom(for: record.count, now: now) }
-        guard size + record.count <= context.share else {
-            throw MagpieError(.valueTooLarge, "a \(record.count)-byte record does not fit a \(context.share)-byte bucket")
+        if size + record.count > limit { try makeRoom(for: record.count, now: now) }
+        guard size + record.count <= limit else {
+            throw MagpieError(.valueTooLarge, "a \(record.count)-byte record does not fit the disk tier's budget")
         }
         let sequence = nextSequence()
         record.withUnsafeMutableBytes { RecordHeader.setSequence(sequence, in: $0, header) }
@@ -256,40 +268,6 @@ struct BucketState {
         return offset
     }
 
-    /// Evicts until the live records and `needed` fit in 3/4 of the share, then compacts.
-    private mutating func makeRoom(for needed: Int, now: Int64) throws(MagpieError) {
-        let target = max(0, context.share * 3 / 4 - needed - BucketFileHeader.size)
-        var evicted: [DiskSlot] = []
-        while liveBytes > target && index.count > 0 {
-            let position = index.hand % index.capacity
-            var slot = index[position]
-            if slot.isEmpty {
-                index.hand = position + 1
-            } else if slot.referenced && !slot.isExpired(nowMilliseconds: now) {
-                slot.referenced = false
-                index[position] = slot
-                index.hand = position + 1
-            } else {
-                evicted.append(slot)
-                drop(at: position)  // the hand stays: a later slot may have shifted into this position
-                counters.evictions += 1
-            }
-        }
-        let compactions = counters.compactions
-        do {
-            try context.compaction.withLock { (begun: inout UInt64) throws(MagpieError) in
-                begun &+= 1
-                try compact()
-            }
-        } catch {
-            // If the old file is still the bucket, the evicted records stay in it: mark them dead so
-            // recovery cannot revive one over a later write that never reached disk (say, a `Cache`
-            // store kept in memory only). After the rename their offsets mean nothing: leave them.
-            if counters.compactions == compactions { for slot in evicted { markDead(slot) } }
-            throw error
-        }
-    }
-
     /// After corruption was found: rewrites the bucket without the damaged bytes (a compaction keeps
     /// only the indexed records that verify again), so that the damage is gone from the file and is
     /// neither met nor counted again. Index positions may move (damaged slots are dropped): call it only
@@ -297,10 +275,7 @@ struct BucketState {
     /// and is logged.
     mutating func heal() {
         do {
-            try context.compaction.withLock { (begun: inout UInt64) throws(MagpieError) in
-                begun &+= 1
-                try compact()
-            }
+            try compactWithinHeadroom()
         } catch {
             context.logger?.warning(
                 "magpie: could not rewrite a damaged bucket file", metadata: ["path": "\(context.path)", "error": "\(error)"])
@@ -309,7 +284,7 @@ struct BucketState {
 
     /// Rewrites the live records (buffered ones included) into a new file, in writes of up to
     /// `compactionChunk` bytes, and renames it over the bucket file.
-    private mutating func compact() throws(MagpieError) {
+    mutating func compact() throws(MagpieError) {
         let temporaryName = context.name + ".compact"
         let temporary = context.path + ".compact"
         let newFD = try context.directory.createExclusive(.buckets, temporaryName)

@@ -80,8 +80,8 @@ extension DiskTier {
         guard group.count <= Self.maximumGroupLength else {
             throw MagpieError(.keyTooLong, "group name of \(group.count) bytes; the limit is \(Self.maximumGroupLength)")
         }
-        guard value.count <= Int(UInt32.max) else {
-            throw MagpieError(.valueTooLarge, "value of \(value.count) bytes does not fit a \(bucketBudget)-byte bucket")
+        guard value.count <= largestStorableRecord else {
+            throw MagpieError(.valueTooLarge, "value of \(value.count) bytes; this tier stores values up to \(largestStorableValue) bytes")
         }
         let now = configuration.clock.now()
         let deadline = expiry.deadline(now: now)
@@ -100,8 +100,8 @@ extension DiskTier {
         let flags = placement.flags
         let policyLength = flags.contains(.memoryPolicy) ? 8 : 0
         let recordLength = RecordHeader.recordLength(key: key.count, group: group.count, stored: storedLength, policy: policyLength)
-        guard recordLength <= bucketBudget - BucketFileHeader.size, recordLength <= DiskSlot.maximumLength else {
-            throw MagpieError(.valueTooLarge, "value of \(value.count) bytes does not fit a \(bucketBudget)-byte bucket")
+        guard recordLength <= largestStorableRecord else {
+            throw MagpieError(.valueTooLarge, "value of \(value.count) bytes; this tier stores values up to \(largestStorableValue) bytes")
         }
         let hash = hasher.hash(key)
         let header = RecordHeader(
@@ -116,8 +116,8 @@ extension DiskTier {
             }
             return RecordHeader.makeRecord(header, key: key, group: group, payload: value, memoryPolicy: placement.memoryPolicy, sealed: false)
         }
-        try bucket(for: hash).withLock { (state: inout BucketState) throws(MagpieError) in
-            try state.store(&record, header, key: key, nextSequence: nextSequence, now: now)
+        try withRoom(Self.bucket(of: hash, count: bucketCount), now: now) { (state, policy) throws(MagpieError) in
+            try state.store(&record, header, key: key, nextSequence: nextSequence, now: now, policy: policy)
         }
         originalBytes.add(UInt64(value.count), ordering: .relaxed)
         storedBytes.add(UInt64(storedLength), ordering: .relaxed)
@@ -150,5 +150,69 @@ extension DiskTier {
             guard let (_, found) = try state.find(tag: DiskSlot.tag(of: hash), key: key) else { return false }
             return found.header.expiry == 0 || found.header.expiry > now
         }
+    }
+}
+
+extension DiskTier {
+    /// The longest value this tier stores (with an empty key, no group and no memory policy; a key, a
+    /// group or a `Cache`'s memory policy take their bytes from it, and a compressible value is
+    /// measured compressed): one bucket's share plus half a share from every other bucket, about half
+    /// the budget (at least 1/16 of it whatever the bucket count, up to 2 GiB). A value up to it is
+    /// stored even into a full tier, by evicting; while the tier has room a store evicts nothing.
+    public var largestStorableValue: Int {
+        (largestStorableRecord & ~7) - RecordHeader.recordLength(key: 0, group: 0, stored: 0)
+    }
+
+    /// The longest record: what a bucket's limit can reach, less its file header.
+    var largestStorableRecord: Int {
+        let reachable = bucketBudget + (bucketCount - 1) * (bucketBudget - bucketBudget / 2)
+        return min(ledger.maximumLimit, reachable) - BucketFileHeader.size
+    }
+
+    /// Runs `operation` on bucket `number` with room for what it appends: the bucket borrows from the
+    /// pool; if that is short, the other buckets lend their free room (one at a time, holding no other
+    /// bucket's lock) and the operation runs again; only when no bucket has room does the bucket evict its
+    /// own entries (or, for a record larger than it could hold alone, the others evict to lend).
+    func withRoom<R>(
+        _ number: Int, now: Int64, _ operation: (inout BucketState, RoomPolicy) throws(MagpieError) -> RoomOutcome<R>
+    ) throws(MagpieError) -> R {
+        var policy = RoomPolicy.borrow
+        var attempt = 0
+        while true {
+            attempt += 1
+            let outcome = try buckets[number].withLock { (state: inout BucketState) throws(MagpieError) in
+                try operation(&state, policy)
+            }
+            let bytes: Int
+            let fitsAlone: Bool
+            switch outcome {
+            case .done(let result): return result
+            case .short(let shortfall): (bytes, fitsAlone) = (shortfall.bytes, shortfall.fitsAlone)
+            }
+            let gathered = try gatherRoom(bytes, for: number, evicting: false, now: now)
+            if gathered >= bytes && attempt < 8 { continue }  // there was room: try again with it
+            if fitsAlone || attempt >= 8 {
+                policy = .evict  // the tier is full: the bucket makes room itself (or, at last, fails)
+            } else {
+                _ = try gatherRoom(bytes - gathered, for: number, evicting: true, now: now)
+            }
+        }
+    }
+
+    /// Asks the buckets other than `number`, one at a time, to lend up to `bytes` into the pool (see
+    /// `BucketState.lend`). Returns what they lent.
+    private func gatherRoom(_ bytes: Int, for number: Int, evicting: Bool, now: Int64) throws(MagpieError) -> Int {
+        var gathered = 0
+        defer { ledger.give(gathered) }
+        var step = 1
+        while step < bucketCount && gathered < bytes {
+            let wanted = bytes - gathered
+            gathered += try buckets[(number + step) & (bucketCount - 1)].withLock {
+                (state: inout BucketState) throws(MagpieError) -> Int in
+                try state.lend(upTo: wanted, evicting: evicting, now: now)
+            }
+            step += 1
+        }
+        return gathered
     }
 }

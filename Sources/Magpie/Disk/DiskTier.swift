@@ -124,7 +124,9 @@ public final class DiskTier: Sendable {
     public let configuration: Configuration
     /// The number of bucket files.
     public let bucketCount: Int
-    /// The most bytes one bucket file may hold: budget / bucketCount.
+    /// A bucket's share of the budget: (budget − 128) / (bucketCount + 1). Buckets lend each other
+    /// room beyond it, so it bounds no value (see ``largestStorableValue``); one share is kept free for
+    /// compactions.
     public let bucketBudget: Int
     let hasher: KeyHash
 
@@ -135,6 +137,8 @@ public final class DiskTier: Sendable {
     private let lockFile: Locked<Int32>
     /// The open, verified directory every file is reached through (see `Disk/CacheDirectory.swift`).
     let directory: CacheDirectory
+    /// The budget beyond the buckets' limits (see `Disk/DiskLedger.swift`).
+    let ledger: DiskLedger
     /// Set once the directory was found removed or replaced; every call then throws its error.
     let health: TierHealth
     /// ``Configuration/directoryCheckInterval`` in ms; nil: writes never check.
@@ -190,16 +194,19 @@ public final class DiskTier: Sendable {
             try Self.removeStrays(in: directory, count: count)
             let compaction = Locked<UInt64>(0)
             let health = TierHealth()
+            let ledger = DiskLedger(
+                pool: 0, share: share, maximumLimit: min(Self.maximumBucketBudget, DiskSlot.maximumLength + BucketFileHeader.size))
             let now = configuration.clock.now()
             var buckets: [Locked<BucketState>] = []
             var maximumSequence: UInt64 = 0
             var missing = 0
+            var held = 0
             do throws(MagpieError) {
                 for number in 0..<count {
                     let name = Self.bucketName(number, count: count)
                     let context = BucketContext(
                         number: number, name: name, path: directory.path(.buckets, name), directory: directory,
-                        share: share, hasher: hasher, bucketCount: count, compaction: compaction, health: health,
+                        share: share, hasher: hasher, bucketCount: count, compaction: compaction, ledger: ledger, health: health,
                         logger: configuration.logger, mappedReads: configuration.mappedReads,
                         writeBuffer: max(0, min(configuration.writeBufferSize, share / 8)))
                     if try Self.prepareBucketFile(context, hadManifest: hadManifest) {
@@ -219,8 +226,12 @@ public final class DiskTier: Sendable {
                             ])
                     }
                     maximumSequence = max(maximumSequence, state.maximumSequence)
+                    held += state.limit
                     buckets.append(Locked(state))
                 }
+                // Whatever the buckets do not hold is the pool (below zero if the files hold more than
+                // this budget allows: buckets then repay as they compact).
+                ledger.give(configuration.budget - DiskLedger.manifestAllowance - share - held)
             } catch {
                 for bucket in buckets { bucket.withLock { $0.close() } }
                 throw error
@@ -237,6 +248,7 @@ public final class DiskTier: Sendable {
             self.missingBucketFiles = missing
             self.directory = directory
             self.health = health
+            self.ledger = ledger
             self.checkInterval = configuration.directoryCheckInterval.map { Self.milliseconds($0) }
         } catch {
             Glibc.close(lockFD)  // releases the flock
@@ -323,10 +335,10 @@ public final class DiskTier: Sendable {
             expiry: 0, sequence: 0, keyHash: hash)
         var tombstone = RecordHeader.makeRecord(header, key: key, group: UnsafeRawBufferPointer(start: nil, count: 0), payload: UnsafeRawBufferPointer(start: nil, count: 0), sealed: false)
         let now = configuration.clock.now()
-        return try bucket(for: hash).withLock { (state: inout BucketState) throws(MagpieError) -> Bool in
+        return try withRoom(Self.bucket(of: hash, count: bucketCount), now: now) { (state, policy) throws(MagpieError) in
             try state.remove(
                 tag: DiskSlot.tag(of: hash), key: key, tombstone: &tombstone, header,
-                nextSequence: nextSequence, now: now)
+                nextSequence: nextSequence, now: now, policy: policy)
         }
     }
 
@@ -348,12 +360,12 @@ public final class DiskTier: Sendable {
         }
         let now = configuration.clock.now()
         var removed = 0
-        for bucket in buckets {
+        for number in 0..<bucketCount {
             var tombstone = record
             removed += try name.withUnsafeBytes { group in
-                bucket.withLock { state in
-                    Result { () throws(MagpieError) -> Int in
-                        try state.removeGroup(group, tombstone: &tombstone, header, nextSequence: nextSequence, now: now)
+                Result { () throws(MagpieError) -> Int in
+                    try withRoom(number, now: now) { (state, policy) throws(MagpieError) in
+                        try state.removeGroup(group, tombstone: &tombstone, header, nextSequence: nextSequence, now: now, policy: policy)
                     }
                 }
             }.get()
@@ -427,10 +439,16 @@ public final class DiskTier: Sendable {
         if isOpen {
             do { try flush() } catch { failure = error }
         }
+        // Snapshots only while the bucket files and the snapshots fit the budget (DiskLedger.swift).
+        var room = configuration.budget - DiskLedger.manifestAllowance
+        for bucket in buckets { room -= bucket.withLock { $0.isOpen ? $0.size : 0 } }
         for bucket in buckets {
             bucket.withLock { state in
                 // Only a flushed index may be snapshotted: after a failed flush the next open scans.
-                if failure == nil && state.isOpen { state.writeSnapshot() }
+                if failure == nil && state.isOpen && state.snapshotLength <= room {
+                    room -= state.snapshotLength
+                    state.writeSnapshot()
+                }
                 state.close()
             }
         }
@@ -457,9 +475,10 @@ public final class DiskTier: Sendable {
         }
     }
 
-    /// budget / count, if a bucket of that size can hold a record and be indexed.
+    /// A bucket's share (see `Disk/DiskLedger.swift`), if a bucket of that size can hold a record and be
+    /// indexed.
     static func bucketBudget(_ budget: Int, count: Int) throws(MagpieError) -> Int {
-        let share = budget / count
+        let share = DiskLedger.share(budget: budget, count: count)
         guard share >= BucketFileHeader.size + 64 else {
             throw MagpieError(.invalidConfiguration, "a budget of \(budget) bytes is too small for \(count) buckets")
         }

@@ -1,0 +1,120 @@
+import Glibc
+
+// MARK: - Room: a bucket's limit, borrowing from the tier, lending to it, evicting and compacting
+//
+// The rules are in DiskLedger.swift. Everything here runs under the bucket's lock; the pool is the only
+// shared state touched (atomically). A bucket never takes another bucket's lock: gathering room from the
+// others is the tier's job (`DiskTier.withRoom`), done while holding no bucket lock.
+
+extension BucketState {
+    /// Free room a bucket keeps when it lends, and takes on top when it borrows, so that neither
+    /// borrows again at its very next append.
+    var slack: Int { context.share / 8 }
+
+    /// Room for an append of `length` bytes: nothing to do if it fits under the limit, else the limit
+    /// is raised from the tier's pool. Nil when the append may go ahead (with `.evict`, `append` evicts
+    /// and compacts for what is still missing); else, with `.borrow`, what is missing (nothing changed
+    /// but the limit).
+    mutating func reserveRoom(_ length: Int, policy: RoomPolicy) -> Shortfall? {
+        let missing = size + length - limit
+        guard missing > 0 else { return nil }
+        let taken = context.ledger.take(upTo: min(missing + slack, context.ledger.maximumLimit - limit))
+        if taken > 0 {
+            limit += taken
+            if let mapping, limit > mapping.length { remap(length: min(context.ledger.maximumLimit, max(limit, 2 * mapping.length))) }
+        }
+        let still = size + length - limit
+        guard still > 0, policy == .borrow else { return nil }
+        return Shortfall(bytes: still + slack, fitsAlone: length + BucketFileHeader.size <= limit)
+    }
+
+    /// Evicts until the live records and `needed` fit in 3/4 of the limit, compacts, and returns what
+    /// the bucket no longer needs above its share.
+    mutating func makeRoom(for needed: Int, now: Int64) throws(MagpieError) {
+        try evictAndCompact(liveTarget: max(0, limit * 3 / 4 - needed - BucketFileHeader.size), now: now)
+        returnSurplus(keeping: needed)
+    }
+
+    /// Lends up to `wanted` bytes of its limit to the tier (the caller puts them in the pool): free room
+    /// beyond the slack, never going below half a share; with `evicting`, also by evicting and compacting
+    /// down to half a share. Returns the bytes lent.
+    mutating func lend(upTo wanted: Int, evicting: Bool, now: Int64) throws(MagpieError) -> Int {
+        guard isOpen, context.health.failure == nil else { return 0 }
+        let floor = context.share / 2
+        var lent = min(wanted, max(0, limit - max(floor, size + slack)))
+        limit -= lent
+        if evicting && lent < wanted && limit > floor {
+            let goal = max(floor, limit - (wanted - lent))
+            if size > goal - slack / 2 {
+                try evictAndCompact(liveTarget: max(0, goal * 3 / 4 - BucketFileHeader.size), now: now)
+            }
+            let more = max(0, limit - max(goal, size))
+            limit -= more
+            lent += more
+        }
+        return lent
+    }
+
+    /// Gives back to the pool what the limit holds above max(share, size + `needed` + slack).
+    mutating func returnSurplus(keeping needed: Int) {
+        let keep = max(context.share, size + needed + slack)
+        if limit > keep {
+            context.ledger.give(limit - keep)
+            limit = keep
+        }
+    }
+
+    /// Evicts by the clock until the live records are at most `liveTarget` bytes — and at most what the
+    /// compaction's temporary file may hold (the headroom, plus what the pool lends for the compaction's
+    /// duration) — then compacts.
+    mutating func evictAndCompact(liveTarget: Int, now: Int64) throws(MagpieError) {
+        let headroom = context.ledger.share - BucketFileHeader.size
+        let reserved = context.ledger.take(upTo: max(0, min(liveTarget, liveBytes) - headroom))
+        defer { context.ledger.give(reserved) }
+        let target = min(liveTarget, headroom + reserved)
+        var evicted: [DiskSlot] = []
+        while liveBytes > target && index.count > 0 {
+            let position = index.hand % index.capacity
+            var slot = index[position]
+            if slot.isEmpty {
+                index.hand = position + 1
+            } else if slot.referenced && !slot.isExpired(nowMilliseconds: now) {
+                slot.referenced = false
+                index[position] = slot
+                index.hand = position + 1
+            } else {
+                evicted.append(slot)
+                drop(at: position)  // the hand stays: a later slot may have shifted into this position
+                counters.evictions += 1
+            }
+        }
+        let compactions = counters.compactions
+        do {
+            try compactUnderLock()
+        } catch {
+            // If the old file is still the bucket, the evicted records stay in it: mark them dead so
+            // recovery cannot revive one over a later write that never reached disk (say, a `Cache`
+            // store kept in memory only). After the rename their offsets mean nothing: leave them.
+            if counters.compactions == compactions { for slot in evicted { markDead(slot) } }
+            throw error
+        }
+    }
+
+    /// A compaction without eviction (to heal damage), if the live records fit the headroom and what the
+    /// pool can lend; else nothing happens now (the damage stays skipped until the next compaction).
+    mutating func compactWithinHeadroom() throws(MagpieError) {
+        let headroom = context.ledger.share - BucketFileHeader.size
+        let reserved = context.ledger.take(upTo: max(0, liveBytes - headroom))
+        defer { context.ledger.give(reserved) }
+        guard liveBytes <= headroom + reserved else { return }
+        try compactUnderLock()
+    }
+
+    /// `compact()` holding the tier-wide compaction lock (one temporary file at a time).
+    private mutating func compactUnderLock() throws(MagpieError) {
+        try context.compaction.withLock { (begun: inout UInt64) throws(MagpieError) in
+            begun &+= 1
+            try compact()
+        }
+    }
+}

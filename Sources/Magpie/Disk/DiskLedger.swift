@@ -1,0 +1,97 @@
+import Synchronization
+
+// MARK: - The tier's byte ledger: one budget, lent between buckets
+//
+// Everything the tier writes in its directory fits in ``DiskTier/Configuration/budget`` bytes:
+//
+//   budget = MANIFEST allowance (128 B) + headroom (one share) + Σ bucket limits + pool
+//
+//  - `share` = (budget − 128) / (bucketCount + 1): a bucket's nominal part.
+//  - headroom: one share, kept free for the one compaction that may run at a time (compactions take
+//    the tier-wide compaction lock), so its temporary file never passes the budget. A compaction whose
+//    live records exceed the headroom borrows the difference from the pool for its duration, or evicts
+//    until they fit.
+//  - limit (per bucket, under its lock): the most bytes its file may hold. Invariant: size ≤ limit.
+//    Limits start at one share each.
+//  - pool (here, atomic): bytes no bucket holds. A bucket whose next append would pass its limit first
+//    takes from the pool; if the pool is short, the tier (holding no bucket lock) asks the other
+//    buckets, one at a time, to lend their free room (limit − size beyond a little slack, never below
+//    half a share), so a store evicts nothing while the tier has room anywhere. Only when no bucket has
+//    room does a bucket evict its own entries and compact; a record too large for that takes room from
+//    the others by making them evict and compact down to half a share.
+//  - a bucket that compacted, or was emptied, returns what it no longer needs above one share.
+//  - index snapshots are written on close only while the bucket files and the snapshots together fit
+//    the budget less the MANIFEST allowance (a snapshot that does not fit is skipped: that bucket is
+//    scanned on the next open).
+// So the largest record is one share plus half a share from every other bucket (about half the
+// budget), at most ``DiskSlot/maximumLength`` (2 GiB), whatever the bucket count.
+//
+// The pool can go below zero only when a directory is opened with a smaller budget than its files
+// hold: no bucket can then borrow, and buckets repay as they compact.
+
+/// The shared part of the disk tier's budget (see the comment above).
+final class DiskLedger: Sendable {
+    /// Bytes of the budget that no bucket holds.
+    private let pool: Atomic<Int>
+    /// A bucket's nominal part of the budget; also the compaction headroom.
+    let share: Int
+    /// The most bytes a bucket's limit may reach (its index addresses 32 GiB; a record is at most 2 GiB).
+    let maximumLimit: Int
+
+    /// What the MANIFEST (and its temporary file at creation) may take of the budget.
+    static let manifestAllowance = 128
+
+    init(pool: Int, share: Int, maximumLimit: Int) {
+        self.pool = Atomic(pool)
+        self.share = share
+        self.maximumLimit = maximumLimit
+    }
+
+    /// Takes up to `wanted` bytes from the pool; returns how many it took (0 when the pool is empty).
+    func take(upTo wanted: Int) -> Int {
+        guard wanted > 0 else { return 0 }
+        var available = pool.load(ordering: .relaxed)
+        while available > 0 {
+            let taken = min(wanted, available)
+            let (exchanged, now) = pool.compareExchange(
+                expected: available, desired: available - taken, ordering: .relaxed)
+            if exchanged { return taken }
+            available = now
+        }
+        return 0
+    }
+
+    /// Returns `bytes` to the pool.
+    func give(_ bytes: Int) {
+        if bytes != 0 { pool.add(bytes, ordering: .relaxed) }
+    }
+
+    /// The pool's bytes now (statistics and tests).
+    var available: Int { pool.load(ordering: .relaxed) }
+
+    /// The nominal share for a budget over `count` buckets (the headroom is one more share).
+    static func share(budget: Int, count: Int) -> Int {
+        max(0, budget - manifestAllowance) / (count + 1)
+    }
+}
+
+/// How a bucket may make room for an append that would pass its limit once the pool is empty.
+enum RoomPolicy {
+    /// Report the shortfall (nothing changed): the tier then gathers room from the other buckets.
+    case borrow
+    /// Evict the bucket's own entries and compact (the tier has no room elsewhere).
+    case evict
+}
+
+/// What a bucket lacked for an append: `bytes` more; `fitsAlone`: the record would fit the bucket's
+/// own limit if it evicted.
+struct Shortfall {
+    var bytes: Int
+    var fitsAlone: Bool
+}
+
+/// An operation on a bucket that may not have found room: its result, or what it lacked.
+enum RoomOutcome<Result> {
+    case done(Result)
+    case short(Shortfall)
+}

@@ -1,0 +1,129 @@
+import Foundation
+import Testing
+
+@testable import Magpie
+
+/// The disk budget acts as one budget: buckets lend each other room, large values are storable whatever
+/// the bucket count, a store evicts nothing while the tier has room, and everything the tier writes in its
+/// directory (snapshots and temporary files included) stays within the budget.
+@Suite("Disk tier: one budget")
+struct DiskBudgetTests {
+    /// Incompressible bytes, a function of `seed` (eight at a time: fast enough for 64 MiB in a debug build).
+    private func noise(_ count: Int, seed: UInt64) -> [UInt8] {
+        var generator = SeededGenerator(seed: seed)
+        var words = [UInt64](repeating: 0, count: (count + 7) / 8)
+        for i in words.indices { words[i] = generator.next() }
+        return words.withUnsafeBytes { Array($0.prefix(count)) }
+    }
+
+    @Test("a 1 GiB tier (256 buckets) stores and reads back a 64 MiB value, and keeps it across a reopen")
+    func sixtyFourMebibytes() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let configuration = DiskTier.Configuration(directory: directory.path, budget: 1 << 30, hashSeed: 11)
+        let tier = try DiskTier(configuration)
+        #expect(tier.bucketCount == 256)
+        #expect(tier.largestStorableValue >= (1 << 30) / 16)
+        let value = noise(64 << 20, seed: 1)
+        try tier.set(value, forKey: "sixty-four")
+        #expect(try tier.value(forKey: "sixty-four") == value)
+        #expect(tier.statistics.evictions == 0)
+        try tier.close()
+        let again = try DiskTier(configuration)
+        #expect(try again.value(forKey: "sixty-four") == value)
+        try again.close()
+    }
+
+    @Test("in a tier at 10 % of its budget a 4 MiB store evicts nothing, and a 1-byte entry is never lost")
+    func largeStoreEvictsNothing() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let tier = try DiskTier(.init(directory: directory.path, budget: 64 << 20, hashSeed: 12))
+        try tier.set([1], forKey: "one byte")
+        var key = 0
+        while tier.statistics.bytesOnDisk < (64 << 20) / 10 {
+            try tier.set(noise(1000, seed: UInt64(key)), forKey: keyBytes(key))
+            key += 1
+        }
+        for round in 0..<4 { try tier.set(noise(4 << 20, seed: 100 + UInt64(round)), forKey: "large-\(round)") }
+        #expect(tier.statistics.evictions == 0)
+        #expect(try tier.value(forKey: "one byte") == [1])
+        for k in 0..<key { #expect(try tier.value(forKey: keyBytes(k)) == noise(1000, seed: UInt64(k))) }
+        for round in 0..<4 { #expect(try tier.value(forKey: "large-\(round)") == noise(4 << 20, seed: 100 + UInt64(round))) }
+    }
+
+    @Test("the largest storable value is exact: it fits an empty and a full tier, one byte more is refused", arguments: [1, 4, 64])
+    func largestExact(buckets: Int) throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let tier = try DiskTier(.init(directory: directory.path, budget: 8 << 20, bucketCount: buckets, compressionLevel: nil, hashSeed: 13))
+        let largest = tier.largestStorableValue
+        #expect(largest >= (8 << 20) / 16)
+        let tooLarge = #expect(throws: MagpieError.self) { try tier.set(noise(largest + 1, seed: 2), forKey: []) }
+        #expect(tooLarge?.code == .valueTooLarge)
+        try tier.set(noise(largest, seed: 3), forKey: [])
+        #expect(try tier.value(forKey: []) == noise(largest, seed: 3))
+        // Full of small entries, then the largest again: the others evict to lend.
+        try tier.removeValue(forKey: [])
+        for k in 0..<3000 { try tier.set(noise(2000, seed: UInt64(k)), forKey: keyBytes(k)) }
+        try tier.set(noise(largest, seed: 4), forKey: [])
+        #expect(try tier.value(forKey: []) == noise(largest, seed: 4))
+        for k in 0..<3000 {
+            let got = try tier.value(forKey: keyBytes(k))
+            #expect(got == nil || got == noise(2000, seed: UInt64(k)))
+        }
+        try tier.close()
+        #expect(directoryBytes(directory.path) <= 8 << 20)
+    }
+
+    @Test("everything in the directory stays within the budget: files, snapshots and compactions", arguments: [1, 16])
+    func directoryWithinBudget(buckets: Int) throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let budget = 8 << 20
+        let configuration = DiskTier.Configuration(directory: directory.path, budget: budget, bucketCount: buckets, hashSeed: 14)
+        let tier = try DiskTier(configuration)
+        // Small entries until the tier is full (evicting), so the index snapshots are large; then
+        // overwrites, for garbage and compactions.
+        var k = 0
+        while tier.statistics.evictions < 1000 {
+            try tier.set(Array("v-\(k)".utf8), forKey: keyBytes(k))
+            if k % 20_000 == 0 { #expect(directoryBytes(directory.path) <= budget) }
+            k += 1
+        }
+        for j in 0..<2000 { try tier.set(noise(3000, seed: UInt64(j)), forKey: keyBytes(j * 7)) }
+        #expect(tier.statistics.compactions > 0)
+        #expect(directoryBytes(directory.path) <= budget)
+        try tier.close()
+        #expect(directoryBytes(directory.path) <= budget, "after close, snapshots included")
+        let again = try DiskTier(configuration)
+        #expect(again.statistics.entries > 0)
+        try again.close()
+        #expect(directoryBytes(directory.path) <= budget)
+    }
+
+    @Test("a full tier keeps working: lent room comes back, totals never pass the budget, values stay exact")
+    func churn() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let budget = 4 << 20
+        let tier = try DiskTier(.init(directory: directory.path, budget: budget, bucketCount: 8, compressionLevel: nil, hashSeed: 15))
+        var generator = SeededGenerator(seed: 16)
+        var last: [Int: UInt64] = [:]
+        for step in 0..<4000 {
+            let key = Int.random(in: 0..<800, using: &generator)
+            let seed = UInt64(step)
+            let length = step % 97 == 0 ? Int.random(in: 100_000...900_000, using: &generator) : Int.random(in: 10...6000, using: &generator)
+            try tier.set(noise(length, seed: seed), forKey: keyBytes(key))
+            last[key] = seed
+            if step % 500 == 0 {
+                #expect(tier.statistics.bytesOnDisk <= budget)
+                #expect(directoryBytes(directory.path) <= budget)
+            }
+        }
+        for (key, seed) in last {
+            if let got = try tier.value(forKey: keyBytes(key)) { #expect(got == noise(got.count, seed: seed)) }
+        }
+        try tier.close()
+    }
+}
