@@ -12,7 +12,7 @@ import Synchronization
 /// ```
 ///
 /// A key's hash picks its bucket (high bits); each bucket has its own lock, in-memory index (16-byte
-/// slots) and an equal share of the budget. Values of at least ``Configuration/minimumCompressibleLength``
+/// slots) and a share of the budget, which buckets lend each other (see **Budget**). Values of at least ``Configuration/minimumCompressibleLength``
 /// bytes are stored zstd-compressed when that is smaller. The record format and recovery rules are
 /// described in `Disk/RecordFormat.swift` and `Disk/Bucket+Recovery.swift`.
 ///
@@ -22,9 +22,18 @@ import Synchronization
 /// decompresses the value from it. Values that look like noise (see `Compression/Compressibility.swift`)
 /// are stored raw without asking zstd.
 ///
-/// **Budget.** The bucket files never exceed ``Configuration/budget`` bytes together. While a bucket is
-/// compacted, one temporary file of at most ``bucketBudget`` bytes exists besides them (one compaction
-/// runs at a time), so the directory holds at most budget + bucketBudget bytes, plus MANIFEST and LOCK.
+/// **Budget.** Everything the tier writes in its directory — bucket files, the one compaction's
+/// temporary file, the index snapshots a close leaves, MANIFEST and LOCK — stays within
+/// ``Configuration/budget`` bytes (file sizes; `du` adds block rounding). The budget acts as one: a
+/// bucket that fills borrows room the others do not use, so a store evicts nothing while the tier has
+/// room, and a value of up to ``largestStorableValue`` bytes (about half the budget) is stored whatever
+/// the bucket count. One share of the budget is kept free for compactions. The rules are in
+/// `Disk/DiskLedger.swift`.
+///
+/// **Trust.** The directory is held open and every file is reached relative to it, never through a
+/// symbolic link; a directory another user owns or can write to is refused, files are created 0600
+/// and directories 0700 (see ``Configuration/fileMode``), and a directory removed or replaced while
+/// open is reported as ``MagpieError/Code/directoryReplaced``. See `Disk/CacheDirectory.swift`.
 ///
 /// **Durability.** A removal or group removal has reached the kernel's page cache when the call
 /// returns: it survives the process being killed, not a power loss. A store has too with
@@ -46,7 +55,7 @@ public final class DiskTier: Sendable {
     public struct Configuration: Sendable {
         /// The cache directory; created if missing (its parent must exist).
         public var directory: String
-        /// The most bytes the bucket files may hold together.
+        /// The most bytes the tier's files may hold together (see **Budget** above).
         public var budget: Int
         /// Buckets (a power of two, 1 to ``DiskTier/maximumBucketCount``), fixed at creation. Nil: the
         /// directory's own for an existing directory, else from the budget (4 MiB per bucket, 16 to 256).
@@ -154,7 +163,9 @@ public final class DiskTier: Sendable {
     /// - Throws: ``MagpieError/Code/directoryLocked`` if another tier has it open (after waiting up to
     ///   a quarter of a second for it to be released);
     ///   ``MagpieError/Code/directoryUnusable`` if it cannot be created or written, holds files Magpie
-    ///   did not write, or its MANIFEST is unreadable; ``MagpieError/Code/manifestMismatch`` if it was
+    ///   did not write, or its MANIFEST is unreadable; ``MagpieError/Code/directoryUnsafe`` if it (or
+    ///   `buckets/`) is a symbolic link, is owned by another user or writable by others, or LOCK or
+    ///   MANIFEST is a link or not ours; ``MagpieError/Code/manifestMismatch`` if it was
     ///   created with another format or bucket count; ``MagpieError/Code/invalidConfiguration`` for a
     ///   budget or bucket count out of range; I/O errors from recovery.
     public init(_ configuration: Configuration) throws(MagpieError) {
@@ -289,8 +300,9 @@ public final class DiskTier: Sendable {
     ///   - key: the key's bytes.
     ///   - expiry: when the entry stops being served; an instant already past removes the key.
     ///   - group: a group to remove it with, see ``removeAll(inGroup:)``.
-    /// - Throws: ``MagpieError/Code/keyTooLong`` (key or group), ``MagpieError/Code/valueTooLarge`` when the
-    ///   record would exceed ``bucketBudget``, ``MagpieError/Code/noSpace`` and
+    /// - Throws: ``MagpieError/Code/keyTooLong`` (key or group), ``MagpieError/Code/valueTooLarge`` for a
+    ///   value longer than ``largestStorableValue`` (measured compressed, with its key and group),
+    ///   ``MagpieError/Code/directoryReplaced``, ``MagpieError/Code/noSpace`` and
     ///   ``MagpieError/Code/ioFailure``, ``MagpieError/Code/closed``. On a throw the key keeps its
     ///   previous value (or, if a compaction ran in the meantime, has none).
     public func set(

@@ -8,7 +8,7 @@ public struct DiskTierStatistics: Sendable, Hashable {
     public var writes: UInt64 = 0
     /// Live entries removed by a remove, a group removal or remove-all.
     public var removals: UInt64 = 0
-    /// Live entries evicted to keep a bucket within its share of the budget.
+    /// Live entries evicted to keep the tier within its budget (only when no bucket had room to lend).
     public var evictions: UInt64 = 0
     /// Bucket files rewritten to drop evicted, removed and replaced records.
     public var compactions: UInt64 = 0
