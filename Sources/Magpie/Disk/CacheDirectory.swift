@@ -40,6 +40,8 @@ enum DirectoryPlace: Sendable {
 final class CacheDirectory: Sendable {
     /// The directory's path as configured (for messages and fault injection; never opened again).
     let path: String
+    /// `path` made absolute at open, so that a later `chdir` cannot make the check look elsewhere.
+    private let absolutePath: String
     let fileMode: mode_t
     private let rootFD: Int32
     private let bucketsFD: Int32
@@ -56,6 +58,7 @@ final class CacheDirectory: Sendable {
         }
         let fd = try Self.openDirectory(at: root.fd, "buckets", path: bucketsPath, allowsGroupWritable: allowsGroupWritable)
         self.path = root.path
+        self.absolutePath = root.absolutePath
         self.fileMode = root.fileMode
         self.rootFD = root.fd
         self.rootIdentity = root.identity
@@ -152,7 +155,7 @@ final class CacheDirectory: Sendable {
     /// a ``MagpieError/Code/directoryReplaced`` saying what changed. `bucketFiles` (descriptor, name)
     /// are checked too: each must still be linked at its name in `buckets/`.
     func check(bucketFiles: [(fd: Int32, name: String)]) -> MagpieError? {
-        if let problem = Self.replaced(fd: rootFD, identity: rootIdentity, at: AT_FDCWD, path) {
+        if let problem = Self.replaced(fd: rootFD, identity: rootIdentity, at: AT_FDCWD, absolutePath) {
             return MagpieError(.directoryReplaced, "the cache directory \(problem)", path: path)
         }
         if let problem = Self.replaced(fd: bucketsFD, identity: bucketsIdentity, at: rootFD, "buckets") {
@@ -227,6 +230,7 @@ final class CacheDirectory: Sendable {
 /// descriptor passes to the ``CacheDirectory`` made from it; until then the opener closes it on failure.
 struct RootDirectory {
     let path: String
+    let absolutePath: String
     let fileMode: mode_t
     let fd: Int32
     let identity: FileIdentity
@@ -239,9 +243,16 @@ struct RootDirectory {
         }
         let opened = try CacheDirectory.openDirectory(at: AT_FDCWD, path, path: path, allowsGroupWritable: allowsGroupWritable)
         self.path = path
+        self.absolutePath = path.hasPrefix("/") ? path : Self.workingDirectory() + "/" + path
         self.fileMode = fileMode
         self.fd = opened.fd
         self.identity = opened.identity
+    }
+
+    private static func workingDirectory() -> String {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        guard getcwd(&buffer, buffer.count) != nil else { return "." }
+        return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     /// Opens `name` in the directory (see ``CacheDirectory/open(_:_:writable:create:)``).
