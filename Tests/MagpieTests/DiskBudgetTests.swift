@@ -8,13 +8,7 @@ import Testing
 /// directory (snapshots and temporary files included) stays within the budget.
 @Suite("Disk tier: one budget")
 struct DiskBudgetTests {
-    /// Incompressible bytes, a function of `seed` (eight at a time: fast enough for 64 MiB in a debug build).
-    private func noise(_ count: Int, seed: UInt64) -> [UInt8] {
-        var generator = SeededGenerator(seed: seed)
-        var words = [UInt64](repeating: 0, count: (count + 7) / 8)
-        for i in words.indices { words[i] = generator.next() }
-        return words.withUnsafeBytes { Array($0.prefix(count)) }
-    }
+    private func noise(_ count: Int, seed: UInt64) -> [UInt8] { noiseBytes(count, seed: seed) }
 
     @Test("a 1 GiB tier (256 buckets) stores and reads back a 64 MiB value, and keeps it across a reopen")
     func sixtyFourMebibytes() throws {

@@ -66,11 +66,13 @@ struct MemoryTierAPITests {
         #expect(tier.value(forKey: tooLong) == nil)
     }
 
-    @Test("an entry larger than a shard's budget is refused, counted, and drops the key's old value")
+    @Test("an entry larger than the largest storable value is refused, counted, and drops the key's old value")
     func oversized() throws {
         let tier = try MemoryTier(budget: 8 * 1000, shardCount: 8)  // 1000 bytes per shard
         #expect(tier.shardBudget == 1000)
-        let fits = [UInt8](repeating: 1, count: 1000 - 8 - MemoryTier.entryOverhead)
+        // One shard's share plus half of each other's: 1000 + 7 × 500, less the overhead.
+        #expect(tier.largestStorableValue == 4500 - MemoryTier.entryOverhead)
+        let fits = [UInt8](repeating: 1, count: tier.largestStorableValue - 8)  // k(1) is 8 bytes
         #expect(try tier.set(fits, forKey: k(1)))
         #expect(!(try tier.set(fits + [1], forKey: k(1))))
         #expect(tier.value(forKey: k(1)) == nil)  // never the stale value
@@ -170,8 +172,10 @@ struct MemoryTierPropertyTests {
             switch roll {
             case 0..<480:
                 version += 1
-                // Mostly small values; sometimes over a shard's budget (2000) to exercise refusal.
-                let length = roll < 10 ? 2500 : Int.random(in: 0...300, using: &random)
+                // Mostly small values; sometimes over a shard's share (2000), which shards lend, and
+                // sometimes over the largest storable value, to exercise refusal.
+                let length =
+                    roll < 5 ? 2500 : roll < 10 ? tier.largestStorableValue : Int.random(in: 0...300, using: &random)
                 let value = selfDescribingValue(key: key, version: version, length: length)
                 if try tier.set(value, forKey: keyBytes(key)) {
                     model[key] = value

@@ -25,6 +25,15 @@ enum TestSeed {
     }
 }
 
+/// Incompressible bytes, a function of `seed` (eight at a time: fast enough for tens of MiB in a debug
+/// build).
+func noiseBytes(_ count: Int, seed: UInt64) -> [UInt8] {
+    var generator = SeededGenerator(seed: seed)
+    var words = [UInt64](repeating: 0, count: (count + 7) / 8)
+    for i in words.indices { words[i] = generator.next() }
+    return words.withUnsafeBytes { Array($0.prefix(count)) }
+}
+
 /// A value that names its key and version, so a read can prove it belongs to the key it was read for.
 func selfDescribingValue(key: Int, version: Int, length: Int) -> [UInt8] {
     var bytes = Array("k\(key)v\(version);".utf8)

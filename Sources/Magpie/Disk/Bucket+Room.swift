@@ -18,7 +18,7 @@ extension BucketState {
     mutating func reserveRoom(_ length: Int, policy: RoomPolicy) -> Shortfall? {
         let missing = size + length - limit
         guard missing > 0 else { return nil }
-        let taken = context.ledger.take(upTo: min(missing + slack, context.ledger.maximumLimit - limit))
+        let taken = context.ledger.pool.take(upTo: min(missing + slack, context.ledger.maximumLimit - limit))
         if taken > 0 {
             limit += taken
             if let mapping, limit > mapping.length { remap(length: min(context.ledger.maximumLimit, max(limit, 2 * mapping.length))) }
@@ -59,7 +59,7 @@ extension BucketState {
     mutating func returnSurplus(keeping needed: Int) {
         let keep = max(context.share, size + needed + slack)
         if limit > keep {
-            context.ledger.give(limit - keep)
+            context.ledger.pool.give(limit - keep)
             limit = keep
         }
     }
@@ -69,8 +69,8 @@ extension BucketState {
     /// duration) — then compacts.
     mutating func evictAndCompact(liveTarget: Int, now: Int64) throws(MagpieError) {
         let headroom = context.ledger.share - BucketFileHeader.size
-        let reserved = context.ledger.take(upTo: max(0, min(liveTarget, liveBytes) - headroom))
-        defer { context.ledger.give(reserved) }
+        let reserved = context.ledger.pool.take(upTo: max(0, min(liveTarget, liveBytes) - headroom))
+        defer { context.ledger.pool.give(reserved) }
         let target = min(liveTarget, headroom + reserved)
         var evicted: [DiskSlot] = []
         while liveBytes > target && index.count > 0 {
@@ -104,8 +104,8 @@ extension BucketState {
     /// pool can lend; else nothing happens now (the damage stays skipped until the next compaction).
     mutating func compactWithinHeadroom() throws(MagpieError) {
         let headroom = context.ledger.share - BucketFileHeader.size
-        let reserved = context.ledger.take(upTo: max(0, liveBytes - headroom))
-        defer { context.ledger.give(reserved) }
+        let reserved = context.ledger.pool.take(upTo: max(0, liveBytes - headroom))
+        defer { context.ledger.pool.give(reserved) }
         guard liveBytes <= headroom + reserved else { return }
         try compactUnderLock()
     }

@@ -1,5 +1,3 @@
-import Synchronization
-
 // MARK: - The tier's byte ledger: one budget, lent between buckets
 //
 // Everything the tier writes in its directory fits in ``DiskTier/Configuration/budget`` bytes:
@@ -32,7 +30,7 @@ import Synchronization
 /// The shared part of the disk tier's budget (see the comment above).
 final class DiskLedger: Sendable {
     /// Bytes of the budget that no bucket holds.
-    private let pool: Atomic<Int>
+    let pool: BudgetPool
     /// A bucket's nominal part of the budget; also the compaction headroom.
     let share: Int
     /// The most bytes a bucket's limit may reach (its index addresses 32 GiB; a record is at most 2 GiB).
@@ -42,56 +40,13 @@ final class DiskLedger: Sendable {
     static let manifestAllowance = 128
 
     init(pool: Int, share: Int, maximumLimit: Int) {
-        self.pool = Atomic(pool)
+        self.pool = BudgetPool(pool)
         self.share = share
         self.maximumLimit = maximumLimit
     }
-
-    /// Takes up to `wanted` bytes from the pool; returns how many it took (0 when the pool is empty).
-    func take(upTo wanted: Int) -> Int {
-        guard wanted > 0 else { return 0 }
-        var available = pool.load(ordering: .relaxed)
-        while available > 0 {
-            let taken = min(wanted, available)
-            let (exchanged, now) = pool.compareExchange(
-                expected: available, desired: available - taken, ordering: .relaxed)
-            if exchanged { return taken }
-            available = now
-        }
-        return 0
-    }
-
-    /// Returns `bytes` to the pool.
-    func give(_ bytes: Int) {
-        if bytes != 0 { pool.add(bytes, ordering: .relaxed) }
-    }
-
-    /// The pool's bytes now (statistics and tests).
-    var available: Int { pool.load(ordering: .relaxed) }
 
     /// The nominal share for a budget over `count` buckets (the headroom is one more share).
     static func share(budget: Int, count: Int) -> Int {
         max(0, budget - manifestAllowance) / (count + 1)
     }
-}
-
-/// How a bucket may make room for an append that would pass its limit once the pool is empty.
-enum RoomPolicy {
-    /// Report the shortfall (nothing changed): the tier then gathers room from the other buckets.
-    case borrow
-    /// Evict the bucket's own entries and compact (the tier has no room elsewhere).
-    case evict
-}
-
-/// What a bucket lacked for an append: `bytes` more; `fitsAlone`: the record would fit the bucket's
-/// own limit if it evicted.
-struct Shortfall {
-    var bytes: Int
-    var fitsAlone: Bool
-}
-
-/// An operation on a bucket that may not have found room: its result, or what it lacked.
-enum RoomOutcome<Result> {
-    case done(Result)
-    case short(Shortfall)
 }

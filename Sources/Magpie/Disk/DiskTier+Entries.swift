@@ -176,26 +176,10 @@ extension DiskTier {
     func withRoom<R>(
         _ number: Int, now: Int64, _ operation: (inout BucketState, RoomPolicy) throws(MagpieError) -> RoomOutcome<R>
     ) throws(MagpieError) -> R {
-        var policy = RoomPolicy.borrow
-        var attempt = 0
-        while true {
-            attempt += 1
-            let outcome = try buckets[number].withLock { (state: inout BucketState) throws(MagpieError) in
-                try operation(&state, policy)
-            }
-            let bytes: Int
-            let fitsAlone: Bool
-            switch outcome {
-            case .done(let result): return result
-            case .short(let shortfall): (bytes, fitsAlone) = (shortfall.bytes, shortfall.fitsAlone)
-            }
-            let gathered = try gatherRoom(bytes, for: number, evicting: false, now: now)
-            if gathered >= bytes && attempt < 8 { continue }  // there was room: try again with it
-            if fitsAlone || attempt >= 8 {
-                policy = .evict  // the tier is full: the bucket makes room itself (or, at last, fails)
-            } else {
-                _ = try gatherRoom(bytes - gathered, for: number, evicting: true, now: now)
-            }
+        try withBorrowedRoom { (policy) throws(MagpieError) in
+            try buckets[number].withLock { (state: inout BucketState) throws(MagpieError) in try operation(&state, policy) }
+        } gather: { (bytes, evicting) throws(MagpieError) in
+            try gatherRoom(bytes, for: number, evicting: evicting, now: now)
         }
     }
 
@@ -203,7 +187,7 @@ extension DiskTier {
     /// `BucketState.lend`). Returns what they lent.
     private func gatherRoom(_ bytes: Int, for number: Int, evicting: Bool, now: Int64) throws(MagpieError) -> Int {
         var gathered = 0
-        defer { ledger.give(gathered) }
+        defer { ledger.pool.give(gathered) }
         var step = 1
         while step < bucketCount && gathered < bytes {
             let wanted = bytes - gathered

@@ -242,7 +242,7 @@ public final class DiskTier: Sendable {
                 }
                 // Whatever the buckets do not hold is the pool (below zero if the files hold more than
                 // this budget allows: buckets then repay as they compact).
-                ledger.give(configuration.budget - DiskLedger.manifestAllowance - share - held)
+                ledger.pool.give(configuration.budget - DiskLedger.manifestAllowance - share - held)
             } catch {
                 for bucket in buckets { bucket.withLock { $0.close() } }
                 throw error

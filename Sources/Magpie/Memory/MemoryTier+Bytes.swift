@@ -84,8 +84,33 @@ extension MemoryTier {
             }
         }
         let tag = group.map { $0.isEmpty ? 0 : groupTag($0) } ?? 0
-        let outcome = withShard(for: hash) { $0.store(hash: hash, key: key, value: value, deadline: deadline, group: tag) }
+        let number = Int(truncatingIfNeeded: hash) & shardMask
+        let outcome = withBorrowedRoom { (policy) -> RoomOutcome<StoreOutcome> in
+            let outcome = withShard(for: hash) {
+                $0.store(hash: hash, key: key, value: value, deadline: deadline, group: tag, policy: policy)
+            }
+            if case .short(let shortfall) = outcome { return .short(shortfall) }
+            return .done(outcome)
+        } gather: { bytes, evicting in
+            gatherRoom(bytes, for: number, evicting: evicting)
+        }
         return .success(outcome != .refused)
+    }
+
+    /// Asks the shards other than `number`, one lock at a time, to lend up to `bytes` into the pool
+    /// (see `ShardStorage.lend`). Returns what they lent.
+    func gatherRoom(_ bytes: Int, for number: Int, evicting: Bool) -> Int {
+        var gathered = 0
+        var step = 1
+        while step < shardCount && gathered < bytes {
+            let wanted = bytes - gathered
+            gathered += unownedShards[(number + step) & shardMask].takeUnretainedValue().withLock {
+                $0.lend(upTo: wanted, evicting: evicting)
+            }
+            step += 1
+        }
+        pool.give(gathered)
+        return gathered
     }
 
     @usableFromInline

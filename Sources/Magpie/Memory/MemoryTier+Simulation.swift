@@ -20,7 +20,16 @@ extension MemoryTier {
             return false
         }
         let hash = hasher._hash(key)
-        return withShard(for: hash) { $0.simulateRequest(hash: hash, key: key, valueLength: valueLength) }
+        let number = Int(truncatingIfNeeded: hash) & shardMask
+        var first = true  // a retry after gathering room is the same request: counted once
+        return withBorrowedRoom { policy -> RoomOutcome<Bool> in
+            defer { first = false }
+            return withShard(for: hash) {
+                $0.simulateRequest(hash: hash, key: key, valueLength: valueLength, policy: policy, counted: !first)
+            }
+        } gather: { bytes, evicting in
+            gatherRoom(bytes, for: number, evicting: evicting)
+        }
     }
 }
 
@@ -28,17 +37,21 @@ extension ShardStorage {
     /// A request of trace replay: a hit (counted as a read) if `key` is present, else a miss that
     /// stores a placeholder charged as a value of `valueLength` bytes without holding them. The
     /// policy sees exactly what `store` of such a value would do; no value bytes are written or read.
-    mutating func simulateRequest(hash: UInt64, key: UnsafeRawBufferPointer, valueLength: Int) -> Bool {
+    /// `counted`: the request's miss was already counted (a retry after the tier gathered room).
+    mutating func simulateRequest(
+        hash: UInt64, key: UnsafeRawBufferPointer, valueLength: Int, policy: RoomPolicy, counted: Bool
+    ) -> RoomOutcome<Bool> {
         if let (_, block) = find(hash: hash, key: key) {
             counters.hits &+= 1
             let header = block.assumingMemoryBound(to: EntryHeader.self)
             if header.pointee.frequency < Self.frequencyCap { header.pointee.frequency &+= 1 }
-            return true
+            return .done(true)
         }
-        counters.misses &+= 1
-        _ = store(
+        if !counted { counters.misses &+= 1 }
+        let outcome = store(
             hash: hash, key: key, value: UnsafeRawBufferPointer(start: nil, count: 0), placeholderLength: valueLength,
-            knownAbsent: true)
-        return false
+            knownAbsent: true, policy: policy)
+        if case .short(let shortfall) = outcome { return .short(shortfall) }
+        return .done(false)
     }
 }

@@ -2,13 +2,16 @@
 /// FIFO, a CLOCK main queue, two ghosts and an ARC-style adaptive split between the queues).
 ///
 /// A key's XXH3 hash picks one of ``shardCount`` shards (a power of two); each shard has its own lock,
-/// index, queues and an equal share of ``budget``. Two keys in different shards never contend.
+/// index, queues and a share of ``budget``. Two keys in different shards never contend.
 ///
-/// Every entry is charged `key bytes + value bytes + ` ``entryOverhead``. A shard's charge never exceeds
-/// its share of the budget, not even during a store: room is made before the entry goes in. An entry
-/// whose charge exceeds a shard's share is refused and counted in ``MemoryTierStatistics/refusals``
-/// (any previous value of that key is removed, so a read never returns a value older than the last
-/// store). A tier with a budget of 0 stores nothing.
+/// Every entry is charged `key bytes + value bytes + ` ``entryOverhead``. The tier's charge never
+/// exceeds its budget, not even during a store: room is made before the entry goes in. The budget acts
+/// as one: a shard lends the room it does not use to a shard that needs it for a large entry, so an entry
+/// of up to ``largestStorableValue`` bytes (at least half the budget, whatever the shard count) is kept,
+/// and a large store into a tier that has room evicts nothing (see "Budget" at the top of
+/// `Memory/ShardStorage.swift`). A larger entry is refused and counted in
+/// ``MemoryTierStatistics/refusals`` (any previous value of that key is removed, so a read never returns
+/// a value older than the last store). A tier with a budget of 0 stores nothing.
 ///
 /// Keys are byte strings of 0 to ``maximumKeyLength`` bytes; the empty key is a valid key. A `String`
 /// key is its UTF-8 bytes. Values are 0 to ``maximumValueLength`` bytes. All operations are safe to
@@ -31,7 +34,7 @@ public final class MemoryTier: Sendable {
     /// The most shards a tier may have.
     public static let maximumShardCount = 4096
 
-    /// The total byte budget; each shard holds at most `budget / shardCount`.
+    /// The total byte budget, which the shards share and lend each other.
     public let budget: Int
     /// The number of shards (a power of two).
     public let shardCount: Int
@@ -47,6 +50,8 @@ public final class MemoryTier: Sendable {
     /// as this tier lives).
     let unownedShards: [Unmanaged<Shard>]
     @usableFromInline let shardMask: Int
+    /// The budget no shard holds (see Support/BudgetPool.swift).
+    let pool: BudgetPool
 
     /// The default shard count: 8 per core, at least 8, a power of two.
     public static var defaultShardCount: Int {
@@ -79,8 +84,9 @@ public final class MemoryTier: Sendable {
         }
         var shards: [Shard] = []
         shards.reserveCapacity(shardCount)
+        let pool = BudgetPool(budget - budget / shardCount * shardCount)
         for _ in 0..<shardCount {
-            guard let shard = Shard(budget: budget / shardCount, hasher: hasher, clock: clock) else {
+            guard let shard = Shard(budget: budget / shardCount, hasher: hasher, clock: clock, pool: pool) else {
                 throw MagpieError(.invalidConfiguration, "out of memory creating \(shardCount) shards")
             }
             shards.append(shard)
@@ -92,10 +98,21 @@ public final class MemoryTier: Sendable {
         self.shards = shards
         self.unownedShards = shards.map { Unmanaged.passUnretained($0) }
         self.shardMask = shardCount - 1
+        self.pool = pool
     }
 
-    /// The shard budget: the largest charge a single entry may have.
+    /// A shard's nominal share of the budget (budget / shards). Shards lend each other room, so it
+    /// bounds no entry: see ``largestStorableValue``.
     public var shardBudget: Int { budget / shardCount }
+
+    /// The longest value the tier keeps, for a 0-byte key without expiry or group: the largest charge
+    /// (one shard's share plus half a share from every other shard, at least half the budget) less
+    /// ``entryOverhead``. A key takes its bytes from it, an expiry and a group 8 bytes each. A value up to
+    /// it is kept even in a full tier (other entries are evicted for it); a longer one is refused.
+    public var largestStorableValue: Int {
+        let share = shardBudget
+        return max(0, budget - (shardCount - 1) * (share / 2) - Self.entryOverhead)
+    }
 
     // MARK: Reads
 

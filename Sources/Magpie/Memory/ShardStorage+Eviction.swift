@@ -5,7 +5,7 @@ extension ShardStorage {
     /// `small` to `main`. Returns false only when both queues are empty (nothing is charged).
     mutating func evictOne() -> Bool {
         // `small` first unless `main` is over its share (what `small`'s target leaves it).
-        if small.count > 0 && (charged - smallCharged <= budget - smallTarget || main.count == 0) {
+        if small.count > 0 && (charged - smallCharged <= limit - smallTarget || main.count == 0) {
             while small.count > 0 && !evictFromSmall() {}
             return true
         }
@@ -67,6 +67,52 @@ extension ShardStorage {
             counters.evictions &+= 1
             release(block, charge: charge, fromSmall: false)
             return
+        }
+    }
+}
+
+// Lending. See "Budget" in ShardStorage.swift and Support/BudgetPool.swift.
+
+extension ShardStorage {
+    /// Free room a shard keeps when it lends, and takes on top when it borrows.
+    var slack: Int { budget / 16 }
+
+    /// Room for `charge` more: the limit is raised from the tier's pool as far as it can. Nil when the
+    /// store may go ahead (a small entry evicts here for what is still missing); else what is missing
+    /// (nothing changed but the limit).
+    mutating func reserveRoom(_ charge: Int) -> Shortfall? {
+        let missing = charged + charge - limit
+        guard missing > 0, let pool else { return nil }
+        limit += pool.take(upTo: missing + slack)
+        let still = charged + charge - limit
+        guard still > 0, charge > budget / 8 || charge > limit else { return nil }
+        return Shortfall(bytes: still + slack, fitsAlone: charge <= limit)
+    }
+
+    /// Lends up to `wanted` bytes of its limit (the caller puts them in the pool): free room beyond the
+    /// slack, never below half its share; with `evicting`, also by evicting down to half its share.
+    /// Returns the bytes lent.
+    mutating func lend(upTo wanted: Int, evicting: Bool) -> Int {
+        let floor = budget / 2
+        var lent = min(wanted, max(0, limit - max(floor, charged + slack)))
+        limit -= lent
+        if evicting && lent < wanted && limit > floor {
+            let goal = max(floor, limit - (wanted - lent))
+            while charged > goal && evictOne() {}
+            let more = max(0, limit - max(goal, charged))
+            limit -= more
+            lent += more
+        }
+        return lent
+    }
+
+    /// Gives back to the pool what the limit holds above max(share, charge + `needed` + slack).
+    mutating func returnSurplus(keeping needed: Int) {
+        guard limit > budget, let pool else { return }
+        let keep = max(budget, charged + needed + slack)
+        if limit > keep {
+            pool.give(limit - keep)
+            limit = keep
         }
     }
 }

@@ -59,10 +59,23 @@ import Glibc
 // its ring pops it (eviction frees dead blocks first) or the ring is compacted (when dead blocks
 // outnumber live ones). A replacement of the same total size reuses the block in place.
 //
-// ### Budget invariant
+// ### Budget: a share, a limit, and lending (Support/BudgetPool.swift)
 //
-// `charged` (live and dead blocks' charges) never exceeds `budget`: room is made before a block is
-// added, and an entry whose charge alone exceeds the budget is refused.
+// `budget` is the shard's nominal share of the tier's budget (what `small`'s target and the ghosts are
+// sized by); `limit` is what it may charge now: the share, plus what it borrowed, less what it lent.
+// Invariant: `charged` (live and dead blocks' charges) never exceeds `limit`, and the tier's limits plus
+// its pool never exceed its budget, so the tier never charges more than its budget, not even during a
+// store: room is made before a block is added.
+//  - A store that does not fit under the limit first takes from the tier's pool. If that is short and
+//    the entry is large (over an eighth of the share) or larger than the limit, the shard reports the
+//    shortfall without changing anything, and the tier asks the other shards, one lock at a time, to
+//    lend their free room (never below half their share): so a large store into a tier that has room
+//    evicts nothing. When no shard has free room, an entry that fits the shard's limit is stored by
+//    evicting here, as small entries always are; a larger one makes the other shards evict to lend.
+//  - A shard whose charge fell returns what its limit holds above max(share, charge + slack) to the
+//    pool; a lender takes its room back from the pool when it next needs room.
+// The largest entry is thus one share plus half a share from every other shard: at least half the
+// budget, whatever the shard count (``MemoryTier/largestStorableValue``).
 
 /// The 8-byte header at the start of every entry block. After it come the optional extras the state
 /// flags announce (an 8-byte deadline, then an 8-byte group hash), then the key, then the value.
@@ -101,12 +114,19 @@ struct EntryHeader {
 }
 
 /// The outcome of ``ShardStorage/store(hash:key:value:)``.
-enum StoreOutcome {
+enum StoreOutcome: Equatable {
     case inserted, updated, refused
+    /// Not stored, nothing changed: the shard lacked room (only with ``RoomPolicy/borrow``).
+    case short(Shortfall)
 }
 
 struct ShardStorage: ~Copyable {
+    /// The shard's nominal share of the tier's budget.
     let budget: Int
+    /// What the shard may charge now (see "Budget" above).
+    var limit: Int
+    /// The tier's pool of unlent budget; nil: the shard keeps to its budget alone.
+    let pool: BudgetPool?
     /// What `small` may hold before it is evicted from first; adapts (see ShardStorage+Ghost.swift).
     var smallTarget: Int
     let hasher: KeyHash
@@ -138,7 +158,7 @@ struct ShardStorage: ~Copyable {
     static let headerSize = MemoryLayout<EntryHeader>.stride
 
     /// Creates empty storage; nil when the initial arrays (about 1.2 KiB) cannot be allocated.
-    init?(budget: Int, hasher: KeyHash, clock: CacheClock) {
+    init?(budget: Int, hasher: KeyHash, clock: CacheClock, pool: BudgetPool? = nil) {
         guard let index = allocateZeroed(UInt64.self, Self.initialBuckets) else { return nil }
         guard let ghost = allocateZeroed(UInt32.self, Self.initialBuckets) else {
             free(index)
@@ -150,6 +170,8 @@ struct ShardStorage: ~Copyable {
             return nil
         }
         self.budget = budget
+        self.limit = budget
+        self.pool = pool
         self.smallTarget = budget / 10
         self.hasher = hasher
         self.clock = clock
@@ -233,10 +255,11 @@ struct ShardStorage: ~Copyable {
     /// 1970, 0 = none) and group hash (0 = none). Makes room first; refuses (leaving the key absent)
     /// when the entry cannot fit the shard's budget or memory runs out. With `placeholderLength`,
     /// `value` is ignored and a placeholder charged as a value of that length is stored instead.
-    /// `knownAbsent` skips the lookup of a key the caller has just found absent (lock held since).
+    /// `knownAbsent` skips the lookup of a key the caller has just found absent (lock held since). With
+    /// `.borrow`, a large entry that does not fit changes nothing and returns `.short` (see "Budget").
     mutating func store(
         hash: UInt64, key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, deadline: Int64 = 0,
-        group: UInt64 = 0, placeholderLength: Int? = nil, knownAbsent: Bool = false
+        group: UInt64 = 0, placeholderLength: Int? = nil, knownAbsent: Bool = false, policy: RoomPolicy = .evict
     ) -> StoreOutcome {
         let flags = (deadline != 0 ? EntryHeader.expiryFlag : 0) | (group != 0 ? EntryHeader.groupFlag : 0)
             | (placeholderLength != nil ? EntryHeader.placeholderFlag : 0)
@@ -245,6 +268,7 @@ struct ShardStorage: ~Copyable {
         var queue = EntryHeader.small
         var frequency: UInt8 = 0
         var isUpdate = false
+        var previous: (position: Int, block: UnsafeMutableRawPointer)? = nil
         if !knownAbsent, let (position, block) = find(hash: hash, key: key) {
             let header = block.assumingMemoryBound(to: EntryHeader.self)
             if placeholderLength == nil && header.pointee.storedLength == storedLength
@@ -258,17 +282,25 @@ struct ShardStorage: ~Copyable {
                 counters.updates &+= 1
                 return .updated
             }
+            previous = (position, block)
+        }
+        let charge = Self.charge(storedLength: storedLength)
+        if charged + charge > limit, let shortfall = reserveRoom(charge), policy == .borrow {
+            return .short(shortfall)  // nothing changed: the previous value is still there
+        }
+        if let previous {
+            let header = previous.block.assumingMemoryBound(to: EntryHeader.self)
             queue = header.pointee.queue
             frequency = min(header.pointee.frequency &+ 1, Self.frequencyCap)
             isUpdate = true
-            unlink(position: position, block: block)
+            unlink(position: previous.position, block: previous.block)
         }
-        let charge = Self.charge(storedLength: storedLength)
-        guard charge <= budget else { return refuse(droppedPrevious: isUpdate) }
-        while charged + charge > budget {
+        guard charge <= limit else { return refuse(droppedPrevious: isUpdate) }
+        while charged + charge > limit {
             // Cannot fail while anything is charged; the guard keeps a broken invariant from spinning.
             guard evictOne() else { return refuse(droppedPrevious: isUpdate) }
         }
+        returnSurplus(keeping: charge)
         if !isUpdate {
             let remembered = ghostTake(hash: hash, charge: charge)
             if remembered != .none {
@@ -356,6 +388,7 @@ struct ShardStorage: ~Copyable {
         guard let (position, block) = find(hash: hash, key: key) else { return false }
         unlink(position: position, block: block)
         counters.removals &+= 1
+        returnSurplus(keeping: 0)
         return true
     }
 
@@ -385,6 +418,7 @@ struct ShardStorage: ~Copyable {
         charged = 0
         smallCharged = 0
         count = 0
+        returnSurplus(keeping: 0)
     }
 
     // MARK: Entry lifecycle

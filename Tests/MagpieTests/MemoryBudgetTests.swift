@@ -1,0 +1,123 @@
+import Foundation
+import Testing
+
+@testable import Magpie
+
+/// The memory budget acts as one budget: the largest entry does not shrink with the shard count, a large
+/// store into a tier that has room evicts nothing, and the tier never charges more than its budget.
+@Suite("MemoryTier: one budget")
+struct MemoryBudgetTests {
+    private func bytes(_ count: Int, _ seed: UInt8) -> [UInt8] { noiseBytes(count, seed: UInt64(seed)) }
+
+    /// Σ shard limits + pool == budget, and every shard charges at most its limit (the tier quiescent).
+    private func expectLedger(_ tier: MemoryTier, _ comment: Comment = "") {
+        var limits = 0
+        for shard in tier.shards {
+            let (limit, charged) = shard.withLock { ($0.limit, $0.charged) }
+            #expect(charged <= limit, comment)
+            limits += limit
+        }
+        #expect(limits + tier.pool.available == tier.budget, comment)
+        #expect(tier.chargedBytes <= tier.budget, comment)
+    }
+
+    @Test("with 64 shards a 64 MiB budget keeps a 4 MiB entry; with 8 to 512 shards a quarter of the budget")
+    func largeEntryWhateverTheShards() throws {
+        let tier = try MemoryTier(budget: 64 << 20, shardCount: 64)
+        let value = bytes(4 << 20, 1)
+        #expect(try tier.set(value, forKey: "four mebibytes"))
+        #expect(tier.value(forKey: "four mebibytes") == value)
+        expectLedger(tier)
+        for shards in [8, 64, 512] {
+            let tier = try MemoryTier(budget: 64 << 20, shardCount: shards)
+            #expect(tier.largestStorableValue >= (64 << 20) / 2)
+            let quarter = bytes(16 << 20, 2)
+            #expect(try tier.set(quarter, forKey: "quarter"), "\(shards) shards")
+            #expect(tier.value(forKey: "quarter") == quarter, "\(shards) shards")
+        }
+    }
+
+    @Test("in a tier at 10 % of its budget a large store evicts nothing")
+    func largeStoreEvictsNothing() throws {
+        let tier = try MemoryTier(budget: 64 << 20, shardCount: 64)
+        var key = 0
+        while tier.chargedBytes < (64 << 20) / 10 {
+            #expect(try tier.set(bytes(1000, UInt8(key & 0xff)), forKey: "small-\(key)"))
+            key += 1
+        }
+        for round in 0..<3 { #expect(try tier.set(bytes(4 << 20, UInt8(round)), forKey: "large-\(round)")) }
+        #expect(tier.statistics.evictions == 0)
+        for k in 0..<key { #expect(tier.value(forKey: "small-\(k)") == bytes(1000, UInt8(k & 0xff))) }
+        for round in 0..<3 { #expect(tier.value(forKey: "large-\(round)") == bytes(4 << 20, UInt8(round))) }
+        expectLedger(tier)
+    }
+
+    @Test("the largest storable value is exact in an empty and in a full tier; one byte more is refused", arguments: [1, 4, 64])
+    func largestExact(shards: Int) throws {
+        let tier = try MemoryTier(budget: 4 << 20, shardCount: shards)
+        let largest = tier.largestStorableValue
+        #expect(!(try tier.set(bytes(largest + 1, 3), forKey: [])))
+        #expect(tier.statistics.refusals == 1)
+        #expect(try tier.set(bytes(largest, 4), forKey: []))
+        #expect(tier.value(forKey: []) == bytes(largest, 4))
+        tier.removeValue(forKey: [])
+        for k in 0..<20_000 { try tier.set(bytes(300, UInt8(k & 0xff)), forKey: "k\(k)") }  // full: evicting
+        #expect(tier.statistics.evictions > 0)
+        #expect(try tier.set(bytes(largest, 5), forKey: []))
+        #expect(tier.value(forKey: []) == bytes(largest, 5))
+        expectLedger(tier)
+    }
+
+    @Test("a full tier lends for a large entry and gets its room back once the entry is gone")
+    func lendersRecover() throws {
+        let budget = 8 << 20
+        let tier = try MemoryTier(budget: budget, shardCount: 16)
+        func fill(_ from: Int) throws {
+            for k in from..<(from + 40_000) { try tier.set(bytes(400, UInt8(k & 0xff)), forKey: "k\(k)") }
+        }
+        try fill(0)
+        let full = tier.chargedBytes
+        #expect(full > budget * 9 / 10)
+        #expect(try tier.set(bytes(budget / 3, 6), forKey: "large"))
+        expectLedger(tier, "with the large entry")
+        #expect(tier.chargedBytes <= budget)
+        tier.removeValue(forKey: "large")
+        try fill(100_000)
+        try fill(200_000)  // the large entry's shard evicts its dead block, returns the loan; lenders take it back
+        expectLedger(tier, "after refilling")
+        #expect(tier.chargedBytes > budget * 9 / 10, "lenders got their room back: \(tier.chargedBytes) of \(budget)")
+        let limits = tier.shards.map { shard in shard.withLock { $0.limit } }
+        #expect(limits.allSatisfy { $0 >= tier.shardBudget * 3 / 4 }, "\(limits)")
+    }
+
+    @Test("threads mixing large and small stores, reads and removals: reads belong to their key, the budget holds")
+    func concurrent() async throws {
+        let budget = 4 << 20
+        let tier = try MemoryTier(budget: budget, shardCount: 8)
+        let seed = TestSeed.value(default: 41)
+        await withTaskGroup(of: Void.self) { group in
+            for task in 0..<4 {
+                group.addTask {
+                    var random = SeededGenerator(seed: seed &+ UInt64(task))
+                    for step in 0..<3000 {
+                        let key = Int.random(in: 0..<200, using: &random)
+                        let roll = Int.random(in: 0..<100, using: &random)
+                        if roll < 40 {
+                            let length = roll < 3 ? Int.random(in: 300_000...1_500_000, using: &random) : Int.random(in: 0...2000, using: &random)
+                            _ = try? tier.set(selfDescribingValue(key: key, version: step, length: length), forKey: keyBytes(key))
+                        } else if roll < 90 {
+                            if let got = tier.value(forKey: keyBytes(key)) {
+                                let prefix = Array("k\(key)v".utf8)
+                                #expect(got.count < prefix.count || Array(got.prefix(prefix.count)) == prefix, "a read of key \(key) returned another key's bytes")
+                            }
+                        } else {
+                            tier.removeValue(forKey: keyBytes(key))
+                        }
+                        if step % 500 == 0 { #expect(tier.chargedBytes <= budget) }
+                    }
+                }
+            }
+        }
+        expectLedger(tier, "after the threads")
+    }
+}
