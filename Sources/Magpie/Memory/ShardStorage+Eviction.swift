@@ -77,15 +77,18 @@ extension ShardStorage {
     /// Free room a shard keeps when it lends, and takes on top when it borrows.
     var slack: Int { budget / 16 }
 
-    /// Room for `charge` more: the limit is raised from the tier's pool as far as it can. Nil when the
-    /// store may go ahead (a small entry evicts here for what is still missing); else what is missing
-    /// (nothing changed but the limit).
+    /// Room for `charge` more (the caller found `charged + charge > limit`). A small entry (an eighth of
+    /// the share or less) in a shard at its share evicts here, as in any sharded cache, without touching
+    /// the pool; a shard that lent takes its room back from the pool first (up to its share); a large
+    /// entry takes what it needs. Nil when the store may go ahead (evicting for what is still missing);
+    /// else what is missing (nothing changed but the limit).
     mutating func reserveRoom(_ charge: Int) -> Shortfall? {
+        let large = charge > budget / 8
+        guard large || limit < budget, let pool else { return nil }
         let missing = charged + charge - limit
-        guard missing > 0, let pool else { return nil }
-        limit += pool.take(upTo: missing + slack)
+        limit += pool.take(upTo: large ? missing + slack : min(missing + slack, budget - limit))
         let still = charged + charge - limit
-        guard still > 0, charge > budget / 8 || charge > limit else { return nil }
+        guard still > 0, large || charge > limit else { return nil }
         return Shortfall(bytes: still + slack, fitsAlone: charge <= limit)
     }
 

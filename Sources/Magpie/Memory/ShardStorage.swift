@@ -66,9 +66,10 @@ import Glibc
 // Invariant: `charged` (live and dead blocks' charges) never exceeds `limit`, and the tier's limits plus
 // its pool never exceed its budget, so the tier never charges more than its budget, not even during a
 // store: room is made before a block is added.
-//  - A store that does not fit under the limit first takes from the tier's pool. If that is short and
-//    the entry is large (over an eighth of the share) or larger than the limit, the shard reports the
-//    shortfall without changing anything, and the tier asks the other shards, one lock at a time, to
+//  - A small entry (an eighth of the share or less) that does not fit under the limit of a shard at its
+//    share evicts here, touching nothing shared. A shard below its share (it lent) first takes its room
+//    back from the tier's pool. A large entry takes from the pool; if that is short, the shard reports
+//    the shortfall without changing anything, and the tier asks the other shards, one lock at a time, to
 //    lend their free room (never below half their share): so a large store into a tier that has room
 //    evicts nothing. When no shard has free room, an entry that fits the shard's limit is stored by
 //    evicting here, as small entries always are; a larger one makes the other shards evict to lend.
@@ -123,10 +124,6 @@ enum StoreOutcome: Equatable {
 struct ShardStorage: ~Copyable {
     /// The shard's nominal share of the tier's budget.
     let budget: Int
-    /// What the shard may charge now (see "Budget" above).
-    var limit: Int
-    /// The tier's pool of unlent budget; nil: the shard keeps to its budget alone.
-    let pool: BudgetPool?
     /// What `small` may hold before it is evicted from first; adapts (see ShardStorage+Ghost.swift).
     var smallTarget: Int
     let hasher: KeyHash
@@ -151,6 +148,12 @@ struct ShardStorage: ~Copyable {
     var main: EntryRing
 
     var counters = MemoryTierStatistics()
+
+    // Last, so that the fields a hit reads keep their place in the shard's cache lines.
+    /// What the shard may charge now (see "Budget" above).
+    var limit: Int
+    /// The tier's pool of unlent budget; nil: the shard keeps to its budget alone.
+    let pool: BudgetPool?
 
     static let initialBuckets = 64
     static let initialRing = 32

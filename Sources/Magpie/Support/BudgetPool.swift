@@ -68,6 +68,7 @@ enum RoomOutcome<Result> {
 /// again; when the others had no free room, an entry that fits its stripe alone is stored by evicting
 /// there (`.evict`), and a larger one makes the others evict to lend. Bounded: after 8 rounds the attempt
 /// runs with `.evict`, which never reports a shortfall.
+@inline(__always)
 func withBorrowedRoom<R, E: Error>(
     _ attempt: (RoomPolicy) throws(E) -> RoomOutcome<R>, gather: (_ bytes: Int, _ evicting: Bool) throws(E) -> Int
 ) throws(E) -> R {
