@@ -185,7 +185,7 @@ struct StressWorker {
         case 0..<4:
             try syncSet(cache, crashValue(key: key, version: task << 40 | version, length: length), name, nil)
         case 4..<9:
-            let got = random(2) == 0 ? try syncValue(cache, name) : try await cache.value(forKey: name)
+            let got = random(2) == 0 ? try syncValue(cache, name) : try await cache.async.value(forKey: name)
             shared.reads.add(1, ordering: .relaxed)
             if let got, !isValue(got, ofKey: key) {
                 shared.violate("task \(task): shared key \(name) read \(got.count) bytes not written for it: \(got.prefix(24))")
@@ -205,11 +205,11 @@ struct StressWorker {
             let value = crashValue(key: key, version: version, length: 1 + random(random(8) == 0 ? 6000 : 600))
             let options = makeOptions(group: group)
             if random(2) == 0 { try syncSet(cache, value, name, options) } else {
-                try await cache.set(value, forKey: name, options: options)
+                try await cache.async.set(value, forKey: name, options: options)
             }
             latest[key] = (value, group)
         case 30..<70:
-            let got = random(3) == 0 ? try await cache.value(forKey: name) : try syncValue(cache, name)
+            let got = random(3) == 0 ? try await cache.async.value(forKey: name) : try syncValue(cache, name)
             check(got, key: key, name: name, what: "read")
         case 70..<78:
             let value = crashValue(key: key, version: version, length: 1 + random(600))
@@ -220,19 +220,19 @@ struct StressWorker {
                 check(got, key: key, name: name, what: "loader")
             }
         case 78..<86:
-            if random(2) == 0 { try syncRemove(cache, name) } else { _ = try await cache.removeValue(forKey: name) }
+            if random(2) == 0 { try syncRemove(cache, name) } else { _ = try await cache.async.removeValue(forKey: name) }
             latest[key] = nil
         case 86..<90:
-            _ = try await cache.removeAll(inGroup: groupName(group))
+            _ = try await cache.async.removeAll(inGroup: groupName(group))
             for k in latest.indices where latest[k]?.group == group { latest[k] = nil }
         case 90..<95:
-            let present = random(2) == 0 ? try syncContains(cache, name) : try await cache.contains(name)
+            let present = random(2) == 0 ? try syncContains(cache, name) : try await cache.async.contains(name)
             if present && latest[key] == nil { shared.violate("task \(task): contains(\(name)) after its removal") }
         case 95..<97:
-            _ = try await cache.removeExpired()
+            _ = try await cache.async.removeExpired()
         case 97:
             if random(200) == 0 {
-                try await cache.removeAll()
+                try await cache.async.removeAll()
                 for k in latest.indices { latest[k] = nil }
             }
         default:

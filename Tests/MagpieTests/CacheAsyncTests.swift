@@ -122,11 +122,11 @@ struct CacheAsyncTests {
                         let key = Int.random(in: 0..<64, using: &generator)
                         switch Int.random(in: 0..<10, using: &generator) {
                         case 0..<4:
-                            try await cache.set(selfDescribingValue(key: key, version: step, length: 700), forKey: "k\(key)")
+                            try await cache.async.set(selfDescribingValue(key: key, version: step, length: 700), forKey: "k\(key)")
                         case 4:
-                            try await cache.removeValue(forKey: "k\(key)")
+                            try await cache.async.removeValue(forKey: "k\(key)")
                         default:
-                            if let value = try await cache.value(forKey: "k\(key)") {
+                            if let value = try await cache.async.value(forKey: "k\(key)") {
                                 #expect(value.starts(with: Array("k\(key)v".utf8)), "seed \(seed)")
                             }
                         }
@@ -172,13 +172,13 @@ struct CacheAsyncTests {
             return nil
         }
         defer { FileIOFaults.set(under: directory.path, nil) }
-        try await cache.set([1, 2, 3], forKey: "k")
+        try await cache.async.set([1, 2, 3], forKey: "k")
         cache.memory.removeAll()
-        #expect(try await cache.value(forKey: "k") == [1, 2, 3])  // disk read, promoted
+        #expect(try await cache.async.value(forKey: "k") == [1, 2, 3])  // disk read, promoted
         let diskCalls = threads.withLock { $0 }
         #expect(diskCalls.count >= 2)
         #expect(diskCalls.allSatisfy { $0.hasPrefix("magpie-io-") }, "\(diskCalls)")
-        #expect(try await cache.value(forKey: "k") == [1, 2, 3])  // memory hit: no I/O at all
+        #expect(try await cache.async.value(forKey: "k") == [1, 2, 3])  // memory hit: no I/O at all
         #expect(threads.withLock { $0.count } == diskCalls.count)
     }
 
@@ -186,8 +186,8 @@ struct CacheAsyncTests {
     func typedAsync() async throws {
         let cache = try makeCache(nil)
         let numbers = cache.typed([Int].self)
-        try await numbers.set([1, 2, 3], forKey: "n")
-        #expect(try await numbers.value(forKey: "n") == [1, 2, 3])
+        try await numbers.async.set([1, 2, 3], forKey: "n")
+        #expect(try await numbers.async.value(forKey: "n") == [1, 2, 3])
         #expect(try await numbers.value(forKey: "m") { [4] } == [4])
         #expect(try await numbers.value(forKey: "m") { [5] } == [4])  // cached: the loader does not run
     }

@@ -119,16 +119,16 @@ struct CacheStressTests {
                         let value = selfDescribingValue(key: key, version: task * 1_000_000 + step, length: 200 + key * 7)
                         var read: [UInt8]? = nil
                         switch Int.random(in: 0..<100, using: &generator) {
-                        case 0..<30: try await cache.set(value, forKey: name, options: options)
+                        case 0..<30: try await cache.async.set(value, forKey: name, options: options)
                         case 30..<35: try syncSet(cache, value, name, options)
-                        case 35..<60: read = try await cache.value(forKey: name)
+                        case 35..<60: read = try await cache.async.value(forKey: name)
                         case 60..<70: read = try syncValue(cache, name)
                         case 70..<80: read = try await cache.value(forKey: name, options: options) { value }
-                        case 80..<88: try await cache.removeValue(forKey: name)
-                        case 88..<92: try await cache.removeAll(inGroup: "g\(key % 3)")
-                        case 92..<93: try await cache.removeAll()
-                        case 93..<96: _ = try await cache.contains(name)
-                        case 96..<98: try await cache.removeExpired()
+                        case 80..<88: try await cache.async.removeValue(forKey: name)
+                        case 88..<92: try await cache.async.removeAll(inGroup: "g\(key % 3)")
+                        case 92..<93: try await cache.async.removeAll()
+                        case 93..<96: _ = try await cache.async.contains(name)
+                        case 96..<98: try await cache.async.removeExpired()
                         default: _ = cache.statistics
                         }
                         if let read, !read.starts(with: Array("k\(key)v".utf8)) {

@@ -167,7 +167,7 @@ struct DiskWriteBufferTests {
             configuration.diskBufferWriteInterval = interval
             let cache = try Cache(configuration)
             let value = selfDescribingValue(key: 1, version: 1, length: 3000)
-            try await cache.set(value, forKey: "k")
+            try await cache.async.set(value, forKey: "k")
             var buffered = cache.statistics.disk?.bufferedBytes ?? -1
             for _ in 0..<(interval == nil ? 15 : 100) where buffered != 0 {  // up to 0.3 s (6 intervals) or 2 s
                 try await Task.sleep(for: .milliseconds(20))

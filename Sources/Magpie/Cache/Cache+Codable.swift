@@ -60,10 +60,23 @@ public struct TypedCache<Value: Codable & Sendable>: Sendable {
         return try decode(bytes, key: key)
     }
 
+    /// ``value(forKey:)-(String)`` for a key of arbitrary bytes.
+    public func value(forKey key: some Sequence<UInt8>) throws(MagpieError) -> Value? {
+        let key = Array(key)
+        guard let bytes = try cache.value(forKey: key) else { return nil }
+        return try decode(bytes, key: Self.describe(key))
+    }
+
     /// Encodes `value` and stores it for `key`.
     /// - Throws: ``MagpieError/Code/encodingFailed``; the cache's store errors.
     public func set(_ value: Value, forKey key: String, options: EntryOptions? = nil) throws(MagpieError) {
         try cache.set(try encode(value, key: key), forKey: key, options: options)
+    }
+
+    /// ``set(_:forKey:options:)-(_,String,_)`` for a key of arbitrary bytes.
+    public func set(_ value: Value, forKey key: some Sequence<UInt8>, options: EntryOptions? = nil) throws(MagpieError) {
+        let key = Array(key)
+        try cache.set(try encode(value, key: Self.describe(key)), forKey: key, options: options)
     }
 
     /// Removes `key`; see `Cache.removeValue(forKey:)`.
@@ -72,41 +85,38 @@ public struct TypedCache<Value: Codable & Sendable>: Sendable {
         try cache.removeValue(forKey: key)
     }
 
-    /// The decoded value for `key`, nil on a miss or any error (logged). Assigning encodes and stores;
-    /// nil removes.
+    /// ``removeValue(forKey:)-(String)`` for a key of arbitrary bytes.
+    @discardableResult
+    public func removeValue(forKey key: some Sequence<UInt8>) throws(MagpieError) -> Bool {
+        try cache.removeValue(forKey: key)
+    }
+
+    /// The decoded value for `key`, nil on a miss or any error. Assigning encodes and stores; nil
+    /// removes. A failure is logged and counted in ``CacheStatistics/subscriptFailures``.
     public subscript(key: String) -> Value? {
-        get {
-            do {
-                return try value(forKey: key)
-            } catch {
-                cache.logger.warning("magpie: typed read failed", metadata: ["error": "\(error)"])
-                return nil
-            }
-        }
+        get { cache.subscriptRead { () throws(MagpieError) in try value(forKey: key) } ?? nil }
         nonmutating set {
-            do {
+            cache.subscriptWrite { () throws(MagpieError) in
                 if let newValue { try set(newValue, forKey: key) } else { try removeValue(forKey: key) }
-            } catch {
-                cache.logger.warning("magpie: typed store failed", metadata: ["error": "\(error)"])
             }
         }
     }
 
-    /// The value for `key`, decoded; disk reads run on the cache's I/O threads.
-    nonisolated(nonsending)
-    public func value(forKey key: String) async throws -> Value? {
-        guard let bytes = try await cache.value(forKey: key) else { return nil }
-        return try decode(bytes, key: key)
+    /// ``subscript(_:)-(String)`` for a key of arbitrary bytes.
+    public subscript<Key: Sequence<UInt8>>(key: Key) -> Value? {
+        get { cache.subscriptRead { () throws(MagpieError) in try value(forKey: key) } ?? nil }
+        nonmutating set {
+            cache.subscriptWrite { () throws(MagpieError) in
+                if let newValue { try set(newValue, forKey: key) } else { try removeValue(forKey: key) }
+            }
+        }
     }
 
-    /// Encodes `value` and stores it; the disk write runs on the cache's I/O threads.
-    nonisolated(nonsending)
-    public func set(_ value: Value, forKey key: String, options: EntryOptions? = nil) async throws {
-        try await cache.set(try encode(value, key: key), forKey: key, options: options)
-    }
+    /// The asynchronous forms (disk I/O on the cache's I/O threads); see ``Cache/async``.
+    public var async: AsyncTypedCache<Value> { AsyncTypedCache(typed: self) }
 
     /// The value for `key`, or on a miss the value `load` produces, stored with `options`; concurrent
-    /// callers share one load. See ``Cache/value(forKey:options:load:)``.
+    /// callers share one load. See ``Cache/value(forKey:options:load:)-(String,_,_)``.
     nonisolated(nonsending)
     public func value(
         forKey key: String, options: EntryOptions? = nil, load: @escaping @Sendable () async throws -> Value
@@ -122,6 +132,15 @@ public struct TypedCache<Value: Codable & Sendable>: Sendable {
         }
         return try decode(bytes, key: key)
     }
+
+    /// A key's bytes for messages: as text when they are UTF-8, else in hex.
+    static func describe(_ key: [UInt8]) -> String {
+        if let text = String(validating: key, as: UTF8.self) { return text }
+        return "0x" + key.map { String($0, radix: 16).count == 1 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined()
+    }
+
+    func decoded(_ bytes: [UInt8], key: String) throws(MagpieError) -> Value { try decode(bytes, key: key) }
+    func encoded(_ value: Value, key: String) throws(MagpieError) -> [UInt8] { try encode(value, key: key) }
 
     private func decode(_ bytes: [UInt8], key: String) throws(MagpieError) -> Value {
         do {
@@ -140,6 +159,53 @@ public struct TypedCache<Value: Codable & Sendable>: Sendable {
     }
 }
 
+/// The asynchronous view of a ``TypedCache`` (see ``TypedCache/async``): disk I/O on the cache's I/O
+/// threads, a memory hit without a hop.
+public struct AsyncTypedCache<Value: Codable & Sendable>: Sendable {
+    /// The typed view underneath.
+    public let typed: TypedCache<Value>
+
+    /// The value for `key`, decoded; see ``TypedCache/value(forKey:)-(String)``.
+    nonisolated(nonsending)
+    public func value(forKey key: String) async throws -> Value? {
+        guard let bytes = try await typed.cache.async.value(forKey: key) else { return nil }
+        return try typed.decoded(bytes, key: key)
+    }
+
+    /// ``value(forKey:)-(String)`` for a key of arbitrary bytes.
+    nonisolated(nonsending)
+    public func value(forKey key: some Sequence<UInt8>) async throws -> Value? {
+        let key = Array(key)
+        guard let bytes = try await typed.cache.async.value(forKey: key) else { return nil }
+        return try typed.decoded(bytes, key: TypedCache<Value>.describe(key))
+    }
+
+    /// Encodes `value` and stores it for `key`; see ``TypedCache/set(_:forKey:options:)-(_,String,_)``.
+    nonisolated(nonsending)
+    public func set(_ value: Value, forKey key: String, options: EntryOptions? = nil) async throws {
+        try await typed.cache.async.set(try typed.encoded(value, key: key), forKey: key, options: options)
+    }
+
+    /// ``set(_:forKey:options:)-(_,String,_)`` for a key of arbitrary bytes.
+    nonisolated(nonsending)
+    public func set(_ value: Value, forKey key: some Sequence<UInt8>, options: EntryOptions? = nil) async throws {
+        let key = Array(key)
+        try await typed.cache.async.set(try typed.encoded(value, key: TypedCache<Value>.describe(key)), forKey: key, options: options)
+    }
+
+    /// Removes `key`; see ``TypedCache/removeValue(forKey:)-(String)``.
+    @discardableResult nonisolated(nonsending)
+    public func removeValue(forKey key: String) async throws -> Bool {
+        try await typed.cache.async.removeValue(forKey: key)
+    }
+
+    /// ``removeValue(forKey:)-(String)`` for a key of arbitrary bytes.
+    @discardableResult nonisolated(nonsending)
+    public func removeValue(forKey key: some Sequence<UInt8>) async throws -> Bool {
+        try await typed.cache.async.removeValue(forKey: key)
+    }
+}
+
 extension Cache {
     /// A typed view of this cache for `Codable` values of `type`, coded by `coder` (JSON by default).
     public func typed<Value: Codable & Sendable>(_ type: Value.Type, coder: any CacheCoder = JSONCacheCoder()) -> TypedCache<Value> {
@@ -151,6 +217,13 @@ extension Cache {
     public func value<Value: Codable & Sendable>(forKey key: String, as type: Value.Type, coder: any CacheCoder = JSONCacheCoder())
         throws(MagpieError) -> Value?
     {
+        try TypedCache<Value>(self, coder: coder).value(forKey: key)
+    }
+
+    /// ``value(forKey:as:coder:)-(String,_,_)`` for a key of arbitrary bytes.
+    public func value<Value: Codable & Sendable>(
+        forKey key: some Sequence<UInt8>, as type: Value.Type, coder: any CacheCoder = JSONCacheCoder()
+    ) throws(MagpieError) -> Value? {
         try TypedCache<Value>(self, coder: coder).value(forKey: key)
     }
 }

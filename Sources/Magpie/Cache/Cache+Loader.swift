@@ -26,12 +26,20 @@ extension Cache {
     public func value(
         forKey key: String, options: EntryOptions? = nil, load: @escaping @Sendable () async throws -> [UInt8]
     ) async throws -> [UInt8] {
-        let name = Array(key.utf8)
+        try await value(forKey: Array(key.utf8), options: options, load: load)
+    }
+
+    /// ``value(forKey:options:load:)-(String,_,_)`` for a key of arbitrary bytes.
+    nonisolated(nonsending)
+    public func value(
+        forKey key: some Sequence<UInt8>, options: EntryOptions? = nil, load: @escaping @Sendable () async throws -> [UInt8]
+    ) async throws -> [UInt8] {
+        let name = Array(key)
         while true {
-            if let value = try await value(forKey: key) { return value }
+            if let value = try await async.value(forKey: name) { return value }
             let joined = flights.withLock { flights -> (Flight, Bool)? in
                 if let flight = flights[name], flight.join() { return (flight, false) }
-                if memory.contains(key) { return nil }  // stored by a flight that just ended
+                if memory.contains(name) { return nil }  // stored by a flight that just ended
                 let flight = Flight()
                 _ = flight.join()
                 flights[name] = flight
@@ -40,7 +48,7 @@ extension Cache {
             guard let (flight, isNew) = joined else { continue }
             if isNew {
                 counters.loaderRuns.add(1, ordering: .relaxed)
-                flight.start(Task { [self] in await runLoad(flight, key: key, name: name, options: options, load: load) })
+                flight.start(Task { [self] in await runLoad(flight, name: name, options: options, load: load) })
             } else {
                 counters.loaderCoalesced.add(1, ordering: .relaxed)
             }
@@ -53,7 +61,7 @@ extension Cache {
     }
 
     private func runLoad(
-        _ flight: Flight, key: String, name: [UInt8], options: EntryOptions?,
+        _ flight: Flight, name: [UInt8], options: EntryOptions?,
         load: @Sendable () async throws -> [UInt8]
     ) async {
         let result: Result<[UInt8], any Error>
@@ -64,7 +72,7 @@ extension Cache {
         }
         if case .success(let value) = result {
             do {
-                try await onDisk { [self] () throws(MagpieError) in try set(value, forKey: key, options: options) }
+                try await onDisk { [self] () throws(MagpieError) in try set(value, forKey: name, options: options) }
             } catch {
                 logger.warning("magpie: a loaded value could not be cached", metadata: ["error": "\(error)"])
             }

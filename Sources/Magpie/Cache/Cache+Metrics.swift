@@ -41,6 +41,7 @@ final class MetricsReporter: Sendable {
                 ("loader_coalesced", nil, now.loaderCoalesced, previous.loaderCoalesced),
                 ("loader_failures", nil, now.loaderFailures, previous.loaderFailures),
                 ("disk_errors", nil, now.diskErrors, previous.diskErrors),
+                ("subscript_failures", nil, now.subscriptFailures, previous.subscriptFailures),
             ]
             if let disk = now.disk {
                 let before = previous.disk ?? DiskTierStatistics()

@@ -30,12 +30,17 @@ import Synchronization
 /// `flush()` makes both survive power loss. After a crash a read returns nothing or a value stored for its key; removals and
 /// group removals that returned are never undone (see <doc:DurabilityAndCrashSafety>).
 ///
-/// **Async.** Every operation has an `async` form that runs disk I/O on ``Configuration/ioThreadCount``
-/// dedicated threads, never on Swift's cooperative pool; a memory hit returns on the caller's executor
-/// without a hop. ``value(forKey:options:load:)`` coalesces concurrent loads of one missing key.
+/// **Async.** Every operation has an `async` form on ``async`` (`try await cache.async.value(forKey:)`)
+/// that runs disk I/O on ``Configuration/ioThreadCount`` dedicated threads, never on Swift's cooperative
+/// pool; a memory hit returns on the caller's executor without a hop. The synchronous forms work in
+/// async functions too (they block the calling thread for disk I/O). ``value(forKey:options:load:)-(String,_,_)``
+/// coalesces concurrent loads of one missing key.
 ///
-/// **Errors** are ``MagpieError`` values. The subscript, which cannot throw, logs failures and treats a
-/// failed read as a miss.
+/// **Keys** are `String`s (their UTF-8 bytes) or any `Sequence<UInt8>`, 0 to ``maximumKeyLength`` bytes,
+/// in every keyed call; a longer key throws ``MagpieError/Code/keyTooLong`` from every call.
+///
+/// **Errors** are ``MagpieError`` values. The subscript, which cannot throw, logs failures, counts them
+/// in ``CacheStatistics/subscriptFailures`` and treats a failed read as a miss.
 public final class Cache: Sendable {
     /// The configuration the cache was opened with (bucket count as found on disk).
     public let configuration: Configuration
@@ -57,12 +62,27 @@ public final class Cache: Sendable {
         let loaderCoalesced = Atomic<UInt64>(0)
         let loaderFailures = Atomic<UInt64>(0)
         let diskErrors = Atomic<UInt64>(0)
+        let subscriptFailures = Atomic<UInt64>(0)
     }
+
+    /// The longest key, in bytes (a key's UTF-8 bytes for a `String`).
+    public static let maximumKeyLength = MemoryTier.maximumKeyLength
+
+    /// The longest value a store keeps: the disk tier's ``DiskTier/largestStorableValue`` for a two-tier
+    /// cache (a longer value throws ``MagpieError/Code/valueTooLarge``), else the memory tier's. Values
+    /// longer than ``largestMemoryValue`` are kept on disk only. Both are for an empty key without a
+    /// group; see the tiers' properties for what a key, a group and an expiry take.
+    public var largestStorableValue: Int { disk?.largestStorableValue ?? memory.largestStorableValue }
+
+    /// The longest value the memory tier keeps (``MemoryTier/largestStorableValue``, about half the
+    /// memory budget or more); a longer one is refused by memory (counted) and kept on disk only.
+    public var largestMemoryValue: Int { memory.largestStorableValue }
 
     /// Opens a cache: the memory tier, and the disk tier when ``Configuration/directory`` is set.
     /// - Throws: ``MagpieError/Code/invalidConfiguration`` for budgets or counts out of range; the
     ///   disk tier's errors when it cannot open its directory (``MagpieError/Code/directoryLocked``,
-    ///   ``MagpieError/Code/directoryUnusable``, ``MagpieError/Code/manifestMismatch``, I/O errors).
+    ///   ``MagpieError/Code/directoryUnusable``, ``MagpieError/Code/directoryUnsafe``,
+    ///   ``MagpieError/Code/manifestMismatch``, I/O errors).
     public init(_ configuration: Configuration = Configuration()) throws(MagpieError) {
         var resolved = configuration
         var disk: DiskTier? = nil
@@ -74,6 +94,10 @@ public final class Cache: Sendable {
             diskConfiguration.logger = configuration.logger
             diskConfiguration.mappedReads = configuration.mappedDiskReads
             diskConfiguration.writeBufferSize = configuration.diskWriteBufferSize
+            diskConfiguration.fileMode = configuration.diskFileMode
+            diskConfiguration.directoryMode = configuration.diskDirectoryMode
+            diskConfiguration.allowsGroupWritableDirectory = configuration.allowsGroupWritableDirectory
+            diskConfiguration.directoryCheckInterval = configuration.directoryCheckInterval
             disk = try DiskTier(diskConfiguration)
             resolved.bucketCount = disk?.bucketCount
         }
@@ -145,33 +169,86 @@ public final class Cache: Sendable {
     }
 
     /// The value stored for `key` as `Data` (one copy, from the tier's storage into the `Data`).
+    /// - Throws: as ``value(forKey:)-(String)``.
     public func data(forKey key: String) throws(MagpieError) -> Data? {
-        if let data = memory.withValue(forKey: key, { $0.isEmpty ? Data() : Data(bytes: $0.baseAddress!, count: $0.count) }) {
-            return data
-        }
+        if let data = memory.withValue(forKey: key, Self.data) { return data }
         return try withKey(key) { key throws(MagpieError) in try _valueAfterMemoryMiss(key).map { Data($0) } }
     }
 
-    /// Whether `key` has a live value in either tier. Not counted as a read; does not promote.
-    public func contains(_ key: String) throws(MagpieError) -> Bool {
-        if memory.contains(key) { return true }
-        guard let disk else { return false }
-        return try withKey(key) { key throws(MagpieError) in try logged("contains") { () throws(MagpieError) in try disk._contains(key) } }
+    /// ``data(forKey:)-(String)`` for a key of arbitrary bytes.
+    public func data(forKey key: some Sequence<UInt8>) throws(MagpieError) -> Data? {
+        try withKey(key) { key throws(MagpieError) -> Data? in
+            if let data = memory._withValue(forKey: key, Self.data) { return data }
+            return try _valueAfterMemoryMiss(key).map { Data($0) }
+        }
     }
 
-    /// The value for `key`; nil on a miss or a failed read (which is logged). Assigning stores the
-    /// value with ``Configuration/defaultOptions``; assigning nil removes the key. Use
-    /// `set(_:forKey:options:)` to see errors.
-    public subscript(key: String) -> [UInt8]? {
-        get {
-            (try? value(forKey: key)) ?? nil
+    private static func data(_ bytes: UnsafeRawBufferPointer) -> Data {
+        bytes.isEmpty ? Data() : Data(bytes: bytes.baseAddress!, count: bytes.count)
+    }
+
+    /// Whether `key` has a live value in either tier. Not counted as a read; does not promote.
+    /// - Throws: ``MagpieError/Code/keyTooLong``, disk I/O errors, ``MagpieError/Code/closed``.
+    public func contains(_ key: String) throws(MagpieError) -> Bool {
+        if memory.contains(key) { return true }
+        return try withKey(key) { key throws(MagpieError) in try _containsAfterMemoryMiss(key) }
+    }
+
+    /// ``contains(_:)-(String)`` for a key of arbitrary bytes.
+    public func contains(_ key: some Sequence<UInt8>) throws(MagpieError) -> Bool {
+        try withKey(key) { key throws(MagpieError) -> Bool in
+            if memory._contains(key) { return true }
+            return try _containsAfterMemoryMiss(key)
         }
+    }
+
+    func _containsAfterMemoryMiss(_ key: UnsafeRawBufferPointer) throws(MagpieError) -> Bool {
+        guard let disk else { return false }
+        return try logged("contains") { () throws(MagpieError) in try disk._contains(key) }
+    }
+
+    /// The value for `key`; nil on a miss or a failed read. Assigning stores the value with
+    /// ``Configuration/defaultOptions``; assigning nil removes the key. A subscript cannot throw: a
+    /// failed read or store is logged and counted in ``CacheStatistics/subscriptFailures`` (a failed
+    /// store leaves the key as a failed `set` does). Use ``value(forKey:)-(String)`` and
+    /// ``set(_:forKey:options:)-(_,String,_)`` to see errors.
+    public subscript(key: String) -> [UInt8]? {
+        get { subscriptRead { () throws(MagpieError) in try value(forKey: key) } ?? nil }
         set {
-            do {
+            subscriptWrite { () throws(MagpieError) in
                 if let newValue { try set(newValue, forKey: key) } else { try removeValue(forKey: key) }
-            } catch {
-                logger.warning("magpie: subscript store failed", metadata: ["error": "\(error)"])
             }
+        }
+    }
+
+    /// ``subscript(_:)-(String)`` for a key of arbitrary bytes.
+    public subscript<Key: Sequence<UInt8>>(key: Key) -> [UInt8]? {
+        get { subscriptRead { () throws(MagpieError) in try value(forKey: key) } ?? nil }
+        set {
+            subscriptWrite { () throws(MagpieError) in
+                if let newValue { try set(newValue, forKey: key) } else { try removeValue(forKey: key) }
+            }
+        }
+    }
+
+    /// A subscript's (or a typed subscript's) read: its value, or nil after logging and counting the error.
+    func subscriptRead<R>(_ read: () throws(MagpieError) -> R) -> R? {
+        do {
+            return try read()
+        } catch {
+            counters.subscriptFailures.add(1, ordering: .relaxed)
+            logger.warning("magpie: subscript read failed", metadata: ["error": "\(error)"])
+            return nil
+        }
+    }
+
+    /// A subscript's (or a typed subscript's) store or removal; a failure is logged and counted.
+    func subscriptWrite(_ write: () throws(MagpieError) -> Void) {
+        do {
+            try write()
+        } catch {
+            counters.subscriptFailures.add(1, ordering: .relaxed)
+            logger.warning("magpie: subscript store failed", metadata: ["error": "\(error)"])
         }
     }
 
@@ -214,8 +291,9 @@ public final class Cache: Sendable {
     /// Stores `value` for `key` with `options` (``Configuration/defaultOptions`` when nil), replacing any
     /// previous value in both tiers.
     ///
-    /// A value too large for the memory tier's shard is kept on disk only (counted as a refusal); one
-    /// too large for a disk bucket throws. An expiry already past removes the key.
+    /// A value longer than ``largestMemoryValue`` is kept on disk only (counted as a memory refusal); one
+    /// longer than ``largestStorableValue`` throws (a memory-only cache refuses it: counted, the key
+    /// absent). An expiry already past removes the key.
     /// - Throws: ``MagpieError/Code/keyTooLong`` (key or group), ``MagpieError/Code/valueTooLarge``,
     ///   ``MagpieError/Code/noSpace``, ``MagpieError/Code/ioFailure``, ``MagpieError/Code/closed``. After a
     ///   throw the key keeps its previous value (or has none).
@@ -295,10 +373,14 @@ public final class Cache: Sendable {
     }
 
     /// Removes every entry stored with `group` from both tiers; on disk durably (a group tombstone), so
-    /// none comes back after a restart. Costs a walk over every entry of both tiers.
+    /// none comes back after a restart. Costs a walk over every entry of both tiers. The empty group is
+    /// no group (an entry stored with group "" has none), so `removeAll(inGroup: "")` removes nothing.
+    /// - Throws: ``MagpieError/Code/keyTooLong`` for a group name over 65,535 UTF-8 bytes; disk I/O
+    ///   errors; ``MagpieError/Code/closed``.
     @discardableResult
     public func removeAll(inGroup group: String) throws(MagpieError) -> RemovedEntries {
         try checkOpen()
+        guard !group.isEmpty else { return RemovedEntries() }
         return try stripes.withAllLocked { () throws(MagpieError) -> RemovedEntries in
             var removed = RemovedEntries()
             if let disk {
@@ -327,8 +409,10 @@ public final class Cache: Sendable {
     }
 
     /// Closes the cache: stops the I/O threads and the metrics reporter, closes the disk tier (leaving an
-    /// index snapshot for a fast reopen) and empties memory. Later calls throw ``MagpieError/Code/closed``;
-    /// reads return nil. Closing twice is harmless.
+    /// index snapshot for a fast reopen) and empties memory. Every later call, reads included, throws
+    /// ``MagpieError/Code/closed`` (the subscript, which cannot throw, reads nil and counts a
+    /// ``CacheStatistics/subscriptFailures``), whether or not the cache has a disk tier. Closing twice is
+    /// harmless.
     public func close() throws(MagpieError) {
         guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
         bufferWriter.withLock { $0?.cancel() }
@@ -366,6 +450,7 @@ public final class Cache: Sendable {
         bufferWriter.withLock { $0 = task }
     }
 
+    @usableFromInline
     func checkOpen() throws(MagpieError) {
         if closed.load(ordering: .relaxed) { throw MagpieError(.closed, "the cache is closed") }
     }
@@ -385,13 +470,24 @@ public final class Cache: Sendable {
         }
     }
 
+    /// Runs `body` with the key's bytes, after the checks every keyed call makes: the key's length
+    /// (``MagpieError/Code/keyTooLong``) and that the cache is open (``MagpieError/Code/closed``).
     @inlinable
     func withKey<R>(_ key: some Sequence<UInt8>, _ body: (UnsafeRawBufferPointer) throws(MagpieError) -> R) throws(MagpieError) -> R {
-        try memory.withKeyBytes(key) { key in Result { () throws(MagpieError) -> R in try body(key) } }.get()
+        try memory.withKeyBytes(key) { key in Result { () throws(MagpieError) -> R in try checked(key, body) } }.get()
     }
 
     func withKey<R>(_ key: String, _ body: (UnsafeRawBufferPointer) throws(MagpieError) -> R) throws(MagpieError) -> R {
-        try memory.withKeyBytes(key) { key in Result { () throws(MagpieError) -> R in try body(key) } }.get()
+        try memory.withKeyBytes(key) { key in Result { () throws(MagpieError) -> R in try checked(key, body) } }.get()
+    }
+
+    @usableFromInline
+    func checked<R>(_ key: UnsafeRawBufferPointer, _ body: (UnsafeRawBufferPointer) throws(MagpieError) -> R) throws(MagpieError) -> R {
+        guard key.count <= Self.maximumKeyLength else {
+            throw MagpieError(.keyTooLong, "key of \(key.count) bytes; the limit is \(Self.maximumKeyLength)")
+        }
+        try checkOpen()
+        return try body(key)
     }
 }
 

@@ -10,7 +10,7 @@ public struct CacheStatistics: Sendable, Hashable {
     public var disk: DiskTierStatistics?
     /// Disk hits copied into memory.
     public var promotions: UInt64
-    /// Loads started by ``Cache/value(forKey:options:load:)`` (one per coalesced group of callers).
+    /// Loads started by ``Cache/value(forKey:options:load:)-(String,_,_)`` (one per coalesced group of callers).
     public var loaderRuns: UInt64
     /// Callers that joined a load already running for their key instead of starting one.
     public var loaderCoalesced: UInt64
@@ -18,6 +18,9 @@ public struct CacheStatistics: Sendable, Hashable {
     public var loaderFailures: UInt64
     /// Disk operations that failed with an I/O error or a full file system (each was logged).
     public var diskErrors: UInt64
+    /// Subscript reads and stores (``Cache`` and ``TypedCache``) that failed: a subscript cannot throw,
+    /// so it logs the error, counts it here and reads nil.
+    public var subscriptFailures: UInt64 = 0
 
     /// Reads answered by either tier.
     public var hits: UInt64 { memory.hits + (disk?.hits ?? 0) }
@@ -47,12 +50,14 @@ public struct CacheStatistics: Sendable, Hashable {
 extension Cache {
     /// The counters of both tiers and of the façade. Costs a lock of every memory shard and disk bucket.
     public var statistics: CacheStatistics {
-        CacheStatistics(
+        var statistics = CacheStatistics(
             memory: memory.statistics, disk: disk?.statistics,
             promotions: counters.promotions.load(ordering: .relaxed),
             loaderRuns: counters.loaderRuns.load(ordering: .relaxed),
             loaderCoalesced: counters.loaderCoalesced.load(ordering: .relaxed),
             loaderFailures: counters.loaderFailures.load(ordering: .relaxed),
             diskErrors: counters.diskErrors.load(ordering: .relaxed))
+        statistics.subscriptFailures = counters.subscriptFailures.load(ordering: .relaxed)
+        return statistics
     }
 }

@@ -11,15 +11,16 @@ extension Cache {
     /// let cache = try Cache(configuration)
     /// ```
     public struct Configuration: Sendable {
-        /// Bytes the memory tier may charge (key + value + ``MemoryTier/entryOverhead`` per entry).
-        /// Default 64 MiB.
+        /// Bytes the memory tier may charge (key + value + ``MemoryTier/entryOverhead`` per entry), shared
+        /// by its shards. Default 64 MiB.
         public var memoryBudget: Int
         /// Memory shards, a power of two; nil: ``MemoryTier/defaultShardCount``.
         public var shardCount: Int?
         /// The disk tier's directory; nil keeps the cache in memory only. Created if missing (its parent
         /// must exist). One ``Cache`` at a time may have it open.
         public var directory: String?
-        /// Bytes the disk tier's bucket files may hold together. Default 1 GiB.
+        /// Bytes the disk tier's files may hold together (bucket files, a compaction's temporary file,
+        /// index snapshots, MANIFEST). Default 1 GiB.
         public var diskBudget: Int
         /// Disk bucket files, a power of two, fixed when the directory is created; nil: the directory's
         /// own, or from the budget for a new one.
@@ -50,6 +51,17 @@ extension Cache {
         /// without fsync), so that no store waits longer than about this for a crash to spare it; nil
         /// writes them only when full, on a removal, `flush()` and `close()`.
         public var diskBufferWriteInterval: Duration? = .seconds(1)
+        /// The mode of the files the disk tier creates (0600). See ``DiskTier/Configuration/fileMode``.
+        public var diskFileMode: UInt32 = 0o600
+        /// The mode of the directories the disk tier creates (0700). See
+        /// ``DiskTier/Configuration/directoryMode``.
+        public var diskDirectoryMode: UInt32 = 0o700
+        /// Accept a cache directory its group may write to (off: refused with
+        /// ``MagpieError/Code/directoryUnsafe``). See ``DiskTier/Configuration/allowsGroupWritableDirectory``.
+        public var allowsGroupWritableDirectory = false
+        /// How often, at most, a disk write checks that the directory is still the one opened (the cache's
+        /// periodic buffer write checks too). See ``DiskTier/Configuration/directoryCheckInterval``.
+        public var directoryCheckInterval: Duration? = .seconds(1)
 
         /// A configuration with the defaults; pass a directory for a two-tier cache.
         public init(
@@ -80,7 +92,8 @@ extension Cache {
     ///
     /// Counters (label, with dimension `tier` = `memory` or `disk` where it applies): `<prefix>_hits`,
     /// `_misses`, `_promotions`, `_evictions`, `_writes`, `_corrupt_records`, `_loader_runs`,
-    /// `_loader_coalesced`, `_loader_failures`. Gauges: `<prefix>_entries`, `_bytes` (per tier).
+    /// `_loader_coalesced`, `_loader_failures`, `_disk_errors`, `_subscript_failures`. Gauges:
+    /// `<prefix>_entries`, `_bytes` (per tier).
     public struct MetricsOptions: Sendable {
         /// The label prefix. Default `magpie`.
         public var prefix: String

@@ -355,12 +355,19 @@ public final class DiskTier: Sendable {
     }
 
     /// Removes every entry stored with `group`, durably: each bucket gets a group tombstone, so none of
-    /// them comes back after a restart. Costs a read of every live record's header.
+    /// them comes back after a restart. Costs a read of every live record's header. The empty group is no
+    /// group (a store with group "" has none): removing it removes nothing and writes nothing.
     /// - Returns: the number of live entries removed.
+    /// - Throws: ``MagpieError/Code/keyTooLong`` for a name over ``maximumGroupLength`` UTF-8 bytes; I/O
+    ///   errors; ``MagpieError/Code/closed``.
     @discardableResult
     public func removeAll(inGroup group: String) throws(MagpieError) -> Int {
         let name = Array(group.utf8)
-        guard !name.isEmpty, name.count <= Self.maximumGroupLength else {
+        guard !name.isEmpty else {
+            try checkOpen()
+            return 0
+        }
+        guard name.count <= Self.maximumGroupLength else {
             throw MagpieError(.keyTooLong, "group names are 1 to \(Self.maximumGroupLength) bytes, not \(name.count)")
         }
         try checkDirectoryIfDue()
@@ -479,6 +486,11 @@ public final class DiskTier: Sendable {
 
     func bucket(for hash: UInt64) -> Locked<BucketState> {
         buckets[Self.bucket(of: hash, count: bucketCount)]
+    }
+
+    /// Throws ``MagpieError/Code/closed`` once the tier is closed, and a replaced directory's error.
+    func checkOpen() throws(MagpieError) {
+        try buckets.first?.withLock { (state: inout BucketState) throws(MagpieError) in try state.checkOpen() }
     }
 
     func checkKey(_ key: UnsafeRawBufferPointer) throws(MagpieError) {
