@@ -50,7 +50,7 @@ public final class Cache: Sendable {
     let pool: IOThreadPool
     let flights = Locked<[[UInt8]: Flight]>([:])
     let counters = Counters()
-    let closed = Atomic<Bool>(false)
+    @usableFromInline let closed = Atomic<Bool>(false)
     let logger: Logger
     let metrics: MetricsReporter?
     /// The task that writes the disk write buffers every ``Configuration/diskBufferWriteInterval``.
@@ -450,7 +450,7 @@ public final class Cache: Sendable {
         bufferWriter.withLock { $0 = task }
     }
 
-    @usableFromInline
+    @inlinable
     func checkOpen() throws(MagpieError) {
         if closed.load(ordering: .relaxed) { throw MagpieError(.closed, "the cache is closed") }
     }
@@ -481,7 +481,7 @@ public final class Cache: Sendable {
         try memory.withKeyBytes(key) { key in Result { () throws(MagpieError) -> R in try checked(key, body) } }.get()
     }
 
-    @usableFromInline
+    @inlinable
     func checked<R>(_ key: UnsafeRawBufferPointer, _ body: (UnsafeRawBufferPointer) throws(MagpieError) -> R) throws(MagpieError) -> R {
         guard key.count <= Self.maximumKeyLength else {
             throw MagpieError(.keyTooLong, "key of \(key.count) bytes; the limit is \(Self.maximumKeyLength)")
