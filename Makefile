@@ -40,7 +40,7 @@ unit: build
 # and exit in this toolchain (seen with the I/O pool's threads), so it is off; races are still reported.
 tsan: deps
 	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1" swift test --sanitize=thread --scratch-path .build-tsan \
-	  --filter "Cache|MemoryTierPropertyTests|DiskTierConcurrencyTests"
+	  --filter "Cache|MemoryTierPropertyTests|MemoryBudgetTests|DiskTierConcurrencyTests"
 
 # DocC: builds the symbol graph and the catalog, failing on any warning (undocumented parameter,
 # broken link).

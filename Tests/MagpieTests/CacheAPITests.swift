@@ -13,6 +13,16 @@ private func memoryOnly() throws -> Cache {
     return try Cache(configuration)
 }
 
+/// Records an issue unless `call` throws an error with `code`.
+private func expectThrows(_ code: MagpieError.Code, _ what: String, _ call: () throws(MagpieError) -> Void) {
+    do {
+        try call()
+        Issue.record("\(what): did not throw")
+    } catch {
+        #expect(error.code == code, "\(what): \(error)")
+    }
+}
+
 @Suite("Cache: API edges")
 struct CacheAPITests {
     private static let tooLong = [UInt8](repeating: 0x61, count: 65_536)
@@ -25,12 +35,7 @@ struct CacheAPITests {
             let key = Self.tooLong
             let text = String(decoding: key, as: UTF8.self)
             func expectTooLong(_ name: String, _ call: () throws(MagpieError) -> Void) {
-                do {
-                    try call()
-                    Issue.record("\(name) did not throw (disk tier: \(cache.disk != nil))")
-                } catch {
-                    #expect(error.code == .keyTooLong, "\(name): \(error)")
-                }
+                expectThrows(.keyTooLong, "\(name), disk tier: \(cache.disk != nil)", call)
             }
             expectTooLong("value(String)") { () throws(MagpieError) in _ = try cache.value(forKey: text) }
             expectTooLong("value(bytes)") { () throws(MagpieError) in _ = try cache.value(forKey: key) }
@@ -128,12 +133,7 @@ struct CacheAPITests {
             try cache.set([1], forKey: "a")
             try cache.close()
             func expectClosed(_ name: String, _ call: () throws(MagpieError) -> Void) {
-                do {
-                    try call()
-                    Issue.record("\(name) did not throw after close (disk tier: \(cache.disk != nil))")
-                } catch {
-                    #expect(error.code == .closed, "\(name): \(error)")
-                }
+                expectThrows(.closed, "\(name) after close, disk tier: \(cache.disk != nil)", call)
             }
             expectClosed("value") { () throws(MagpieError) in _ = try cache.value(forKey: "a") }
             expectClosed("value(bytes)") { () throws(MagpieError) in _ = try cache.value(forKey: [0x61]) }
