@@ -19,7 +19,7 @@ extension BucketState {
     /// Opens (creating if needed) and recovers the bucket file.
     static func open(context: BucketContext, now: Int64) throws(MagpieError) -> BucketState {
         var state = BucketState(context: context)
-        state.fd = try context.directory.open(.buckets, context.name, writable: true, create: true)!
+        state.fd = try context.directory.openOrCreate(.buckets, context.name)
         state.remap()
         do {
             try state.recover(now: now)

@@ -77,16 +77,19 @@ final class CacheDirectory: Sendable {
         place == .root ? path + "/" + name : path + "/buckets/" + name
     }
 
-    /// Opens an existing or new regular file (`O_NOFOLLOW`, owned by us); nil if it does not exist and
-    /// `create` is false.
-    func open(_ place: DirectoryPlace, _ name: String, writable: Bool, create: Bool) throws(MagpieError) -> Int32? {
-        let flags = (writable ? O_RDWR : O_RDONLY) | (create ? O_CREAT : 0)
+    /// Opens an existing regular file (`O_NOFOLLOW`, owned by us); nil if it does not exist.
+    func open(_ place: DirectoryPlace, _ name: String, writable: Bool) throws(MagpieError) -> Int32? {
         do {
-            return try FileIO.openAt(fd(place), name, flags, mode: fileMode, path: path(place, name))
+            return try FileIO.openAt(fd(place), name, writable ? O_RDWR : O_RDONLY, mode: fileMode, path: path(place, name))
         } catch {
-            if error.errno == ENOENT && !create { return nil }
+            if error.errno == ENOENT { return nil }
             throw error
         }
+    }
+
+    /// Opens a regular file for reading and writing, creating it (with ``fileMode``) if missing.
+    func openOrCreate(_ place: DirectoryPlace, _ name: String) throws(MagpieError) -> Int32 {
+        try FileIO.openAt(fd(place), name, O_RDWR | O_CREAT, mode: fileMode, path: path(place, name))
     }
 
     /// Creates a fresh regular file for writing with `O_EXCL`; whatever entry had the name before (a
@@ -141,7 +144,7 @@ final class CacheDirectory: Sendable {
 
     /// Reads a whole (small) regular file, or nil if it does not exist.
     func readFile(_ place: DirectoryPlace, _ name: String) throws(MagpieError) -> [UInt8]? {
-        guard let fd = try open(place, name, writable: false, create: false) else { return nil }
+        guard let fd = try open(place, name, writable: false) else { return nil }
         defer { Glibc.close(fd) }
         let length = try FileIO.size(fd, path: path(place, name))
         var bytes = [UInt8](repeating: 0, count: length)
@@ -255,14 +258,10 @@ struct RootDirectory {
         return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
-    /// Opens `name` in the directory (see ``CacheDirectory/open(_:_:writable:create:)``).
-    func open(_ name: String, writable: Bool, create: Bool) throws(MagpieError) -> Int32? {
-        do {
-            return try FileIO.openAt(fd, name, (writable ? O_RDWR : O_RDONLY) | (create ? O_CREAT : 0), mode: fileMode, path: path + "/" + name)
-        } catch {
-            if error.errno == ENOENT && !create { return nil }
-            throw error
-        }
+    /// Opens `name` in the directory for reading and writing, creating it if missing (see
+    /// ``CacheDirectory/openOrCreate(_:_:)``).
+    func openOrCreate(_ name: String) throws(MagpieError) -> Int32 {
+        try FileIO.openAt(fd, name, O_RDWR | O_CREAT, mode: fileMode, path: path + "/" + name)
     }
 }
 

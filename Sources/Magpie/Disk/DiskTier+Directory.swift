@@ -16,7 +16,7 @@ extension DiskTier {
         let path = root.path + "/LOCK"
         let fd: Int32
         do {
-            fd = try root.open("LOCK", writable: true, create: true)!
+            fd = try root.openOrCreate("LOCK")
         } catch {
             if error.code == .directoryUnsafe { throw error }
             throw MagpieError(.directoryUnusable, "cannot open the lock file: \(error.message)", errno: error.errno, path: path)
