@@ -207,51 +207,6 @@ public final class Cache: Sendable {
         return try logged("contains") { () throws(MagpieError) in try disk._contains(key) }
     }
 
-    /// The value for `key`; nil on a miss or a failed read. Assigning stores the value with
-    /// ``Configuration/defaultOptions``; assigning nil removes the key. A subscript cannot throw: a
-    /// failed read or store is logged and counted in ``CacheStatistics/subscriptFailures`` (a failed
-    /// store leaves the key as a failed `set` does). Use ``value(forKey:)-(String)`` and
-    /// ``set(_:forKey:options:)-(_,String,_)`` to see errors.
-    public subscript(key: String) -> [UInt8]? {
-        get { subscriptRead { () throws(MagpieError) in try value(forKey: key) } ?? nil }
-        set {
-            subscriptWrite { () throws(MagpieError) in
-                if let newValue { try set(newValue, forKey: key) } else { try removeValue(forKey: key) }
-            }
-        }
-    }
-
-    /// ``subscript(_:)-(String)`` for a key of arbitrary bytes.
-    public subscript<Key: Sequence<UInt8>>(key: Key) -> [UInt8]? {
-        get { subscriptRead { () throws(MagpieError) in try value(forKey: key) } ?? nil }
-        set {
-            subscriptWrite { () throws(MagpieError) in
-                if let newValue { try set(newValue, forKey: key) } else { try removeValue(forKey: key) }
-            }
-        }
-    }
-
-    /// A subscript's (or a typed subscript's) read: its value, or nil after logging and counting the error.
-    func subscriptRead<R>(_ read: () throws(MagpieError) -> R) -> R? {
-        do {
-            return try read()
-        } catch {
-            counters.subscriptFailures.add(1, ordering: .relaxed)
-            logger.warning("magpie: subscript read failed", metadata: ["error": "\(error)"])
-            return nil
-        }
-    }
-
-    /// A subscript's (or a typed subscript's) store or removal; a failure is logged and counted.
-    func subscriptWrite(_ write: () throws(MagpieError) -> Void) {
-        do {
-            try write()
-        } catch {
-            counters.subscriptFailures.add(1, ordering: .relaxed)
-            logger.warning("magpie: subscript store failed", metadata: ["error": "\(error)"])
-        }
-    }
-
     @usableFromInline
     func _value(_ key: UnsafeRawBufferPointer) throws(MagpieError) -> [UInt8]? {
         if let value = memory._copyValue(forKey: key) { return value }
@@ -488,41 +443,5 @@ public final class Cache: Sendable {
         }
         try checkOpen()
         return try body(key)
-    }
-}
-
-/// A value found by ``Cache/lookup(_:)-(String)`` and where it was found.
-public struct CacheHit: Sendable, Hashable {
-    /// Which tier answered a read.
-    public enum Tier: Sendable, Hashable {
-        /// The memory tier.
-        case memory
-        /// The disk tier (the value was promoted into memory unless stored disk-only).
-        case disk
-    }
-
-    /// The value.
-    public var value: [UInt8]
-    /// The tier that answered.
-    public var tier: Tier
-
-    /// A hit of `value` in `tier`.
-    public init(value: [UInt8], tier: Tier) {
-        self.value = value
-        self.tier = tier
-    }
-}
-
-/// How many entries an operation removed from each tier (an entry held by both counts in both).
-public struct RemovedEntries: Sendable, Hashable {
-    /// Entries removed from memory.
-    public var memory: Int
-    /// Entries removed from disk.
-    public var disk: Int
-
-    /// Counts per tier.
-    public init(memory: Int = 0, disk: Int = 0) {
-        self.memory = memory
-        self.disk = disk
     }
 }

@@ -105,6 +105,31 @@ extension DiskTier {
         return count
     }
 
+    /// A bucket's share (see `Disk/DiskLedger.swift`), if a bucket of that size can hold a record and be
+    /// indexed.
+    static func bucketBudget(_ budget: Int, count: Int) throws(MagpieError) -> Int {
+        let share = DiskLedger.share(budget: budget, count: count)
+        guard share >= BucketFileHeader.size + 64 else {
+            throw MagpieError(.invalidConfiguration, "a budget of \(budget) bytes is too small for \(count) buckets")
+        }
+        // Index slots hold offset / 8 in 32 bits: a bucket file may not pass 32 GiB.
+        guard share <= maximumBucketBudget else {
+            throw MagpieError(
+                .invalidConfiguration,
+                "a budget of \(budget) bytes over \(count) buckets exceeds \(maximumBucketBudget) bytes per bucket; use more buckets")
+        }
+        return share
+    }
+
+    /// The bucket of a hash: its high bits.
+    static func bucket(of hash: UInt64, count: Int) -> Int {
+        count == 1 ? 0 : Int(hash >> UInt64(64 - count.trailingZeroBitCount))
+    }
+
+    static func isValidBucketCount(_ count: Int) -> Bool {
+        count >= 1 && count <= maximumBucketCount && count & (count - 1) == 0
+    }
+
     /// "00" … "ff" for 256 buckets; at least two hex digits, as many as the largest number needs.
     static func bucketName(_ number: Int, count: Int) -> String {
         let digits = max(2, String(count - 1, radix: 16).count)

@@ -1,0 +1,72 @@
+import Logging
+
+extension DiskTier {
+    /// How to open a disk tier.
+    public struct Configuration: Sendable {
+        /// The cache directory; created if missing (its parent must exist).
+        public var directory: String
+        /// The most bytes the tier's files may hold together (see **Budget** above).
+        public var budget: Int
+        /// Buckets (a power of two, 1 to ``DiskTier/maximumBucketCount``), fixed at creation. Nil: the
+        /// directory's own for an existing directory, else from the budget (4 MiB per bucket, 16 to 256).
+        public var bucketCount: Int?
+        /// The zstd level for new values; nil stores every value raw.
+        public var compressionLevel: Int?
+        /// Values shorter than this are stored raw.
+        public var minimumCompressibleLength: Int
+        /// The clock for expiry.
+        public var clock: CacheClock
+        /// The hash seed of a directory created by this open; nil picks a random one (the default:
+        /// keys chosen by an attacker then cannot pile into one bucket). An existing directory keeps
+        /// the seed in its MANIFEST. Set it for reproducible tests and benchmarks.
+        public var hashSeed: UInt64?
+        /// Where corruption found on disk (and healed) is logged; nil logs nothing.
+        public var logger: Logger?
+        /// Read records through a read-only mapping of each bucket file (the default) instead of a
+        /// `pread` per read: 0.5–0.6 µs less per 4 KiB read on our machine (BENCHMARKS.md). To survive
+        /// a bucket file being truncated behind its back, or a page the kernel cannot read, the tier then
+        /// installs a process-wide SIGBUS handler (once, on the first open), which turns such a fault
+        /// inside its own copy into a fallback to `pread` and passes every other SIGBUS on to the handler
+        /// installed before it. Set false to keep the process's signal handling untouched.
+        public var mappedReads = true
+        /// Bytes of appends each bucket gathers in memory before writing them to its file with one
+        /// `pwrite` (at most an eighth of ``DiskTier/bucketBudget``): 30 % less time per set on our
+        /// machine (BENCHMARKS.md). The price: a set reaches the kernel only when its bucket's buffer is
+        /// written (when full, by a removal, a compaction, ``DiskTier/writeBuffers()``,
+        /// ``DiskTier/flush()`` or ``DiskTier/close()``; a `Cache` calls `writeBuffers()` every second),
+        /// so a process crash loses the sets still buffered; they read as misses after a restart, never
+        /// as older values. Removals are always written through. Memory: up to this many bytes per
+        /// bucket. 0 writes every record to the kernel before the call returns.
+        public var writeBufferSize = 64 * 1024
+        /// The mode of the files the tier creates (0600: only the owner reads the data and the MANIFEST's
+        /// hash seed). The process's umask can only narrow it.
+        public var fileMode: UInt32 = 0o600
+        /// The mode of the directories the tier creates (the cache directory if missing, `buckets/`).
+        public var directoryMode: UInt32 = 0o700
+        /// Accept a cache directory (and `buckets/`) that its group may write to, for a directory shared
+        /// by a trusted group. Off by default: such a directory is refused with
+        /// ``MagpieError/Code/directoryUnsafe``. A directory writable by all users, or owned by another
+        /// user, is always refused. (Even in a group-writable directory the tier never follows a link
+        /// anyone plants; see `Disk/CacheDirectory.swift`.)
+        public var allowsGroupWritableDirectory = false
+        /// How often, at most, a write checks that the directory, `buckets/` and the bucket files are
+        /// still the ones the tier opened (a few `fstat` calls per bucket); `flush()` and
+        /// `writeBuffers()` always check. Once one was removed or replaced, every call throws
+        /// ``MagpieError/Code/directoryReplaced``. Nil: only `flush()` and `writeBuffers()` check.
+        public var directoryCheckInterval: Duration? = .seconds(1)
+
+        /// A configuration with defaults: zstd level 1, values of 64 bytes or more compressed.
+        public init(
+            directory: String, budget: Int, bucketCount: Int? = nil, compressionLevel: Int? = 1,
+            minimumCompressibleLength: Int = 64, clock: CacheClock = .system, hashSeed: UInt64? = nil
+        ) {
+            self.hashSeed = hashSeed
+            self.directory = directory
+            self.budget = budget
+            self.bucketCount = bucketCount
+            self.compressionLevel = compressionLevel
+            self.minimumCompressibleLength = minimumCompressibleLength
+            self.clock = clock
+        }
+    }
+}

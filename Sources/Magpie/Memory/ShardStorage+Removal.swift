@@ -1,0 +1,78 @@
+import Glibc
+
+// Removals: by key, by group, by expiry, and all. A removed entry leaves the index at once; its block is
+// marked dead and freed when its ring pops it (see "Removal: dead blocks" in ShardStorage.swift).
+
+extension ShardStorage {
+    /// Removes every live entry matching `predicate` (given its block and header); returns how many.
+    mutating func removeAll(where predicate: (UnsafeMutableRawPointer, EntryHeader) -> Bool) -> Int {
+        // Collected first: unlinking may compact the rings being walked.
+        var matches: [UnsafeMutableRawPointer] = []
+        for ring in [small, main] {
+            ring.forEach { block in
+                let header = block.assumingMemoryBound(to: EntryHeader.self).pointee
+                if !header.isDead && predicate(block, header) { matches.append(block) }
+            }
+        }
+        for block in matches {
+            let hash = hashOf(block)
+            if let position = indexPosition(hash: hash, block: block) { unlink(position: position, block: block) }
+        }
+        return matches.count
+    }
+
+    /// Removes the entries of the group whose hash is `group`; returns how many.
+    mutating func removeGroup(_ group: UInt64) -> Int {
+        let removed = removeAll { block, header in
+            header.hasGroup && block.loadUnaligned(fromByteOffset: header.groupOffset, as: UInt64.self) == group
+        }
+        counters.removals &+= UInt64(removed)
+        return removed
+    }
+
+    /// Removes the entries whose deadline has passed; returns how many.
+    mutating func removeExpired() -> Int {
+        let now = clock.now()
+        let removed = removeAll { block, header in Self.isExpired(block, header, now: now) }
+        counters.expirations &+= UInt64(removed)
+        return removed
+    }
+
+    /// Removes `key`; returns whether it was present.
+    mutating func remove(hash: UInt64, key: UnsafeRawBufferPointer) -> Bool {
+        guard let (position, block) = find(hash: hash, key: key) else { return false }
+        unlink(position: position, block: block)
+        counters.removals &+= 1
+        returnSurplus(keeping: 0)
+        return true
+    }
+
+    /// Removes every entry and returns the arrays to their initial sizes. Counters are kept.
+    mutating func removeAll() {
+        counters.removals &+= UInt64(count)
+        small.freeAllBlocks()
+        main.freeAllBlocks()
+        small.removeAll()
+        main.removeAll()
+        // Shrinking can only fail to allocate; then the current (larger) arrays are kept, cleared.
+        if let index = allocateZeroed(UInt64.self, Self.initialBuckets) {
+            if let ghost = allocateZeroed(UInt32.self, Self.initialBuckets) {
+                free(self.index); free(self.ghost)
+                self.index = index
+                self.indexMask = Self.initialBuckets - 1
+                self.ghost = ghost
+            } else {
+                free(index)
+            }
+        }
+        memset(index, 0, (indexMask + 1) * MemoryLayout<UInt64>.stride)
+        memset(ghost, 0, (ghostMask + 1) * MemoryLayout<UInt32>.stride)
+        smallGhost = GhostWindow()
+        mainGhost = GhostWindow()
+        smallTarget = budget / 10
+        charged = 0
+        smallCharged = 0
+        count = 0
+        returnSurplus(keeping: 0)
+    }
+}
