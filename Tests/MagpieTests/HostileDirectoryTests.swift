@@ -156,6 +156,30 @@ struct HostileDirectoryTests {
         }
     }
 
+    @Test("a link in place of the directory is refused even when the path ends in a slash; '.' and '..' endings too")
+    func trailingSlash() throws {
+        let stage = Stage()
+        defer { stage.base.cleanup() }
+        #expect(symlink(stage.outside, stage.cache) == 0)
+        for path in [stage.cache + "/", stage.cache + "//"] {
+            var configuration = stage.configuration()
+            configuration.directory = path
+            let error = #expect(throws: MagpieError.self) { try DiskTier(configuration) }
+            #expect(error?.code == .directoryUnsafe, "\(path): \(String(describing: error))")
+        }
+        for path in [stage.cache + "/.", stage.cache + "/..", stage.cache + "/./"] {
+            var configuration = stage.configuration()
+            configuration.directory = path
+            let error = #expect(throws: MagpieError.self) { try DiskTier(configuration) }
+            #expect(error?.code == .invalidConfiguration, "\(path): \(String(describing: error))")
+        }
+        stage.expectOutsideUntouched("a link at the directory, opened with a trailing slash")
+        // A real directory given with a trailing slash opens as usual.
+        var configuration = stage.configuration()
+        configuration.directory = stage.base.child("real") + "/"
+        try DiskTier(configuration).close()
+    }
+
     @Test("destroy(directory:) removes a link planted at buckets, never what it points at")
     func destroyNeverFollows() throws {
         let stage = Stage()

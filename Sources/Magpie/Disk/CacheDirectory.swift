@@ -238,8 +238,16 @@ struct RootDirectory {
     let fd: Int32
     let identity: FileIdentity
 
-    /// Creates the directory if missing (with `directoryMode`), then opens and verifies it.
-    init(path: String, directoryMode: mode_t, fileMode: mode_t, allowsGroupWritable: Bool) throws(MagpieError) {
+    /// Creates the directory if missing (with `directoryMode`), then opens and verifies it. Trailing
+    /// slashes are dropped first: with one, the kernel resolves a link in the last component even under
+    /// `O_NOFOLLOW`; for the same reason a path whose last component is `.` or `..` is refused.
+    init(path given: String, directoryMode: mode_t, fileMode: mode_t, allowsGroupWritable: Bool) throws(MagpieError) {
+        var path = given
+        while path.count > 1 && path.hasSuffix("/") { path.removeLast() }
+        if let last = path.split(separator: "/").last, last == "." || last == ".." {
+            throw MagpieError(
+                .invalidConfiguration, "the cache directory's path must end in its own name, not in '\(last)'", path: given)
+        }
         if mkdir(path, directoryMode) != 0 && errno != EEXIST {
             throw MagpieError(
                 .directoryUnusable, "mkdir failed: \(String(cString: strerror(errno)))", errno: errno, path: path)
