@@ -90,6 +90,59 @@ struct MemoryBudgetTests {
         #expect(limits.allSatisfy { $0 >= tier.shardBudget * 3 / 4 }, "\(limits)")
     }
 
+    /// Each shard's (limit, charged, evictions), under its lock.
+    private func shardStates(_ tier: MemoryTier) -> [(limit: Int, charged: Int, evictions: UInt64)] {
+        tier.shards.map { shard in shard.withLock { ($0.limit, $0.charged, $0.counters.evictions) } }
+    }
+
+    /// A tier of 16 shards filled with 400-byte values until every shard evicts.
+    private func fullTier(budget: Int) throws -> MemoryTier {
+        let tier = try MemoryTier(budget: budget, shardCount: 16)
+        for k in 0..<(budget / 200) { try tier.set(bytes(400, UInt8(k & 0xff)), forKey: "k\(k)") }
+        #expect(shardStates(tier).allSatisfy { $0.evictions > 0 })
+        return tier
+    }
+
+    @Test("a store longer than the largest storable value is refused at once: nothing evicted, nothing borrowed")
+    func hopelessStoreEvictsNothing() throws {
+        let tier = try fullTier(budget: 8 << 20)
+        try tier.set(bytes(100, 9), forKey: [])
+        let before = shardStates(tier)
+        let statistics = tier.statistics
+        #expect(!(try tier.set(bytes(tier.largestStorableValue + 1, 7), forKey: [])))
+        #expect(tier.statistics.refusals == statistics.refusals + 1)
+        #expect(tier.statistics.evictions == statistics.evictions, "a refused store made the tier evict")
+        #expect(tier.value(forKey: []) == nil)  // the key's older value is gone all the same
+        #expect(shardStates(tier).map(\.limit) == before.map(\.limit), "a refused store kept borrowed room")
+        expectLedger(tier)
+    }
+
+    @Test("a refused store gives back the room it borrowed")
+    func refusalReturnsTheLoan() throws {
+        let tier = try MemoryTier(budget: 1 << 20, shardCount: 4)
+        #expect(!(try tier.set(bytes(tier.largestStorableValue + 1, 7), forKey: [])))
+        #expect(shardStates(tier).map(\.limit) == Array(repeating: tier.shardBudget, count: 4))
+        expectLedger(tier)
+    }
+
+    @Test(
+        "a large entry's room goes back to the lenders as soon as it is removed or replaced", arguments: [false, true])
+    func loanReturnedAtOnce(replaced: Bool) throws {
+        let budget = 8 << 20
+        let tier = try fullTier(budget: budget)
+        let large = bytes(budget / 3, 6)
+        #expect(try tier.set(large, forKey: "large"))
+        let charged = tier.chargedBytes
+        if replaced { try tier.set(bytes(10, 1), forKey: "large") } else { tier.removeValue(forKey: "large") }
+        #expect(tier.chargedBytes <= charged - large.count + 10, "the removed entry's memory is still held")
+        #expect(shardStates(tier).allSatisfy { $0.limit <= max(tier.shardBudget, $0.charged + tier.shardBudget / 16) })
+        expectLedger(tier)
+        for k in 0..<(budget / 400) { try tier.set(bytes(400, UInt8(k & 0xff)), forKey: "again\(k)") }
+        #expect(shardStates(tier).allSatisfy { $0.limit == tier.shardBudget }, "\(shardStates(tier).map(\.limit))")
+        #expect(tier.chargedBytes > budget * 9 / 10)
+        expectLedger(tier)
+    }
+
     @Test("threads mixing large and small stores, reads and removals: reads belong to their key, the budget holds")
     func concurrent() async throws {
         let budget = 4 << 20

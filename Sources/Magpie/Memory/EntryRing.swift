@@ -59,6 +59,24 @@ struct EntryRing {
         for offset in 0..<count { body(buffer[(head + offset) & mask]) }
     }
 
+    /// Takes `block` out of the ring, keeping the others in order; false when it is not there. Costs a
+    /// scan of the ring's pointers from the newest (no block is read) and moving the shorter side by one.
+    mutating func remove(_ block: UnsafeMutableRawPointer) -> Bool {
+        var offset = count - 1
+        while offset >= 0 && buffer[(head + offset) & mask] != block { offset -= 1 }
+        guard offset >= 0 else { return false }
+        if offset < count / 2 {
+            for older in stride(from: offset, to: 0, by: -1) {
+                buffer[(head + older) & mask] = buffer[(head + older - 1) & mask]
+            }
+            head = (head + 1) & mask
+        } else {
+            for newer in offset..<(count - 1) { buffer[(head + newer) & mask] = buffer[(head + newer + 1) & mask] }
+        }
+        count -= 1
+        return true
+    }
+
     /// Worth compacting: dead blocks are the majority and there are more than a few.
     var needsCompaction: Bool { dead > 32 && dead * 2 > count }
 

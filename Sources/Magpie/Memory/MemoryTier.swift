@@ -8,10 +8,11 @@
 /// exceeds its budget, not even during a store: room is made before the entry goes in. The budget acts
 /// as one: a shard lends the room it does not use to a shard that needs it for a large entry, so an entry
 /// of up to ``largestStorableValue`` bytes (at least half the budget, whatever the shard count) is kept,
-/// and a large store into a tier that has room evicts nothing (see "Budget" at the top of
-/// `Memory/ShardStorage.swift`). A larger entry is refused and counted in
-/// ``MemoryTierStatistics/refusals`` (any previous value of that key is removed, so a read never returns
-/// a value older than the last store). A tier with a budget of 0 stores nothing.
+/// and a large store into a tier that has room evicts nothing. In a full tier the other shards evict
+/// for it, each keeping at least half its share; the room goes back when the entry goes (see
+/// "Budget" at the top of `Memory/ShardStorage.swift`). A larger entry is refused at once, evicting
+/// nothing, and counted in ``MemoryTierStatistics/refusals`` (any previous value of that key is removed,
+/// so a read never returns a value older than the last store). A tier with a budget of 0 stores nothing.
 ///
 /// Keys are byte strings of 0 to ``maximumKeyLength`` bytes; the empty key is a valid key. A `String`
 /// key is its UTF-8 bytes. Values are 0 to ``maximumValueLength`` bytes. All operations are safe to
@@ -85,8 +86,12 @@ public final class MemoryTier: Sendable {
         var shards: [Shard] = []
         shards.reserveCapacity(shardCount)
         let pool = BudgetPool(budget - budget / shardCount * shardCount)
+        let largestCharge = Self.largestCharge(budget: budget, shardCount: shardCount)
         for _ in 0..<shardCount {
-            guard let shard = Shard(budget: budget / shardCount, hasher: hasher, clock: clock, pool: pool) else {
+            guard
+                let shard = Shard(
+                    budget: budget / shardCount, hasher: hasher, clock: clock, pool: pool, largestCharge: largestCharge)
+            else {
                 throw MagpieError(.invalidConfiguration, "out of memory creating \(shardCount) shards")
             }
             shards.append(shard)
@@ -110,8 +115,12 @@ public final class MemoryTier: Sendable {
     /// ``entryOverhead``. A key takes its bytes from it, an expiry and a group 8 bytes each. A value up to
     /// it is kept even in a full tier (other entries are evicted for it); a longer one is refused.
     public var largestStorableValue: Int {
-        let share = shardBudget
-        return max(0, budget - (shardCount - 1) * (share / 2) - Self.entryOverhead)
+        max(0, Self.largestCharge(budget: budget, shardCount: shardCount) - Self.entryOverhead)
+    }
+
+    /// The largest charge a shard can hold: the budget less the half share every other shard keeps.
+    static func largestCharge(budget: Int, shardCount: Int) -> Int {
+        budget - (shardCount - 1) * (budget / shardCount / 2)
     }
 
     // MARK: Reads
@@ -167,8 +176,8 @@ public final class MemoryTier: Sendable {
     ///   - expiry: when the entry stops being served (by ``clock``); an instant already past stores nothing
     ///     and removes the key.
     ///   - group: a group to remove it with, see ``removeAll(inGroup:)``; nil or empty for none.
-    /// - Returns: true if stored; false if refused (charge over a shard's budget, or out of memory),
-    ///   in which case the key is absent afterwards.
+    /// - Returns: true if stored; false if refused (longer than ``largestStorableValue`` allows, or out
+    ///   of memory), in which case the key is absent afterwards.
     /// - Throws: ``MagpieError/Code/keyTooLong`` or ``MagpieError/Code/valueTooLarge``; the tier is
     ///   unchanged then.
     @inlinable @discardableResult

@@ -19,11 +19,13 @@ public struct MemoryTierStatistics: Sendable, Hashable {
     /// ``evictions`` and ``expirations`` it accounts for every entry:
     /// `entries == inserts - removals - evictions - expirations`.
     public var removals: UInt64 = 0
-    /// Entries evicted to keep a shard within its budget.
+    /// Entries evicted to make room: in their own shard, or in another one that lent room for a large
+    /// entry.
     public var evictions: UInt64 = 0
     /// Entries dropped because their expiry passed (when read, or by ``MemoryTier/removeExpired()``).
     public var expirations: UInt64 = 0
-    /// Stores refused: the entry's charge exceeds a shard's budget, or memory could not be allocated.
+    /// Stores refused: the entry is longer than ``MemoryTier/largestStorableValue`` allows, or memory
+    /// could not be allocated.
     /// A refused store leaves its key absent.
     public var refusals: UInt64 = 0
     /// Live entries.

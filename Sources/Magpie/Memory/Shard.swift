@@ -21,8 +21,11 @@ final class Shard: @unchecked Sendable {
     /// The mutex's size rounded up to whole cache lines (one line on x86-64 and arm64 glibc).
     private static let storageOffset = (MemoryLayout<pthread_mutex_t>.size + 63) & ~63
 
-    init?(budget: Int, hasher: KeyHash, clock: CacheClock, pool: BudgetPool) {
-        guard let initial = ShardStorage(budget: budget, hasher: hasher, clock: clock, pool: pool) else { return nil }
+    init?(budget: Int, hasher: KeyHash, clock: CacheClock, pool: BudgetPool, largestCharge: Int) {
+        guard
+            let initial = ShardStorage(
+                budget: budget, hasher: hasher, clock: clock, pool: pool, largestCharge: largestCharge)
+        else { return nil }
         var raw: UnsafeMutableRawPointer? = nil
         guard posix_memalign(&raw, 64, Self.storageOffset + MemoryLayout<ShardStorage>.stride) == 0,
             let raw

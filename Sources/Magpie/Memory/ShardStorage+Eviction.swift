@@ -77,14 +77,21 @@ extension ShardStorage {
     /// Free room a shard keeps when it lends, and takes on top when it borrows.
     var slack: Int { budget / 16 }
 
+    /// Whether an entry of `charge` is large: it borrows room rather than evict its shard's entries, and
+    /// its block is freed as soon as it is removed.
+    @inline(__always)
+    func isLarge(_ charge: Int) -> Bool { charge > budget / 8 }
+
     /// Room for `charge` more (the caller found `charged + charge > limit`). A small entry (an eighth of
     /// the share or less) in a shard at its share evicts here, as in any sharded cache, without touching
-    /// the pool; a shard that lent takes its room back from the pool first (up to its share); a large
-    /// entry takes what it needs. Nil when the store may go ahead (evicting for what is still missing);
-    /// else what is missing (nothing changed but the limit).
+    /// the pool; a shard that lent takes its room back from the pool first (up to its share); one that
+    /// borrowed evicts as one at its share does (it repays later: ``repayLoan(keeping:)``); a large entry
+    /// takes what it needs; one over ``largestCharge`` takes nothing (the store then refuses it).
+    /// Nil when the store may go ahead (evicting for what is still missing); else what is missing
+    /// (nothing changed but the limit).
     mutating func reserveRoom(_ charge: Int) -> Shortfall? {
-        let large = charge > budget / 8
-        guard large || limit < budget, let pool else { return nil }
+        let large = isLarge(charge)
+        guard large || limit < budget, charge <= largestCharge, let pool else { return nil }
         let missing = charged + charge - limit
         limit += pool.take(upTo: large ? missing + slack : min(missing + slack, budget - limit))
         let still = charged + charge - limit
@@ -107,6 +114,23 @@ extension ShardStorage {
             lent += more
         }
         return lent
+    }
+
+    /// Run by a borrower that has just made room for a small entry of charge `needed` (not yet added):
+    /// what its limit holds beyond its share and its large entries' charges was borrowed for entries
+    /// that are gone and filled since with small ones; it evicts up to a slack (or one entry) of them
+    /// and gives that back, so a loan outlives its entry for a few stores only. Evicts before it gives:
+    /// the bytes given are free ones.
+    mutating func repayLoan(keeping needed: Int) {
+        let entitled = budget + largeCharged
+        guard limit > entitled, let pool else { return }
+        let goal = max(entitled, limit - max(slack, needed))
+        while charged + needed > goal && evictOne() {}
+        let surplus = limit - max(goal, charged + needed)
+        if surplus > 0 {
+            pool.give(surplus)
+            limit -= surplus
+        }
     }
 
     /// Gives back to the pool what the limit holds above max(share, charge + `needed` + slack).

@@ -18,6 +18,7 @@ extension ShardStorage {
             let hash = hashOf(block)
             if let position = indexPosition(hash: hash, block: block) { unlink(position: position, block: block) }
         }
+        returnSurplus(keeping: 0)
         return matches.count
     }
 
@@ -72,6 +73,7 @@ extension ShardStorage {
         smallTarget = budget / 10
         charged = 0
         smallCharged = 0
+        largeCharged = 0
         count = 0
         returnSurplus(keeping: 0)
     }

@@ -57,26 +57,48 @@ import Glibc
 // Removing or replacing an entry deletes its bucket at once (a read can no longer see it), but its
 // block may still be in a ring. It is marked dead and stays charged, as it still holds memory, until
 // its ring pops it (eviction frees dead blocks first) or the ring is compacted (when dead blocks
-// outnumber live ones). A replacement of the same total size reuses the block in place.
+// outnumber live ones). A replacement of the same total size reuses the block in place. A large
+// entry's block (see "Budget") is never left dead: it is taken out of its ring and freed at once, so
+// that the room it borrowed goes back at once; that costs a scan of the ring's pointers (8 bytes per
+// entry, no block read), less than copying the entry cost.
 //
 // ### Budget: a share, a limit, and lending (Support/BudgetPool.swift)
 //
-// `budget` is the shard's nominal share of the tier's budget (what `small`'s target and the ghosts are
-// sized by); `limit` is what it may charge now: the share, plus what it borrowed, less what it lent.
-// Invariant: `charged` (live and dead blocks' charges) never exceeds `limit`, and the tier's limits plus
-// its pool never exceed its budget, so the tier never charges more than its budget, not even during a
-// store: room is made before a block is added.
-//  - A small entry (an eighth of the share or less) that does not fit under the limit of a shard at its
-//    share evicts here, touching nothing shared. A shard below its share (it lent) first takes its room
-//    back from the tier's pool. A large entry takes from the pool; if that is short, the shard reports
-//    the shortfall without changing anything, and the tier asks the other shards, one lock at a time, to
-//    lend their free room (never below half their share): so a large store into a tier that has room
-//    evicts nothing. When no shard has free room, an entry that fits the shard's limit is stored by
-//    evicting here, as small entries always are; a larger one makes the other shards evict to lend.
-//  - A shard whose charge fell returns what its limit holds above max(share, charge + slack) to the
-//    pool; a lender takes its room back from the pool when it next needs room.
-// The largest entry is thus one share plus half a share from every other shard: at least half the
-// budget, whatever the shard count (``MemoryTier/largestStorableValue``).
+// State. `budget` is the shard's nominal share of the tier's budget (what `small`'s target and the
+// ghosts are sized by, and what the shard holds when nothing is lent); `limit` is what it may charge
+// now: the share, plus what it borrowed, less what it lent. The tier keeps a `pool` (an atomic) of
+// budget no shard holds: the remainder of budget / shardCount at first, then room given back.
+// `largeCharged` is the part of `charged` in large entries: those charged more than an eighth of the
+// share. `largestCharge` is the share plus half of every other share.
+//
+// Invariants. `charged` (live and dead blocks) ≤ `limit` whenever the lock is free; Σ limits + pool +
+// bytes in flight == the tier's budget, where bytes in flight have been taken off a limit and not yet
+// added to the pool, or the other way round (a lender lowers its limit before the tier puts the bytes
+// in the pool; a borrower takes from the pool before it raises its limit), so the sum may fall short of
+// the budget during a loan but never passes it; a lender's limit never falls below half its share. A
+// shard raises its limit only with bytes it took from the pool, so the tier never charges more than its
+// budget, not even during a store: room is made before a block is added.
+//
+// Rules.
+//  - A small entry that does not fit under the limit of a shard at its share evicts here, touching
+//    nothing shared (the fast path reads no atomic). A lender (limit below its share) first takes its
+//    room back from the pool. A borrower (limit above its share) evicts too, then repays: of what its
+//    large entries do not need (limit − share − largeCharged: room borrowed for an entry that has gone
+//    and filled since with small ones), it evicts up to a slack more and gives it back.
+//  - A large entry takes from the pool; if that is short, the shard reports the shortfall without
+//    changing anything (the key's previous value included), and the tier, holding no shard's lock,
+//    asks the other shards one lock at a time to lend their free room, nearest first, never below half
+//    their share; so a large store into a tier that has room evicts nothing. When they have no free
+//    room, an entry that fits the shard's own limit is stored by evicting here; a larger one makes the
+//    other shards evict (S3-FIFO order, each down to half its share at most) and lend it.
+//    Retries are bounded (MemoryTier+Bytes.swift, withBorrowedRoom); the last attempt evicts or refuses.
+//  - An entry charged more than `largestCharge` can never fit: it is refused at once, borrowing and
+//    evicting nothing (and, as every refusal, removing the key's previous value).
+//  - A shard above its share gives back what its limit holds beyond max(share, charge + slack) after a
+//    store, a removal or a refusal; a large entry's block is freed as soon as the entry goes, so its
+//    loan goes back at once. A lender takes its room back from the pool when it next needs room.
+// The largest entry is thus `largestCharge`: at least half the budget, whatever the shard count
+// (``MemoryTier/largestStorableValue``).
 
 /// The 8-byte header at the start of every entry block. After it come the optional extras the state
 /// flags announce (an 8-byte deadline, then an 8-byte group hash), then the key, then the value.
@@ -154,6 +176,11 @@ struct ShardStorage: ~Copyable {
     var limit: Int
     /// The tier's pool of unlent budget; nil: the shard keeps to its budget alone.
     let pool: BudgetPool?
+    /// The most its limit can reach (its share and all that the others may lend): a larger entry is
+    /// refused without borrowing.
+    let largestCharge: Int
+    /// The part of `charged` in large entries (see ``isLarge(_:)``; their blocks are never left dead).
+    var largeCharged = 0
 
     static let initialBuckets = 64
     static let initialRing = 32
@@ -161,7 +188,7 @@ struct ShardStorage: ~Copyable {
     static let headerSize = MemoryLayout<EntryHeader>.stride
 
     /// Creates empty storage; nil when the initial arrays (about 1.2 KiB) cannot be allocated.
-    init?(budget: Int, hasher: KeyHash, clock: CacheClock, pool: BudgetPool? = nil) {
+    init?(budget: Int, hasher: KeyHash, clock: CacheClock, pool: BudgetPool? = nil, largestCharge: Int? = nil) {
         guard let index = allocateZeroed(UInt64.self, Self.initialBuckets) else { return nil }
         guard let ghost = allocateZeroed(UInt32.self, Self.initialBuckets) else {
             free(index)
@@ -175,6 +202,7 @@ struct ShardStorage: ~Copyable {
         self.budget = budget
         self.limit = budget
         self.pool = pool
+        self.largestCharge = largestCharge ?? budget
         self.smallTarget = budget / 10
         self.hasher = hasher
         self.clock = clock
@@ -231,6 +259,7 @@ struct ShardStorage: ~Copyable {
             }
             if Self.isExpired(block, state, now: clock.now()) {
                 unlink(position: position, block: block)
+                returnSurplus(keeping: 0)
                 counters.expirations &+= 1
                 counters.misses &+= 1
                 return nil
@@ -256,8 +285,8 @@ struct ShardStorage: ~Copyable {
 
     /// Stores `value` for `key`, replacing any previous value, with an optional deadline (ms since
     /// 1970, 0 = none) and group hash (0 = none). Makes room first; refuses (leaving the key absent)
-    /// when the entry cannot fit the shard's budget or memory runs out. With `placeholderLength`,
-    /// `value` is ignored and a placeholder charged as a value of that length is stored instead.
+    /// when the entry cannot fit the shard's limit (after borrowing, see "Budget") or memory runs out.
+    /// With `placeholderLength`, `value` is ignored and a placeholder charged as a value of that length is stored instead.
     /// `knownAbsent` skips the lookup of a key the caller has just found absent (lock held since). With
     /// `.borrow`, a large entry that does not fit changes nothing and returns `.short` (see "Budget").
     mutating func store(
@@ -288,7 +317,8 @@ struct ShardStorage: ~Copyable {
             previous = (position, block)
         }
         let charge = Self.charge(storedLength: storedLength)
-        if charged + charge > limit, let shortfall = reserveRoom(charge), policy == .borrow {
+        let needsRoom = charged + charge > limit
+        if needsRoom, let shortfall = reserveRoom(charge), policy == .borrow {
             return .short(shortfall)  // nothing changed: the previous value is still there
         }
         if let previous {
@@ -303,6 +333,7 @@ struct ShardStorage: ~Copyable {
             // Cannot fail while anything is charged; the guard keeps a broken invariant from spinning.
             guard evictOne() else { return refuse(droppedPrevious: isUpdate) }
         }
+        if needsRoom && limit > budget && !isLarge(charge) { repayLoan(keeping: charge) }
         returnSurplus(keeping: charge)
         if !isUpdate {
             let remembered = ghostTake(hash: hash, charge: charge)
@@ -327,13 +358,9 @@ struct ShardStorage: ~Copyable {
         if placeholderLength == nil { copyBytes(value, to: block + header.keyOffset + key.count) }
         let pushed = queue == EntryHeader.small ? small.push(block) : main.push(block)
         guard pushed, indexInsert(hash: hash, block: block) else {
-            if pushed {
-                // The block is in a ring but not indexed: leave it there dead and charged.
-                block.assumingMemoryBound(to: EntryHeader.self).pointee.state |= EntryHeader.deadFlag
-                addCharge(charge, queue: queue)
-            } else {
-                free(block)
-            }
+            // In a ring but not indexed: taken out again (the newest, found at once), never left dead.
+            if pushed { _ = queue == EntryHeader.small ? small.remove(block) : main.remove(block) }
+            free(block)
             return refuse(droppedPrevious: isUpdate)
         }
         addCharge(charge, queue: queue)
@@ -359,6 +386,7 @@ struct ShardStorage: ~Copyable {
     private mutating func refuse(droppedPrevious: Bool) -> StoreOutcome {
         counters.refusals &+= 1
         if droppedPrevious { counters.removals &+= 1 }
+        returnSurplus(keeping: 0)  // what this store borrowed
         return .refused
     }
 
@@ -366,15 +394,24 @@ struct ShardStorage: ~Copyable {
     private mutating func addCharge(_ charge: Int, queue: UInt8) {
         charged += charge
         if queue == EntryHeader.small { smallCharged += charge }
+        if isLarge(charge) { largeCharged += charge }
     }
 
     /// Takes a live entry out of the index and marks its block dead; the block (and its charge) stays
-    /// until its ring pops it or is compacted.
+    /// until its ring pops it or is compacted. A large entry's block is taken out of its ring and freed
+    /// at once (see "Removal: dead blocks"); the caller returns any surplus limit once its own
+    /// operation is done.
     mutating func unlink(position: Int, block: UnsafeMutableRawPointer) {
         indexDelete(at: position)
         count -= 1
         let header = block.assumingMemoryBound(to: EntryHeader.self)
         let queue = header.pointee.queue
+        let charge = Self.charge(storedLength: header.pointee.storedLength)
+        if isLarge(charge) && (queue == EntryHeader.small ? small.remove(block) : main.remove(block)) {
+            // Freed now rather than when its ring pops it: the room it borrowed can go back at once.
+            release(block, charge: charge, fromSmall: queue == EntryHeader.small)
+            return
+        }
         header.pointee.state |= EntryHeader.deadFlag
         if queue == EntryHeader.small {
             small.dead += 1
@@ -395,6 +432,7 @@ struct ShardStorage: ~Copyable {
         free(block)
         charged -= charge
         if fromSmall { smallCharged -= charge }
+        if isLarge(charge) { largeCharged -= charge }
     }
 }
 
