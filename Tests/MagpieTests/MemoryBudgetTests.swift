@@ -143,6 +143,20 @@ struct MemoryBudgetTests {
         expectLedger(tier)
     }
 
+    @Test("a full tier makes room for a large entry by evicting about equally from every other shard")
+    func lendersEvictEqually() throws {
+        let tier = try fullTier(budget: 8 << 20)
+        let before = shardStates(tier)
+        let value = bytes((8 << 20) / 3, 6)
+        #expect(try tier.set(value, forKey: "large"))
+        let hash = tier.hasher.hash("large")
+        let borrower = Int(truncatingIfNeeded: hash) & tier.shardMask
+        let evicted = zip(shardStates(tier), before).enumerated().filter { $0.offset != borrower }
+            .map { Int($0.element.0.evictions - $0.element.1.evictions) }
+        #expect(evicted.min()! > 0 && evicted.max()! <= evicted.min()! * 3 / 2, "evictions per lender: \(evicted)")
+        expectLedger(tier)
+    }
+
     @Test("threads mixing large and small stores, reads and removals: reads belong to their key, the budget holds")
     func concurrent() async throws {
         let budget = 4 << 20

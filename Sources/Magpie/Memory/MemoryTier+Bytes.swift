@@ -98,16 +98,23 @@ extension MemoryTier {
     }
 
     /// Asks the shards other than `number`, one lock at a time, to lend up to `bytes` into the pool
-    /// (see `ShardStorage.lend`). Returns what they lent.
+    /// (see `ShardStorage.lend`). Returns what they lent. Free room is taken from the nearest shards
+    /// first; evicting, each shard is asked for an equal part of what is still missing (so that no few
+    /// shards lose half their entries while the others lose none), then, if some could not give their
+    /// part, the shards are asked again for all that is missing.
     func gatherRoom(_ bytes: Int, for number: Int, evicting: Bool) -> Int {
         var gathered = 0
-        var step = 1
-        while step < shardCount && gathered < bytes {
-            let wanted = bytes - gathered
-            gathered += unownedShards[(number + step) & shardMask].takeUnretainedValue().withLock {
-                $0.lend(upTo: wanted, evicting: evicting)
+        for sweep in 0..<(evicting ? 2 : 1) {
+            var step = 1
+            while step < shardCount && gathered < bytes {
+                let missing = bytes - gathered
+                let others = shardCount - step  // this shard and those after it
+                let wanted = evicting && sweep == 0 ? (missing + others - 1) / others : missing
+                gathered += unownedShards[(number + step) & shardMask].takeUnretainedValue().withLock {
+                    $0.lend(upTo: wanted, evicting: evicting)
+                }
+                step += 1
             }
-            step += 1
         }
         pool.give(gathered)
         return gathered

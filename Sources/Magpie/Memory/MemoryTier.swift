@@ -9,7 +9,7 @@
 /// as one: a shard lends the room it does not use to a shard that needs it for a large entry, so an entry
 /// of up to ``largestStorableValue`` bytes (at least half the budget, whatever the shard count) is kept,
 /// and a large store into a tier that has room evicts nothing. In a full tier the other shards evict
-/// for it, each keeping at least half its share; the room goes back when the entry goes (see
+/// equal parts for it, each keeping at least half its share; the room goes back when the entry goes (see
 /// "Budget" at the top of `Memory/ShardStorage.swift`). A larger entry is refused at once, evicting
 /// nothing, and counted in ``MemoryTierStatistics/refusals`` (any previous value of that key is removed,
 /// so a read never returns a value older than the last store). A tier with a budget of 0 stores nothing.

@@ -89,8 +89,8 @@ import Glibc
 //    changing anything (the key's previous value included), and the tier, holding no shard's lock,
 //    asks the other shards one lock at a time to lend their free room, nearest first, never below half
 //    their share; so a large store into a tier that has room evicts nothing. When they have no free
-//    room, an entry that fits the shard's own limit is stored by evicting here; a larger one makes the
-//    other shards evict (S3-FIFO order, each down to half its share at most) and lend it.
+//    room, an entry that fits the shard's own limit is stored by evicting here; a larger one makes every
+//    other shard evict an equal part (S3-FIFO order, each down to half its share at most) and lend it.
 //    Retries are bounded (MemoryTier+Bytes.swift, withBorrowedRoom); the last attempt evicts or refuses.
 //  - An entry charged more than `largestCharge` can never fit: it is refused at once, borrowing and
 //    evicting nothing (and, as every refusal, removing the key's previous value).
