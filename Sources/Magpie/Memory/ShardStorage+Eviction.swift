@@ -80,12 +80,12 @@ extension ShardStorage {
     /// Whether an entry of `charge` is large: it borrows room rather than evict its shard's entries, and
     /// its block is freed as soon as it is removed.
     @inline(__always)
-    func isLarge(_ charge: Int) -> Bool { charge > budget / 8 }
+    func isLarge(_ charge: Int) -> Bool { charge > budget &>> 3 }  // budget ≥ 0: a shift, not a division
 
     /// Room for `charge` more (the caller found `charged + charge > limit`). A small entry (an eighth of
     /// the share or less) in a shard at its share evicts here, as in any sharded cache, without touching
     /// the pool; a shard that lent takes its room back from the pool first (up to its share); one that
-    /// borrowed evicts as one at its share does (it repays later: ``repayLoan(keeping:)``); a large entry
+    /// borrowed evicts as one at its share does (then repays: ``settleLoan(keeping:)``); a large entry
     /// takes what it needs; one over ``largestCharge`` takes nothing (the store then refuses it).
     /// Nil when the store may go ahead (evicting for what is still missing); else what is missing
     /// (nothing changed but the limit).
@@ -116,11 +116,19 @@ extension ShardStorage {
         return lent
     }
 
-    /// Run by a borrower that has just made room for a small entry of charge `needed` (not yet added):
-    /// what its limit holds beyond its share and its large entries' charges was borrowed for entries
-    /// that are gone and filled since with small ones; it evicts up to a slack (or one entry) of them
-    /// and gives that back, so a loan outlives its entry for a few stores only. Evicts before it gives:
-    /// the bytes given are free ones.
+    /// Run by a store into a shard above its share, once it has made room for an entry of charge
+    /// `needed` (not yet added): a small entry repays (``repayLoan(keeping:)``), then any free room
+    /// beyond the slack goes back (``returnSurplus(keeping:)``).
+    mutating func settleLoan(keeping needed: Int) {
+        if !isLarge(needed) { repayLoan(keeping: needed) }
+        returnSurplus(keeping: needed)
+    }
+
+    /// Run by a borrower storing a small entry of charge `needed` (room made, not yet added): what its
+    /// limit holds beyond its share and its large entries' charges was borrowed for entries that are
+    /// gone, and may have been filled since with small ones; it evicts up to a slack (or one entry) of
+    /// them and gives that back, so a loan outlives its entry for a few stores only. Evicts before it
+    /// gives: the bytes given are free ones.
     mutating func repayLoan(keeping needed: Int) {
         let entitled = budget + largeCharged
         guard limit > entitled, let pool else { return }

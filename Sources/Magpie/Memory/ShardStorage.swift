@@ -82,9 +82,10 @@ import Glibc
 // Rules.
 //  - A small entry that does not fit under the limit of a shard at its share evicts here, touching
 //    nothing shared (the fast path reads no atomic). A lender (limit below its share) first takes its
-//    room back from the pool. A borrower (limit above its share) evicts too, then repays: of what its
-//    large entries do not need (limit − share − largeCharged: room borrowed for an entry that has gone
-//    and filled since with small ones), it evicts up to a slack more and gives it back.
+//    room back from the pool. A borrower (limit above its share) storing a small entry repays once room
+//    is made: of what its large entries do not need (limit − share − largeCharged: room borrowed for an
+//    entry that has gone, perhaps filled since with small ones), it evicts up to a slack (or the entry's
+//    charge) and gives it back. The store's only added cost is one compare (limit > share).
 //  - A large entry takes from the pool; if that is short, the shard reports the shortfall without
 //    changing anything (the key's previous value included), and the tier, holding no shard's lock,
 //    asks the other shards one lock at a time to lend their free room, nearest first, never below half
@@ -317,8 +318,7 @@ struct ShardStorage: ~Copyable {
             previous = (position, block)
         }
         let charge = Self.charge(storedLength: storedLength)
-        let needsRoom = charged + charge > limit
-        if needsRoom, let shortfall = reserveRoom(charge), policy == .borrow {
+        if charged + charge > limit, let shortfall = reserveRoom(charge), policy == .borrow {
             return .short(shortfall)  // nothing changed: the previous value is still there
         }
         if let previous {
@@ -333,8 +333,7 @@ struct ShardStorage: ~Copyable {
             // Cannot fail while anything is charged; the guard keeps a broken invariant from spinning.
             guard evictOne() else { return refuse(droppedPrevious: isUpdate) }
         }
-        if needsRoom && limit > budget && !isLarge(charge) { repayLoan(keeping: charge) }
-        returnSurplus(keeping: charge)
+        if limit > budget { settleLoan(keeping: charge) }
         if !isUpdate {
             let remembered = ghostTake(hash: hash, charge: charge)
             if remembered != .none {
