@@ -84,17 +84,32 @@ extension MemoryTier {
             }
         }
         let tag = group.map { $0.isEmpty ? 0 : groupTag($0) } ?? 0
+        var outcome = withShard(for: hash) {
+            $0.store(hash: hash, key: key, value: value, deadline: deadline, group: tag, policy: .borrow)
+        }
+        if case .short = outcome {
+            outcome = storeBorrowing(hash: hash, key: key, value: value, deadline: deadline, group: tag)
+        }
+        return .success(outcome != .refused)
+    }
+
+    /// The store of an entry its shard lacked room for (nothing changed yet): room is gathered from the
+    /// other shards and the store tried again (see `withBorrowedRoom`). Out of line, so that a store
+    /// that fits costs what it did before shards lent (measured).
+    @inline(never)
+    func storeBorrowing(
+        hash: UInt64, key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, deadline: Int64, group: UInt64
+    ) -> StoreOutcome {
         let number = Int(truncatingIfNeeded: hash) & shardMask
-        let outcome = withBorrowedRoom { (policy) -> RoomOutcome<StoreOutcome> in
+        return withBorrowedRoom { (policy) -> RoomOutcome<StoreOutcome> in
             let outcome = withShard(for: hash) {
-                $0.store(hash: hash, key: key, value: value, deadline: deadline, group: tag, policy: policy)
+                $0.store(hash: hash, key: key, value: value, deadline: deadline, group: group, policy: policy)
             }
             if case .short(let shortfall) = outcome { return .short(shortfall) }
             return .done(outcome)
         } gather: { bytes, evicting in
             gatherRoom(bytes, for: number, evicting: evicting)
         }
-        return .success(outcome != .refused)
     }
 
     /// Asks the shards other than `number`, one lock at a time, to lend up to `bytes` into the pool

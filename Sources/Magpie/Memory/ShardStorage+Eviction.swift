@@ -82,16 +82,22 @@ extension ShardStorage {
     @inline(__always)
     func isLarge(_ charge: Int) -> Bool { charge > budget &>> 3 }  // budget ≥ 0: a shift, not a division
 
-    /// Room for `charge` more (the caller found `charged + charge > limit`). A small entry (an eighth of
-    /// the share or less) in a shard at its share evicts here, as in any sharded cache, without touching
-    /// the pool; a shard that lent takes its room back from the pool first (up to its share); one that
+    /// Whether a store of `charge` that lacks room may go to the pool: a large entry, or a shard that
+    /// lent. Otherwise (a small entry, a shard at or above its share) it evicts here without a call.
+    @inline(__always)
+    func mayBorrow(_ charge: Int) -> Bool { isLarge(charge) || limit < budget }
+
+    /// Room for `charge` more (the caller found `charged + charge > limit` and ``mayBorrow(_:)``). A small
+    /// entry (an eighth of the share or less) in a shard at its share evicts here, as in any sharded
+    /// cache, without touching the pool; a shard that lent takes its room back from the pool first (up
+    /// to its share); one that
     /// borrowed evicts as one at its share does (then repays: ``settleLoan(keeping:)``); a large entry
     /// takes what it needs; one over ``largestCharge`` takes nothing (the store then refuses it).
     /// Nil when the store may go ahead (evicting for what is still missing); else what is missing
     /// (nothing changed but the limit).
     mutating func reserveRoom(_ charge: Int) -> Shortfall? {
         let large = isLarge(charge)
-        guard large || limit < budget, charge <= largestCharge, let pool else { return nil }
+        guard charge <= largestCharge, let pool else { return nil }
         let missing = charged + charge - limit
         limit += pool.take(upTo: large ? missing + slack : min(missing + slack, budget - limit))
         let still = charged + charge - limit

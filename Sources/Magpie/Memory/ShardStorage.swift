@@ -318,7 +318,7 @@ struct ShardStorage: ~Copyable {
             previous = (position, block)
         }
         let charge = Self.charge(storedLength: storedLength)
-        if charged + charge > limit, let shortfall = reserveRoom(charge), policy == .borrow {
+        if charged + charge > limit, mayBorrow(charge), let shortfall = reserveRoom(charge), policy == .borrow {
             return .short(shortfall)  // nothing changed: the previous value is still there
         }
         if let previous {
