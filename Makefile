@@ -6,7 +6,7 @@ SHELL := /bin/bash
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := libxxhash-dev libzstd-dev pkg-config
 
-.PHONY: deps bench test unit build docs tsan fuzz fuzz-build format clean
+.PHONY: deps bench test unit build docs tsan fuzz fuzz-build release-check format clean
 
 deps:
 	@if ! pkg-config --exists libxxhash libzstd 2>/dev/null; then \
@@ -32,6 +32,12 @@ CI_FUZZ_SECONDS ?= 45
 test: unit
 	$(MAKE) --no-print-directory tsan
 	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(CI_FUZZ_SECONDS)
+	$(MAKE) --no-print-directory release-check
+
+# A release build has no test seam (fault injection, the key-hash counter): checked in the fuzzer's
+# release binary, against the debug test bundle as the control (see scripts/check-release-seams.sh).
+release-check: fuzz-build
+	scripts/check-release-seams.sh .build-fuzz/x86_64-unknown-linux-gnu/release/magpie-fuzz .build/debug/MagpiePackageTests.xctest
 
 unit: build
 	swift test

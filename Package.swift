@@ -1,9 +1,10 @@
 // swift-tools-version: 6.1
 import PackageDescription
 
+// Linux only: the library calls Glibc directly (pthread mutexes of Linux kinds, openat/renameat, mmap
+// with a SIGBUS guard) and CI builds and tests on Linux alone, so no other platform is declared.
 let package = Package(
     name: "Magpie",
-    platforms: [.macOS(.v15)],
     products: [
         .library(name: "Magpie", targets: ["Magpie"]),
         .executable(name: "magpie-bench", targets: ["MagpieBench"]),
@@ -20,13 +21,13 @@ let package = Package(
             name: "CXXHash",
             path: "CModules/CXXHash",
             pkgConfig: "libxxhash",
-            providers: [.apt(["libxxhash-dev"]), .brew(["xxhash"])]
+            providers: [.apt(["libxxhash-dev"])]
         ),
         .systemLibrary(
             name: "CZstd",
             path: "CModules/CZstd",
             pkgConfig: "libzstd",
-            providers: [.apt(["libzstd-dev"]), .brew(["zstd"])]
+            providers: [.apt(["libzstd-dev"])]
         ),
         .target(
             name: "CMagpieGuard",
@@ -43,7 +44,11 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
             ],
-            path: "Sources/Magpie"
+            path: "Sources/Magpie",
+            // Test seams (fault injection in FileIO, the key-hash counter) exist in debug builds only,
+            // which is what `swift test` and the Thread Sanitizer run build; release builds (`make
+            // bench`, the fuzzer, users) have none. `make test` checks the release binary for them.
+            swiftSettings: [.define("MAGPIE_TESTING", .when(configuration: .debug))]
         ),
         .executableTarget(
             name: "MagpieBench",
@@ -54,15 +59,22 @@ let package = Package(
             ],
             path: "Benchmarks/MagpieBench"
         ),
+        // The fuzz targets (record decoding, bucket recovery) over the library's package-level format
+        // types: run by the libFuzzer executable and, over the committed corpus, by the tests.
+        .target(
+            name: "MagpieFuzzTargets",
+            dependencies: ["Magpie"],
+            path: "Fuzz/MagpieFuzzTargets"
+        ),
         .executableTarget(
             name: "MagpieFuzz",
-            dependencies: ["Magpie", "CFuzzerDriver"],
+            dependencies: ["MagpieFuzzTargets", "CFuzzerDriver"],
             path: "Fuzz/MagpieFuzz"
         ),
         .testTarget(
             name: "MagpieTests",
             dependencies: [
-                "Magpie",
+                "Magpie", "MagpieFuzzTargets",
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
             ],
             path: "Tests/MagpieTests"

@@ -159,7 +159,7 @@ struct MemoryScenario {
             return measure(MagpieInPlace(tier: tier), threads: threads, warmup: warmup, sequences: sequences)
         case "magpie-cache":
             var configuration = Cache.Configuration(memoryBudget: budget)
-            configuration.shardCount = options.shards
+            configuration.memory.shardCount = options.shards
             configuration.metrics = nil
             let cache = try Cache(configuration)
             return measure(MagpieCacheSystem(cache: cache), threads: threads, warmup: warmup, sequences: sequences)

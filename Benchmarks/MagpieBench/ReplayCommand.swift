@@ -1,6 +1,6 @@
 import ArgumentParser
 import Foundation
-@_spi(Benchmarking) import Magpie
+import Magpie
 
 /// `magpie-bench replay TRACE`: a request trace through Magpie's memory tier, disk tier or both (a
 /// `Cache`) at one or more budgets, cache-aside (a miss stores the object), with reference policies
@@ -157,7 +157,7 @@ struct Replay: ParsableCommand {
     /// miss stores a placeholder charged as the value (`MemoryTier.simulateRequest`), or with
     /// `--store-values` the value's bytes.
     func replayMagpie(_ trace: Trace, budget: Int) throws -> Measured {
-        let tier = try MemoryTier(budget: budget, shardCount: shards, hasher: KeyHash(seed: 1))
+        let tier = try MemoryTier(budget: budget, shardCount: shards, hashSeed: 1)
         let overhead = MemoryLayout<UInt64>.size + MemoryTier.entryOverhead
         let (outcome, seconds) =
             if storeValues {
@@ -213,9 +213,9 @@ struct Replay: ParsableCommand {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let diskBudget = Int(Double(budget) * diskFactor)
         var configuration = Cache.Configuration(directory: directory, memoryBudget: budget, diskBudget: diskBudget)
-        configuration.shardCount = shards
-        configuration.bucketCount = bucketCount(budget: diskBudget, largest: Int(trace.sizes.max() ?? 0))
-        configuration.compressionLevel = nil
+        configuration.memory.shardCount = shards
+        configuration.disk?.bucketCount = bucketCount(budget: diskBudget, largest: Int(trace.sizes.max() ?? 0))
+        configuration.disk?.compressionLevel = nil
         configuration.hashSeed = 1
         configuration.metrics = nil
         let cache = try Cache(configuration)

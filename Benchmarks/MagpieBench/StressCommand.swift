@@ -40,8 +40,8 @@ struct Stress: AsyncParsableCommand {
         let directory = parent + "/magpie-stress-\(getpid())"
         defer { try? FileManager.default.removeItem(atPath: directory) }
         var configuration = Cache.Configuration(directory: directory, memoryBudget: memoryBudget, diskBudget: diskBudget)
-        configuration.bucketCount = buckets
-        configuration.shardCount = shards
+        configuration.disk?.bucketCount = buckets
+        configuration.memory.shardCount = shards
         configuration.metrics = nil
         let cache = try Cache(configuration)
         let taskCount = tasks > 0 ? tasks : 2 * ProcessInfo.processInfo.activeProcessorCount

@@ -70,7 +70,7 @@ struct MagpieCacheSystem: MemorySystem {
     func extra() -> [String: JSONValue] {
         let stats = cache.statistics.memory
         return [
-            "budget_bytes": .int(cache.configuration.memoryBudget), "charged_bytes": .int(stats.chargedBytes),
+            "budget_bytes": .int(cache.configuration.memory.budget), "charged_bytes": .int(stats.chargedBytes),
             "entries": .int(stats.entries), "entry_overhead_bytes": .int(MemoryTier.entryOverhead),
             "evictions": .int(Int(stats.evictions)), "refusals": .int(Int(stats.refusals)),
         ]

@@ -141,7 +141,7 @@ struct TieredScenario {
             system = URLCacheTiered(cache: URLCache(memoryCapacity: memoryBudget, diskCapacity: diskBudget, diskPath: directory))
         } else {
             var configuration = Cache.Configuration(directory: directory, memoryBudget: memoryBudget, diskBudget: diskBudget)
-            configuration.compressionLevel = options.level == 0 ? nil : options.level
+            configuration.disk?.compressionLevel = options.level == 0 ? nil : options.level
             configuration.hashSeed = options.seed
             configuration.metrics = nil
             system = MagpieTiered(cache: try Cache(configuration))
@@ -216,9 +216,9 @@ struct TieredScenario {
     private func hitCost() throws -> [BenchResult] {
         let keys = 10_000
         let budget = 64 << 20
-        let tier = try MemoryTier(budget: budget, shardCount: 16, hasher: KeyHash(seed: options.seed))
+        let tier = try MemoryTier(budget: budget, shardCount: 16, hashSeed: options.seed)
         var configuration = Cache.Configuration(memoryBudget: budget)
-        configuration.shardCount = 16
+        configuration.memory.shardCount = 16
         configuration.hashSeed = options.seed
         configuration.metrics = nil
         let cache = try Cache(configuration)

@@ -53,7 +53,7 @@ struct Trace {
                 let text = line.trimmingCharacters(in: .whitespaces)
                 if text.isEmpty || text.hasPrefix("#") { continue }
                 let fields = text.split(separator: ",", maxSplits: 2).map { $0.trimmingCharacters(in: .whitespaces) }
-                let id = UInt64(fields[0]) ?? hasher.hash(fields[0])
+                let id = UInt64(fields[0]) ?? hasher.hash(fields[0].utf8)
                 var size = defaultSize
                 if fields.count > 1 {
                     guard let parsed = UInt32(fields[1]) else { throw ValidationError("\(path): bad size in line \"\(text)\"") }

@@ -1,7 +1,7 @@
 // The libFuzzer harness: one input, two targets. The first byte picks the target (even: record
 // decoding, odd: bucket recovery); the rest is that target's input. A broken invariant aborts, so that
 // libFuzzer saves the input as a crash reproducer.
-@_spi(Fuzzing) import Magpie
+import MagpieFuzzTargets
 
 #if canImport(Glibc)
 import Glibc

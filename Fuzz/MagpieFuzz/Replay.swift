@@ -2,7 +2,7 @@
 // given (or every file of every directory given) through the same targets and reports violations.
 // `make fuzz` builds the libFuzzer binary instead (-DFUZZING, -sanitize=fuzzer,address).
 #if !FUZZING
-@_spi(Fuzzing) import Magpie
+import MagpieFuzzTargets
 
 #if canImport(Glibc)
 import Glibc

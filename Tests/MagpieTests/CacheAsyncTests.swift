@@ -244,8 +244,8 @@ struct CacheConsistencyTests {
         let metrics = TestMetrics()
         var configuration = Cache.Configuration(directory: directory.path, memoryBudget: 4 << 10, diskBudget: 1 << 20)
         configuration.metrics = Cache.MetricsOptions(dimensions: [("cache", "test")], interval: nil, factory: metrics)
-        configuration.bucketCount = 4
-        configuration.shardCount = 1
+        configuration.disk?.bucketCount = 4
+        configuration.memory.shardCount = 1
         let cache = try Cache(configuration)
         for i in 0..<100 { try cache.set(Array(repeating: UInt8(i), count: 200), forKey: "k\(i)") }
         var reads = 0

@@ -102,8 +102,8 @@ struct CacheModelRun {
         let diskBudget = roomy ? 32 << 20 : 96 << 10
         func open() throws -> Cache {
             var configuration = Cache.Configuration(directory: directory.path, memoryBudget: memoryBudget, diskBudget: diskBudget)
-            configuration.bucketCount = 4
-            configuration.shardCount = 2
+            configuration.disk?.bucketCount = 4
+            configuration.memory.shardCount = 2
             configuration.clock = clock.cacheClock
             configuration.hashSeed = 3
             configuration.metrics = nil

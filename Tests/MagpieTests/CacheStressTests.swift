@@ -45,11 +45,11 @@ struct CacheHostileInputTests {
         defer { directory.cleanup() }
         #expect(throws: MagpieError.self) { try Cache(Cache.Configuration(directory: directory.child("c"), diskBudget: 0)) }
         var odd = Cache.Configuration(directory: directory.child("d"), memoryBudget: 1 << 20, diskBudget: 1 << 20)
-        odd.bucketCount = 3
+        odd.disk?.bucketCount = 3
         #expect(throws: MagpieError.self) { try Cache(odd) }
         // A 16 KiB disk tier: values larger than a bucket throw, the rest work.
         var small = Cache.Configuration(directory: directory.child("e"), memoryBudget: 0, diskBudget: 16 << 10)
-        small.bucketCount = 4
+        small.disk?.bucketCount = 4
         let cache = try Cache(small)
         try cache.set([], forKey: "empty")
         #expect(cache["empty"] == [])

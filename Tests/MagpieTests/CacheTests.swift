@@ -10,9 +10,9 @@ func makeCache(
 ) throws -> Cache {
     var configuration = Cache.Configuration(
         directory: directory?.path, memoryBudget: memoryBudget, diskBudget: diskBudget, defaultOptions: defaults)
-    configuration.bucketCount = buckets
-    configuration.diskWriteBufferSize = diskWriteBuffer
-    configuration.shardCount = 4
+    configuration.disk?.bucketCount = buckets
+    configuration.disk?.writeBufferSize = diskWriteBuffer
+    configuration.memory.shardCount = 4
     configuration.clock = clock.cacheClock
     configuration.hashSeed = 42
     configuration.metrics = nil

@@ -161,7 +161,7 @@ struct DiskWriteBufferTests {
             let directory = TemporaryDirectory()
             defer { directory.cleanup() }
             var configuration = Cache.Configuration(directory: directory.path, memoryBudget: 1 << 20, diskBudget: 4 << 20)
-            configuration.bucketCount = 1
+            configuration.disk?.bucketCount = 1
             configuration.hashSeed = 3
             configuration.metrics = nil
             configuration.diskBufferWriteInterval = interval

@@ -1,7 +1,8 @@
 import Foundation
 import Testing
 
-@_spi(Fuzzing) @testable import Magpie
+@testable import Magpie
+@testable import MagpieFuzzTargets
 
 /// The libFuzzer targets' seed corpus and saved reproducers, replayed on every test run, and checks that
 /// the targets reach what they are meant to reach (a target that never validates a record finds nothing).

@@ -28,14 +28,14 @@ private final class Storage {
     func set(_ i: Int, length: Int) {
         let bytes = [UInt8](repeating: UInt8(truncatingIfNeeded: i), count: length)
         key(i).withUnsafeBytes { k in
-            let hash = pointer.pointee.hasher._hash(k)
+            let hash = pointer.pointee.hasher.hash(k)
             bytes.withUnsafeBytes { v in _ = pointer.pointee.store(hash: hash, key: k, value: v) }
         }
     }
 
     func read(_ i: Int) -> Bool {
         key(i).withUnsafeBytes { k in
-            let hash = pointer.pointee.hasher._hash(k)
+            let hash = pointer.pointee.hasher.hash(k)
             return pointer.pointee.withValue(hash: hash, key: k) { _ in true } ?? false
         }
     }
@@ -43,7 +43,7 @@ private final class Storage {
     /// The queue of `i`'s entry (`EntryHeader.small` or `.main`), or nil when absent.
     func queue(_ i: Int) -> UInt8? {
         key(i).withUnsafeBytes { k in
-            let hash = pointer.pointee.hasher._hash(k)
+            let hash = pointer.pointee.hasher.hash(k)
             return pointer.pointee.find(hash: hash, key: k).map {
                 $0.block.assumingMemoryBound(to: EntryHeader.self).pointee.queue
             }

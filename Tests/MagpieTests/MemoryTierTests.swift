@@ -113,7 +113,7 @@ struct MemoryTierAPITests {
 struct MemoryTierEvictionTests {
     /// One shard holding exactly `entries` entries of `charge()` bytes.
     func tier(entries: Int) throws -> MemoryTier {
-        try MemoryTier(budget: entries * charge(), shardCount: 1, hasher: KeyHash(seed: 42))
+        try MemoryTier(budget: entries * charge(), shardCount: 1, hashSeed: 42)
     }
 
     @Test("a referenced entry survives a sweep that evicts unreferenced ones")
@@ -161,7 +161,7 @@ struct MemoryTierPropertyTests {
     func modelBased() throws {
         let seed = TestSeed.value(default: 20_261_122)
         var random = SeededGenerator(seed: seed)
-        let tier = try MemoryTier(budget: 4 * 2000, shardCount: 4, hasher: KeyHash(seed: seed))
+        let tier = try MemoryTier(budget: 4 * 2000, shardCount: 4, hashSeed: seed)
         var model: [Int: [UInt8]] = [:]
         var version = 0
         var reads: UInt64 = 0
@@ -214,7 +214,7 @@ struct MemoryTierPropertyTests {
     func modelBasedWithoutEviction() throws {
         let seed = TestSeed.value(default: 7_700_001)
         var random = SeededGenerator(seed: seed)
-        let tier = try MemoryTier(budget: 1 << 24, shardCount: 2, hasher: KeyHash(seed: seed))
+        let tier = try MemoryTier(budget: 1 << 24, shardCount: 2, hashSeed: seed)
         var model: [Int: [UInt8]] = [:]
         for step in 0..<30_000 {
             // 3,000 keys make tag collisions (8-bit tags) and long probe runs certain.
@@ -333,7 +333,7 @@ struct MemoryTierExpiryGroupTests {
         let seed = TestSeed.value(default: 5150)
         var random = SeededGenerator(seed: seed)
         let clock = ManualClock()
-        let tier = try MemoryTier(budget: 8 * 2500, shardCount: 8, hasher: KeyHash(seed: seed), clock: clock.cacheClock)
+        let tier = try MemoryTier(budget: 8 * 2500, shardCount: 8, hashSeed: seed, clock: clock.cacheClock)
         // key -> (value, deadline or nil, group or nil)
         var model: [Int: (value: [UInt8], deadline: Int64?, group: String?)] = [:]
         for step in 0..<20_000 {

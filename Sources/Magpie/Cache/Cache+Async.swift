@@ -37,19 +37,18 @@ public struct AsyncCache: Sendable {
     /// The value stored for `key`, or nil; see ``Cache/value(forKey:)-(String)``.
     nonisolated(nonsending)
     public func value(forKey key: String) async throws -> [UInt8]? {
-        if let value = cache.memory.value(forKey: key) { return value }
-        return try await cache.onDisk { [cache] () throws(MagpieError) -> [UInt8]? in
-            try cache.withKey(key) { key throws(MagpieError) in try cache._valueAfterMemoryMiss(key) }
-        }
+        try await value(forKey: key.utf8)
     }
 
     /// ``value(forKey:)-(String)`` for a key of arbitrary bytes.
     nonisolated(nonsending)
     public func value(forKey key: some Sequence<UInt8>) async throws -> [UInt8]? {
+        // The key is hashed once, here; the hash travels with a copy of its bytes to the I/O thread.
+        let (value, hash) = try cache.withHashedKey(key) { key throws(MagpieError) in (cache.memory.copyValue(key), key.hash) }
+        if let value { return value }
         let key = Array(key)
-        if let value = cache.memory.value(forKey: key) { return value }
         return try await cache.onDisk { [cache] () throws(MagpieError) -> [UInt8]? in
-            try cache.withKey(key) { key throws(MagpieError) in try cache._valueAfterMemoryMiss(key) }
+            try cache.withHashedKey(key, hash: hash) { key throws(MagpieError) in try cache.valueAfterMemoryMiss(key) }
         }
     }
 
@@ -68,19 +67,17 @@ public struct AsyncCache: Sendable {
     /// Whether `key` has a live value in either tier; see ``Cache/contains(_:)-(String)``.
     nonisolated(nonsending)
     public func contains(_ key: String) async throws -> Bool {
-        if cache.memory.contains(key) { return true }
-        return try await cache.onDisk { [cache] () throws(MagpieError) -> Bool in
-            try cache.withKey(key) { key throws(MagpieError) in try cache._containsAfterMemoryMiss(key) }
-        }
+        try await contains(key.utf8)
     }
 
     /// ``contains(_:)-(String)`` for a key of arbitrary bytes.
     nonisolated(nonsending)
     public func contains(_ key: some Sequence<UInt8>) async throws -> Bool {
+        let (found, hash) = try cache.withHashedKey(key) { key throws(MagpieError) in (cache.memory.contains(key), key.hash) }
+        if found { return true }
         let key = Array(key)
-        if cache.memory.contains(key) { return true }
         return try await cache.onDisk { [cache] () throws(MagpieError) -> Bool in
-            try cache.withKey(key) { key throws(MagpieError) in try cache._containsAfterMemoryMiss(key) }
+            try cache.withHashedKey(key, hash: hash) { key throws(MagpieError) in try cache.containsAfterMemoryMiss(key) }
         }
     }
 

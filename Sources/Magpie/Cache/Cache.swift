@@ -45,6 +45,8 @@ public final class Cache: Sendable {
     /// The configuration the cache was opened with (bucket count as found on disk).
     public let configuration: Configuration
     @usableFromInline let memory: MemoryTier
+    /// The key hash of both tiers (the disk directory's seed, so placement is stable across restarts).
+    @usableFromInline let hasher: KeyHash
     let disk: DiskTier?
     let stripes: LockStripes
     let pool: IOThreadPool
@@ -66,7 +68,7 @@ public final class Cache: Sendable {
     }
 
     /// The longest key, in bytes (a key's UTF-8 bytes for a `String`).
-    public static let maximumKeyLength = MemoryTier.maximumKeyLength
+    public static let maximumKeyLength = HashedKey.maximumLength
 
     /// The longest value a store keeps: the disk tier's ``DiskTier/largestStorableValue`` for a two-tier
     /// cache (a longer value throws ``MagpieError/Code/valueTooLarge``), else the memory tier's. Values
@@ -86,31 +88,27 @@ public final class Cache: Sendable {
     public init(_ configuration: Configuration = Configuration()) throws(MagpieError) {
         var resolved = configuration
         var disk: DiskTier? = nil
-        if let directory = configuration.directory {
-            var diskConfiguration = DiskTier.Configuration(
-                directory: directory, budget: configuration.diskBudget, bucketCount: configuration.bucketCount,
-                compressionLevel: configuration.compressionLevel, clock: configuration.clock,
-                hashSeed: configuration.hashSeed)
-            diskConfiguration.logger = configuration.logger
-            diskConfiguration.mappedReads = configuration.mappedDiskReads
-            diskConfiguration.writeBufferSize = configuration.diskWriteBufferSize
-            diskConfiguration.fileMode = configuration.diskFileMode
-            diskConfiguration.directoryMode = configuration.diskDirectoryMode
-            diskConfiguration.allowsGroupWritableDirectory = configuration.allowsGroupWritableDirectory
-            diskConfiguration.directoryCheckInterval = configuration.directoryCheckInterval
-            disk = try DiskTier(diskConfiguration)
-            resolved.bucketCount = disk?.bucketCount
+        if var diskConfiguration = configuration.disk {
+            diskConfiguration.clock = configuration.clock
+            diskConfiguration.hashSeed = configuration.hashSeed
+            diskConfiguration.logger = diskConfiguration.logger ?? configuration.logger
+            let opened = try DiskTier(diskConfiguration)
+            resolved.disk = opened.configuration
+            disk = opened
         }
         // One seed for both tiers: the directory's, so placement is stable across restarts.
         let hasher = disk?.hasher ?? configuration.hashSeed.map { KeyHash(seed: $0) } ?? .random()
         do throws(MagpieError) {
-            memory = try MemoryTier(
-                budget: configuration.memoryBudget, shardCount: configuration.shardCount, hasher: hasher,
-                clock: configuration.clock)
+            var memoryConfiguration = configuration.memory
+            memoryConfiguration.clock = configuration.clock
+            memory = try MemoryTier(memoryConfiguration, hasher: hasher)
+            resolved.memory = memory.configuration
+            resolved.hashSeed = hasher.seed
         } catch {
             try? disk?.close()
             throw error
         }
+        self.hasher = hasher
         self.disk = disk
         self.configuration = resolved
         self.logger = configuration.logger
@@ -118,7 +116,7 @@ public final class Cache: Sendable {
         pool = IOThreadPool(threadCount: disk == nil ? 1 : configuration.ioThreadCount, name: "magpie-io")
         metrics = configuration.metrics.map { MetricsReporter($0) }
         if let interval = configuration.metrics?.interval { startReporting(every: interval) }
-        if disk != nil, configuration.diskWriteBufferSize > 0, let interval = configuration.diskBufferWriteInterval {
+        if let disk, disk.configuration.writeBufferSize > 0, let interval = configuration.diskBufferWriteInterval {
             startWritingBuffers(every: interval)
         }
     }
@@ -135,6 +133,9 @@ public final class Cache: Sendable {
     }
 
     // MARK: Reads
+    //
+    // Every keyed call reduces its key to bytes (in place when it can) and hashes them once, in
+    // `withHashedKey`; the `HashedKey` then picks the memory shard, the lock stripe and the disk bucket.
 
     /// The value stored for `key`, or nil: absent, expired, evicted, or dropped as corrupt.
     ///
@@ -142,101 +143,98 @@ public final class Cache: Sendable {
     /// (one `pread`, plus zstd decompression for compressed values) and promotes the value.
     /// - Throws: ``MagpieError/Code/keyTooLong``, disk I/O errors, ``MagpieError/Code/closed``.
     public func value(forKey key: String) throws(MagpieError) -> [UInt8]? {
-        if let value = memory.value(forKey: key) { return value }
-        return try withKey(key) { key throws(MagpieError) in try _valueAfterMemoryMiss(key) }
+        try withHashedKey(key) { key throws(MagpieError) in try value(key) }
     }
 
     /// `value(forKey:)` for a key of arbitrary bytes.
     @inlinable
     public func value(forKey key: some Sequence<UInt8>) throws(MagpieError) -> [UInt8]? {
-        try withKey(key) { key throws(MagpieError) in try _value(key) }
+        try withHashedKey(key) { key throws(MagpieError) in try value(key) }
+    }
+
+    @usableFromInline
+    func value(_ key: HashedKey) throws(MagpieError) -> [UInt8]? {
+        if let value = memory.copyValue(key) { return value }
+        return try valueAfterMemoryMiss(key)
     }
 
     /// The value stored for `key` and the tier that answered; nil on a miss. For callers that count or
     /// time memory and disk hits apart (the `tiered` benchmark does).
     public func lookup(_ key: String) throws(MagpieError) -> CacheHit? {
-        if let value = memory.value(forKey: key) { return CacheHit(value: value, tier: .memory) }
-        return try withKey(key) { key throws(MagpieError) in try _valueAfterMemoryMiss(key).map { CacheHit(value: $0, tier: .disk) } }
+        try withHashedKey(key) { key throws(MagpieError) in try lookup(key) }
     }
 
     /// ``lookup(_:)-(String)`` for a key of arbitrary bytes.
     @inlinable
     public func lookup(_ key: some Sequence<UInt8>) throws(MagpieError) -> CacheHit? {
-        try withKey(key) { key throws(MagpieError) -> CacheHit? in
-            if let value = memory._copyValue(forKey: key) { return CacheHit(value: value, tier: .memory) }
-            return try _valueAfterMemoryMiss(key).map { CacheHit(value: $0, tier: .disk) }
-        }
+        try withHashedKey(key) { key throws(MagpieError) in try lookup(key) }
+    }
+
+    @usableFromInline
+    func lookup(_ key: HashedKey) throws(MagpieError) -> CacheHit? {
+        if let value = memory.copyValue(key) { return CacheHit(value: value, tier: .memory) }
+        return try valueAfterMemoryMiss(key).map { CacheHit(value: $0, tier: .disk) }
     }
 
     /// The value stored for `key` as `Data` (one copy, from the tier's storage into the `Data`).
     /// - Throws: as ``value(forKey:)-(String)``.
     public func data(forKey key: String) throws(MagpieError) -> Data? {
-        if let data = memory.withValue(forKey: key, Self.data) { return data }
-        return try withKey(key) { key throws(MagpieError) in try _valueAfterMemoryMiss(key).map { Data($0) } }
+        try withHashedKey(key) { key throws(MagpieError) in try data(key) }
     }
 
     /// ``data(forKey:)-(String)`` for a key of arbitrary bytes.
     public func data(forKey key: some Sequence<UInt8>) throws(MagpieError) -> Data? {
-        try withKey(key) { key throws(MagpieError) -> Data? in
-            if let data = memory._withValue(forKey: key, Self.data) { return data }
-            return try _valueAfterMemoryMiss(key).map { Data($0) }
-        }
+        try withHashedKey(key) { key throws(MagpieError) in try data(key) }
     }
 
-    private static func data(_ bytes: UnsafeRawBufferPointer) -> Data {
-        bytes.isEmpty ? Data() : Data(bytes: bytes.baseAddress!, count: bytes.count)
+    private func data(_ key: HashedKey) throws(MagpieError) -> Data? {
+        if let data = memory.withValue(key, { $0.isEmpty ? Data() : Data(bytes: $0.baseAddress!, count: $0.count) }) {
+            return data
+        }
+        return try valueAfterMemoryMiss(key).map { Data($0) }
     }
 
     /// Whether `key` has a live value in either tier. Not counted as a read; does not promote.
     /// - Throws: ``MagpieError/Code/keyTooLong``, disk I/O errors, ``MagpieError/Code/closed``.
     public func contains(_ key: String) throws(MagpieError) -> Bool {
-        if memory.contains(key) { return true }
-        return try withKey(key) { key throws(MagpieError) in try _containsAfterMemoryMiss(key) }
+        try withHashedKey(key) { key throws(MagpieError) in try contains(key) }
     }
 
     /// ``contains(_:)-(String)`` for a key of arbitrary bytes.
     public func contains(_ key: some Sequence<UInt8>) throws(MagpieError) -> Bool {
-        try withKey(key) { key throws(MagpieError) -> Bool in
-            if memory._contains(key) { return true }
-            return try _containsAfterMemoryMiss(key)
-        }
+        try withHashedKey(key) { key throws(MagpieError) in try contains(key) }
     }
 
-    func _containsAfterMemoryMiss(_ key: UnsafeRawBufferPointer) throws(MagpieError) -> Bool {
+    private func contains(_ key: HashedKey) throws(MagpieError) -> Bool {
+        if memory.contains(key) { return true }
+        return try containsAfterMemoryMiss(key)
+    }
+
+    func containsAfterMemoryMiss(_ key: HashedKey) throws(MagpieError) -> Bool {
         guard let disk else { return false }
-        return try logged("contains") { () throws(MagpieError) in try disk._contains(key) }
-    }
-
-    @usableFromInline
-    func _value(_ key: UnsafeRawBufferPointer) throws(MagpieError) -> [UInt8]? {
-        if let value = memory._copyValue(forKey: key) { return value }
-        return try _valueAfterMemoryMiss(key)
+        return try logged("contains") { () throws(MagpieError) in try disk.contains(key) }
     }
 
     /// The disk half of a read: look up, and promote a hit, with the key's stripe held.
     @usableFromInline
-    func _valueAfterMemoryMiss(_ key: UnsafeRawBufferPointer) throws(MagpieError) -> [UInt8]? {
-        guard let disk else {
-            try checkOpen()
-            return nil
-        }
-        let hash = memory.hasher._hash(key)
-        return try stripes.withLock(for: hash) { () throws(MagpieError) -> [UInt8]? in
-            guard let entry = try logged("read", { () throws(MagpieError) in try disk._entry(forKey: key) }) else {
+    func valueAfterMemoryMiss(_ key: HashedKey) throws(MagpieError) -> [UInt8]? {
+        guard let disk else { return nil }
+        return try stripes.withLock(for: key.hash) { () throws(MagpieError) -> [UInt8]? in
+            guard let entry = try logged("read", { () throws(MagpieError) in try disk.entry(key) }) else {
                 return nil
             }
-            promote(entry, forKey: key)
+            promote(entry, for: key)
             return entry.value
         }
     }
 
-    private func promote(_ entry: DiskEntry, forKey key: UnsafeRawBufferPointer) {
+    private func promote(_ entry: DiskEntry, for key: HashedKey) {
         guard !entry.placement.diskOnly else { return }
         let now = configuration.clock.now()
         let deadline = EntryOptions.promotedDeadline(policy: entry.placement.memoryPolicy, diskDeadline: entry.expiry, now: now)
         guard deadline == 0 || deadline > now else { return }
         let stored = entry.value.withUnsafeBytes { value in
-            memory._set(value, forKey: key, expiry: deadline == 0 ? .never : .at(millisecondsSince1970: deadline), group: entry.group)
+            memory.set(value, for: key, expiry: deadline == 0 ? .never : .at(millisecondsSince1970: deadline), group: entry.group)
         }
         if case .success(true) = stored { counters.promotions.add(1, ordering: .relaxed) }
     }
@@ -252,9 +250,10 @@ public final class Cache: Sendable {
     /// - Throws: ``MagpieError/Code/keyTooLong`` (key or group), ``MagpieError/Code/valueTooLarge``,
     ///   ``MagpieError/Code/noSpace``, ``MagpieError/Code/ioFailure``, ``MagpieError/Code/closed``. After a
     ///   throw the key keeps its previous value (or has none).
+    @inlinable
     public func set(_ value: some Sequence<UInt8>, forKey key: String, options: EntryOptions? = nil) throws(MagpieError) {
-        try withKey(key) { key throws(MagpieError) in
-            try memory.withValueBytes(value) { value in Result { () throws(MagpieError) in try _set(value, forKey: key, options: options) } }.get()
+        try withHashedKey(key) { key throws(MagpieError) in
+            try withBytes(value) { value in Result { () throws(MagpieError) in try set(value, for: key, options: options) } }.get()
         }
     }
 
@@ -263,33 +262,32 @@ public final class Cache: Sendable {
     public func set(_ value: some Sequence<UInt8>, forKey key: some Sequence<UInt8>, options: EntryOptions? = nil)
         throws(MagpieError)
     {
-        try withKey(key) { key throws(MagpieError) in
-            try memory.withValueBytes(value) { value in Result { () throws(MagpieError) in try _set(value, forKey: key, options: options) } }.get()
+        try withHashedKey(key) { key throws(MagpieError) in
+            try withBytes(value) { value in Result { () throws(MagpieError) in try set(value, for: key, options: options) } }.get()
         }
     }
 
     @usableFromInline
-    func _set(_ value: UnsafeRawBufferPointer, forKey key: UnsafeRawBufferPointer, options: EntryOptions?) throws(MagpieError) {
-        try checkOpen()
+    func set(_ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions?) throws(MagpieError) {
         let options = options ?? configuration.defaultOptions
         guard let disk else {
-            _ = try memory._set(value, forKey: key, expiry: options.memoryExpiry, group: options.group).get()
+            _ = try memory.set(value, for: key, expiry: options.memoryExpiry, group: options.group).get()
             return
         }
-        try stripes.withLock(for: memory.hasher._hash(key)) { () throws(MagpieError) in
+        try stripes.withLock(for: key.hash) { () throws(MagpieError) in
             try logged("store") { () throws(MagpieError) in
                 switch options.tiers {
                 case .memoryAndDisk:
                     let placement = DiskPlacement(memoryPolicy: options.encodedMemoryPolicy)
-                    try disk._store(value, forKey: key, expiry: options.effectiveDiskExpiry, group: options.group, placement: placement)
-                    _ = try memory._set(value, forKey: key, expiry: options.memoryExpiry, group: options.group).get()
+                    try disk.store(value, for: key, expiry: options.effectiveDiskExpiry, group: options.group, placement: placement)
+                    _ = try memory.set(value, for: key, expiry: options.memoryExpiry, group: options.group).get()
                 case .memoryOnly:
-                    _ = try disk._removeIfPresent(key)
-                    _ = try memory._set(value, forKey: key, expiry: options.memoryExpiry, group: options.group).get()
+                    _ = try disk.removeIfPresent(key)
+                    _ = try memory.set(value, for: key, expiry: options.memoryExpiry, group: options.group).get()
                 case .diskOnly:
                     let placement = DiskPlacement(memoryPolicy: options.encodedMemoryPolicy, diskOnly: true)
-                    try disk._store(value, forKey: key, expiry: options.effectiveDiskExpiry, group: options.group, placement: placement)
-                    _ = memory._remove(key)
+                    try disk.store(value, for: key, expiry: options.effectiveDiskExpiry, group: options.group, placement: placement)
+                    _ = memory.remove(key)
                 }
             }
         }
@@ -298,22 +296,21 @@ public final class Cache: Sendable {
     /// Removes `key` from both tiers (durably on disk). Returns whether either tier held it.
     @discardableResult
     public func removeValue(forKey key: String) throws(MagpieError) -> Bool {
-        try withKey(key) { key throws(MagpieError) in try _remove(key) }
+        try withHashedKey(key) { key throws(MagpieError) in try remove(key) }
     }
 
     /// `removeValue(forKey:)` for a key of arbitrary bytes.
     @discardableResult @inlinable
     public func removeValue(forKey key: some Sequence<UInt8>) throws(MagpieError) -> Bool {
-        try withKey(key) { key throws(MagpieError) in try _remove(key) }
+        try withHashedKey(key) { key throws(MagpieError) in try remove(key) }
     }
 
     @usableFromInline
-    func _remove(_ key: UnsafeRawBufferPointer) throws(MagpieError) -> Bool {
-        try checkOpen()
-        guard let disk else { return memory._remove(key) }
-        return try stripes.withLock(for: memory.hasher._hash(key)) { () throws(MagpieError) -> Bool in
-            let onDisk = try logged("remove") { () throws(MagpieError) in try disk._remove(key) }
-            return memory._remove(key) || onDisk
+    func remove(_ key: HashedKey) throws(MagpieError) -> Bool {
+        guard let disk else { return memory.remove(key) }
+        return try stripes.withLock(for: key.hash) { () throws(MagpieError) -> Bool in
+            let onDisk = try logged("remove") { () throws(MagpieError) in try disk.remove(key) }
+            return memory.remove(key) || onDisk
         }
     }
 
@@ -425,23 +422,32 @@ public final class Cache: Sendable {
         }
     }
 
-    /// Runs `body` with the key's bytes, after the checks every keyed call makes: the key's length
-    /// (``MagpieError/Code/keyTooLong``) and that the cache is open (``MagpieError/Code/closed``).
+    /// Runs `body` with the key hashed (the one hash of the operation), after the checks every keyed
+    /// call makes: the key's length (``MagpieError/Code/keyTooLong``) and that the cache is open
+    /// (``MagpieError/Code/closed``).
     @inlinable
-    func withKey<R>(_ key: some Sequence<UInt8>, _ body: (UnsafeRawBufferPointer) throws(MagpieError) -> R) throws(MagpieError) -> R {
-        try memory.withKeyBytes(key) { key in Result { () throws(MagpieError) -> R in try checked(key, body) } }.get()
-    }
-
-    func withKey<R>(_ key: String, _ body: (UnsafeRawBufferPointer) throws(MagpieError) -> R) throws(MagpieError) -> R {
-        try memory.withKeyBytes(key) { key in Result { () throws(MagpieError) -> R in try checked(key, body) } }.get()
+    func withHashedKey<R>(_ key: some Sequence<UInt8>, _ body: (HashedKey) throws(MagpieError) -> R) throws(MagpieError) -> R {
+        try withBytes(key) { bytes in Result { () throws(MagpieError) -> R in try checked(bytes, body) } }.get()
     }
 
     @inlinable
-    func checked<R>(_ key: UnsafeRawBufferPointer, _ body: (UnsafeRawBufferPointer) throws(MagpieError) -> R) throws(MagpieError) -> R {
+    func withHashedKey<R>(_ key: String, _ body: (HashedKey) throws(MagpieError) -> R) throws(MagpieError) -> R {
+        try withBytes(key) { bytes in Result { () throws(MagpieError) -> R in try checked(bytes, body) } }.get()
+    }
+
+    /// ``withHashedKey(_:_:)`` for a key whose hash the caller computed already (an async read carries
+    /// it from the memory probe to the I/O thread).
+    func withHashedKey<R>(_ key: [UInt8], hash: UInt64, _ body: (HashedKey) throws(MagpieError) -> R) throws(MagpieError) -> R {
+        try checkOpen()
+        return try key.withUnsafeBytes { bytes in Result { () throws(MagpieError) -> R in try body(HashedKey(bytes, hash: hash)) } }.get()
+    }
+
+    @inlinable
+    func checked<R>(_ key: UnsafeRawBufferPointer, _ body: (HashedKey) throws(MagpieError) -> R) throws(MagpieError) -> R {
         guard key.count <= Self.maximumKeyLength else {
             throw MagpieError(.keyTooLong, "key of \(key.count) bytes; the limit is \(Self.maximumKeyLength)")
         }
         try checkOpen()
-        return try body(key)
+        return try body(HashedKey(key, hasher: hasher))
     }
 }

@@ -2,37 +2,32 @@ import CoreMetrics
 import Logging
 
 extension Cache {
-    /// Everything a ``Cache`` is opened with. Every field has a default; a directory turns the disk tier on.
+    /// Everything a ``Cache`` is opened with: each tier's own configuration, and what the cache adds. Every
+    /// field has a default; a disk configuration (a directory) turns the disk tier on.
     ///
     /// ```swift
     /// var configuration = Cache.Configuration(directory: "/var/cache/my-service")
-    /// configuration.memoryBudget = 256 << 20
-    /// configuration.diskBudget = 4 << 30
+    /// configuration.memory.budget = 256 << 20
+    /// configuration.disk?.budget = 4 << 30
     /// let cache = try Cache(configuration)
     /// ```
+    ///
+    /// A tier's settings are set on its configuration (``memory``, ``disk``), so every tier setting can be
+    /// set through a `Cache`. Three settings the tiers must share are the cache's: ``clock`` and
+    /// ``hashSeed`` replace the tiers' own, and ``logger`` is the disk tier's unless it has its own.
     public struct Configuration: Sendable {
-        /// Bytes the memory tier may charge (key + value + ``MemoryTier/entryOverhead`` per entry), shared
-        /// by its shards. Default 64 MiB.
-        public var memoryBudget: Int
-        /// Memory shards, a power of two; nil: ``MemoryTier/defaultShardCount``.
-        public var shardCount: Int?
-        /// The disk tier's directory; nil keeps the cache in memory only. Created if missing (its parent
-        /// must exist). One ``Cache`` at a time may have it open.
-        public var directory: String?
-        /// Bytes the disk tier's files may hold together (bucket files, a compaction's temporary file,
-        /// index snapshots, MANIFEST). Default 1 GiB.
-        public var diskBudget: Int
-        /// Disk bucket files, a power of two, fixed when the directory is created; nil: the directory's
-        /// own, or from the budget for a new one.
-        public var bucketCount: Int?
-        /// The zstd level for disk values (1 is fast and usually enough); nil stores them raw.
-        public var compressionLevel: Int?
+        /// The memory tier: budget (default 64 MiB) and shard count.
+        public var memory: MemoryTier.Configuration
+        /// The disk tier: directory, budget (default 1 GiB), buckets, compression, write buffer, trust
+        /// settings; nil keeps the cache in memory only. One ``Cache`` at a time may have a directory open.
+        public var disk: DiskTier.Configuration?
         /// The options of a store that passes none.
         public var defaultOptions: EntryOptions
-        /// The clock expiry is measured by; inject one in tests.
+        /// The clock expiry is measured by, in both tiers; inject one in tests.
         public var clock: CacheClock
-        /// The hash seed of a new directory, or of a memory-only cache; nil picks a random one. Set it for
-        /// reproducible benchmarks.
+        /// The hash seed of a new directory, or of a memory-only cache; nil picks a random one. An existing
+        /// directory keeps the seed in its MANIFEST, and the memory tier then uses it too (one hash per
+        /// operation serves both tiers). Set it for reproducible benchmarks.
         public var hashSeed: UInt64?
         /// Threads that run disk I/O for the async API. Default 2.
         public var ioThreadCount: Int
@@ -40,41 +35,20 @@ extension Cache {
         public var logger: Logger
         /// How statistics reach swift-metrics; nil reports nothing.
         public var metrics: MetricsOptions?
-        /// Read disk records through mappings of the bucket files, with a process-wide SIGBUS guard
-        /// (the default); false: a `pread` per read and no signal handler. See
-        /// ``DiskTier/Configuration/mappedReads``.
-        public var mappedDiskReads = true
-        /// Bytes each disk bucket gathers before one write to its file; 0 writes every disk store
-        /// through before the call returns. See ``DiskTier/Configuration/writeBufferSize``.
-        public var diskWriteBufferSize = 64 * 1024
         /// How often the cache writes its disk buckets' write buffers to the kernel (on an I/O thread,
         /// without fsync), so that no store waits longer than about this for a crash to spare it; nil
-        /// writes them only when full, on a removal, `flush()` and `close()`.
+        /// writes them only when full, on a removal, `flush()` and `close()`. See
+        /// ``DiskTier/Configuration/writeBufferSize``.
         public var diskBufferWriteInterval: Duration? = .seconds(1)
-        /// The mode of the files the disk tier creates (0600). See ``DiskTier/Configuration/fileMode``.
-        public var diskFileMode: UInt32 = 0o600
-        /// The mode of the directories the disk tier creates (0700). See
-        /// ``DiskTier/Configuration/directoryMode``.
-        public var diskDirectoryMode: UInt32 = 0o700
-        /// Accept a cache directory its group may write to (off: refused with
-        /// ``MagpieError/Code/directoryUnsafe``). See ``DiskTier/Configuration/allowsGroupWritableDirectory``.
-        public var allowsGroupWritableDirectory = false
-        /// How often, at most, a disk write checks that the directory is still the one opened (the cache's
-        /// periodic buffer write checks too). See ``DiskTier/Configuration/directoryCheckInterval``.
-        public var directoryCheckInterval: Duration? = .seconds(1)
 
         /// A configuration with the defaults; pass a directory for a two-tier cache.
         public init(
             directory: String? = nil, memoryBudget: Int = 64 << 20, diskBudget: Int = 1 << 30,
             defaultOptions: EntryOptions = EntryOptions()
         ) {
-            self.directory = directory
-            self.memoryBudget = memoryBudget
-            self.diskBudget = diskBudget
+            memory = MemoryTier.Configuration(budget: memoryBudget)
+            disk = directory.map { DiskTier.Configuration(directory: $0, budget: diskBudget) }
             self.defaultOptions = defaultOptions
-            shardCount = nil
-            bucketCount = nil
-            compressionLevel = 1
             clock = .system
             hashSeed = nil
             ioThreadCount = 2

@@ -7,20 +7,20 @@ import CZstd
 /// owner at a time uses it (the disk tier keeps one per bucket lock). `deinit` frees it.
 ///
 /// This file and ``ZstdDecompressor`` are the only code that imports `CZstd`.
-public struct ZstdCompressor: ~Copyable {
+package struct ZstdCompressor: ~Copyable {
     // Invariant: a valid ZSTD_CCtx, owned by this value alone, freed exactly once in deinit.
     private let context: OpaquePointer
 
     /// The compression level in effect.
-    public let level: Int
+    package let level: Int
 
     /// The levels libzstd accepts (negative levels are its "fast" modes).
-    public static var supportedLevels: ClosedRange<Int> {
+    package static var supportedLevels: ClosedRange<Int> {
         Int(ZSTD_minCLevel())...Int(ZSTD_maxCLevel())
     }
 
     /// The largest compressed size of `length` input bytes: a destination this large never overflows.
-    public static func maximumCompressedLength(_ length: Int) -> Int {
+    package static func maximumCompressedLength(_ length: Int) -> Int {
         ZSTD_compressBound(length)
     }
 
@@ -28,7 +28,7 @@ public struct ZstdCompressor: ~Copyable {
     /// - Parameter level: a zstd level in ``supportedLevels``; 1 is fast with a good ratio, 3 is zstd's default.
     /// - Throws: ``MagpieError/Code/invalidConfiguration`` for a level outside the supported range,
     ///   ``MagpieError/Code/compressionFailed`` if libzstd cannot allocate the context.
-    public init(level: Int = 1) throws(MagpieError) {
+    package init(level: Int = 1) throws(MagpieError) {
         guard Self.supportedLevels.contains(level) else {
             throw MagpieError(
                 .invalidConfiguration, "zstd level \(level) is outside \(Self.supportedLevels)")
@@ -53,7 +53,7 @@ public struct ZstdCompressor: ~Copyable {
     /// - Returns: the number of bytes written to `destination`.
     /// - Throws: ``MagpieError/Code/compressionFailed`` when `destination` is too small (size it with
     ///   ``maximumCompressedLength(_:)`` to rule that out) or libzstd fails.
-    public func compress(
+    package func compress(
         _ source: UnsafeRawBufferPointer, into destination: UnsafeMutableRawBufferPointer
     ) throws(MagpieError) -> Int {
         // ZSTD_compress2 reads `source.count` bytes and writes at most `destination.count`; both
@@ -67,7 +67,7 @@ public struct ZstdCompressor: ~Copyable {
     }
 
     /// Compresses bytes into a new array holding one zstd frame.
-    public func compress(_ source: some Sequence<UInt8>) throws(MagpieError) -> [UInt8] {
+    package func compress(_ source: some Sequence<UInt8>) throws(MagpieError) -> [UInt8] {
         let input = Array(source)
         let bound = Self.maximumCompressedLength(input.count)
         var output = [UInt8](repeating: 0, count: bound)
@@ -87,13 +87,13 @@ public struct ZstdCompressor: ~Copyable {
 /// Decompression always targets a buffer of the exact expected size: the caller knows the original
 /// length (the disk record stores it under a checksum), so a corrupt or hostile frame can neither write
 /// past the buffer nor make Magpie allocate what its header claims.
-public struct ZstdDecompressor: ~Copyable {
+package struct ZstdDecompressor: ~Copyable {
     // Invariant: a valid ZSTD_DCtx, owned by this value alone, freed exactly once in deinit.
     private let context: OpaquePointer
 
     /// Creates a context.
     /// - Throws: ``MagpieError/Code/decompressionFailed`` if libzstd cannot allocate the context.
-    public init() throws(MagpieError) {
+    package init() throws(MagpieError) {
         guard let context = ZSTD_createDCtx() else {
             throw MagpieError(.decompressionFailed, "ZSTD_createDCtx failed (out of memory)")
         }
@@ -106,7 +106,7 @@ public struct ZstdDecompressor: ~Copyable {
 
     /// The original length a frame's header declares, or nil when the header is unreadable or the
     /// frame does not record it. Untrusted: use it for diagnostics, never to size an allocation.
-    public static func declaredLength(of frame: UnsafeRawBufferPointer) -> Int? {
+    package static func declaredLength(of frame: UnsafeRawBufferPointer) -> Int? {
         let size = ZSTD_getFrameContentSize(frame.baseAddress, frame.count)
         if size == magpie_zstd_contentsize_unknown() || size == magpie_zstd_contentsize_error() {
             return nil
@@ -119,7 +119,7 @@ public struct ZstdDecompressor: ~Copyable {
     /// - Throws: ``MagpieError/Code/decompressionFailed`` when the input is corrupt or truncated, or
     ///   decompresses to any length other than `destination.count`.
     @discardableResult
-    public func decompress(
+    package func decompress(
         _ source: UnsafeRawBufferPointer, into destination: UnsafeMutableRawBufferPointer
     ) throws(MagpieError) -> Int {
         if source.isEmpty {
@@ -142,7 +142,7 @@ public struct ZstdDecompressor: ~Copyable {
 
     /// Decompresses bytes holding zstd frames into a new array of exactly `originalLength` bytes.
     /// - Throws: ``MagpieError/Code/decompressionFailed`` as ``decompress(_:into:)``.
-    public func decompress(_ source: some Sequence<UInt8>, originalLength: Int) throws(MagpieError)
+    package func decompress(_ source: some Sequence<UInt8>, originalLength: Int) throws(MagpieError)
         -> [UInt8]
     {
         guard originalLength >= 0 else {

@@ -70,6 +70,50 @@ extension BucketState {
         return nil
     }
 
+    /// The index position of `key`'s record, for a store that replaces it: confirmed by the record's
+    /// header and key alone (56 + key bytes, read without an allocation for keys up to a few KiB), not
+    /// by its checksum, so an overwrite neither copies nor hashes the old value. Enough here: the
+    /// position is only dropped from the index and its record marked dead, which a damaged record
+    /// (that a full read would have dropped anyway) or a stale slot cannot turn into a wrong value. A
+    /// candidate whose header does not parse or match is left to the next read, which verifies it.
+    mutating func position(of key: HashedKey) throws(MagpieError) -> Int? {
+        let tag = DiskSlot.tag(of: key.hash)
+        var position = index.home(tag)
+        while !index[position].isEmpty {
+            let slot = index[position]
+            if slot.tag == tag, slot.length >= RecordHeader.size + key.count, try recordHolds(key, slot) { return position }
+            position = index.next(position)
+        }
+        return nil
+    }
+
+    /// Whether the record `slot` points at is a live value record of `key` (header and key compared).
+    private func recordHolds(_ key: HashedKey, _ slot: DiskSlot) throws(MagpieError) -> Bool {
+        let length = RecordHeader.size + key.count
+        if slot.offset >= written {
+            return buffer.withBytes { bytes in
+                let start = slot.offset - written
+                guard start + length <= bytes.count else { return false }
+                return Self.holds(UnsafeRawBufferPointer(rebasing: bytes[start..<(start + length)]), key, slot)
+            }
+        }
+        let mapping = slot.offset + slot.length <= written ? self.mapping : nil
+        let (fd, path) = (self.fd, context.path)
+        return try withUnsafeTemporaryAllocation(byteCount: length, alignment: 8) { buffer in
+            Result { () throws(MagpieError) -> Bool in
+                let read = try FileIO.read(fd, mapping: mapping, into: buffer, at: slot.offset, path: path)
+                return read == length && Self.holds(UnsafeRawBufferPointer(buffer), key, slot)
+            }
+        }.get()
+    }
+
+    private static func holds(_ prefix: UnsafeRawBufferPointer, _ key: HashedKey, _ slot: DiskSlot) -> Bool {
+        guard let header = RecordHeader.decode(prefix), header.kind == .value, !header.isDead,
+            header.keyHash == key.hash, header.keyLength == key.count, header.recordLength == slot.length
+        else { return false }
+        return key.count == 0 || memcmp(prefix.baseAddress! + header.keyOffset, key.bytes.baseAddress!, key.count) == 0
+    }
+
     /// The bytes of the record `slot` points at: from the write buffer if it is still there, from the
     /// file's mapping when there is one and the record lies in the written part of the file, else with
     /// `pread`. Fewer than the slot's length only if the file ends early (which fails validation).

@@ -3,7 +3,7 @@ import Glibc
 // MARK: - The write buffer: appends gathered in memory, written to the file in one `pwrite`
 //
 // A bucket's records occupy bytes [header, size) of its log. The first `written` of them are in the
-// file; the rest, `pending`, are records appended since, kept in memory and written as one `pwrite`
+// file; the rest, in `buffer`, are records appended since, kept in memory and written as one `pwrite`
 // when the next record would not fit in ``BucketContext/writeBuffer`` bytes, and before anything that
 // must find them in the file: a removal (its tombstone must reach the kernel before it returns),
 // `flush()`, `close()`, a snapshot. A compaction copies them into the new file with the rest.
@@ -17,48 +17,88 @@ import Glibc
 // the restart, never as an older value, since the record a set replaced is marked dead in the file at
 // once. `writeBuffer == 0` writes every record through.
 //
-// Reads of buffered records copy them out of `pending` (under the bucket's lock, like every read).
+// Records are written into the buffer where they land, and sealed there (see `RecordDraft`): no
+// record is built elsewhere and copied in. Reads of buffered records copy them out of `buffer` (under the bucket's lock, like every read).
+
+/// The bytes of a bucket's buffered records: an array allocated (and zeroed) once at the buffer's
+/// capacity, of which the first `count` bytes are records, so that a record is written in place
+/// without growing or zero-filling anything per append.
+struct WriteBuffer {
+    private var storage: [UInt8] = []
+    /// Bytes of records in the buffer.
+    private(set) var count = 0
+
+    var isEmpty: Bool { count == 0 }
+
+    /// Appends `length` bytes that `body` writes in place. Precondition: `count + length` ≤ `capacity`.
+    mutating func append(_ length: Int, capacity: Int, _ body: (UnsafeMutableRawBufferPointer) -> Void) {
+        if storage.count < capacity { storage += [UInt8](repeating: 0, count: capacity - storage.count) }
+        let start = count
+        storage.withUnsafeMutableBytes { body(UnsafeMutableRawBufferPointer(rebasing: $0[start..<(start + length)])) }
+        count += length
+    }
+
+    /// Runs `body` over the buffered bytes.
+    func withBytes<R>(_ body: (UnsafeRawBufferPointer) -> R) -> R {
+        storage.withUnsafeBytes { body(UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
+    }
+
+    /// Up to `length` buffered bytes from `start` (fewer past the end), in a new array.
+    func copy(from start: Int, length: Int) -> [UInt8] {
+        guard start < count else { return [] }
+        return Array(storage[start..<min(start + length, count)])
+    }
+
+    /// Copies `bytes` over buffered bytes from `start` (which must lie within the buffer).
+    mutating func overwrite(at start: Int, with bytes: UnsafeRawBufferPointer) {
+        storage.withUnsafeMutableBytes { UnsafeMutableRawBufferPointer(rebasing: $0[start..<(start + bytes.count)]).copyMemory(from: bytes) }
+    }
+
+    mutating func removeAll() { count = 0 }
+}
 
 extension BucketState {
-    /// Appends `record` at `size`: into the buffer when it fits there, else (or with no buffer) after
-    /// writing the buffer, straight to the file. On failure nothing of `record` is in the log, and if
-    /// the buffer could not be written its records are gone (see `writePending`).
-    mutating func put(_ record: UnsafeRawBufferPointer) throws(MagpieError) {
+    /// Appends `draft` at `size`, stamped with `sequence` and sealed: written in place into the buffer
+    /// when it fits there, else (or with no buffer) after writing the buffer, straight to the file. On
+    /// failure nothing of the record is in the log, and if the buffer could not be written its records
+    /// are gone (see `writePending`).
+    mutating func put(_ draft: RecordDraft, sequence: UInt64) throws(MagpieError) {
         let capacity = context.writeBuffer
-        if record.count <= capacity {
-            if pending.count + record.count > capacity { try writePending() }
-            if pending.capacity < capacity { pending.reserveCapacity(capacity) }
-            record.withMemoryRebound(to: UInt8.self) { pending.append(contentsOf: $0) }  // one memcpy
+        let length = draft.length
+        if length <= capacity {
+            if buffer.count + length > capacity { try writePending() }
+            buffer.append(length, capacity: capacity) { draft.write(into: $0, sequence: sequence) }
             return
         }
         try writePending()
         let offset = size
         do {
-            try FileIO.write(fd, record, at: offset, path: context.path)
+            try FileIO.write(fd, draft.makeRecord(sequence: sequence), at: offset, path: context.path)
         } catch {
             // Best effort: cut a partial record off. If this fails too, `size` still excludes it, the
             // next append overwrites it, and recovery would truncate it as a torn tail.
             try? FileIO.truncate(fd, to: offset, path: context.path)
             throw error
         }
-        written += record.count
+        written += length
     }
 
     /// Writes the buffered records to the file. On failure they are lost: their index slots are
     /// dropped (they read as misses, counted in `lostBufferedRecords`), the file is cut back to
     /// `written` (best effort, as after a failed append), and the error is thrown.
     mutating func writePending() throws(MagpieError) {
-        guard !pending.isEmpty else { return }
+        guard !buffer.isEmpty else { return }
         let offset = written
+        let (fd, path) = (self.fd, context.path)
         do {
-            try FileIO.write(fd, pending, at: offset, path: context.path)
+            try buffer.withBytes { bytes in Result { () throws(MagpieError) in try FileIO.write(fd, bytes, at: offset, path: path) } }.get()
         } catch {
-            try? FileIO.truncate(fd, to: offset, path: context.path)
+            try? FileIO.truncate(fd, to: offset, path: path)
             discardPending()
             throw error
         }
-        written += pending.count
-        pending.removeAll(keepingCapacity: true)
+        written += buffer.count
+        buffer.removeAll()
     }
 
     /// Forgets the buffered records and every index slot that points into them.
@@ -66,14 +106,12 @@ extension BucketState {
         let offset = written
         let lost = dropAll { $0.offset >= offset }
         counters.lostBufferedRecords += UInt64(lost)
-        pending.removeAll(keepingCapacity: true)
+        buffer.removeAll()
     }
 
     /// The buffered bytes of the record `slot` points at (which starts at or after `written`).
     func pendingRecord(_ slot: DiskSlot) -> [UInt8] {
-        let start = slot.offset - written
-        guard start < pending.count else { return [] }  // not a record (fails validation)
-        return Array(pending[start..<min(start + slot.length, pending.count)])
+        buffer.copy(from: slot.offset - written, length: slot.length)
     }
 
     /// Overwrites the magic of a record that is no longer indexed with "DEAD", so that recovery never
@@ -84,10 +122,7 @@ extension BucketState {
         guard slot.offset + 4 <= size else { return }  // never write past the log
         withUnsafeBytes(of: RecordHeader.deadMagic.littleEndian) { magic in
             if slot.offset >= written {
-                let start = slot.offset - written
-                pending.withUnsafeMutableBytes { buffer in
-                    UnsafeMutableRawBufferPointer(rebasing: buffer[start..<(start + 4)]).copyMemory(from: magic)
-                }
+                buffer.overwrite(at: slot.offset - written, with: magic)
             } else {
                 _ = try? FileIO.write(fd, magic, at: slot.offset, path: context.path, operation: "mark")
             }

@@ -62,14 +62,15 @@ struct BucketState {
     /// Bytes of the log in the file: header and records up to the last complete write.
     var written = BucketFileHeader.size
     /// Records appended but not yet written to the file (see Bucket+WriteBuffer.swift): they belong
-    /// at `written`. (A read of a written record never touches this array, not even its count.)
-    var pending: [UInt8] = []
+    /// at `written`. (A read of a written record never touches the buffer, not even its count.)
+    var buffer = WriteBuffer()
     /// Bytes of the log: `written` and the buffered records after them.
-    var size: Int { written + pending.count }
+    var size: Int { written + buffer.count }
     /// Bytes of the records the index points at.
     var liveBytes = 0
     var index = BucketIndex()
     var counters = BucketCounters()
+    /// The highest sequence number in the file; the bucket stamps its next record with the one after.
     var maximumSequence: UInt64 = 0
     /// The file's mapping for reads (see FileMapping.swift); nil: reads use `pread`.
     var mapping: FileMapping? = nil
@@ -101,30 +102,28 @@ struct BucketState {
 
     /// Appends a value record for `key` and points the index at it. The previous record of the key, if
     /// any, becomes garbage. On failure the index is as before.
-    mutating func store(
-        _ record: inout [UInt8], _ header: RecordHeader, key: UnsafeRawBufferPointer,
-        nextSequence: () -> UInt64, now: Int64, policy: RoomPolicy
-    ) throws(MagpieError) -> RoomOutcome<Void> {
+    mutating func store(_ draft: RecordDraft, key: HashedKey, now: Int64, policy: RoomPolicy) throws(MagpieError)
+        -> RoomOutcome<Void>
+    {
         try checkOpen()
-        if let short = reserveRoom(record.count, policy: policy) { return .short(short) }
+        if let short = reserveRoom(draft.length, policy: policy) { return .short(short) }
         defer { healIfNeeded() }
-        let tag = DiskSlot.tag(of: header.keyHash)
         var previous: DiskSlot? = nil
-        if let (position, _) = try find(tag: tag, key: key) {
+        if let position = try position(of: key) {
             previous = index[position]
             drop(at: position)
         }
         let compactions = counters.compactions
         let offset: Int
         do {
-            offset = try append(&record, header, nextSequence: nextSequence, now: now)
+            offset = try append(draft, now: now)
         } catch {
             // A compaction since the drop has discarded the previous record: then it is gone for good.
             if let previous, counters.compactions == compactions { restore(previous) }
             throw error
         }
-        index.insert(DiskSlot(hash: header.keyHash, offset: offset, length: record.count, expiryMilliseconds: header.expiry))
-        liveBytes += record.count
+        index.insert(DiskSlot(hash: key.hash, offset: offset, length: draft.length, expiryMilliseconds: draft.header.expiry))
+        liveBytes += draft.length
         counters.writes += 1
         if let previous, counters.compactions == compactions { markDead(previous) }
         return .done(())
@@ -132,21 +131,20 @@ struct BucketState {
 
     /// Removes `key` and appends a tombstone, so the removal survives a restart even if an older record
     /// of the key (say, of an evicted entry) is still in the file. Returns whether the key was live.
-    mutating func remove(
-        tag: UInt32, key: UnsafeRawBufferPointer, tombstone: inout [UInt8], _ header: RecordHeader,
-        nextSequence: () -> UInt64, now: Int64, policy: RoomPolicy
-    ) throws(MagpieError) -> RoomOutcome<Bool> {
+    mutating func remove(_ key: HashedKey, tombstone: RecordDraft, now: Int64, policy: RoomPolicy) throws(MagpieError)
+        -> RoomOutcome<Bool>
+    {
         try checkOpen()
-        if let short = reserveRoom(tombstone.count, policy: policy) { return .short(short) }
+        if let short = reserveRoom(tombstone.length, policy: policy) { return .short(short) }
         defer { healIfNeeded() }
         var previous: DiskSlot? = nil
-        if let (position, _) = try find(tag: tag, key: key) {
+        if let (position, _) = try find(tag: DiskSlot.tag(of: key.hash), key: key.bytes) {
             previous = index[position]
             drop(at: position)
         }
         let compactions = counters.compactions
         do {
-            _ = try append(&tombstone, header, nextSequence: nextSequence, now: now, through: true)
+            _ = try append(tombstone, now: now, through: true)
         } catch {
             if let previous, counters.compactions == compactions { restore(previous) }
             throw error
@@ -160,12 +158,11 @@ struct BucketState {
 
     /// Removes every live entry whose group is `group` and appends a group tombstone (always: older
     /// records of the group may remain in the file). Returns the number of live entries removed.
-    mutating func removeGroup(
-        _ group: UnsafeRawBufferPointer, tombstone: inout [UInt8], _ header: RecordHeader,
-        nextSequence: () -> UInt64, now: Int64, policy: RoomPolicy
-    ) throws(MagpieError) -> RoomOutcome<Int> {
+    mutating func removeGroup(_ group: UnsafeRawBufferPointer, tombstone: RecordDraft, now: Int64, policy: RoomPolicy)
+        throws(MagpieError) -> RoomOutcome<Int>
+    {
         try checkOpen()
-        if let short = reserveRoom(tombstone.count, policy: policy) { return .short(short) }
+        if let short = reserveRoom(tombstone.length, policy: policy) { return .short(short) }
         var members: [DiskSlot] = []
         for slot in index.slots where !slot.isEmpty {
             let bytes = try readRecord(slot)
@@ -183,7 +180,7 @@ struct BucketState {
         }
         let compactions = counters.compactions
         do {
-            _ = try append(&tombstone, header, nextSequence: nextSequence, now: now, through: true)
+            _ = try append(tombstone, now: now, through: true)
         } catch {
             if counters.compactions == compactions { for member in members { restore(member) } }
             throw error
@@ -197,7 +194,7 @@ struct BucketState {
     mutating func removeAll() throws(MagpieError) {
         try checkOpen()
         try FileIO.truncate(fd, to: BucketFileHeader.size, path: context.path)
-        pending.removeAll(keepingCapacity: true)
+        buffer.removeAll()
         counters.removals += UInt64(index.count)
         index.removeAll()
         liveBytes = 0
@@ -250,20 +247,18 @@ struct BucketState {
 
     // MARK: Room
 
-    /// Makes room if needed, stamps the record's sequence number and appends it (`through`: and writes
-    /// it and everything buffered before it to the file). Returns its offset.
-    private mutating func append(
-        _ record: inout [UInt8], _ header: RecordHeader, nextSequence: () -> UInt64, now: Int64, through: Bool = false
-    ) throws(MagpieError) -> Int {
-        if size + record.count > limit { try makeRoom(for: record.count, now: now) }
-        guard size + record.count <= limit else {
-            throw MagpieError(.valueTooLarge, "a \(record.count)-byte record does not fit the disk tier's budget")
+    /// Makes room if needed, then appends the record stamped with the bucket's next sequence number
+    /// (`through`: and writes it and everything buffered before it to the file). Returns its offset.
+    private mutating func append(_ draft: RecordDraft, now: Int64, through: Bool = false) throws(MagpieError) -> Int {
+        let length = draft.length
+        if size + length > limit { try makeRoom(for: length, now: now) }
+        guard size + length <= limit else {
+            throw MagpieError(.valueTooLarge, "a \(length)-byte record does not fit the disk tier's budget")
         }
-        let sequence = nextSequence()
-        record.withUnsafeMutableBytes { RecordHeader.setSequence(sequence, in: $0, header) }
+        let sequence = maximumSequence &+ 1
         let offset = size
-        try record.withUnsafeBytes { raw in Result { () throws(MagpieError) in try put(raw) } }.get()
-        maximumSequence = max(maximumSequence, sequence)
+        try put(draft, sequence: sequence)
+        maximumSequence = sequence
         if through { try writePending() }
         return offset
     }
@@ -333,7 +328,7 @@ struct BucketState {
         fd = newFD
         remap()
         written = newSize
-        pending.removeAll(keepingCapacity: true)
+        buffer.removeAll()
         index = moved
         counters.compactions += 1
         needsHealing = false

@@ -131,7 +131,7 @@ extension DiskTier {
     }
 
     /// "00" … "ff" for 256 buckets; at least two hex digits, as many as the largest number needs.
-    static func bucketName(_ number: Int, count: Int) -> String {
+    package static func bucketName(_ number: Int, count: Int) -> String {
         let digits = max(2, String(count - 1, radix: 16).count)
         let hex = String(number, radix: 16)
         return String(repeating: "0", count: digits - hex.count) + hex
@@ -244,7 +244,7 @@ extension DiskTier {
                 total.entries += state.index.count
                 total.liveBytes += state.liveBytes
                 total.bytesOnDisk += state.size
-                total.bufferedBytes += state.pending.count
+                total.bufferedBytes += state.buffer.count
                 total.lostBufferedStores += c.lostBufferedRecords
                 total.indexBytes += state.index.bytes
             }

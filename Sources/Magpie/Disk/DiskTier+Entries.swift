@@ -2,7 +2,7 @@
 // which also stores a memory policy and a disk-only flag with each value (see `RecordFormat.swift`).
 
 /// What `Cache` asks the disk tier to store beside a value, so that a later read knows how to promote it.
-struct DiskPlacement: Sendable, Equatable {
+package struct DiskPlacement: Sendable, Equatable {
     /// The encoded memory policy: 0 none, > 0 an absolute memory deadline (ms), < 0 minus a lifetime (ms).
     var memoryPolicy: Int64 = 0
     /// Never promote the entry into memory.
@@ -17,7 +17,7 @@ struct DiskPlacement: Sendable, Equatable {
 }
 
 /// A value read from disk with what was stored beside it.
-struct DiskEntry: Sendable {
+package struct DiskEntry: Sendable {
     var value: [UInt8]
     /// The disk deadline in ms since 1970, 0 for never.
     var expiry: Int64
@@ -26,16 +26,18 @@ struct DiskEntry: Sendable {
     var group: String?
 }
 
+// The tier's entry points for a key hashed once by its caller (`Cache`, or the public API below):
+// the key's hash picks the bucket and is the index tag; nothing here hashes or converts it again.
+
 extension DiskTier {
     /// The live record for `key`, decoded. Nil when absent, expired, or its record failed its checksum
     /// (counted and dropped).
-    func _entry(forKey key: UnsafeRawBufferPointer) throws(MagpieError) -> DiskEntry? {
+    package func entry(_ key: HashedKey) throws(MagpieError) -> DiskEntry? {
         try checkKey(key)
-        let hash = hasher.hash(key)
         let now = configuration.clock.now()
-        let bucket = bucket(for: hash)
+        let bucket = buckets[Self.bucket(of: key.hash, count: bucketCount)]
         let found = try bucket.withLock { (state: inout BucketState) throws(MagpieError) -> FoundRecord? in
-            try state.read(tag: DiskSlot.tag(of: hash), key: key, now: now)
+            try state.read(tag: DiskSlot.tag(of: key.hash), key: key.bytes, now: now)
         }
         guard var found else { return nil }
         let header = found.header
@@ -69,24 +71,20 @@ extension DiskTier {
         }
     }
 
-    /// Stores `value` for `key` with `placement` beside it, replacing any previous value.
-    func _store(
-        _ value: UnsafeRawBufferPointer, forKey key: UnsafeRawBufferPointer, expiry: Expiry, group: String?,
-        placement: DiskPlacement
+    /// Stores `value` for `key` with `placement` beside it, replacing any previous value. The record is
+    /// written once, where it lands, by the bucket (see `RecordDraft`).
+    package func store(
+        _ value: UnsafeRawBufferPointer, for key: HashedKey, expiry: Expiry, group: String?, placement: DiskPlacement
     ) throws(MagpieError) {
         try checkKey(key)
         try checkDirectoryIfDue()
-        let group = Array((group ?? "").utf8)
-        guard group.count <= Self.maximumGroupLength else {
-            throw MagpieError(.keyTooLong, "group name of \(group.count) bytes; the limit is \(Self.maximumGroupLength)")
-        }
         guard value.count <= largestStorableRecord else {
             throw MagpieError(.valueTooLarge, "value of \(value.count) bytes; this tier stores values up to \(largestStorableValue) bytes")
         }
         let now = configuration.clock.now()
         let deadline = expiry.deadline(now: now)
         if deadline != 0 && deadline <= now {
-            _ = try _remove(key)  // expired on arrival: the key must not keep an older value
+            _ = try remove(key)  // expired on arrival: the key must not keep an older value
             return
         }
         var compressed: [UInt8]? = nil
@@ -96,59 +94,90 @@ extension DiskTier {
         {
             compressed = try compression.compress(value)
         }
-        let storedLength = compressed?.count ?? value.count
+        let stored = try withBytes((group ?? "").utf8) { group in
+            Result { () throws(MagpieError) -> Int in
+                guard group.count <= Self.maximumGroupLength else {
+                    throw MagpieError(.keyTooLong, "group name of \(group.count) bytes; the limit is \(Self.maximumGroupLength)")
+                }
+                if let compressed {
+                    return try compressed.withUnsafeBytes { payload in
+                        Result { () throws(MagpieError) -> Int in
+                            try store(payload, codec: .zstd, of: value, for: key, deadline: deadline, group: group, placement: placement, now: now)
+                        }
+                    }.get()
+                }
+                return try store(value, codec: .raw, of: value, for: key, deadline: deadline, group: group, placement: placement, now: now)
+            }
+        }.get()
+        originalBytes.add(UInt64(value.count), ordering: .relaxed)
+        storedBytes.add(UInt64(stored), ordering: .relaxed)
+    }
+
+    /// Appends the value record of `payload` (`value` encoded by `codec`) to the key's bucket. Returns
+    /// the payload's length.
+    private func store(
+        _ payload: UnsafeRawBufferPointer, codec: Codec, of value: UnsafeRawBufferPointer, for key: HashedKey,
+        deadline: Int64, group: UnsafeRawBufferPointer, placement: DiskPlacement, now: Int64
+    ) throws(MagpieError) -> Int {
         let flags = placement.flags
-        let policyLength = flags.contains(.memoryPolicy) ? 8 : 0
-        let recordLength = RecordHeader.recordLength(key: key.count, group: group.count, stored: storedLength, policy: policyLength)
-        guard recordLength <= largestStorableRecord else {
+        let header = RecordHeader(
+            kind: .value, codec: codec, keyLength: key.count, groupLength: group.count, storedLength: payload.count,
+            originalLength: value.count, expiry: deadline, sequence: 0, keyHash: key.hash, flags: flags)
+        guard header.recordLength <= largestStorableRecord else {
             throw MagpieError(.valueTooLarge, "value of \(value.count) bytes; this tier stores values up to \(largestStorableValue) bytes")
         }
-        let hash = hasher.hash(key)
+        let draft = RecordDraft(header: header, key: key.bytes, group: group, payload: payload, memoryPolicy: placement.memoryPolicy)
+        try withRoom(Self.bucket(of: key.hash, count: bucketCount), now: now) { (state, policy) throws(MagpieError) in
+            try state.store(draft, key: key, now: now, policy: policy)
+        }
+        return payload.count
+    }
+
+    /// Removes `key`, durably (a tombstone is appended). Returns whether it was present.
+    package func remove(_ key: HashedKey) throws(MagpieError) -> Bool {
+        try checkKey(key)
+        try checkDirectoryIfDue()
         let header = RecordHeader(
-            kind: .value, codec: compressed == nil ? .raw : .zstd, keyLength: key.count, groupLength: group.count,
-            storedLength: storedLength, originalLength: value.count, expiry: deadline, sequence: 0, keyHash: hash,
-            flags: flags)
-        var record = group.withUnsafeBytes { group in
-            if let compressed {
-                return compressed.withUnsafeBytes {
-                    RecordHeader.makeRecord(header, key: key, group: group, payload: $0, memoryPolicy: placement.memoryPolicy, sealed: false)
-                }
-            }
-            return RecordHeader.makeRecord(header, key: key, group: group, payload: value, memoryPolicy: placement.memoryPolicy, sealed: false)
+            kind: .tombstone, codec: .raw, keyLength: key.count, groupLength: 0, storedLength: 0, originalLength: 0,
+            expiry: 0, sequence: 0, keyHash: key.hash)
+        let none = UnsafeRawBufferPointer(start: nil, count: 0)
+        let tombstone = RecordDraft(header: header, key: key.bytes, group: none, payload: none)
+        let now = configuration.clock.now()
+        return try withRoom(Self.bucket(of: key.hash, count: bucketCount), now: now) { (state, policy) throws(MagpieError) in
+            try state.remove(key, tombstone: tombstone, now: now, policy: policy)
         }
-        try withRoom(Self.bucket(of: hash, count: bucketCount), now: now) { (state, policy) throws(MagpieError) in
-            try state.store(&record, header, key: key, nextSequence: nextSequence, now: now, policy: policy)
-        }
-        originalBytes.add(UInt64(value.count), ordering: .relaxed)
-        storedBytes.add(UInt64(storedLength), ordering: .relaxed)
     }
 
     /// Removes `key` if the index holds it (durably, with a tombstone); writes nothing when it does not.
     /// For `Cache`'s memory-only stores, which must not leave an older disk value behind. Unindexed
     /// records of the key in the file are dead-marked or compacted away (see `makeRoom`), so recovery
     /// cannot bring one back.
-    func _removeIfPresent(_ key: UnsafeRawBufferPointer) throws(MagpieError) -> Bool {
+    package func removeIfPresent(_ key: HashedKey) throws(MagpieError) -> Bool {
         try checkKey(key)
-        let hash = hasher.hash(key)
-        let present = try bucket(for: hash).withLock { (state: inout BucketState) throws(MagpieError) -> Bool in
+        let present = try buckets[Self.bucket(of: key.hash, count: bucketCount)].withLock {
+            (state: inout BucketState) throws(MagpieError) -> Bool in
             try state.checkOpen()
-            return state.index.positions(tag: DiskSlot.tag(of: hash)).isEmpty == false
+            return state.index.positions(tag: DiskSlot.tag(of: key.hash)).isEmpty == false
         }
-        return present ? try _remove(key) : false
+        return present ? try remove(key) : false
     }
-}
 
-extension DiskTier {
     /// Whether `key` has a live, unexpired record. Not counted as a read; leaves the clock bit alone.
-    func _contains(_ key: UnsafeRawBufferPointer) throws(MagpieError) -> Bool {
+    package func contains(_ key: HashedKey) throws(MagpieError) -> Bool {
         try checkKey(key)
-        let hash = hasher.hash(key)
         let now = configuration.clock.now()
-        return try bucket(for: hash).withLock { (state: inout BucketState) throws(MagpieError) -> Bool in
+        return try buckets[Self.bucket(of: key.hash, count: bucketCount)].withLock {
+            (state: inout BucketState) throws(MagpieError) -> Bool in
             try state.checkOpen()
             defer { state.healIfNeeded() }
-            guard let (_, found) = try state.find(tag: DiskSlot.tag(of: hash), key: key) else { return false }
+            guard let (_, found) = try state.find(tag: DiskSlot.tag(of: key.hash), key: key.bytes) else { return false }
             return found.header.expiry == 0 || found.header.expiry > now
+        }
+    }
+
+    func checkKey(_ key: HashedKey) throws(MagpieError) {
+        guard key.count <= Self.maximumKeyLength else {
+            throw MagpieError(.keyTooLong, "key of \(key.count) bytes; the limit is \(Self.maximumKeyLength)")
         }
     }
 }

@@ -52,7 +52,7 @@ import Synchronization
 /// **Errors.** Every failure is a ``MagpieError``; after one, the tier is still consistent and usable.
 public final class DiskTier: Sendable {
     /// The longest key, in bytes.
-    public static let maximumKeyLength = 65_535
+    public static let maximumKeyLength = HashedKey.maximumLength
     /// The longest group name, in UTF-8 bytes.
     public static let maximumGroupLength = 65_535
     /// The most buckets a directory may have.
@@ -71,7 +71,6 @@ public final class DiskTier: Sendable {
     let hasher: KeyHash
 
     let buckets: [Locked<BucketState>]
-    let sequence: Atomic<UInt64>
     let compression: ZstdPool
     let compresses: Bool
     private let lockFile: Locked<Int32>
@@ -140,7 +139,6 @@ public final class DiskTier: Sendable {
                 pool: 0, share: share, maximumLimit: min(Self.maximumBucketBudget, DiskSlot.maximumLength + BucketFileHeader.size))
             let now = configuration.clock.now()
             var buckets: [Locked<BucketState>] = []
-            var maximumSequence: UInt64 = 0
             var missing = 0
             var held = 0
             do throws(MagpieError) {
@@ -167,7 +165,6 @@ public final class DiskTier: Sendable {
                                 "truncated_tails": "\(state.counters.truncatedTails)",
                             ])
                     }
-                    maximumSequence = max(maximumSequence, state.maximumSequence)
                     held += state.limit
                     buckets.append(Locked(state))
                 }
@@ -185,7 +182,6 @@ public final class DiskTier: Sendable {
             self.bucketBudget = share
             self.hasher = hasher
             self.buckets = buckets
-            self.sequence = Atomic(maximumSequence + 1)
             self.lockFile = Locked(lockFD)
             self.missingBucketFiles = missing
             self.directory = directory
@@ -209,18 +205,15 @@ public final class DiskTier: Sendable {
 
     /// The value stored for `key`, or nil: absent, expired, or its record failed its checksum (counted
     /// in ``DiskTierStatistics/corruptRecords`` and dropped). Never bytes other than those stored.
-    /// - Throws: ``MagpieError/Code/ioFailure`` when the read itself fails, ``MagpieError/Code/closed``.
+    /// - Throws: ``MagpieError/Code/keyTooLong``, ``MagpieError/Code/ioFailure`` when the read itself
+    ///   fails, ``MagpieError/Code/closed``.
     public func value(forKey key: some Sequence<UInt8>) throws(MagpieError) -> [UInt8]? {
-        try withBytes(key) { key in Result { () throws(MagpieError) -> [UInt8]? in try _value(forKey: key) } }.get()
+        try withHashedKey(key) { key throws(MagpieError) in try entry(key)?.value }
     }
 
     /// ``value(forKey:)-(Sequence<UInt8>)`` for a `String` key.
     public func value(forKey key: String) throws(MagpieError) -> [UInt8]? {
         try value(forKey: key.utf8)
-    }
-
-    private func _value(forKey key: UnsafeRawBufferPointer) throws(MagpieError) -> [UInt8]? {
-        try _entry(forKey: key)?.value
     }
 
     // MARK: Writes
@@ -239,9 +232,11 @@ public final class DiskTier: Sendable {
     public func set(
         _ value: some Sequence<UInt8>, forKey key: some Sequence<UInt8>, expiry: Expiry = .never, group: String? = nil
     ) throws(MagpieError) {
-        try withBytes(key) { key in withBytes(value) { value in
-            Result { () throws(MagpieError) in try _set(value, forKey: key, expiry: expiry, group: group) }
-        } }.get()
+        try withHashedKey(key) { key throws(MagpieError) in
+            try withBytes(value) { value in
+                Result { () throws(MagpieError) in try store(value, for: key, expiry: expiry, group: group, placement: DiskPlacement()) }
+            }.get()
+        }
     }
 
     /// ``set(_:forKey:expiry:group:)-(Sequence<UInt8>,Sequence<UInt8>,_,_)`` for a `String` key (its UTF-8 bytes).
@@ -251,38 +246,16 @@ public final class DiskTier: Sendable {
         try set(value, forKey: key.utf8, expiry: expiry, group: group)
     }
 
-    private func _set(_ value: UnsafeRawBufferPointer, forKey key: UnsafeRawBufferPointer, expiry: Expiry, group: String?)
-        throws(MagpieError)
-    {
-        try _store(value, forKey: key, expiry: expiry, group: group, placement: DiskPlacement())
-    }
-
     /// Removes `key`, durably (a tombstone is appended). Returns whether it was present.
     @discardableResult
     public func removeValue(forKey key: some Sequence<UInt8>) throws(MagpieError) -> Bool {
-        try withBytes(key) { key in Result { () throws(MagpieError) -> Bool in try _remove(key) } }.get()
+        try withHashedKey(key) { key throws(MagpieError) in try remove(key) }
     }
 
     /// ``removeValue(forKey:)-(Sequence<UInt8>)`` for a `String` key.
     @discardableResult
     public func removeValue(forKey key: String) throws(MagpieError) -> Bool {
         try removeValue(forKey: key.utf8)
-    }
-
-    func _remove(_ key: UnsafeRawBufferPointer) throws(MagpieError) -> Bool {
-        try checkKey(key)
-        try checkDirectoryIfDue()
-        let hash = hasher.hash(key)
-        let header = RecordHeader(
-            kind: .tombstone, codec: .raw, keyLength: key.count, groupLength: 0, storedLength: 0, originalLength: 0,
-            expiry: 0, sequence: 0, keyHash: hash)
-        var tombstone = RecordHeader.makeRecord(header, key: key, group: UnsafeRawBufferPointer(start: nil, count: 0), payload: UnsafeRawBufferPointer(start: nil, count: 0), sealed: false)
-        let now = configuration.clock.now()
-        return try withRoom(Self.bucket(of: hash, count: bucketCount), now: now) { (state, policy) throws(MagpieError) in
-            try state.remove(
-                tag: DiskSlot.tag(of: hash), key: key, tombstone: &tombstone, header,
-                nextSequence: nextSequence, now: now, policy: policy)
-        }
     }
 
     /// Removes every entry stored with `group`, durably: each bucket gets a group tombstone, so none of
@@ -305,17 +278,15 @@ public final class DiskTier: Sendable {
         let header = RecordHeader(
             kind: .groupTombstone, codec: .raw, keyLength: 0, groupLength: name.count, storedLength: 0, originalLength: 0,
             expiry: 0, sequence: 0, keyHash: 0)
-        let record = name.withUnsafeBytes {
-            RecordHeader.makeRecord(header, key: UnsafeRawBufferPointer(start: nil, count: 0), group: $0, payload: UnsafeRawBufferPointer(start: nil, count: 0), sealed: false)
-        }
         let now = configuration.clock.now()
         var removed = 0
         for number in 0..<bucketCount {
-            var tombstone = record
             removed += try name.withUnsafeBytes { group in
                 Result { () throws(MagpieError) -> Int in
-                    try withRoom(number, now: now) { (state, policy) throws(MagpieError) in
-                        try state.removeGroup(group, tombstone: &tombstone, header, nextSequence: nextSequence, now: now, policy: policy)
+                    let none = UnsafeRawBufferPointer(start: nil, count: 0)
+                    let tombstone = RecordDraft(header: header, key: none, group: group, payload: none)
+                    return try withRoom(number, now: now) { (state, policy) throws(MagpieError) in
+                        try state.removeGroup(group, tombstone: tombstone, now: now, policy: policy)
                     }
                 }
             }.get()
@@ -411,10 +382,6 @@ public final class DiskTier: Sendable {
 
     // MARK: Helpers
 
-    func nextSequence() -> UInt64 {
-        sequence.add(1, ordering: .relaxed).oldValue
-    }
-
     func bucket(for hash: UInt64) -> Locked<BucketState> {
         buckets[Self.bucket(of: hash, count: bucketCount)]
     }
@@ -424,15 +391,8 @@ public final class DiskTier: Sendable {
         try buckets.first?.withLock { (state: inout BucketState) throws(MagpieError) in try state.checkOpen() }
     }
 
-    func checkKey(_ key: UnsafeRawBufferPointer) throws(MagpieError) {
-        guard key.count <= Self.maximumKeyLength else {
-            throw MagpieError(.keyTooLong, "key of \(key.count) bytes; the limit is \(Self.maximumKeyLength)")
-        }
+    /// Runs `body` with `key` hashed by this tier's hasher, its length checked.
+    func withHashedKey<R>(_ key: some Sequence<UInt8>, _ body: (HashedKey) throws(MagpieError) -> R) throws(MagpieError) -> R {
+        try withBytes(key) { bytes in Result { () throws(MagpieError) -> R in try body(HashedKey(bytes, hasher: hasher)) } }.get()
     }
-}
-
-/// Calls `body` with the bytes of `sequence`, in place when it is contiguous.
-func withBytes<R>(_ sequence: some Sequence<UInt8>, _ body: (UnsafeRawBufferPointer) -> R) -> R {
-    if let result = sequence.withContiguousStorageIfAvailable({ body(UnsafeRawBufferPointer($0)) }) { return result }
-    return Array(sequence).withUnsafeBytes(body)
 }

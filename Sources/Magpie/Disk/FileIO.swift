@@ -4,20 +4,22 @@ import Synchronization
 /// Thin, typed wrappers over the file system calls the disk tier makes. Each retries `EINTR` here,
 /// in one place, and turns a failure into a ``MagpieError`` naming the call, the errno and the path.
 enum FileIO {
-    /// Failures injected by tests, by path prefix (each test registers its own directory, so tests
-    /// running in parallel never see each other's faults): called before every write-like call with
-    /// its name and path; a non-nil errno makes the call fail with it. Empty outside tests.
-    /// (A pthread-based `Locked`, not `Mutex`: Thread Sanitizer cannot see `Mutex`'s futex and would
-    /// report the table's accesses from different threads as races.)
-    static let injectedFailures = Locked<[String: @Sendable (_ call: String, _ path: String) -> Int32?]>([:])
-
     static func error(_ call: String, _ errno: Int32, _ path: String) -> MagpieError {
         let code: MagpieError.Code = (errno == ENOSPC || errno == EDQUOT) ? .noSpace : .ioFailure
         return MagpieError(code, "\(call) failed: \(String(cString: strerror(errno)))", errno: errno, path: path)
     }
 
-    /// Set by tests while any failure is injected: production I/O pays one relaxed load, no lock.
-    static let hasInjections = Atomic<Bool>(false)
+    #if MAGPIE_TESTING
+    /// Test builds only (the `MAGPIE_TESTING` condition, on in debug builds, see Package.swift; a release
+    /// build has neither the table nor the check): failures injected by tests, by path prefix (each test
+    /// registers its own directory, so tests running in parallel never see each other's faults), consulted
+    /// before every write-like call with its name and path; a non-nil errno makes the call fail with it.
+    /// (A pthread-based `Locked`, not `Mutex`: Thread Sanitizer cannot see `Mutex`'s futex and would
+    /// report the table's accesses from different threads as races.)
+    package static let injectedFailures = Locked<[String: @Sendable (_ call: String, _ path: String) -> Int32?]>([:])
+
+    /// Set by tests while any failure is injected: I/O in tests pays one relaxed load when none is.
+    package static let hasInjections = Atomic<Bool>(false)
 
     @inline(__always)
     private static func injected(_ call: String, _ path: String) throws(MagpieError) {
@@ -27,6 +29,10 @@ enum FileIO {
             if let errno = inject(call, path) { throw error(call, errno, path) }
         }
     }
+    #else
+    @inline(__always)
+    private static func injected(_ call: String, _ path: String) throws(MagpieError) {}
+    #endif
 
     /// `pread(2)` until `buffer` is full or end of file; returns the bytes read.
     static func read(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, at offset: Int, path: String)

@@ -1,57 +1,60 @@
 import CXXHash
 
+#if MAGPIE_TESTING
+import Glibc
+#endif
+
 /// The key hash: XXH3-64 of a key's bytes with a per-cache seed, from the system's libxxhash.
 ///
-/// One hash is computed per operation and passed down. The memory tier takes its low bits to pick a
-/// shard and its high 32 bits as the index tag; the disk tier takes the high bits to pick a bucket.
-/// The seed makes placement unpredictable to someone choosing keys, so keys chosen by an attacker
-/// cannot pile into one shard. A hash never stands in for a key: every hit compares the full key.
+/// A key is hashed once per operation, where it enters the library (``HashedKey``), and the hash is
+/// passed down: the memory tier takes its low bits to pick a shard (see `MemoryTier.shard(of:)`), bits 12
+/// and up for the home of its index probe and the top 8 bits as the index tag; `Cache` takes bits 32 and
+/// up to pick a lock stripe; the disk tier takes the high bits to pick a bucket and the low 32 as its
+/// index tag. The seed makes placement unpredictable to someone choosing keys, so keys chosen by an
+/// attacker cannot pile into one shard. A hash never stands in for a key: every hit compares the full key.
 ///
 /// This is the only file that imports `CXXHash`.
-public struct KeyHash: Sendable, Hashable {
+@usableFromInline
+package struct KeyHash: Sendable, Hashable {
     /// The seed mixed into every hash.
-    public let seed: UInt64
+    @usableFromInline package let seed: UInt64
 
     /// Creates a hasher with the given seed.
-    public init(seed: UInt64) {
+    package init(seed: UInt64) {
         self.seed = seed
     }
 
     /// Creates a hasher with a random seed.
-    public static func random() -> KeyHash {
+    package static func random() -> KeyHash {
         var generator = SystemRandomNumberGenerator()
         return KeyHash(seed: generator.next())
     }
 
-    /// XXH3-64 of the bytes. Cost: about 2–3 ns for a 16-byte key.
+    /// XXH3-64 of a key's bytes: the one place a key is hashed (counted in test builds, see
+    /// ``KeyHashCounter``). Cost: about 2–3 ns for a 16-byte key.
     @inlinable
-    public func hash(_ bytes: UnsafeRawBufferPointer) -> UInt64 {
-        _hash(bytes)
-    }
-
-    /// XXH3-64 of a string's UTF-8 bytes, read in place when the string is native (no copy).
-    @inlinable
-    public func hash(_ key: String) -> UInt64 {
-        if let value = key.utf8.withContiguousStorageIfAvailable({ _hash(UnsafeRawBufferPointer($0)) }) {
-            return value
-        }
-        var copy = key
-        return copy.withUTF8 { _hash(UnsafeRawBufferPointer($0)) }
-    }
-
-    /// XXH3-64 of a byte sequence; contiguous sequences (`[UInt8]`, `Data`, buffer pointers) are read in place.
-    @inlinable
-    public func hash(_ key: some Sequence<UInt8>) -> UInt64 {
-        if let value = key.withContiguousStorageIfAvailable({ _hash(UnsafeRawBufferPointer($0)) }) {
-            return value
-        }
-        return Array(key).withUnsafeBytes { _hash($0) }
-    }
-
-    @usableFromInline
-    internal func _hash(_ bytes: UnsafeRawBufferPointer) -> UInt64 {
+    package func hash(_ bytes: UnsafeRawBufferPointer) -> UInt64 {
+        #if MAGPIE_TESTING
+        KeyHashCounter.add()
+        #endif
         // XXH3 accepts (NULL, 0); any other base address is valid for `count` bytes by the buffer's contract.
-        XXH3_64bits_withSeed(bytes.baseAddress, bytes.count, seed)
+        return XXH3_64bits_withSeed(bytes.baseAddress, bytes.count, seed)
+    }
+
+    /// The hash of a byte sequence (read in place when contiguous).
+    package func hash(_ key: some Sequence<UInt8>) -> UInt64 {
+        withBytes(key) { hash($0) }
+    }
+
+    /// The hash of a `String`'s UTF-8 bytes (read in place when native).
+    package func hash(_ key: String) -> UInt64 {
+        withBytes(key) { hash($0) }
+    }
+
+    /// A group name's 64-bit tag: its seeded hash, never 0 (not a key hash: not counted). A collision
+    /// between two groups can only make a group removal remove more entries, never return a wrong value.
+    package func groupTag(_ group: String) -> UInt64 {
+        withBytes(group.utf8) { XXH3_64bits_withSeed($0.baseAddress, $0.count, seed ^ 0x6772_6f75_7074_6167) | 1 }
     }
 }
 
@@ -69,4 +72,74 @@ extension KeyHash {
         let headerHash = XXH3_64bits_withSeed(header.baseAddress, header.count, 0)
         return XXH3_64bits_withSeed(body.baseAddress, body.count, headerHash)
     }
+
+    /// XXH3-64 with seed 0 of a format header (file headers, MANIFEST, snapshots): not a key hash.
+    static func formatChecksum(_ bytes: UnsafeRawBufferPointer) -> UInt64 {
+        XXH3_64bits_withSeed(bytes.baseAddress, bytes.count, 0)
+    }
 }
+
+/// A key as the tiers take it: its bytes and their hash, computed once where the key enters the
+/// library and handed to the lock stripe and both tiers, so that no layer hashes or converts it again.
+/// Valid only while `bytes` is (inside the closure that made it).
+@usableFromInline
+package struct HashedKey {
+    @usableFromInline package let bytes: UnsafeRawBufferPointer
+    @usableFromInline package let hash: UInt64
+
+    /// The longest key, in bytes, in every tier: both keep a key's length in 16 bits.
+    package static let maximumLength = Int(UInt16.max)
+
+    /// Hashes `bytes` with `hasher`.
+    @inlinable
+    package init(_ bytes: UnsafeRawBufferPointer, hasher: KeyHash) {
+        self.bytes = bytes
+        self.hash = hasher.hash(bytes)
+    }
+
+    /// A key whose hash is already known (the same bytes, copied to cross to another thread).
+    @inlinable
+    package init(_ bytes: UnsafeRawBufferPointer, hash: UInt64) {
+        self.bytes = bytes
+        self.hash = hash
+    }
+
+    var count: Int { bytes.count }
+}
+
+/// Calls `body` with the bytes of `sequence`, in place when it is contiguous (`[UInt8]`, `Data`, buffer
+/// pointers, a native `String`'s UTF-8 view), else with a copy.
+@inlinable
+package func withBytes<R>(_ sequence: some Sequence<UInt8>, _ body: (UnsafeRawBufferPointer) -> R) -> R {
+    if let result = sequence.withContiguousStorageIfAvailable({ body(UnsafeRawBufferPointer($0)) }) { return result }
+    return Array(sequence).withUnsafeBytes(body)
+}
+
+/// Calls `body` with the UTF-8 bytes of `string`, in place when it is native.
+@inlinable
+package func withBytes<R>(_ string: String, _ body: (UnsafeRawBufferPointer) -> R) -> R {
+    if let result = string.utf8.withContiguousStorageIfAvailable({ body(UnsafeRawBufferPointer($0)) }) { return result }
+    var copy = string
+    return copy.withUTF8 { body(UnsafeRawBufferPointer($0)) }
+}
+
+#if MAGPIE_TESTING
+/// Test builds only: key hashes computed on the calling thread, so a test can check that one `Cache`
+/// operation hashes its key exactly once. Per thread, so tests running in parallel do not mix counts.
+@usableFromInline
+package enum KeyHashCounter {
+    private static let key: pthread_key_t = {
+        var key = pthread_key_t()
+        pthread_key_create(&key, nil)
+        return key
+    }()
+
+    @usableFromInline
+    package static func add() {
+        pthread_setspecific(key, UnsafeRawPointer(bitPattern: count + 1))
+    }
+
+    /// Key hashes computed on this thread so far.
+    package static var count: Int { Int(bitPattern: pthread_getspecific(key)) }
+}
+#endif

@@ -1,66 +1,40 @@
 import Glibc
 
-// The byte-level core of MemoryTier: the public generic entry points reduce every key and value to an
-// UnsafeRawBufferPointer (in place when the sequence is contiguous: [UInt8], Data, buffers, native
-// String UTF-8) and call these non-generic functions.
+// The memory tier's entry points for a key hashed once by its caller (`Cache`, or the public generic
+// API in MemoryTier.swift, which reduces every key and value to bytes in place where it can): the hash
+// picks the shard (low bits) and the index home and tag (see Memory/ShardStorage.swift). Nothing here
+// hashes or converts a key again.
 
 extension MemoryTier {
-    @inlinable
-    func withKeyBytes<R>(_ key: some Sequence<UInt8>, _ body: (UnsafeRawBufferPointer) -> R) -> R {
-        if let result = key.withContiguousStorageIfAvailable({ body(UnsafeRawBufferPointer($0)) }) {
-            return result
-        }
-        return Array(key).withUnsafeBytes(body)
-    }
-
-    @inlinable
-    func withKeyBytes<R>(_ key: String, _ body: (UnsafeRawBufferPointer) -> R) -> R {
-        if let result = key.utf8.withContiguousStorageIfAvailable({ body(UnsafeRawBufferPointer($0)) }) {
-            return result
-        }
-        var copy = key
-        return copy.withUTF8 { body(UnsafeRawBufferPointer($0)) }
-    }
-
-    @inlinable
-    func withValueBytes<R>(_ value: some Sequence<UInt8>, _ body: (UnsafeRawBufferPointer) -> R) -> R {
-        withKeyBytes(value, body)
-    }
-
     /// Runs `body` on the shard of `hash` with its lock held, without retaining the shard.
     @inline(__always)
     func withShard<R>(for hash: UInt64, _ body: (inout ShardStorage) -> R) -> R {
         unownedShards[Int(truncatingIfNeeded: hash) & shardMask]._withUnsafeGuaranteedRef { $0.withLock(body) }
     }
 
+    /// The value stored for `key`, copied into a new array, or nil.
     @usableFromInline
-    func _copyValue(forKey key: UnsafeRawBufferPointer) -> [UInt8]? {
-        let hash = hasher._hash(key)
+    package func copyValue(_ key: HashedKey) -> [UInt8]? {
         // `[UInt8](buffer)` is the cheapest array construction measured on Swift 6.3/Linux (~45 ns for
         // 100 bytes; `init(unsafeUninitializedCapacity:)` takes ~100 ns via an unspecialised path).
-        return withShard(for: hash) { $0.withValue(hash: hash, key: key) { [UInt8]($0) } }
+        withShard(for: key.hash) { $0.withValue(hash: key.hash, key: key.bytes) { [UInt8]($0) } }
     }
 
+    /// Runs `body` over the stored value's bytes in place (shard locked), or returns nil.
     @usableFromInline
-    func _withValue<R>(forKey key: UnsafeRawBufferPointer, _ body: (UnsafeRawBufferPointer) -> R) -> R? {
-        let hash = hasher._hash(key)
-        return withShard(for: hash) { $0.withValue(hash: hash, key: key, body) }
+    package func withValue<R>(_ key: HashedKey, _ body: (UnsafeRawBufferPointer) -> R) -> R? {
+        withShard(for: key.hash) { $0.withValue(hash: key.hash, key: key.bytes, body) }
     }
 
+    /// Whether `key` is present and unexpired; not counted as a read.
     @usableFromInline
-    func _contains(_ key: UnsafeRawBufferPointer) -> Bool {
-        let hash = hasher._hash(key)
-        return withShard(for: hash) { $0.contains(hash: hash, key: key) }
+    package func contains(_ key: HashedKey) -> Bool {
+        withShard(for: key.hash) { $0.contains(hash: key.hash, key: key.bytes) }
     }
 
-    /// A group's 64-bit tag: its seeded hash, never 0. A collision between two groups can only make
-    /// ``removeAll(inGroup:)`` remove more entries, never return a wrong value.
-    func groupTag(_ group: String) -> UInt64 {
-        hasher.hash(group) | 1
-    }
-
+    /// Stores `value` for `key`; see ``set(_:forKey:expiry:group:)-(Sequence<UInt8>,Sequence<UInt8>,_,_)``.
     @usableFromInline
-    func _set(_ value: UnsafeRawBufferPointer, forKey key: UnsafeRawBufferPointer, expiry: Expiry, group: String?)
+    package func set(_ value: UnsafeRawBufferPointer, for key: HashedKey, expiry: Expiry, group: String?)
         -> Result<Bool, MagpieError>
     {
         guard key.count <= Self.maximumKeyLength else {
@@ -72,25 +46,31 @@ extension MemoryTier {
                 MagpieError(
                     .valueTooLarge, "value of \(value.count) bytes; the limit is \(Self.maximumValueLength)"))
         }
-        let hash = hasher._hash(key)
+        let hash = key.hash
         var deadline: Int64 = 0
         if expiry != .never {
             let now = clock.now()
             deadline = expiry.deadline(now: now)
             if deadline <= now {
                 // Expired on arrival: the key must not keep an older value.
-                _ = withShard(for: hash) { $0.remove(hash: hash, key: key) }
+                _ = withShard(for: hash) { $0.remove(hash: hash, key: key.bytes) }
                 return .success(false)
             }
         }
-        let tag = group.map { $0.isEmpty ? 0 : groupTag($0) } ?? 0
+        let tag = group.map { $0.isEmpty ? 0 : hasher.groupTag($0) } ?? 0
         var outcome = withShard(for: hash) {
-            $0.store(hash: hash, key: key, value: value, deadline: deadline, group: tag, policy: .borrow)
+            $0.store(hash: hash, key: key.bytes, value: value, deadline: deadline, group: tag, policy: .borrow)
         }
         if case .short = outcome {
-            outcome = storeBorrowing(hash: hash, key: key, value: value, deadline: deadline, group: tag)
+            outcome = storeBorrowing(hash: hash, key: key.bytes, value: value, deadline: deadline, group: tag)
         }
         return .success(outcome != .refused)
+    }
+
+    /// Removes `key`; returns whether it was present.
+    @usableFromInline
+    package func remove(_ key: HashedKey) -> Bool {
+        withShard(for: key.hash) { $0.remove(hash: key.hash, key: key.bytes) }
     }
 
     /// The store of an entry its shard lacked room for (nothing changed yet): room is gathered from the
@@ -135,12 +115,6 @@ extension MemoryTier {
         }
         pool.give(gathered)
         return gathered
-    }
-
-    @usableFromInline
-    func _remove(_ key: UnsafeRawBufferPointer) -> Bool {
-        let hash = hasher._hash(key)
-        return withShard(for: hash) { $0.remove(hash: hash, key: key) }
     }
 }
 

@@ -1,4 +1,7 @@
 // Trace replay through the real memory tier at simulator speed: placeholders charged like values.
+// For `magpie-bench replay` (package access: not part of the public API). The serving path pays
+// nothing for it: `ShardStorage.store` and `storePlaceholder` are two specialisations of one
+// always-inlined body, and a read tests the placeholder flag in the same mask test as the expiry flag.
 
 extension MemoryTier {
     /// One request of a trace replay, for `magpie-bench replay` and similar tools (not for serving).
@@ -14,12 +17,11 @@ extension MemoryTier {
     /// is false; a ``set(_:forKey:expiry:group:)-(Sequence<UInt8>,Sequence<UInt8>,_,_)`` replaces one.
     /// - Returns: whether the request hit. A `valueLength` outside 0...``maximumValueLength`` or a key
     ///   over ``maximumKeyLength`` is a miss that stores nothing.
-    @_spi(Benchmarking)
-    public func simulateRequest(forKey key: UnsafeRawBufferPointer, valueLength: Int) -> Bool {
+    package func simulateRequest(forKey key: UnsafeRawBufferPointer, valueLength: Int) -> Bool {
         guard key.count <= Self.maximumKeyLength, valueLength >= 0, valueLength <= Self.maximumValueLength else {
             return false
         }
-        let hash = hasher._hash(key)
+        let hash = hasher.hash(key)
         let number = Int(truncatingIfNeeded: hash) & shardMask
         var first = true  // a retry after gathering room is the same request: counted once
         return withBorrowedRoom { policy -> RoomOutcome<Bool> in
@@ -48,9 +50,7 @@ extension ShardStorage {
             return .done(true)
         }
         if !counted { counters.misses &+= 1 }
-        let outcome = store(
-            hash: hash, key: key, value: UnsafeRawBufferPointer(start: nil, count: 0), placeholderLength: valueLength,
-            knownAbsent: true, policy: policy)
+        let outcome = storePlaceholder(hash: hash, key: key, valueLength: valueLength, policy: policy)
         if case .short(let shortfall) = outcome { return .short(shortfall) }
         return .done(false)
     }

@@ -29,7 +29,7 @@ public final class MemoryTier: Sendable {
     /// expiry is charged 8 bytes more, and one with a group 8 more.
     public static let entryOverhead = 40
     /// The longest key, in bytes.
-    public static let maximumKeyLength = Int(UInt16.max)
+    public static let maximumKeyLength = HashedKey.maximumLength
     /// The longest value, in bytes.
     public static let maximumValueLength = Int(UInt32.max)
     /// The most shards a tier may have.
@@ -37,10 +37,12 @@ public final class MemoryTier: Sendable {
 
     /// The total byte budget, which the shards share and lend each other.
     public let budget: Int
+    /// The configuration it was created with (``Configuration/shardCount`` resolved).
+    public let configuration: Configuration
     /// The number of shards (a power of two).
     public let shardCount: Int
-    /// The hasher that places keys.
-    public let hasher: KeyHash
+    /// The hasher that places keys (seeded by ``Configuration/hashSeed``).
+    @usableFromInline package let hasher: KeyHash
     /// The clock that expiry is judged by.
     public let clock: CacheClock
 
@@ -66,14 +68,27 @@ public final class MemoryTier: Sendable {
     /// - Parameters:
     ///   - budget: the byte budget, ≥ 0. With fewer than `shardCount` bytes every store is refused.
     ///   - shardCount: a power of two from 1 to ``maximumShardCount``; nil picks ``defaultShardCount``.
-    ///   - hasher: the key hasher; random-seeded by default.
+    ///   - hashSeed: the seed of the key hash; nil picks a random one.
     ///   - clock: the clock for expiry; the system's by default (inject one in tests).
     /// - Throws: ``MagpieError/Code/invalidConfiguration`` for a negative budget, a shard count out of
     ///   range or not a power of two, or when the shards' initial arrays cannot be allocated.
-    public init(budget: Int, shardCount: Int? = nil, hasher: KeyHash = .random(), clock: CacheClock = .system)
+    public convenience init(budget: Int, shardCount: Int? = nil, hashSeed: UInt64? = nil, clock: CacheClock = .system)
         throws(MagpieError)
     {
-        let shardCount = shardCount ?? Self.defaultShardCount
+        try self.init(Configuration(budget: budget, shardCount: shardCount, hashSeed: hashSeed, clock: clock))
+    }
+
+    /// Creates an empty tier; see ``init(budget:shardCount:hashSeed:clock:)``.
+    public convenience init(_ configuration: Configuration) throws(MagpieError) {
+        try self.init(configuration, hasher: configuration.hashSeed.map { KeyHash(seed: $0) } ?? .random())
+    }
+
+    /// A tier whose keys are placed by `hasher` (a `Cache` passes its disk tier's, so that one hash
+    /// serves both tiers); the configuration's seed is not used.
+    package init(_ configuration: Configuration, hasher: KeyHash) throws(MagpieError) {
+        let budget = configuration.budget
+        let clock = configuration.clock
+        let shardCount = configuration.shardCount ?? Self.defaultShardCount
         guard budget >= 0 else {
             throw MagpieError(.invalidConfiguration, "memory budget \(budget) is negative")
         }
@@ -97,6 +112,10 @@ public final class MemoryTier: Sendable {
             shards.append(shard)
         }
         self.budget = budget
+        var resolved = configuration
+        resolved.shardCount = shardCount
+        resolved.hashSeed = hasher.seed
+        self.configuration = resolved
         self.shardCount = shardCount
         self.hasher = hasher
         self.clock = clock
@@ -128,13 +147,13 @@ public final class MemoryTier: Sendable {
     /// The value stored for `key`, copied into a new array, or nil.
     @inlinable
     public func value(forKey key: some Sequence<UInt8>) -> [UInt8]? {
-        withKeyBytes(key) { _copyValue(forKey: $0) }
+        withBytes(key) { copyValue(HashedKey($0, hasher: hasher)) }
     }
 
     /// The value stored for the UTF-8 bytes of `key`, copied into a new array, or nil.
     @inlinable
     public func value(forKey key: String) -> [UInt8]? {
-        withKeyBytes(key) { _copyValue(forKey: $0) }
+        withBytes(key) { copyValue(HashedKey($0, hasher: hasher)) }
     }
 
     /// Calls `body` with the stored value's bytes in place, without copying them, and returns its
@@ -146,25 +165,25 @@ public final class MemoryTier: Sendable {
     public func withValue<R>(forKey key: some Sequence<UInt8>, _ body: (UnsafeRawBufferPointer) -> R)
         -> R?
     {
-        withKeyBytes(key) { _withValue(forKey: $0, body) }
+        withBytes(key) { withValue(HashedKey($0, hasher: hasher), body) }
     }
 
     /// ``withValue(forKey:_:)-(Sequence<UInt8>,_)`` for a `String` key.
     @inlinable
     public func withValue<R>(forKey key: String, _ body: (UnsafeRawBufferPointer) -> R) -> R? {
-        withKeyBytes(key) { _withValue(forKey: $0, body) }
+        withBytes(key) { withValue(HashedKey($0, hasher: hasher), body) }
     }
 
     /// Whether `key` is present. Does not count as a read and does not affect eviction.
     @inlinable
     public func contains(_ key: some Sequence<UInt8>) -> Bool {
-        withKeyBytes(key) { _contains($0) }
+        withBytes(key) { contains(HashedKey($0, hasher: hasher)) }
     }
 
     /// ``contains(_:)-(Sequence<UInt8>)`` for a `String` key.
     @inlinable
     public func contains(_ key: String) -> Bool {
-        withKeyBytes(key) { _contains($0) }
+        withBytes(key) { contains(HashedKey($0, hasher: hasher)) }
     }
 
     // MARK: Writes
@@ -184,8 +203,8 @@ public final class MemoryTier: Sendable {
     public func set(
         _ value: some Sequence<UInt8>, forKey key: some Sequence<UInt8>, expiry: Expiry = .never, group: String? = nil
     ) throws(MagpieError) -> Bool {
-        try withKeyBytes(key) { keyBytes in
-            withValueBytes(value) { _set($0, forKey: keyBytes, expiry: expiry, group: group) }
+        try withBytes(key) { keyBytes in
+            withBytes(value) { set($0, for: HashedKey(keyBytes, hasher: hasher), expiry: expiry, group: group) }
         }.get()
     }
 
@@ -194,8 +213,8 @@ public final class MemoryTier: Sendable {
     public func set(_ value: some Sequence<UInt8>, forKey key: String, expiry: Expiry = .never, group: String? = nil)
         throws(MagpieError) -> Bool
     {
-        try withKeyBytes(key) { keyBytes in
-            withValueBytes(value) { _set($0, forKey: keyBytes, expiry: expiry, group: group) }
+        try withBytes(key) { keyBytes in
+            withBytes(value) { set($0, for: HashedKey(keyBytes, hasher: hasher), expiry: expiry, group: group) }
         }.get()
     }
 
@@ -204,7 +223,7 @@ public final class MemoryTier: Sendable {
     @discardableResult
     public func removeAll(inGroup group: String) -> Int {
         guard !group.isEmpty else { return 0 }
-        let tag = groupTag(group)
+        let tag = hasher.groupTag(group)
         return shards.reduce(0) { total, shard in total + shard.withLock { $0.removeGroup(tag) } }
     }
 
@@ -219,13 +238,13 @@ public final class MemoryTier: Sendable {
     /// Removes `key`; returns whether it was present.
     @inlinable @discardableResult
     public func removeValue(forKey key: some Sequence<UInt8>) -> Bool {
-        withKeyBytes(key) { _remove($0) }
+        withBytes(key) { remove(HashedKey($0, hasher: hasher)) }
     }
 
     /// ``removeValue(forKey:)-(Sequence<UInt8>)`` for a `String` key.
     @inlinable @discardableResult
     public func removeValue(forKey key: String) -> Bool {
-        withKeyBytes(key) { _remove($0) }
+        withBytes(key) { remove(HashedKey($0, hasher: hasher)) }
     }
 
     /// Removes every entry. Statistics counters are kept.

@@ -148,6 +148,6 @@ extension ShardStorage {
     @inline(__always)
     func hashOf(_ block: UnsafeMutableRawPointer) -> UInt64 {
         let header = block.assumingMemoryBound(to: EntryHeader.self).pointee
-        return hasher._hash(UnsafeRawBufferPointer(start: block + header.keyOffset, count: Int(header.keyLength)))
+        return hasher.hash(UnsafeRawBufferPointer(start: block + header.keyOffset, count: Int(header.keyLength)))
     }
 }

@@ -287,12 +287,30 @@ struct ShardStorage: ~Copyable {
     /// Stores `value` for `key`, replacing any previous value, with an optional deadline (ms since
     /// 1970, 0 = none) and group hash (0 = none). Makes room first; refuses (leaving the key absent)
     /// when the entry cannot fit the shard's limit (after borrowing, see "Budget") or memory runs out.
-    /// With `placeholderLength`, `value` is ignored and a placeholder charged as a value of that length is stored instead.
-    /// `knownAbsent` skips the lookup of a key the caller has just found absent (lock held since). With
-    /// `.borrow`, a large entry that does not fit changes nothing and returns `.short` (see "Budget").
+    /// With `.borrow`, a large entry that does not fit changes nothing and returns `.short` (see "Budget").
     mutating func store(
         hash: UInt64, key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, deadline: Int64 = 0,
-        group: UInt64 = 0, placeholderLength: Int? = nil, knownAbsent: Bool = false, policy: RoomPolicy = .evict
+        group: UInt64 = 0, policy: RoomPolicy = .evict
+    ) -> StoreOutcome {
+        storeEntry(hash: hash, key: key, value: value, deadline: deadline, group: group, placeholderLength: nil, policy: policy)
+    }
+
+    /// Trace replay's store (MemoryTier+Simulation.swift): a placeholder for a key just found absent
+    /// (lock held since), charged as a value of `valueLength` bytes without holding them.
+    mutating func storePlaceholder(hash: UInt64, key: UnsafeRawBufferPointer, valueLength: Int, policy: RoomPolicy)
+        -> StoreOutcome
+    {
+        storeEntry(
+            hash: hash, key: key, value: UnsafeRawBufferPointer(start: nil, count: 0), deadline: 0, group: 0,
+            placeholderLength: valueLength, policy: policy)
+    }
+
+    /// The body of `store` and `storePlaceholder`, inlined into each: with `placeholderLength` a constant
+    /// nil, the serving store's placeholder branches fold away. A placeholder's key is known absent.
+    @inline(__always)
+    private mutating func storeEntry(
+        hash: UInt64, key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, deadline: Int64, group: UInt64,
+        placeholderLength: Int?, policy: RoomPolicy
     ) -> StoreOutcome {
         let flags = (deadline != 0 ? EntryHeader.expiryFlag : 0) | (group != 0 ? EntryHeader.groupFlag : 0)
             | (placeholderLength != nil ? EntryHeader.placeholderFlag : 0)
@@ -302,7 +320,7 @@ struct ShardStorage: ~Copyable {
         var frequency: UInt8 = 0
         var isUpdate = false
         var previous: (position: Int, block: UnsafeMutableRawPointer)? = nil
-        if !knownAbsent, let (position, block) = find(hash: hash, key: key) {
+        if placeholderLength == nil, let (position, block) = find(hash: hash, key: key) {
             let header = block.assumingMemoryBound(to: EntryHeader.self)
             if placeholderLength == nil && header.pointee.storedLength == storedLength
                 && header.pointee.state & ~EntryHeader.queueMask == flags

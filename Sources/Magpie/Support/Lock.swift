@@ -1,31 +1,77 @@
 import Glibc
 
-/// A value guarded by a `pthread_mutex_t`.
+/// The library's one lock: a `pthread_mutex_t` at a fixed address, which its owner allocates (alone,
+/// at the head of a shard's block, or one per cache line in ``LockStripes``) and destroys.
 ///
-/// Used where `Synchronization.Mutex` does not fit: its `withLock` hands the value out as
-/// `inout sending`, which forbids passing the caller's (non-`Sendable`) key and value buffers into the
-/// critical section, and Thread Sanitizer cannot see its atomics. A pthread mutex is visible to TSan.
+/// Why not `Synchronization.Mutex`: its `withLock` hands the value out as `inout sending`, which forbids
+/// passing the caller's (non-`Sendable`) key and value buffers into the critical section, and Thread
+/// Sanitizer cannot see its atomics, while it understands pthread mutexes, so the stress suites run
+/// under TSan. The adaptive kind (a Linux kind: it spins briefly before sleeping) suits the memory
+/// tier's critical sections of tens of nanoseconds.
+struct PThreadMutex {
+    // Invariant: `mutex` points at memory that never moves, initialised by `init` and destroyed once by
+    // `destroy()`; in between it is touched only through pthread_mutex_lock/unlock, which are thread safe.
+    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+
+    /// Bytes a mutex takes.
+    static let size = MemoryLayout<pthread_mutex_t>.size
+
+    /// Initialises a mutex in `memory` (at least ``size`` bytes, suitably aligned).
+    init(at memory: UnsafeMutableRawPointer, adaptive: Bool = false) {
+        mutex = memory.bindMemory(to: pthread_mutex_t.self, capacity: 1)
+        var attributes = pthread_mutexattr_t()
+        pthread_mutexattr_init(&attributes)
+        if adaptive { pthread_mutexattr_settype(&attributes, Int32(PTHREAD_MUTEX_ADAPTIVE_NP)) }
+        pthread_mutex_init(mutex, &attributes)
+        pthread_mutexattr_destroy(&attributes)
+    }
+
+    @inline(__always) func lock() { pthread_mutex_lock(mutex) }
+    @inline(__always) func unlock() { pthread_mutex_unlock(mutex) }
+
+    /// Runs `body` with the mutex held.
+    @inline(__always)
+    func withLock<R, E: Error>(_ body: () throws(E) -> R) throws(E) -> R {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        return try body()
+    }
+
+    /// The mutex already initialised in `memory` (by ``init(at:adaptive:)``).
+    init(initialized memory: UnsafeMutableRawPointer) {
+        mutex = memory.assumingMemoryBound(to: pthread_mutex_t.self)
+    }
+
+    /// Destroys the mutex; its memory is the owner's to free.
+    func destroy() { pthread_mutex_destroy(mutex) }
+}
+
+/// A value guarded by a ``PThreadMutex``.
 final class Locked<State>: @unchecked Sendable {
     // @unchecked Sendable invariant: `state` is read and written only inside `withLock`, with `mutex`
     // held. The mutex lives in its own allocation so it never moves.
-    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+    private let mutex: PThreadMutex
     private var state: State
 
     init(_ state: State) {
         self.state = state
-        mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
-        pthread_mutex_init(mutex, nil)
+        mutex = PThreadMutex(at: UnsafeMutableRawPointer.allocate(byteCount: PThreadMutex.size, alignment: 16))
     }
 
     deinit {
-        pthread_mutex_destroy(mutex)
-        mutex.deallocate()
+        mutex.destroy()
+        mutex.address.deallocate()
     }
 
     /// Runs `body` with exclusive access to the state.
     func withLock<R, E: Error>(_ body: (inout State) throws(E) -> R) throws(E) -> R {
-        pthread_mutex_lock(mutex)
-        defer { pthread_mutex_unlock(mutex) }
+        mutex.lock()
+        defer { mutex.unlock() }
         return try body(&state)
     }
+}
+
+extension PThreadMutex {
+    /// Where the mutex lives (for its owner to free).
+    var address: UnsafeMutableRawPointer { UnsafeMutableRawPointer(mutex) }
 }

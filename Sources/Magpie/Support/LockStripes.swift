@@ -1,13 +1,11 @@
-import Glibc
-
-/// A fixed array of `pthread_mutex_t`, one per cache line, picked by a key's hash: `Cache` holds a
+/// A fixed array of ``PThreadMutex``es, one per cache line, picked by a key's hash: `Cache` holds a
 /// key's stripe while it changes both tiers for that key, or reads disk and promotes into memory, so
 /// those steps never interleave for one key. Bulk operations (remove all, remove a group) hold every
 /// stripe, in index order, so no promotion can slip a value removed from disk back into memory.
 final class LockStripes: @unchecked Sendable {
     // @unchecked Sendable invariant: the mutexes are initialised in `init`, destroyed in `deinit`, and
-    // otherwise touched only through pthread_mutex_lock/unlock, which are thread safe. The memory never
-    // moves. Stripe i lives at byte offset i × stride, so two stripes never share a cache line.
+    // otherwise only locked and unlocked, which is thread safe. The memory never moves. Stripe i lives
+    // at byte offset i × stride, so two stripes never share a cache line.
     private static let stride = 64
     private let base: UnsafeMutableRawPointer
     let count: Int
@@ -19,31 +17,28 @@ final class LockStripes: @unchecked Sendable {
         self.count = count
         mask = count - 1
         base = UnsafeMutableRawPointer.allocate(byteCount: count * Self.stride, alignment: Self.stride)
-        for index in 0..<count { pthread_mutex_init(mutex(index), nil) }
+        for index in 0..<count { _ = PThreadMutex(at: base + index * Self.stride) }
     }
 
     deinit {
-        for index in 0..<count { pthread_mutex_destroy(mutex(index)) }
+        for index in 0..<count { mutex(index).destroy() }
         base.deallocate()
     }
 
-    private func mutex(_ index: Int) -> UnsafeMutablePointer<pthread_mutex_t> {
-        (base + index * Self.stride).assumingMemoryBound(to: pthread_mutex_t.self)
+    private func mutex(_ index: Int) -> PThreadMutex {
+        PThreadMutex(initialized: base + index * Self.stride)
     }
 
     /// Runs `body` with the stripe of `hash` held. Bits 32 and up pick the stripe, so stripes stay
     /// independent of the memory tier's shard bits.
     func withLock<R, E: Error>(for hash: UInt64, _ body: () throws(E) -> R) throws(E) -> R {
-        let lock = mutex(Int(truncatingIfNeeded: hash >> 32) & mask)
-        pthread_mutex_lock(lock)
-        defer { pthread_mutex_unlock(lock) }
-        return try body()
+        try mutex(Int(truncatingIfNeeded: hash >> 32) & mask).withLock(body)
     }
 
     /// Runs `body` with every stripe held (taken in index order, so two callers cannot deadlock).
     func withAllLocked<R, E: Error>(_ body: () throws(E) -> R) throws(E) -> R {
-        for index in 0..<count { pthread_mutex_lock(mutex(index)) }
-        defer { for index in (0..<count).reversed() { pthread_mutex_unlock(mutex(index)) } }
+        for index in 0..<count { mutex(index).lock() }
+        defer { for index in (0..<count).reversed() { mutex(index).unlock() } }
         return try body()
     }
 }

@@ -1,10 +1,11 @@
 import Glibc
+import Magpie
 
-/// Entry points for the libFuzzer harness (`Fuzz/MagpieFuzz`), behind SPI: not part of the public API.
+/// Entry points for the libFuzzer harness (`Fuzz/MagpieFuzz`) and the corpus replay test, over the
+/// library's package-level format types: not part of the shipped library.
 ///
 /// Each returns a description of a broken invariant, or nil. They never trap on any input: the harness
 /// turns a returned violation into a crash so that libFuzzer records the input.
-@_spi(Fuzzing)
 public enum FuzzTargets {
     /// Record decoding. `data` is taken as the bytes of one record (it may run past it). Invariants:
     /// decoding never traps; a record that validates re-encodes, from its parsed header and body, to
@@ -17,7 +18,6 @@ public enum FuzzTargets {
         var rebuilt = RecordHeader.makeRecord(
             header, key: body(header.keyOffset, header.keyLength), group: body(header.groupOffset, header.groupLength),
             payload: body(header.payloadOffset, header.storedLength), memoryPolicy: policy)
-        rebuilt.withUnsafeMutableBytes { RecordHeader.setSequence(header.sequence, in: $0, header) }
         if header.isDead { rebuilt.withUnsafeMutableBytes { $0.storeBytes(of: RecordHeader.deadMagic.littleEndian, as: UInt32.self) } }
         let original = Array(data.prefix(RecordHeader.size + header.bodyLength))
         guard Array(rebuilt.prefix(original.count)) == original else {
@@ -47,12 +47,14 @@ public enum FuzzTargets {
             // An even-length input also drops the index snapshot the last round's close left; an odd one
             // keeps it, stale for the new file, which the open must detect rather than trust.
             if data.count % 2 == 0 { unlink(bucket + ".index") }
-            let fd = try FileIO.openAt(AT_FDCWD, bucket, O_RDWR | O_CREAT | O_TRUNC, mode: 0o600, path: bucket)
-            defer { Glibc.close(fd) }
-            try FileIO.write(fd, image.bytes, at: 0, path: bucket)
         } catch {
             return nil  // the file system failed us, not the code under test
         }
+        let fd = open(bucket, O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return nil }
+        let written = image.bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        Glibc.close(fd)
+        guard written == image.bytes.count else { return nil }
         for round in 0..<2 {
             let tier: DiskTier
             do {
@@ -137,7 +139,7 @@ public enum FuzzTargets {
 ///   then key length (mod 24), group length (mod 6), payload length (two bytes, mod 600), expiry byte
 ///   (0: none, else a past or future instant), and the key, group and payload bytes themselves.
 /// Keys are drawn from a small alphabet so that records of one key meet.
-struct BucketImage {
+public struct BucketImage {
     var bytes: [UInt8]
     /// For every key, the values that valid records hold (what a read may return).
     var values: [[UInt8]: [[UInt8]]] = [:]
@@ -190,13 +192,12 @@ struct BucketImage {
             let flags: RecordFlags = kind == .value && control & 128 != 0 ? [.memoryPolicy] : []
             let header = RecordHeader(
                 kind: kind, codec: codec, keyLength: key.count, groupLength: group.count, storedLength: payload.count,
-                originalLength: value.count, expiry: expiry, sequence: 0, keyHash: hasher.hash(key), flags: flags)
+                originalLength: value.count, expiry: expiry, sequence: sequence, keyHash: hasher.hash(key), flags: flags)
             var record = key.withUnsafeBytes { k in
                 group.withUnsafeBytes { g in
                     payload.withUnsafeBytes { p in RecordHeader.makeRecord(header, key: k, group: g, payload: p, memoryPolicy: -5000) }
                 }
             }
-            record.withUnsafeMutableBytes { RecordHeader.setSequence(sequence, in: $0, header) }
             sequence += 1
             let broken = control & 4 != 0
             if broken { record[RecordHeader.size + header.bodyLength - 1] ^= 0x5a }  // the last body byte, or the checksum
