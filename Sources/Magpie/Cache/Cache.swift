@@ -26,7 +26,7 @@ import Synchronization
 /// `removeAll()` and `removeAll(inGroup:)` hold every stripe. A memory hit takes no stripe.
 ///
 /// **Durability** is the disk tier's: a returned removal has reached the kernel, a returned store has
-/// once its disk bucket's write buffer is written (see ``Configuration/diskWriteBufferSize``);
+/// once its disk bucket's write buffer is written (see ``DiskTier/Configuration/writeBufferSize``);
 /// `flush()` makes both survive power loss. After a crash a read returns nothing or a value stored for its key; removals and
 /// group removals that returned are never undone (see <doc:DurabilityAndCrashSafety>).
 ///
@@ -80,7 +80,7 @@ public final class Cache: Sendable {
     /// memory budget or more); a longer one is refused by memory (counted) and kept on disk only.
     public var largestMemoryValue: Int { memory.largestStorableValue }
 
-    /// Opens a cache: the memory tier, and the disk tier when ``Configuration/directory`` is set.
+    /// Opens a cache: the memory tier, and the disk tier when ``Configuration/disk`` is set.
     /// - Throws: ``MagpieError/Code/invalidConfiguration`` for budgets or counts out of range; the
     ///   disk tier's errors when it cannot open its directory (``MagpieError/Code/directoryLocked``,
     ///   ``MagpieError/Code/directoryUnusable``, ``MagpieError/Code/directoryUnsafe``,
@@ -383,71 +383,5 @@ public final class Cache: Sendable {
     /// - Throws: ``MagpieError/Code/directoryLocked`` while a cache has the directory open; I/O errors.
     public static func destroy(directory: String) throws(MagpieError) {
         try DiskTier.destroy(directory: directory)
-    }
-
-    // MARK: Helpers
-
-    /// Writes the disk tier's write buffers every `interval`, on an I/O thread (failures are logged and
-    /// counted in ``CacheStatistics/diskErrors`` like any disk failure).
-    private func startWritingBuffers(every interval: Duration) {
-        let task = Task { [weak self] in
-            while !Task.isCancelled {
-                try? await Task.sleep(for: interval)
-                guard let self, !Task.isCancelled, let disk = self.disk else { return }
-                _ = try? await self.pool.run { [self] () throws(MagpieError) in
-                    try self.logged("buffer write") { () throws(MagpieError) in try disk.writeBuffers() }
-                }
-            }
-        }
-        bufferWriter.withLock { $0 = task }
-    }
-
-    @inlinable
-    func checkOpen() throws(MagpieError) {
-        if closed.load(ordering: .relaxed) { throw MagpieError(.closed, "the cache is closed") }
-    }
-
-    /// Runs a disk operation; logs and counts an I/O failure before rethrowing it.
-    func logged<R>(_ operation: String, _ body: () throws(MagpieError) -> R) throws(MagpieError) -> R {
-        do {
-            return try body()
-        } catch {
-            if error.code == .ioFailure || error.code == .noSpace {
-                counters.diskErrors.add(1, ordering: .relaxed)
-                logger.error(
-                    "magpie: disk \(operation) failed",
-                    metadata: ["error": "\(error)", "path": "\(error.path ?? "")", "errno": "\(error.errno.map(String.init) ?? "")"])
-            }
-            throw error
-        }
-    }
-
-    /// Runs `body` with the key hashed (the one hash of the operation), after the checks every keyed
-    /// call makes: the key's length (``MagpieError/Code/keyTooLong``) and that the cache is open
-    /// (``MagpieError/Code/closed``).
-    @inlinable
-    func withHashedKey<R>(_ key: some Sequence<UInt8>, _ body: (HashedKey) throws(MagpieError) -> R) throws(MagpieError) -> R {
-        try withBytes(key) { bytes in Result { () throws(MagpieError) -> R in try checked(bytes, body) } }.get()
-    }
-
-    @inlinable
-    func withHashedKey<R>(_ key: String, _ body: (HashedKey) throws(MagpieError) -> R) throws(MagpieError) -> R {
-        try withBytes(key) { bytes in Result { () throws(MagpieError) -> R in try checked(bytes, body) } }.get()
-    }
-
-    /// ``withHashedKey(_:_:)`` for a key whose hash the caller computed already (an async read carries
-    /// it from the memory probe to the I/O thread).
-    func withHashedKey<R>(_ key: [UInt8], hash: UInt64, _ body: (HashedKey) throws(MagpieError) -> R) throws(MagpieError) -> R {
-        try checkOpen()
-        return try key.withUnsafeBytes { bytes in Result { () throws(MagpieError) -> R in try body(HashedKey(bytes, hash: hash)) } }.get()
-    }
-
-    @inlinable
-    func checked<R>(_ key: UnsafeRawBufferPointer, _ body: (HashedKey) throws(MagpieError) -> R) throws(MagpieError) -> R {
-        guard key.count <= Self.maximumKeyLength else {
-            throw MagpieError(.keyTooLong, "key of \(key.count) bytes; the limit is \(Self.maximumKeyLength)")
-        }
-        try checkOpen()
-        return try body(HashedKey(key, hasher: hasher))
     }
 }

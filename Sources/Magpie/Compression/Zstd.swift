@@ -4,9 +4,9 @@ import CZstd
 ///
 /// Creating a context costs far more than compressing a 4 KiB blob, so a context is made once and
 /// reused for every blob. A context is not thread-safe: it is `~Copyable` and not `Sendable`, so one
-/// owner at a time uses it (the disk tier keeps one per bucket lock). `deinit` frees it.
+/// owner at a time uses it (the disk tier lends them out from a pool, see ZstdPool.swift). `deinit` frees it.
 ///
-/// This file and ``ZstdDecompressor`` are the only code that imports `CZstd`.
+/// This file is the only code that imports `CZstd`.
 package struct ZstdCompressor: ~Copyable {
     // Invariant: a valid ZSTD_CCtx, owned by this value alone, freed exactly once in deinit.
     private let context: OpaquePointer

@@ -1,0 +1,118 @@
+import Glibc
+
+// A shard's store: room made before the entry goes in, a same-layout replacement in place, a new block
+// otherwise (see "Budget" and "Removal: dead blocks" in ShardStorage.swift).
+
+extension ShardStorage {
+    /// Stores `value` for `key`, replacing any previous value, with an optional deadline (ms since
+    /// 1970, 0 = none) and group hash (0 = none). Makes room first; refuses (leaving the key absent)
+    /// when the entry cannot fit the shard's limit (after borrowing, see "Budget") or memory runs out.
+    /// With `.borrow`, a large entry that does not fit changes nothing and returns `.short` (see "Budget").
+    mutating func store(
+        hash: UInt64, key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, deadline: Int64 = 0,
+        group: UInt64 = 0, policy: RoomPolicy = .evict
+    ) -> StoreOutcome {
+        storeEntry(hash: hash, key: key, value: value, deadline: deadline, group: group, placeholderLength: nil, policy: policy)
+    }
+
+    /// Trace replay's store (MemoryTier+Simulation.swift): a placeholder for a key just found absent
+    /// (lock held since), charged as a value of `valueLength` bytes without holding them.
+    mutating func storePlaceholder(hash: UInt64, key: UnsafeRawBufferPointer, valueLength: Int, policy: RoomPolicy)
+        -> StoreOutcome
+    {
+        storeEntry(
+            hash: hash, key: key, value: UnsafeRawBufferPointer(start: nil, count: 0), deadline: 0, group: 0,
+            placeholderLength: valueLength, policy: policy)
+    }
+
+    /// The body of `store` and `storePlaceholder`, inlined into each: with `placeholderLength` a constant
+    /// nil, the serving store's placeholder branches fold away. A placeholder's key is known absent.
+    @inline(__always)
+    private mutating func storeEntry(
+        hash: UInt64, key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, deadline: Int64, group: UInt64,
+        placeholderLength: Int?, policy: RoomPolicy
+    ) -> StoreOutcome {
+        let flags = (deadline != 0 ? EntryHeader.expiryFlag : 0) | (group != 0 ? EntryHeader.groupFlag : 0)
+            | (placeholderLength != nil ? EntryHeader.placeholderFlag : 0)
+        let valueLength = placeholderLength ?? value.count
+        let storedLength = EntryHeader.extrasLength(flags: flags) + key.count + valueLength
+        var queue = EntryHeader.small
+        var frequency: UInt8 = 0
+        var isUpdate = false
+        var previous: (position: Int, block: UnsafeMutableRawPointer)? = nil
+        if placeholderLength == nil, let (position, block) = find(hash: hash, key: key) {
+            let header = block.assumingMemoryBound(to: EntryHeader.self)
+            if placeholderLength == nil && header.pointee.storedLength == storedLength
+                && header.pointee.state & ~EntryHeader.queueMask == flags
+            {
+                // Same layout: overwrite extras and value in place; the key bytes are already equal.
+                header.pointee.valueLength = UInt32(value.count)
+                writeExtras(block, deadline: deadline, group: group)
+                copyBytes(value, to: block + header.pointee.keyOffset + key.count)
+                header.pointee.frequency = min(header.pointee.frequency &+ 1, Self.frequencyCap)
+                counters.updates &+= 1
+                return .updated
+            }
+            previous = (position, block)
+        }
+        let charge = Self.charge(storedLength: storedLength)
+        if charged + charge > limit, mayBorrow(charge), let shortfall = reserveRoom(charge), policy == .borrow {
+            return .short(shortfall)  // nothing changed: the previous value is still there
+        }
+        if let previous {
+            let header = previous.block.assumingMemoryBound(to: EntryHeader.self)
+            queue = header.pointee.queue
+            frequency = min(header.pointee.frequency &+ 1, Self.frequencyCap)
+            isUpdate = true
+            unlink(position: previous.position, block: previous.block)
+        }
+        guard charge <= limit else { return refuse(droppedPrevious: isUpdate) }
+        while charged + charge > limit {
+            // Cannot fail while anything is charged; the guard keeps a broken invariant from spinning.
+            guard evictOne() else { return refuse(droppedPrevious: isUpdate) }
+        }
+        if limit > budget { settleLoan(keeping: charge) }
+        if !isUpdate {
+            let remembered = ghostTake(hash: hash, charge: charge)
+            if remembered != .none {
+                queue = EntryHeader.main
+                adaptSmallTarget(after: remembered, charge: charge)
+            }
+        }
+
+        // Out of memory anywhere below is a refusal, never a trap; nothing taken is leaked.
+        let blockLength = Self.headerSize + storedLength - (placeholderLength ?? 0)
+        guard let block = malloc(blockLength) else { return refuse(droppedPrevious: isUpdate) }
+        guard UInt(bitPattern: block) < (1 << 48), ensureIndexRoom() else {
+            free(block)
+            return refuse(droppedPrevious: isUpdate)
+        }
+        let header = EntryHeader(
+            valueLength: UInt32(valueLength), keyLength: UInt16(key.count), frequency: frequency, state: queue | flags)
+        block.initializeMemory(as: EntryHeader.self, repeating: header, count: 1)
+        writeExtras(block, deadline: deadline, group: group)
+        copyBytes(key, to: block + header.keyOffset)
+        if placeholderLength == nil { copyBytes(value, to: block + header.keyOffset + key.count) }
+        let pushed = queue == EntryHeader.small ? small.push(block) : main.push(block)
+        guard pushed, indexInsert(hash: hash, block: block) else {
+            // In a ring but not indexed: taken out again (the newest, found at once), never left dead.
+            if pushed { _ = queue == EntryHeader.small ? small.remove(block) : main.remove(block) }
+            free(block)
+            return refuse(droppedPrevious: isUpdate)
+        }
+        addCharge(charge, queue: queue)
+        count += 1
+        if isUpdate { counters.updates &+= 1 } else { counters.inserts &+= 1 }
+        return isUpdate ? .updated : .inserted
+    }
+
+    /// Writes the deadline and group hash a block's flags announce.
+    private func writeExtras(_ block: UnsafeMutableRawPointer, deadline: Int64, group: UInt64) {
+        var offset = Self.headerSize
+        if deadline != 0 {
+            block.storeBytes(of: deadline, toByteOffset: offset, as: Int64.self)
+            offset += 8
+        }
+        if group != 0 { block.storeBytes(of: group, toByteOffset: offset, as: UInt64.self) }
+    }
+}
