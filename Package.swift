@@ -9,6 +9,7 @@ let package = Package(
         .library(name: "Magpie", targets: ["Magpie"]),
         .executable(name: "magpie-bench", targets: ["MagpieBench"]),
         .executable(name: "magpie-fuzz", targets: ["MagpieFuzz"]),
+        .executable(name: "magpie-opcount", targets: ["MagpieOpCount"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
@@ -58,6 +59,12 @@ let package = Package(
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
             ],
             path: "Benchmarks/MagpieBench"
+        ),
+        // A synchronous driver for counting instructions per operation with callgrind (Benchmarks/opcount.sh).
+        .executableTarget(
+            name: "MagpieOpCount",
+            dependencies: ["Magpie"],
+            path: "Benchmarks/MagpieOpCount"
         ),
         // The fuzz targets (record decoding, bucket recovery) over the library's package-level format
         // types: run by the libFuzzer executable and, over the committed corpus, by the tests.

@@ -142,38 +142,44 @@ public final class Cache: Sendable {
     /// Cost: a memory hit is one hash, one shard lock and a copy of the value. A miss reads disk
     /// (one `pread`, plus zstd decompression for compressed values) and promotes the value.
     /// - Throws: ``MagpieError/Code/keyTooLong``, disk I/O errors, ``MagpieError/Code/closed``.
+    @inlinable
     public func value(forKey key: String) throws(MagpieError) -> [UInt8]? {
-        try withHashedKey(key) { key throws(MagpieError) in try value(key) }
+        try value(forKey: key.utf8)
     }
 
     /// `value(forKey:)` for a key of arbitrary bytes.
     @inlinable
     public func value(forKey key: some Sequence<UInt8>) throws(MagpieError) -> [UInt8]? {
-        try withHashedKey(key) { key throws(MagpieError) in try value(key) }
+        switch withBytes(key, memoryValue) {
+        case .hit(let value): return value
+        case .miss(let hash): return try valueAfterMemoryMiss(key, hash: hash)
+        case .refused: throw withBytes(key) { refusal($0) }
+        }
     }
 
+    /// The memory half of a read: the key hashed and looked up in memory. The checks come after a
+    /// memory miss: a key too long for the cache is never in memory, nor is anything once it is closed
+    /// (closing empties memory), so a hit needs neither.
     @usableFromInline
-    func value(_ key: HashedKey) throws(MagpieError) -> [UInt8]? {
-        if let value = memory.copyValue(key) { return value }
-        return try valueAfterMemoryMiss(key)
+    func memoryValue(_ bytes: UnsafeRawBufferPointer) -> MemoryProbe<[UInt8]> {
+        let key = HashedKey(bytes, hasher: hasher)
+        if let value = memory.copyValue(key) { return .hit(value) }
+        guard bytes.count <= Self.maximumKeyLength, !closed.load(ordering: .relaxed) else { return .refused }
+        return .miss(key.hash)
     }
 
     /// The value stored for `key` and the tier that answered; nil on a miss. For callers that count or
     /// time memory and disk hits apart (the `tiered` benchmark does).
     public func lookup(_ key: String) throws(MagpieError) -> CacheHit? {
-        try withHashedKey(key) { key throws(MagpieError) in try lookup(key) }
+        try lookup(key.utf8)
     }
 
     /// ``lookup(_:)-(String)`` for a key of arbitrary bytes.
     @inlinable
     public func lookup(_ key: some Sequence<UInt8>) throws(MagpieError) -> CacheHit? {
-        try withHashedKey(key) { key throws(MagpieError) in try lookup(key) }
-    }
-
-    @usableFromInline
-    func lookup(_ key: HashedKey) throws(MagpieError) -> CacheHit? {
-        if let value = memory.copyValue(key) { return CacheHit(value: value, tier: .memory) }
-        return try valueAfterMemoryMiss(key).map { CacheHit(value: $0, tier: .disk) }
+        try read(
+            key, memory: { key in memory.copyValue(key).map { CacheHit(value: $0, tier: .memory) } },
+            disk: { key throws(MagpieError) in try valueAfterMemoryMiss(key).map { CacheHit(value: $0, tier: .disk) } })
     }
 
     /// The value stored for `key` as `Data` (one copy, from the tier's storage into the `Data`).
@@ -215,17 +221,37 @@ public final class Cache: Sendable {
         return try logged("contains") { () throws(MagpieError) in try disk.contains(key) }
     }
 
-    /// The disk half of a read: look up, and promote a hit, with the key's stripe held.
+    /// ``valueAfterMemoryMiss(_:)`` for a key whose hash the memory probe computed.
+    @inlinable
+    func valueAfterMemoryMiss(_ key: some Sequence<UInt8>, hash: UInt64) throws(MagpieError) -> [UInt8]? {
+        var failure: MagpieError? = nil
+        let value = withBytes(key) { bytes -> [UInt8]? in
+            do throws(MagpieError) { return try valueAfterMemoryMiss(HashedKey(bytes, hash: hash)) } catch {
+                failure = error
+                return nil
+            }
+        }
+        if let failure { throw failure }
+        return value
+    }
+
+    /// The disk half of a read: look up, and promote a hit, with the key's stripe held. (Written without
+    /// closures: the stripe and the logging each cost a retain and a release of the cache per read.)
     @usableFromInline
     func valueAfterMemoryMiss(_ key: HashedKey) throws(MagpieError) -> [UInt8]? {
         guard let disk else { return nil }
-        return try stripes.withLock(for: key.hash) { () throws(MagpieError) -> [UInt8]? in
-            guard let entry = try logged("read", { () throws(MagpieError) in try disk.entry(key) }) else {
-                return nil
-            }
-            promote(entry, for: key)
-            return entry.value
+        stripes.lock(for: key.hash)
+        defer { stripes.unlock(for: key.hash) }
+        let entry: DiskEntry?
+        do {
+            entry = try disk.entry(key)
+        } catch {
+            noteDiskFailure("read", error)
+            throw error
         }
+        guard let entry else { return nil }
+        promote(entry, for: key)
+        return entry.value
     }
 
     private func promote(_ entry: DiskEntry, for key: HashedKey) {

@@ -2,13 +2,11 @@ import Glibc
 
 // MARK: - Reads: a record is copied out of the file (through its mapping), then verified in the copy
 //
-// A read copies the record whole into a fresh array (from the file's mapping, see FileMapping.swift,
-// or with `pread`), verifies it there (header, checksum, key), and hands the array on: the caller trims
-// it to the value in place (raw) or decompresses from it (zstd), outside the bucket's lock. Verifying
-// the copy means a check and a use always see the same bytes, whatever happens to the file meanwhile.
-// The array is the only allocation of a raw read, and usually the block `malloc` just got back from the
-// previous read's value, still in the cache: cheaper than a reused per-bucket buffer, which is cold by
-// the time its bucket is read again.
+// A value read (`readValue`) copies the record whole into its thread's read scratch (reused: no
+// allocation), verifies it there (header against the slot, checksum, key), and copies the payload out
+// into the array it returns: for a raw value, the value itself. Verifying a copy means a check and a use
+// always see the same bytes, whatever happens to the file meanwhile. A record too long for the scratch,
+// and the other lookups (`find`: a contains, a removal), copy the record into an array of its own.
 
 /// A record read for a key: its bytes and parsed header.
 struct FoundRecord {
@@ -16,25 +14,142 @@ struct FoundRecord {
     var bytes: [UInt8]
 }
 
+/// The calling thread's buffer for reading records into: ``limit`` bytes, allocated on the thread's first
+/// disk read and freed when the thread exits. Per thread rather than per bucket: 256 buckets would each
+/// keep one, and a thread reads one record at a time (a read never starts another on its thread).
+enum ReadScratch {
+    // Invariant: the thread-specific value is nil or a live allocation of `limit` bytes, owned by its
+    // thread, freed once by the key's destructor when the thread exits; only its thread touches it.
+    private static let key: pthread_key_t = {
+        var key = pthread_key_t()
+        pthread_key_create(&key) { free($0) }
+        return key
+    }()
+
+    /// The longest record read through the scratch: longer ones get an array of their own.
+    static let limit = 16 * 1024
+
+    /// `length` bytes of this thread's scratch (length ≤ ``limit``), or nil when memory runs out.
+    static func bytes(_ length: Int) -> UnsafeMutableRawBufferPointer? {
+        if let base = pthread_getspecific(key) { return UnsafeMutableRawBufferPointer(start: base, count: length) }
+        guard let base = malloc(limit) else { return nil }
+        pthread_setspecific(key, base)
+        return UnsafeMutableRawBufferPointer(start: base, count: length)
+    }
+}
+
+/// What a candidate slot holds, as far as a read can tell (the entry itself travels apart, as an
+/// optional: an enum carrying it cost value-witness calls on every read, measured).
+private enum Verdict {
+    case value
+    /// Another key's record (its tag collided), or nothing a read for this key may use.
+    case otherKey
+    /// A record that fails verification.
+    case corrupt
+}
+
 extension BucketState {
-    /// The newest live record for `key`, or nil. Corrupt records met on the way are counted and dropped
-    /// from the index (and the file is healed once the read is done); expired ones are dropped too.
-    mutating func read(tag: UInt32, key: UnsafeRawBufferPointer, now: Int64) throws(MagpieError) -> FoundRecord? {
+    /// The live value record of `key`, or nil. Corrupt records of the key met on the way are counted
+    /// and dropped from the index (and the file is healed once the read is done); an expired one is
+    /// dropped too. The clock is read only for a record that has an expiry.
+    mutating func readValue(_ key: HashedKey) throws(MagpieError) -> DiskEntry? {
         try checkOpen()
         defer { healIfNeeded() }
-        guard let (position, found) = try find(tag: tag, key: key) else {
-            counters.misses += 1
+        let tag = DiskSlot.tag(of: key.hash)
+        var position = index.home(tag)
+        while !index[position].isEmpty {
+            let slot = index[position]
+            guard slot.tag == tag else {
+                position = index.next(position)
+                continue
+            }
+            var verdict = Verdict.corrupt
+            let found = try candidate(slot, key, &verdict)
+            switch verdict {
+            case .otherKey:
+                position = index.next(position)
+            case .corrupt:
+                dropCorrupt(at: position)  // a later slot of the run may shift into `position`: look again
+            case .value:
+                let expiry = found.unsafelyUnwrapped.expiry  // set with this verdict
+                if expiry != 0 && expiry <= context.clock.now() {
+                    drop(at: position)
+                    counters.expired += 1
+                    counters.misses += 1
+                    return nil
+                }
+                index[position].referenced = true
+                counters.hits += 1
+                return found
+            }
+        }
+        counters.misses += 1
+        return nil
+    }
+
+    /// Reads the record `slot` points at as a value of `key` (see the top of this file); the entry when
+    /// `verdict` says `.value`.
+    private func candidate(_ slot: DiskSlot, _ key: HashedKey, _ verdict: inout Verdict) throws(MagpieError) -> DiskEntry? {
+        guard slot.length <= ReadScratch.limit, let record = ReadScratch.bytes(slot.length) else {
+            let bytes = try readRecord(slot)
+            return bytes.withUnsafeBytes { Self.entry(in: $0, slot, key, &verdict) }
+        }
+        guard try copyOut(slot, from: 0, into: record) else { return nil }
+        return Self.entry(in: UnsafeRawBufferPointer(record), slot, key, &verdict)
+    }
+
+    /// The entry in a copied record, after verifying it (see the top of this file).
+    private static func entry(in bytes: UnsafeRawBufferPointer, _ slot: DiskSlot, _ key: HashedKey, _ verdict: inout Verdict)
+        -> DiskEntry?
+    {
+        guard let header = RecordHeader.validate(bytes), header.kind == .value, !header.isDead,
+            header.recordLength == slot.length
+        else { return nil }
+        guard header.keyHash == key.hash, header.keyLength == key.count,
+            key.count == 0 || memcmp(bytes.baseAddress! + header.keyOffset, key.bytes.baseAddress!, key.count) == 0
+        else {
+            verdict = .otherKey
             return nil
         }
-        if found.header.expiry != 0 && found.header.expiry <= now {
-            drop(at: position)
-            counters.expired += 1
-            counters.misses += 1
-            return nil
+        verdict = .value
+        let group = header.groupLength == 0 ? nil
+            : String(decoding: UnsafeRawBufferPointer(rebasing: bytes[header.groupOffset..<header.groupEnd]), as: UTF8.self)
+        let policy = header.policyLength == 0 ? 0
+            : Int64(littleEndian: bytes.loadUnaligned(fromByteOffset: header.policyOffset, as: Int64.self))
+        // One copy out of the verified bytes, through the specialised array initialiser.
+        let payload = [UInt8](UnsafeRawBufferPointer(rebasing: bytes[header.payloadOffset..<(header.payloadOffset + header.storedLength)]))
+        return DiskEntry(
+            value: payload, expiry: header.expiry, placement: DiskPlacement(memoryPolicy: policy, diskOnly: header.flags.contains(.diskOnly)),
+            group: group, compressedLength: header.codec == .zstd ? header.originalLength : nil)
+    }
+
+    /// Copies `destination.count` bytes of the record `slot` points at, from byte `start` of it: out of
+    /// the write buffer, the file's mapping, or with `pread`. False when the log ends first.
+    private func copyOut(_ slot: DiskSlot, from start: Int, into destination: UnsafeMutableRawBufferPointer) throws(MagpieError)
+        -> Bool
+    {
+        if destination.isEmpty { return true }
+        if slot.offset >= written {
+            return buffer.withBytes { bytes in
+                let from = slot.offset - written + start
+                guard from + destination.count <= bytes.count else { return false }
+                destination.copyMemory(from: UnsafeRawBufferPointer(rebasing: bytes[from..<(from + destination.count)]))
+                return true
+            }
         }
-        index[position].referenced = true
-        counters.hits += 1
-        return found
+        let mapping = slot.offset + slot.length <= written ? self.mapping : nil  // never map-read past the records
+        return try FileIO.read(fd, mapping: mapping, into: destination, at: slot.offset + start, path: context.path)
+            == destination.count
+    }
+
+    /// Counts and logs a corrupt record met by a read, drops its slot, and marks the file for healing.
+    mutating func dropCorrupt(at position: Int) {
+        counters.corruptRecords += 1
+        context.logger?.warning(
+            "magpie: corrupt record dropped from the index",
+            metadata: ["path": "\(context.path)", "offset": "\(index[position].offset)"])
+        drop(at: position)
+        needsHealing = true
     }
 
     /// The index position and record of `key`. Verifies each candidate's checksum and key. Corrupt
@@ -52,12 +167,7 @@ extension BucketState {
             guard let header = bytes.withUnsafeBytes({ RecordHeader.validate($0) }), header.kind == .value,
                 !header.isDead, header.recordLength == slot.length
             else {
-                counters.corruptRecords += 1
-                context.logger?.warning(
-                    "magpie: corrupt record dropped from the index",
-                    metadata: ["path": "\(context.path)", "offset": "\(slot.offset)"])
-                drop(at: position)  // a later slot of the run may shift into `position`: look again
-                needsHealing = true
+                dropCorrupt(at: position)  // a later slot of the run may shift into `position`: look again
                 continue
             }
             let matches = bytes.withUnsafeBytes { raw in

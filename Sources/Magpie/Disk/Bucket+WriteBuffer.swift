@@ -32,7 +32,7 @@ struct WriteBuffer {
 
     /// Appends `length` bytes that `body` writes in place. Precondition: `count + length` ≤ `capacity`.
     mutating func append(_ length: Int, capacity: Int, _ body: (UnsafeMutableRawBufferPointer) -> Void) {
-        if storage.count < capacity { storage += [UInt8](repeating: 0, count: capacity - storage.count) }
+        if storage.isEmpty { storage = [UInt8](repeating: 0, count: capacity) }  // once, at its capacity
         let start = count
         storage.withUnsafeMutableBytes { body(UnsafeMutableRawBufferPointer(rebasing: $0[start..<(start + length)])) }
         count += length

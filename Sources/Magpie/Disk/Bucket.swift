@@ -24,6 +24,8 @@ struct BucketContext: Sendable {
     let directory: CacheDirectory
     let share: Int
     let hasher: KeyHash
+    /// The clock expiry is judged by.
+    let clock: CacheClock
     let bucketCount: Int
     /// Held while compacting: one temporary file at a time in the whole tier.
     /// (It holds the tier's count of compactions begun rather than Void: Thread Sanitizer reports the

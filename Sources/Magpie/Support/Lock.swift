@@ -49,16 +49,21 @@ struct PThreadMutex {
 /// A value guarded by a ``PThreadMutex``.
 final class Locked<State>: @unchecked Sendable {
     // @unchecked Sendable invariant: `state` is read and written only inside `withLock`, with `mutex`
-    // held. The mutex lives in its own allocation so it never moves.
+    // held. The mutex and the state live in allocations of their own, so neither ever moves, and the
+    // state is reached through a pointer: no dynamic exclusivity check per access (the lock is what
+    // makes accesses exclusive).
     private let mutex: PThreadMutex
-    private var state: State
+    private let state: UnsafeMutablePointer<State>
 
     init(_ state: State) {
-        self.state = state
+        self.state = UnsafeMutablePointer<State>.allocate(capacity: 1)
+        self.state.initialize(to: state)
         mutex = PThreadMutex(at: UnsafeMutableRawPointer.allocate(byteCount: PThreadMutex.size, alignment: 16))
     }
 
     deinit {
+        state.deinitialize(count: 1)
+        state.deallocate()
         mutex.destroy()
         mutex.address.deallocate()
     }
@@ -67,7 +72,7 @@ final class Locked<State>: @unchecked Sendable {
     func withLock<R, E: Error>(_ body: (inout State) throws(E) -> R) throws(E) -> R {
         mutex.lock()
         defer { mutex.unlock() }
-        return try body(&state)
+        return try body(&state.pointee)
     }
 }
 

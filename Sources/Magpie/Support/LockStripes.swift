@@ -35,6 +35,14 @@ final class LockStripes: @unchecked Sendable {
         try mutex(Int(truncatingIfNeeded: hash >> 32) & mask).withLock(body)
     }
 
+    /// Locks the stripe of `hash` (for a caller that cannot pass a closure without a cost: pair it with
+    /// ``unlock(for:)`` in a `defer`).
+    @inline(__always)
+    func lock(for hash: UInt64) { mutex(Int(truncatingIfNeeded: hash >> 32) & mask).lock() }
+
+    @inline(__always)
+    func unlock(for hash: UInt64) { mutex(Int(truncatingIfNeeded: hash >> 32) & mask).unlock() }
+
     /// Runs `body` with every stripe held (taken in index order, so two callers cannot deadlock).
     func withAllLocked<R, E: Error>(_ body: () throws(E) -> R) throws(E) -> R {
         for index in 0..<count { mutex(index).lock() }

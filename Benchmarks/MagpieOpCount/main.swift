@@ -1,0 +1,69 @@
+// magpie-opcount: a small, synchronous driver over the public `Cache` API for counting instructions per
+// operation with callgrind (Benchmarks/opcount.sh), which is deterministic where timings on our VMs
+// swing by ±30 %. Synchronous on purpose: valgrind 3.19 crashes on Swift's async main.
+//
+//   magpie-opcount <operation> <count>
+//     memory-hit  read a 4 KiB value from memory                  (1,000 keys, cycled)
+//     disk-hit    read a 4 KiB noise value stored disk-only (raw)   (1,000 keys, cycled)
+//     store       overwrite a 4 KiB noise value in both tiers (raw) (1,000 keys, cycled)
+//     promote     read a key that is on disk only, promoting it     (`count` keys, each read once)
+// Only `measuredLoop` is counted (callgrind --toggle-collect), so setup does not enter the figures;
+// instructions per operation = the difference of two runs with different counts over the difference.
+import Glibc
+import Magpie
+
+func noise(_ count: Int, seed: UInt64) -> [UInt8] {
+    var state = seed
+    return (0..<count).map { _ in
+        state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+        return UInt8(truncatingIfNeeded: state >> 56)
+    }
+}
+
+func open(_ directory: String) -> Cache {
+    var configuration = Cache.Configuration(directory: directory, memoryBudget: 1 << 30, diskBudget: 4 << 30)
+    configuration.hashSeed = 42
+    configuration.metrics = nil
+    configuration.diskBufferWriteInterval = nil
+    return try! Cache(configuration)
+}
+
+@inline(never)
+func measuredLoop(_ cache: Cache, _ operation: String, _ count: Int, _ keys: [String], _ value: [UInt8]) -> Int {
+    var checksum = 0
+    switch operation {
+    case "store":
+        for i in 0..<count { try! cache.set(value, forKey: keys[i % keys.count]) }
+    case "promote":
+        for i in 0..<count { checksum &+= Int(try! cache.value(forKey: keys[i])![7]) }
+    default:  // memory-hit, disk-hit
+        for i in 0..<count { checksum &+= Int(try! cache.value(forKey: keys[i % keys.count])![7]) }
+    }
+    return checksum
+}
+
+let arguments = CommandLine.arguments
+guard arguments.count == 3, let count = Int(arguments[2]), count > 0,
+    ["memory-hit", "disk-hit", "store", "promote"].contains(arguments[1])
+else {
+    print("usage: magpie-opcount memory-hit|disk-hit|store|promote <count>")
+    exit(2)
+}
+let operation = arguments[1]
+var template = Array("/dev/shm/magpie-opcount-XXXXXX".utf8CString)
+guard template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) != nil else { exit(1) }
+let directory = String(decoding: template.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+let value = noise(4096, seed: 7)
+let keys = (0..<(operation == "promote" ? count : 1000)).map { "key-\($0)" }
+var cache = open(directory)
+let options = operation == "disk-hit" ? EntryOptions(tiers: .diskOnly) : nil
+for key in keys { try! cache.set(value, forKey: key, options: options) }
+try! cache.flush()  // disk reads come from the files, not from the buckets' write buffers
+if operation == "promote" {
+    try! cache.close()
+    cache = open(directory)
+}
+let checksum = measuredLoop(cache, operation, count, keys, value)
+try! cache.close()
+_ = system("rm -rf '\(directory)'")
+print("\(operation) \(count) checksum \(checksum) promotions \(cache.statistics.promotions)")
