@@ -25,9 +25,10 @@ build: deps
 	  echo "error: compiler warnings in Magpie's sources (see above)"; rm -f .build-warnings.log; exit 1; fi
 	@rm -f .build-warnings.log
 
-# Every bounded suite, as CI runs it: the unit, model, stress, corruption and crash-loop tests; the
-# concurrency suites under Thread Sanitizer; a short libFuzzer pass. About 4–5 minutes on 2 cores from a
-# fresh clone. `make unit` runs only the first part.
+# Every bounded suite, as CI runs it: the three test targets (unit; stress, model and crash loop; the
+# command-line tools); the concurrency suites under Thread Sanitizer; a short libFuzzer pass; the check
+# that a release build has no test seam. About 5–6 minutes on 2 cores from a fresh clone. `make unit`
+# runs only the first part (TESTING.md: each target alone).
 CI_FUZZ_SECONDS ?= 45
 test: unit
 	$(MAKE) --no-print-directory tsan

@@ -10,6 +10,8 @@ let package = Package(
         .executable(name: "magpie-bench", targets: ["MagpieBench"]),
         .executable(name: "magpie-fuzz", targets: ["MagpieFuzz"]),
         .executable(name: "magpie-opcount", targets: ["MagpieOpCount"]),
+        // Test-only: the child processes the crash and signal tests start (Tests/MagpieTestChild).
+        .executable(name: "magpie-test-child", targets: ["MagpieTestChild"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
@@ -78,13 +80,37 @@ let package = Package(
             dependencies: ["MagpieFuzzTargets", "CFuzzerDriver"],
             path: "Fuzz/MagpieFuzz"
         ),
+        // Tests. Three targets, each runnable alone (`swift test --filter MagpieTests.` and so on; see
+        // TESTING.md): the fast unit suites, the slow stress / model / crash suites, and the tests of the
+        // command-line tools. Helpers they share live in MagpieTestSupport; the child processes the crash
+        // and signal tests start are the magpie-test-child executable.
+        .target(
+            name: "MagpieTestSupport",
+            dependencies: ["Magpie"],
+            path: "Tests/MagpieTestSupport"
+        ),
+        .executableTarget(
+            name: "MagpieTestChild",
+            dependencies: ["Magpie", "MagpieTestSupport", .product(name: "ArgumentParser", package: "swift-argument-parser")],
+            path: "Tests/MagpieTestChild"
+        ),
         .testTarget(
             name: "MagpieTests",
             dependencies: [
-                "Magpie", "MagpieFuzzTargets",
+                "Magpie", "MagpieFuzzTargets", "MagpieTestSupport",
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
             ],
             path: "Tests/MagpieTests"
+        ),
+        .testTarget(
+            name: "MagpieStressTests",
+            dependencies: ["Magpie", "MagpieTestSupport", "MagpieTestChild"],
+            path: "Tests/MagpieStressTests"
+        ),
+        .testTarget(
+            name: "MagpieCLITests",
+            dependencies: ["Magpie", "MagpieTestSupport", "MagpieBench"],
+            path: "Tests/MagpieCLITests"
         ),
     ],
     swiftLanguageModes: [.v6]

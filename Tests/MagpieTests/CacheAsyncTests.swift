@@ -1,6 +1,7 @@
 import Foundation
 import MetricsTestKit
 import Synchronization
+import MagpieTestSupport
 import Testing
 
 @testable import Magpie

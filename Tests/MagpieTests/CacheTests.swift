@@ -1,23 +1,8 @@
 import Foundation
+import MagpieTestSupport
 import Testing
 
 @testable import Magpie
-
-/// A two-tier cache over a fresh directory, with a manual clock and a fixed seed.
-func makeCache(
-    _ directory: TemporaryDirectory?, clock: ManualClock = ManualClock(), memoryBudget: Int = 1 << 20,
-    diskBudget: Int = 4 << 20, buckets: Int = 8, defaults: EntryOptions = EntryOptions(), diskWriteBuffer: Int = 64 << 10
-) throws -> Cache {
-    var configuration = Cache.Configuration(
-        directory: directory?.path, memoryBudget: memoryBudget, diskBudget: diskBudget, defaultOptions: defaults)
-    configuration.disk?.bucketCount = buckets
-    configuration.disk?.writeBufferSize = diskWriteBuffer
-    configuration.memory.shardCount = 4
-    configuration.clock = clock.cacheClock
-    configuration.hashSeed = 42
-    configuration.metrics = nil
-    return try Cache(configuration)
-}
 
 @Suite("Cache: tiers and promotion")
 struct CacheTierTests {

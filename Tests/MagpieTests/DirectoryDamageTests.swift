@@ -1,5 +1,6 @@
 import Foundation
 import Magpie
+import MagpieTestSupport
 import Testing
 
 /// Damage to the directory as a whole: bucket files deleted or swapped, index snapshots damaged, the

@@ -1,4 +1,5 @@
 import Foundation
+import MagpieTestSupport
 import Testing
 
 @testable import Magpie
@@ -129,7 +130,7 @@ struct DiskMappedReadTests {
 
     @Test("a SIGBUS outside the guard still reaches the handler installed before it")
     func guardChains() throws {
-        guard let executable = benchExecutable() else { throw BenchNotBuilt() }
+        guard let executable = builtExecutable("magpie-test-child") else { throw NotBuilt(name: "magpie-test-child") }
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
         let child = Process()

@@ -1,5 +1,6 @@
 import Foundation
 import Magpie
+import MagpieTestSupport
 import Testing
 
 private func config(_ directory: String, budget: Int = 1 << 20, buckets: Int? = 8, clock: CacheClock = .system)

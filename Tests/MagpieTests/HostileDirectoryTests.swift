@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import MagpieTestSupport
 import Testing
 
 @testable import Magpie

@@ -1,4 +1,5 @@
 import Foundation
+import MagpieTestSupport
 import Testing
 
 @testable import Magpie

@@ -1,4 +1,5 @@
 import Magpie
+import MagpieTestSupport
 import Testing
 
 @Suite("KeyHash")

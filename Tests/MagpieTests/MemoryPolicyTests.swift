@@ -1,4 +1,5 @@
 @_spi(Benchmarking) @testable import Magpie
+import MagpieTestSupport
 import Testing
 
 /// An 8-byte key.

@@ -1,4 +1,5 @@
 import Magpie
+import MagpieTestSupport
 import Testing
 
 /// An 8-byte key, so every entry of a test has the same charge.

@@ -1,5 +1,6 @@
 import Foundation
 import Magpie
+import MagpieTestSupport
 import Testing
 
 struct Profile: Codable, Sendable {

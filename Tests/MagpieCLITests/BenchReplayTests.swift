@@ -1,4 +1,5 @@
 import Foundation
+import MagpieTestSupport
 import Testing
 
 /// `magpie-bench replay` on tiny traces whose miss counts are worked out by hand.

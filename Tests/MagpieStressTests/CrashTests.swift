@@ -1,17 +1,7 @@
 import Foundation
 import Magpie
+import MagpieTestSupport
 import Testing
-
-/// The crash child's value format (see `crash-child` in magpie-bench), re-derived here to check bytes.
-private func crashValue(key: Int, version: Int, length: Int) -> [UInt8] {
-    var bytes = Array("k\(key)v\(version)l\(length);".utf8)
-    var x = UInt64(truncatingIfNeeded: key &* 1_000_003 &+ version)
-    while bytes.count < length {
-        x = x &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
-        bytes.append(UInt8(truncatingIfNeeded: x >> 56))
-    }
-    return bytes
-}
 
 /// Parses "k<key>v<version>l<length>;" at the start of a value.
 private func describedBy(_ value: [UInt8]) -> (key: Int, version: Int, length: Int)? {
@@ -52,8 +42,8 @@ struct CrashTests {
 
     @Test("a writer killed with SIGKILL at random instants: every value read back is the latest it wrote for that key")
     func killedWriter() throws {
-        guard let executable = benchExecutable() else {
-            Issue.record("magpie-bench is not built next to the tests; run `make test` (it builds every product)")
+        guard let executable = builtExecutable("magpie-test-child") else {
+            Issue.record("\(NotBuilt(name: "magpie-test-child"))")
             return
         }
         let directory = TemporaryDirectory("magpie-crash")

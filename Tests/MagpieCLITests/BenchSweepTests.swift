@@ -1,4 +1,5 @@
 import Foundation
+import MagpieTestSupport
 import Testing
 
 /// `magpie-bench sweep` at toy sizes: the curves come out tagged and point the right way.

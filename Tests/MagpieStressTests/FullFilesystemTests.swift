@@ -1,5 +1,6 @@
 import Foundation
 import Magpie
+import MagpieTestSupport
 import Testing
 
 /// A small tmpfs, where the machine allows mounting one (root with CAP_SYS_ADMIN, as on the project's

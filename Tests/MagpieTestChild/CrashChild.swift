@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Magpie
+import MagpieTestSupport
 
 /// The writer the crash tests kill: opens a disk tier and writes, removes, group-removes and flushes
 /// in a loop until killed. Every value names its key, version and length, and its bytes follow from
@@ -12,7 +13,7 @@ import Magpie
 struct CrashChild: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "crash-child", abstract: "Write to a disk tier until killed (used by the crash tests).",
-        shouldDisplay: false)
+        shouldDisplay: true)
 
     @Option(help: "The cache directory.") var directory: String
     @Option(help: "Seed of the operation sequence; also makes versions unique per run.") var seed: UInt64
@@ -23,10 +24,10 @@ struct CrashChild: ParsableCommand {
     func run() throws {
         let tier = try DiskTier(.init(directory: directory, budget: budget, bucketCount: buckets))
         journal("ready")
-        var state = seed
+        var generator = SeededGenerator(seed: seed)
         var version = Int(seed % 100_000) * 10_000_000
         while true {
-            state = splitmix64(state)
+            let state = generator.next()
             let key = Int(state % UInt64(keys))
             version += 1
             switch (state >> 56) % 32 {
@@ -57,16 +58,4 @@ private func journal(_ line: String) {
         if written <= 0 { if errno == EINTR { continue } else { return } }
         done += written
     }
-}
-
-/// "k<key>v<version>l<length>;" then bytes that follow from (key, version): the same function is in the
-/// crash test, which checks every byte of every value it reads back.
-func crashValue(key: Int, version: Int, length: Int) -> [UInt8] {
-    var bytes = Array("k\(key)v\(version)l\(length);".utf8)
-    var x = UInt64(truncatingIfNeeded: key &* 1_000_003 &+ version)
-    while bytes.count < length {
-        x = x &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
-        bytes.append(UInt8(truncatingIfNeeded: x >> 56))
-    }
-    return bytes
 }

@@ -1,4 +1,5 @@
 import Foundation
+import MagpieTestSupport
 import Testing
 
 /// `magpie-bench compare`, run as CI would run it: its exit status is the contract.

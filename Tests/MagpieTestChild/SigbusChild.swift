@@ -10,7 +10,7 @@ import Magpie
 struct SigbusChild: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "sigbus-child", abstract: "Check that the disk tier's SIGBUS guard chains (used by a test).",
-        shouldDisplay: false)
+        shouldDisplay: true)
 
     @Option(help: "A scratch directory.") var directory: String
 

@@ -4,12 +4,12 @@ import Synchronization
 
 /// A seeded generator (splitmix64) so every random test replays exactly. Set MAGPIE_TEST_SEED to
 /// replay a failing run; the seed in use is part of every failure message.
-struct SeededGenerator: RandomNumberGenerator {
+package struct SeededGenerator: RandomNumberGenerator {
     private var state: UInt64
 
-    init(seed: UInt64) { state = seed }
+    package init(seed: UInt64) { state = seed }
 
-    mutating func next() -> UInt64 {
+    package mutating func next() -> UInt64 {
         state &+= 0x9e37_79b9_7f4a_7c15
         var z = state
         z = (z ^ (z >> 30)) &* 0xbf58_476d_1ce4_e5b9
@@ -18,16 +18,16 @@ struct SeededGenerator: RandomNumberGenerator {
     }
 }
 
-enum TestSeed {
+package enum TestSeed {
     /// MAGPIE_TEST_SEED if set, else the given default.
-    static func value(default seed: UInt64) -> UInt64 {
+    package static func value(default seed: UInt64) -> UInt64 {
         ProcessInfo.processInfo.environment["MAGPIE_TEST_SEED"].flatMap(UInt64.init) ?? seed
     }
 }
 
 /// Incompressible bytes, a function of `seed` (eight at a time: fast enough for tens of MiB in a debug
 /// build).
-func noiseBytes(_ count: Int, seed: UInt64) -> [UInt8] {
+package func noiseBytes(_ count: Int, seed: UInt64) -> [UInt8] {
     var generator = SeededGenerator(seed: seed)
     var words = [UInt64](repeating: 0, count: (count + 7) / 8)
     for i in words.indices { words[i] = generator.next() }
@@ -35,21 +35,21 @@ func noiseBytes(_ count: Int, seed: UInt64) -> [UInt8] {
 }
 
 /// A value that names its key and version, so a read can prove it belongs to the key it was read for.
-func selfDescribingValue(key: Int, version: Int, length: Int) -> [UInt8] {
+package func selfDescribingValue(key: Int, version: Int, length: Int) -> [UInt8] {
     var bytes = Array("k\(key)v\(version);".utf8)
     while bytes.count < length { bytes.append(UInt8(truncatingIfNeeded: key &* 31 &+ version &+ bytes.count)) }
     return Array(bytes.prefix(max(length, 0)))
 }
 
-func keyBytes(_ key: Int) -> [UInt8] {
+package func keyBytes(_ key: Int) -> [UInt8] {
     Array("key-\(key)".utf8)
 }
 
 /// A fresh empty directory under the system's temporary directory, removed by `cleanup()`.
-struct TemporaryDirectory {
-    let path: String
+package struct TemporaryDirectory {
+    package let path: String
 
-    init(_ label: String = "magpie") {
+    package init(_ label: String = "magpie") {
         var template = Array("\(NSTemporaryDirectory())/\(label)-XXXXXX".utf8CString)
         let made = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }
         precondition(made != nil, "mkdtemp failed")
@@ -57,27 +57,27 @@ struct TemporaryDirectory {
     }
 
     /// A path inside the directory that does not exist yet.
-    func child(_ name: String) -> String { path + "/" + name }
+    package func child(_ name: String) -> String { path + "/" + name }
 
-    func cleanup() {
+    package func cleanup() {
         try? FileManager.default.removeItem(atPath: path)
     }
 }
 
 /// A clock tests move by hand.
-final class ManualClock: Sendable {
+package final class ManualClock: Sendable {
     private let milliseconds: Locked<Int64>
 
-    init(_ start: Int64 = 1_700_000_000_000) { milliseconds = Locked(start) }
+    package init(_ start: Int64 = 1_700_000_000_000) { milliseconds = Locked(start) }
 
-    var now: Int64 { milliseconds.withLock { $0 } }
-    func advance(seconds: Int64) { milliseconds.withLock { $0 += seconds * 1000 } }
+    package var now: Int64 { milliseconds.withLock { $0 } }
+    package func advance(seconds: Int64) { milliseconds.withLock { $0 += seconds * 1000 } }
 
-    var cacheClock: CacheClock { CacheClock { [self] in now } }
+    package var cacheClock: CacheClock { CacheClock { [self] in now } }
 }
 
 /// Sum of the sizes of the files under `path` (recursively).
-func directoryBytes(_ path: String) -> Int {
+package func directoryBytes(_ path: String) -> Int {
     guard let names = FileManager.default.subpaths(atPath: path) else { return 0 }
     return names.reduce(0) { total, name in
         let attributes = try? FileManager.default.attributesOfItem(atPath: path + "/" + name)
@@ -86,24 +86,26 @@ func directoryBytes(_ path: String) -> Int {
     }
 }
 
-/// The magpie-bench executable built beside this test bundle.
-func benchExecutable() -> String? {
+/// An executable of this package (`magpie-bench`, `magpie-test-child`) built beside this test bundle.
+package func builtExecutable(_ name: String) -> String? {
     let directory = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent()
     for candidate in [directory, directory.deletingLastPathComponent()] {
-        let path = candidate.appendingPathComponent("magpie-bench").path
+        let path = candidate.appendingPathComponent(name).path
         if FileManager.default.isExecutableFile(atPath: path) { return path }
     }
     return nil
 }
 
-struct BenchNotBuilt: Error, CustomStringConvertible {
-    var description: String { "magpie-bench is not built next to the tests; run `make test` (it builds every product)" }
+package struct NotBuilt: Error, CustomStringConvertible {
+    package var name: String
+    package init(name: String) { self.name = name }
+    package var description: String { "\(name) is not built next to the tests; run `make test` (it builds every product)" }
 }
 
 /// Runs the magpie-bench built beside the tests with `arguments`, its output discarded; returns its exit
 /// status.
-func runBench(_ arguments: [String]) throws -> Int32 {
-    guard let executable = benchExecutable() else { throw BenchNotBuilt() }
+package func runBench(_ arguments: [String]) throws -> Int32 {
+    guard let executable = builtExecutable("magpie-bench") else { throw NotBuilt(name: "magpie-bench") }
     let process = Process()
     process.executableURL = URL(fileURLWithPath: executable)
     process.arguments = arguments
@@ -112,4 +114,33 @@ func runBench(_ arguments: [String]) throws -> Int32 {
     try process.run()
     process.waitUntilExit()
     return process.terminationStatus
+}
+
+/// The crash child's value format (`crash-child` in magpie-test-child writes it, the crash tests check
+/// every byte of what they read back against it): "k<key>v<version>l<length>;" then bytes that follow
+/// from (key, version).
+package func crashValue(key: Int, version: Int, length: Int) -> [UInt8] {
+    var bytes = Array("k\(key)v\(version)l\(length);".utf8)
+    var x = UInt64(truncatingIfNeeded: key &* 1_000_003 &+ version)
+    while bytes.count < length {
+        x = x &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+        bytes.append(UInt8(truncatingIfNeeded: x >> 56))
+    }
+    return bytes
+}
+
+/// A two-tier cache over a fresh directory, with a manual clock and a fixed seed.
+package func makeCache(
+    _ directory: TemporaryDirectory?, clock: ManualClock = ManualClock(), memoryBudget: Int = 1 << 20,
+    diskBudget: Int = 4 << 20, buckets: Int = 8, defaults: EntryOptions = EntryOptions(), diskWriteBuffer: Int = 64 << 10
+) throws -> Cache {
+    var configuration = Cache.Configuration(
+        directory: directory?.path, memoryBudget: memoryBudget, diskBudget: diskBudget, defaultOptions: defaults)
+    configuration.disk?.bucketCount = buckets
+    configuration.disk?.writeBufferSize = diskWriteBuffer
+    configuration.memory.shardCount = 4
+    configuration.clock = clock.cacheClock
+    configuration.hashSeed = 42
+    configuration.metrics = nil
+    return try Cache(configuration)
 }

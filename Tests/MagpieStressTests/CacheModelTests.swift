@@ -1,5 +1,6 @@
 import Foundation
 import Magpie
+import MagpieTestSupport
 import Testing
 
 // A model-based differential test of `Cache`: long seeded sequences of every public operation

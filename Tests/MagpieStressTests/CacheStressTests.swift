@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import MagpieTestSupport
 import Testing
 
 @testable import Magpie
