@@ -167,3 +167,17 @@ func timerOverheadNanoseconds() -> UInt64 {
     samples.sort()
     return samples[samples.count / 2]
 }
+
+/// Prints rows as a table: first two columns left-aligned, the rest right-aligned.
+func printAligned(_ rows: [[String]]) {
+    guard let header = rows.first else { return }
+    let widths = (0..<header.count).map { column in rows.map { $0[column].count }.max() ?? 0 }
+    for (n, row) in rows.enumerated() {
+        let line = row.enumerated().map { column, cell in
+            column < 2 ? cell.padding(toLength: widths[column], withPad: " ", startingAt: 0)
+                : String(repeating: " ", count: widths[column] - cell.count) + cell
+        }.joined(separator: "  ")
+        print(line)
+        if n == 0 { print(String(repeating: "-", count: line.count)) }
+    }
+}

@@ -56,55 +56,6 @@ protocol TieredSystem {
     func extra() -> [String: JSONValue]
 }
 
-struct MagpieTiered: TieredSystem {
-    let cache: Cache
-    var name: String { "magpie" }
-
-    func get(_ key: String) -> (value: [UInt8]?, tier: CacheHit.Tier?) {
-        guard let hit = try? cache.lookup(key) else { return (nil, nil) }
-        return (hit.value, hit.tier)
-    }
-
-    func set(_ value: [UInt8], key: String) { try? cache.set(value, forKey: key) }
-
-    func extra() -> [String: JSONValue] {
-        let stats = cache.statistics
-        return [
-            "promotions": .int(Int(stats.promotions)), "memory_evictions": .int(Int(stats.memory.evictions)),
-            "disk_evictions": .int(Int(stats.disk?.evictions ?? 0)), "disk_bytes": .int(stats.disk?.bytesOnDisk ?? 0),
-            "compression_ratio": .double(stats.disk?.compressionRatio ?? 1),
-        ]
-    }
-}
-
-/// Foundation's URLCache with both a memory and a disk capacity (swift-corelibs-foundation).
-struct URLCacheTiered: TieredSystem {
-    let cache: URLCache
-    var name: String { "URLCache" }
-
-    private func request(_ key: String) -> URLRequest {
-        URLRequest(url: URL(string: "https://magpie.invalid/\(key)")!)
-    }
-
-    func get(_ key: String) -> (value: [UInt8]?, tier: CacheHit.Tier?) {
-        (cache.cachedResponse(for: request(key)).map { [UInt8]($0.data) }, nil)
-    }
-
-    func set(_ value: [UInt8], key: String) {
-        let request = request(key)
-        guard let response = HTTPURLResponse(url: request.url!, statusCode: 200, httpVersion: "HTTP/1.1", headerFields: nil)
-        else { return }
-        cache.storeCachedResponse(CachedURLResponse(response: response, data: Data(value)), for: request)
-    }
-
-    func extra() -> [String: JSONValue] {
-        ["disk_bytes": .int(cache.currentDiskUsage), "memory_bytes": .int(cache.currentMemoryUsage)]
-    }
-}
-
-/// The tiered scenario: cache-aside over a Zipf working set ten times the memory budget that fits on
-/// disk; per-tier hit ratios and latencies (promoted hits apart), Magpie vs URLCache on a capped copy of
-/// the workload, and the cost of a memory hit through the `Cache` façade vs the bare memory tier.
 struct TieredScenario {
     let options: TieredOptions
 
@@ -280,28 +231,6 @@ struct TieredScenario {
                 ])
         }
         return [row("magpie-tier", best.tier, tierBatches), row("magpie-cache", best.cache, cacheBatches)]
-    }
-}
-
-/// The tiered scenario alone.
-struct Tiered: ParsableCommand {
-    static let configuration = CommandConfiguration(
-        abstract: "Both tiers: a Zipf working set 10x the memory budget; per-tier hits, promoted-hit latency, vs URLCache.")
-
-    @OptionGroup var options: TieredOptions
-    @OptionGroup var outputOptions: OutputOptions
-
-    func run() throws {
-        let results = try TieredScenario(options: options).run(progress: progressLine)
-        print()
-        printTable(results)
-        printTieredSummary(results)
-        if let json = outputOptions.json {
-            let report = Report(
-                date: timestamp(), machine: .current(), config: ["tiered": .object(options.config)], results: results)
-            try report.write(to: json)
-            print("\nwrote \(json)")
-        }
     }
 }
 
