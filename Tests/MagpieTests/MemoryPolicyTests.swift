@@ -1,4 +1,4 @@
-@_spi(Benchmarking) @testable import Magpie
+@testable import Magpie
 import MagpieTestSupport
 import Testing
 

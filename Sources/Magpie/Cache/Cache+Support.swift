@@ -68,19 +68,7 @@ extension Cache {
 
     @inlinable @inline(__always)
     func withHashedKey<R>(_ key: String, _ body: (HashedKey) throws(MagpieError) -> R) throws(MagpieError) -> R {
-        var failure: MagpieError? = nil
-        let result = withBytes(key) { bytes -> R? in
-            guard let key = admit(bytes) else {
-                failure = refusal(bytes)
-                return nil
-            }
-            do throws(MagpieError) { return try body(key) } catch {
-                failure = error
-                return nil
-            }
-        }
-        if let failure { throw failure }
-        return result.unsafelyUnwrapped  // set whenever `failure` is not
+        try withHashedKey(key.utf8, body)
     }
 
     /// A read: the memory probe first, inside the one conversion of the key to bytes, with nothing but

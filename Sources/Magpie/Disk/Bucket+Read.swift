@@ -57,12 +57,9 @@ extension BucketState {
         defer { healIfNeeded() }
         let tag = DiskSlot.tag(of: key.hash)
         var position = index.home(tag)
-        while !index[position].isEmpty {
+        while let next = index.position(of: tag, from: position) {
+            position = next
             let slot = index[position]
-            guard slot.tag == tag else {
-                position = index.next(position)
-                continue
-            }
             var verdict = Verdict.corrupt
             let found = try candidate(slot, key, &verdict)
             switch verdict {
@@ -157,12 +154,9 @@ extension BucketState {
     /// it no longer needs the position (a compaction may move slots).
     mutating func find(tag: UInt32, key: UnsafeRawBufferPointer) throws(MagpieError) -> (Int, FoundRecord)? {
         var position = index.home(tag)
-        while !index[position].isEmpty {
+        while let next = index.position(of: tag, from: position) {
+            position = next
             let slot = index[position]
-            guard slot.tag == tag else {
-                position = index.next(position)
-                continue
-            }
             let bytes = try readRecord(slot)
             guard let header = bytes.withUnsafeBytes({ RecordHeader.validate($0) }), header.kind == .value,
                 !header.isDead, header.recordLength == slot.length
@@ -189,10 +183,10 @@ extension BucketState {
     mutating func position(of key: HashedKey) throws(MagpieError) -> Int? {
         let tag = DiskSlot.tag(of: key.hash)
         var position = index.home(tag)
-        while !index[position].isEmpty {
-            let slot = index[position]
-            if slot.tag == tag, slot.length >= RecordHeader.size + key.count, try recordHolds(key, slot) { return position }
-            position = index.next(position)
+        while let next = index.position(of: tag, from: position) {
+            let slot = index[next]
+            if slot.length >= RecordHeader.size + key.count, try recordHolds(key, slot) { return next }
+            position = index.next(next)
         }
         return nil
     }

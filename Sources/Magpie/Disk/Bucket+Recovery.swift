@@ -3,11 +3,11 @@ import Glibc
 // MARK: - Recovery: rebuilding a bucket's index from its file
 //
 // The file is read whole and scanned from the end of its header. A record counts only if it is valid
-// (see RecordFormat.swift) and lies wholly inside the file. Records apply in file order:
+// (see Format/OnDiskFormat.swift) and lies wholly inside the file. Records apply in file order:
 //  - a value replaces the key's previous record (an expired value only removes it);
 //  - a tombstone removes the key;
 //  - a group tombstone removes the group's values written before it.
-// Dead records (superseded or removed, see RecordFormat.swift) are stepped over.
+// Dead records (superseded or removed, see Format/OnDiskFormat.swift) are stepped over.
 // At an invalid record the scan resyncs: it tries every following 8-byte boundary for a valid record.
 // If one is found, the bytes skipped count as one corrupt record; if none, the rest of the file is a
 // torn tail (an append cut short by a crash) or trailing garbage, and is truncated. A file whose

@@ -94,6 +94,13 @@ struct BucketState {
         if let failure = context.health.failure { throw failure }
     }
 
+    /// Removes the slot at `position` from the index and returns it.
+    mutating func take(at position: Int) -> DiskSlot {
+        let slot = index[position]
+        drop(at: position)
+        return slot
+    }
+
     /// Removes the slot at `position` from the index (its record becomes garbage).
     mutating func drop(at position: Int) {
         liveBytes -= index[position].length
@@ -110,24 +117,11 @@ struct BucketState {
         try checkOpen()
         if let short = reserveRoom(draft.length, policy: policy) { return .short(short) }
         defer { healIfNeeded() }
-        var previous: DiskSlot? = nil
-        if let position = try position(of: key) {
-            previous = index[position]
-            drop(at: position)
-        }
-        let compactions = counters.compactions
-        let offset: Int
-        do {
-            offset = try append(draft, now: now)
-        } catch {
-            // A compaction since the drop has discarded the previous record: then it is gone for good.
-            if let previous, counters.compactions == compactions { restore(previous) }
-            throw error
-        }
+        let previous = try position(of: key).map { take(at: $0) }
+        let offset = try append(draft, replacing: previous, now: now)
         index.insert(DiskSlot(hash: key.hash, offset: offset, length: draft.length, expiryMilliseconds: draft.header.expiry))
         liveBytes += draft.length
         counters.writes += 1
-        if let previous, counters.compactions == compactions { markDead(previous) }
         return .done(())
     }
 
@@ -139,22 +133,9 @@ struct BucketState {
         try checkOpen()
         if let short = reserveRoom(tombstone.length, policy: policy) { return .short(short) }
         defer { healIfNeeded() }
-        var previous: DiskSlot? = nil
-        if let (position, _) = try find(tag: DiskSlot.tag(of: key.hash), key: key.bytes) {
-            previous = index[position]
-            drop(at: position)
-        }
-        let compactions = counters.compactions
-        do {
-            _ = try append(tombstone, now: now, through: true)
-        } catch {
-            if let previous, counters.compactions == compactions { restore(previous) }
-            throw error
-        }
-        if let previous {
-            counters.removals += 1
-            if counters.compactions == compactions { markDead(previous) }
-        }
+        let previous = try find(tag: DiskSlot.tag(of: key.hash), key: key.bytes).map { take(at: $0.0) }
+        _ = try append(tombstone, replacing: previous, now: now, through: true)
+        if previous != nil { counters.removals += 1 }
         return .done(previous != nil)
     }
 
@@ -180,15 +161,8 @@ struct BucketState {
                 drop(at: position)
             }
         }
-        let compactions = counters.compactions
-        do {
-            _ = try append(tombstone, now: now, through: true)
-        } catch {
-            if counters.compactions == compactions { for member in members { restore(member) } }
-            throw error
-        }
+        _ = try append(tombstone, replacing: nil, and: members, now: now, through: true)
         counters.removals += UInt64(members.count)
-        if counters.compactions == compactions { for member in members { markDead(member) } }
         return .done(members.count)
     }
 
@@ -248,6 +222,31 @@ struct BucketState {
     }
 
     // MARK: Room
+
+    /// Appends `draft` in place of the records of `replaced` and `others`, whose slots the caller has
+    /// dropped from the index: if the append fails they are put back (unless a compaction since the drop
+    /// has discarded them: then they are gone for good); once it succeeds their records are marked dead.
+    /// Returns the new record's offset.
+    private mutating func append(
+        _ draft: RecordDraft, replacing replaced: DiskSlot?, and others: [DiskSlot] = [], now: Int64, through: Bool = false
+    ) throws(MagpieError) -> Int {
+        let compactions = counters.compactions
+        let offset: Int
+        do {
+            offset = try append(draft, now: now, through: through)
+        } catch {
+            if counters.compactions == compactions {
+                if let replaced { restore(replaced) }
+                for slot in others { restore(slot) }
+            }
+            throw error
+        }
+        if counters.compactions == compactions {
+            if let replaced { markDead(replaced) }
+            for slot in others { markDead(slot) }
+        }
+        return offset
+    }
 
     /// Makes room if needed, then appends the record stamped with the bucket's next sequence number
     /// (`through`: and writes it and everything buffered before it to the file). Returns its offset.

@@ -58,7 +58,19 @@ struct DiskSlot: Equatable {
 }
 
 /// A bucket's index: open addressing over `DiskSlot`s with linear probing and deletion by backward
-/// shift. A slot's home is `tag × capacity >> 32` (monotonic in the tag, for any capacity), so homes
+/// shift.
+///
+/// Why not one table with the memory tier's index (Memory/ShardStorage+Index.swift), which also probes
+/// linearly and deletes by backward shift: the two share those ten lines of idea and nothing of their
+/// layout, and each layout is what makes its tier cheap. The memory index packs a block address, a
+/// tag and the distance from home into 8 bytes, grows by doubling (re-hashing each key from its block)
+/// and may refuse an insert whose run passes 255; its home is taken from hash bits the shard did not use.
+/// This index holds 16-byte slots of offset, length, clock bit and expiry that must be rebuilt from the
+/// file or a snapshot without any key in memory, so a slot's home comes from its 32-bit tag alone
+/// (`tag × capacity >> 32`, monotonic in the tag for any capacity), it grows by half at 3/4 load, and
+/// its deletion derives distances from tags instead of storing them. A generic table over both would
+/// need a slot protocol whose every requirement one of them implements differently, in the hot loop
+/// of both tiers. A slot's home is `tag × capacity >> 32` (monotonic in the tag, for any capacity), so homes
 /// come from tags alone and nothing is read from disk to move a slot. The table grows by half when an
 /// insert would pass 3/4 load, so it stays between 1/2 and 3/4 full: 21 to 32 bytes per entry. (7/8
 /// would save 3 to 5 bytes but costs 0.3 to 0.5 µs per read in longer probe runs, measured.)
@@ -95,13 +107,26 @@ struct BucketIndex {
         position + 1 == slots.count ? 0 : position + 1
     }
 
+    /// The first position from `position` on, within its probe run, whose slot carries `tag`; nil at
+    /// the run's end. A probe for `tag` starts at `home(tag)` and goes on from the position after each
+    /// candidate that is not the key (callers confirm the key).
+    @inline(__always)
+    func position(of tag: UInt32, from position: Int) -> Int? {
+        var position = position
+        while !slots[position].isEmpty {
+            if slots[position].tag == tag { return position }
+            position = next(position)
+        }
+        return nil
+    }
+
     /// The positions of slots carrying `tag`, in probe order (callers confirm the key).
     func positions(tag: UInt32) -> [Int] {
         var found: [Int] = []
         var position = home(tag)
-        while !slots[position].isEmpty {
-            if slots[position].tag == tag { found.append(position) }
-            position = next(position)
+        while let next = self.position(of: tag, from: position) {
+            found.append(next)
+            position = self.next(next)
         }
         return found
     }

@@ -1,5 +1,5 @@
 // The record-level read and write paths of DiskTier, shared by its public byte API and by `Cache`,
-// which also stores a memory policy and a disk-only flag with each value (see `RecordFormat.swift`).
+// which also stores a memory policy and a disk-only flag with each value (see `Format/Record.swift`).
 
 /// What `Cache` asks the disk tier to store beside a value, so that a later read knows how to promote it.
 package struct DiskPlacement: Sendable, Equatable {

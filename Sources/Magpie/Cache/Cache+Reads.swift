@@ -1,0 +1,136 @@
+import Foundation
+
+// The reads of a `Cache`: memory, then disk with the key's stripe held, promoting a disk hit.
+
+// Every keyed call reduces its key to bytes (in place when it can) and hashes them once; the
+// `HashedKey` then picks the memory shard, the lock stripe and the disk bucket.
+
+extension Cache {
+    /// The value stored for `key`, or nil: absent, expired, evicted, or dropped as corrupt.
+    ///
+    /// Cost: a memory hit is one hash, one shard lock and a copy of the value. A miss reads disk
+    /// (one `pread`, plus zstd decompression for compressed values) and promotes the value.
+    /// - Throws: ``MagpieError/Code/keyTooLong``, disk I/O errors, ``MagpieError/Code/closed``.
+    @inlinable
+    public func value(forKey key: String) throws(MagpieError) -> [UInt8]? {
+        try value(forKey: key.utf8)
+    }
+
+    /// `value(forKey:)` for a key of arbitrary bytes.
+    @inlinable
+    public func value(forKey key: some Sequence<UInt8>) throws(MagpieError) -> [UInt8]? {
+        switch withBytes(key, memoryValue) {
+        case .hit(let value): return value
+        case .miss(let hash): return try valueAfterMemoryMiss(key, hash: hash)
+        case .refused: throw withBytes(key) { refusal($0) }
+        }
+    }
+
+    /// The memory half of a read: the key hashed and looked up in memory. The checks come after a
+    /// memory miss: a key too long for the cache is never in memory, nor is anything once it is closed
+    /// (closing empties memory), so a hit needs neither.
+    @usableFromInline
+    func memoryValue(_ bytes: UnsafeRawBufferPointer) -> MemoryProbe<[UInt8]> {
+        let key = HashedKey(bytes, hasher: hasher)
+        if let value = memory.copyValue(key) { return .hit(value) }
+        guard bytes.count <= Self.maximumKeyLength, !closed.load(ordering: .relaxed) else { return .refused }
+        return .miss(key.hash)
+    }
+
+    /// The value stored for `key` and the tier that answered; nil on a miss. For callers that count or
+    /// time memory and disk hits apart (the `tiered` benchmark does).
+    public func lookup(_ key: String) throws(MagpieError) -> CacheHit? {
+        try lookup(key.utf8)
+    }
+
+    /// ``lookup(_:)-(String)`` for a key of arbitrary bytes.
+    @inlinable
+    public func lookup(_ key: some Sequence<UInt8>) throws(MagpieError) -> CacheHit? {
+        try read(
+            key, memory: { key in memory.copyValue(key).map { CacheHit(value: $0, tier: .memory) } },
+            disk: { key throws(MagpieError) in try valueAfterMemoryMiss(key).map { CacheHit(value: $0, tier: .disk) } })
+    }
+
+    /// The value stored for `key` as `Data` (one copy, from the tier's storage into the `Data`).
+    /// - Throws: as ``value(forKey:)-(String)``.
+    public func data(forKey key: String) throws(MagpieError) -> Data? {
+        try withHashedKey(key) { key throws(MagpieError) in try data(key) }
+    }
+
+    /// ``data(forKey:)-(String)`` for a key of arbitrary bytes.
+    public func data(forKey key: some Sequence<UInt8>) throws(MagpieError) -> Data? {
+        try withHashedKey(key) { key throws(MagpieError) in try data(key) }
+    }
+
+    private func data(_ key: HashedKey) throws(MagpieError) -> Data? {
+        if let data = memory.withValue(key, { $0.isEmpty ? Data() : Data(bytes: $0.baseAddress!, count: $0.count) }) {
+            return data
+        }
+        return try valueAfterMemoryMiss(key).map { Data($0) }
+    }
+
+    /// Whether `key` has a live value in either tier. Not counted as a read; does not promote.
+    /// - Throws: ``MagpieError/Code/keyTooLong``, disk I/O errors, ``MagpieError/Code/closed``.
+    public func contains(_ key: String) throws(MagpieError) -> Bool {
+        try withHashedKey(key) { key throws(MagpieError) in try contains(key) }
+    }
+
+    /// ``contains(_:)-(String)`` for a key of arbitrary bytes.
+    public func contains(_ key: some Sequence<UInt8>) throws(MagpieError) -> Bool {
+        try withHashedKey(key) { key throws(MagpieError) in try contains(key) }
+    }
+
+    private func contains(_ key: HashedKey) throws(MagpieError) -> Bool {
+        if memory.contains(key) { return true }
+        return try containsAfterMemoryMiss(key)
+    }
+
+    func containsAfterMemoryMiss(_ key: HashedKey) throws(MagpieError) -> Bool {
+        guard let disk else { return false }
+        return try logged("contains") { () throws(MagpieError) in try disk.contains(key) }
+    }
+
+    /// ``valueAfterMemoryMiss(_:)`` for a key whose hash the memory probe computed.
+    @inlinable
+    func valueAfterMemoryMiss(_ key: some Sequence<UInt8>, hash: UInt64) throws(MagpieError) -> [UInt8]? {
+        var failure: MagpieError? = nil
+        let value = withBytes(key) { bytes -> [UInt8]? in
+            do throws(MagpieError) { return try valueAfterMemoryMiss(HashedKey(bytes, hash: hash)) } catch {
+                failure = error
+                return nil
+            }
+        }
+        if let failure { throw failure }
+        return value
+    }
+
+    /// The disk half of a read: look up, and promote a hit, with the key's stripe held. (Written without
+    /// closures: the stripe and the logging each cost a retain and a release of the cache per read.)
+    @usableFromInline
+    func valueAfterMemoryMiss(_ key: HashedKey) throws(MagpieError) -> [UInt8]? {
+        guard let disk else { return nil }
+        stripes.lock(for: key.hash)
+        defer { stripes.unlock(for: key.hash) }
+        let entry: DiskEntry?
+        do {
+            entry = try disk.entry(key)
+        } catch {
+            noteDiskFailure("read", error)
+            throw error
+        }
+        guard let entry else { return nil }
+        promote(entry, for: key)
+        return entry.value
+    }
+
+    private func promote(_ entry: DiskEntry, for key: HashedKey) {
+        guard !entry.placement.diskOnly else { return }
+        let now = configuration.clock.now()
+        let deadline = EntryOptions.promotedDeadline(policy: entry.placement.memoryPolicy, diskDeadline: entry.expiry, now: now)
+        guard deadline == 0 || deadline > now else { return }
+        let stored = entry.value.withUnsafeBytes { value in
+            memory.set(value, for: key, expiry: deadline == 0 ? .never : .at(millisecondsSince1970: deadline), group: entry.group)
+        }
+        if case .success(true) = stored { counters.promotions.add(1, ordering: .relaxed) }
+    }
+}

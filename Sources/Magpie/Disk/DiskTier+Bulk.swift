@@ -1,0 +1,128 @@
+import Glibc
+
+// The disk tier's operations on every bucket: group removal, remove all, expiry sweeps, flush, the
+// buffer writes, close.
+
+extension DiskTier {
+    /// Removes every entry stored with `group`, durably: each bucket gets a group tombstone, so none of
+    /// them comes back after a restart. Costs a read of every live record's header. The empty group is no
+    /// group (a store with group "" has none): removing it removes nothing and writes nothing.
+    /// - Returns: the number of live entries removed.
+    /// - Throws: ``MagpieError/Code/keyTooLong`` for a name over ``maximumGroupLength`` UTF-8 bytes; I/O
+    ///   errors; ``MagpieError/Code/closed``.
+    @discardableResult
+    public func removeAll(inGroup group: String) throws(MagpieError) -> Int {
+        let name = Array(group.utf8)
+        guard !name.isEmpty else {
+            try checkOpen()
+            return 0
+        }
+        guard name.count <= Self.maximumGroupLength else {
+            throw MagpieError(.keyTooLong, "group names are 1 to \(Self.maximumGroupLength) bytes, not \(name.count)")
+        }
+        try checkDirectoryIfDue()
+        let header = RecordHeader(
+            kind: .groupTombstone, codec: .raw, keyLength: 0, groupLength: name.count, storedLength: 0, originalLength: 0,
+            expiry: 0, sequence: 0, keyHash: 0)
+        let now = configuration.clock.now()
+        var removed = 0
+        for number in 0..<bucketCount {
+            removed += try name.withUnsafeBytes { group in
+                Result { () throws(MagpieError) -> Int in
+                    let none = UnsafeRawBufferPointer(start: nil, count: 0)
+                    let tombstone = RecordDraft(header: header, key: none, group: group, payload: none)
+                    return try withRoom(number, now: now) { (state, policy) throws(MagpieError) in
+                        try state.removeGroup(group, tombstone: tombstone, now: now, policy: policy)
+                    }
+                }
+            }.get()
+        }
+        return removed
+    }
+
+    /// Removes every entry (bucket by bucket; see the durability note above).
+    public func removeAll() throws(MagpieError) {
+        try checkDirectoryIfDue()
+        for bucket in buckets {
+            try bucket.withLock { (state: inout BucketState) throws(MagpieError) in try state.removeAll() }
+        }
+    }
+
+    /// Drops every expired entry from the index now (their records are reclaimed by the next
+    /// compaction). Expired entries are misses at once whether or not this runs.
+    /// - Returns: the number dropped.
+    @discardableResult
+    public func removeExpired() throws(MagpieError) -> Int {
+        let now = configuration.clock.now()
+        var removed = 0
+        for bucket in buckets {
+            removed += try bucket.withLock { (state: inout BucketState) throws(MagpieError) -> Int in
+                try state.checkOpen()
+                return state.removeExpired(now: now)
+            }
+        }
+        return removed
+    }
+
+    /// Makes everything written so far durable: fsync of every bucket file and of the directories.
+    /// - Throws: ``MagpieError/Code/directoryReplaced`` (checked first) if the directory, `buckets/` or a
+    ///   bucket file was removed or replaced while open; I/O errors; ``MagpieError/Code/closed``.
+    public func flush() throws(MagpieError) {
+        try verifyDirectory()
+        for bucket in buckets {
+            try bucket.withLock { (state: inout BucketState) throws(MagpieError) in try state.flush() }
+        }
+        try directory.sync(.buckets)
+        try directory.sync(.root)
+    }
+
+    /// Writes every bucket's write buffer to its file: everything stored so far has then reached the
+    /// kernel's page cache and survives the process being killed (not a power loss: that is
+    /// ``flush()``). A `Cache` calls it every ``Cache/Configuration/diskBufferWriteInterval``.
+    /// - Throws: the first bucket's failure (every bucket is still tried; the stores a failed buffer
+    ///   held become misses, see ``DiskTierStatistics/lostBufferedStores``), ``MagpieError/Code/closed``,
+    ///   ``MagpieError/Code/directoryReplaced`` (checked first, see ``flush()``).
+    public func writeBuffers() throws(MagpieError) {
+        try verifyDirectory()
+        var failure: MagpieError? = nil
+        for bucket in buckets {
+            do {
+                try bucket.withLock { (state: inout BucketState) throws(MagpieError) in
+                    try state.checkOpen()
+                    try state.writePending()
+                }
+            } catch {
+                failure = failure ?? error
+            }
+        }
+        if let failure { throw failure }
+    }
+
+    /// Flushes, then closes every file and releases the directory. Later calls throw
+    /// ``MagpieError/Code/closed``. Closing twice is harmless.
+    public func close() throws(MagpieError) {
+        let isOpen = buckets.first?.withLock { $0.isOpen } ?? false
+        var failure: MagpieError? = nil
+        if isOpen {
+            do { try flush() } catch { failure = error }
+        }
+        // Snapshots only while the bucket files and the snapshots fit the budget (DiskLedger.swift).
+        var room = configuration.budget - DiskLedger.manifestAllowance
+        for bucket in buckets { room -= bucket.withLock { $0.isOpen ? $0.size : 0 } }
+        for bucket in buckets {
+            bucket.withLock { state in
+                // Only a flushed index may be snapshotted: after a failed flush the next open scans.
+                if failure == nil && state.isOpen && state.snapshotLength <= room {
+                    room -= state.snapshotLength
+                    state.writeSnapshot()
+                }
+                state.close()
+            }
+        }
+        lockFile.withLock { fd in
+            if fd >= 0 { Glibc.close(fd) }
+            fd = -1
+        }
+        if let failure { throw failure }
+    }
+}
