@@ -1,4 +1,6 @@
-@testable import Magpie
+import Magpie
+
+#if DEBUG  // the fault table exists in debug builds of Magpie only (MAGPIE_TESTING)
 
 /// Installs (or, with nil, removes) injected I/O failures for the files under one directory. Each test
 /// uses its own temporary directory, so tests running in parallel never see each other's faults.
@@ -10,3 +12,4 @@ package enum FileIOFaults {
         }
     }
 }
+#endif

@@ -1,5 +1,5 @@
 import Foundation
-@testable import Magpie
+import Magpie
 import Synchronization
 
 /// A seeded generator (splitmix64) so every random test replays exactly. Set MAGPIE_TEST_SEED to

@@ -66,7 +66,7 @@ struct KeyHashCountTests {
         try cache.close()
     }
 
-    @Test("an async disk read hashes its key before it leaves the caller: the I/O threads hash nothing")
+    @Test("an async disk read and a loader hash their key before it leaves the caller: the I/O threads hash nothing")
     func asynchronous() async throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
@@ -74,9 +74,11 @@ struct KeyHashCountTests {
         let value = noiseBytes(512, seed: 2)
         try cache.set(value, forKey: "disk", options: EntryOptions(tiers: .diskOnly))
         var mostOnAnIOThread = 0
-        for _ in 0..<20 {
+        for round in 0..<20 {
             #expect(try await cache.async.value(forKey: "disk") == value)
             #expect(try await cache.async.contains("disk"))
+            // A loader's miss: its reads and its store (on an I/O thread) take the hash of the call.
+            #expect(try await cache.value(forKey: "loaded-\(round)") { value } == value)
             let count = try await cache.onDisk { () throws(MagpieError) in KeyHashCounter.count }
             mostOnAnIOThread = max(mostOnAnIOThread, count)
         }

@@ -46,10 +46,7 @@ public struct AsyncCache: Sendable {
         // The key is hashed once, here; the hash travels with a copy of its bytes to the I/O thread.
         let (value, hash) = try cache.withHashedKey(key) { key throws(MagpieError) in (cache.memory.copyValue(key), key.hash) }
         if let value { return value }
-        let key = Array(key)
-        return try await cache.onDisk { [cache] () throws(MagpieError) -> [UInt8]? in
-            try cache.withHashedKey(key, hash: hash) { key throws(MagpieError) in try cache.valueAfterMemoryMiss(key) }
-        }
+        return try await cache.diskValue(Array(key), hash: hash)
     }
 
     /// The value stored for `key` as `Data`; see ``Cache/data(forKey:)-(String)``.
@@ -135,6 +132,21 @@ public struct AsyncCache: Sendable {
 }
 
 extension Cache {
+    /// An async read of a key whose hash is known: memory, then disk on an I/O thread.
+    nonisolated(nonsending)
+    func value(_ key: [UInt8], hash: UInt64) async throws -> [UInt8]? {
+        if let value = try withHashedKey(key, hash: hash, { key throws(MagpieError) in memory.copyValue(key) }) { return value }
+        return try await diskValue(key, hash: hash)
+    }
+
+    /// The disk half of an async read, on an I/O thread.
+    nonisolated(nonsending)
+    func diskValue(_ key: [UInt8], hash: UInt64) async throws -> [UInt8]? {
+        try await onDisk { [self] () throws(MagpieError) -> [UInt8]? in
+            try withHashedKey(key, hash: hash) { key throws(MagpieError) in try valueAfterMemoryMiss(key) }
+        }
+    }
+
     /// Runs `work` on an I/O thread when there is a disk tier, else right here (memory work never blocks).
     nonisolated(nonsending)
     func onDisk<R: Sendable>(_ work: @escaping @Sendable () throws(MagpieError) -> R) async throws -> R {

@@ -35,11 +35,13 @@ extension Cache {
         forKey key: some Sequence<UInt8>, options: EntryOptions? = nil, load: @escaping @Sendable () async throws -> [UInt8]
     ) async throws -> [UInt8] {
         let name = Array(key)
+        let hash = hasher.hash(name)  // the one hash of this call: its reads and its store take it
         while true {
-            if let value = try await async.value(forKey: name) { return value }
+            if let value = try await value(name, hash: hash) { return value }
             let joined = flights.withLock { flights -> (Flight, Bool)? in
                 if let flight = flights[name], flight.join() { return (flight, false) }
-                if memory.contains(name) { return nil }  // stored by a flight that just ended
+                // Stored by a flight that just ended?
+                if name.withUnsafeBytes({ memory.contains(HashedKey($0, hash: hash)) }) { return nil }
                 let flight = Flight()
                 _ = flight.join()
                 flights[name] = flight
@@ -48,7 +50,7 @@ extension Cache {
             guard let (flight, isNew) = joined else { continue }
             if isNew {
                 counters.loaderRuns.add(1, ordering: .relaxed)
-                flight.start(Task { [self] in await runLoad(flight, name: name, options: options, load: load) })
+                flight.start(Task { [self] in await runLoad(flight, name: name, hash: hash, options: options, load: load) })
             } else {
                 counters.loaderCoalesced.add(1, ordering: .relaxed)
             }
@@ -61,7 +63,7 @@ extension Cache {
     }
 
     private func runLoad(
-        _ flight: Flight, name: [UInt8], options: EntryOptions?,
+        _ flight: Flight, name: [UInt8], hash: UInt64, options: EntryOptions?,
         load: @Sendable () async throws -> [UInt8]
     ) async {
         let result: Result<[UInt8], any Error>
@@ -72,7 +74,13 @@ extension Cache {
         }
         if case .success(let value) = result {
             do {
-                try await onDisk { [self] () throws(MagpieError) in try set(value, forKey: name, options: options) }
+                try await onDisk { [self] () throws(MagpieError) in
+                    try withHashedKey(name, hash: hash) { key throws(MagpieError) in
+                        try value.withUnsafeBytes { bytes in
+                            Result { () throws(MagpieError) in try set(bytes, for: key, options: options) }
+                        }.get()
+                    }
+                }
             } catch {
                 logger.warning("magpie: a loaded value could not be cached", metadata: ["error": "\(error)"])
             }

@@ -109,8 +109,12 @@ extension Cache {
     /// ``withHashedKey(_:_:)`` for a key whose hash the caller computed already (an async read carries
     /// it from the memory probe to the I/O thread).
     func withHashedKey<R>(_ key: [UInt8], hash: UInt64, _ body: (HashedKey) throws(MagpieError) -> R) throws(MagpieError) -> R {
-        try checkOpen()
-        return try key.withUnsafeBytes { bytes in Result { () throws(MagpieError) -> R in try body(HashedKey(bytes, hash: hash)) } }.get()
+        try key.withUnsafeBytes { bytes in
+            Result { () throws(MagpieError) -> R in
+                guard bytes.count <= Self.maximumKeyLength, !closed.load(ordering: .relaxed) else { throw refusal(bytes) }
+                return try body(HashedKey(bytes, hash: hash))
+            }
+        }.get()
     }
 
     /// The key, hashed, if it may be used: not too long, and the cache open.

@@ -16,11 +16,15 @@ import Synchronization
 /// bytes are stored zstd-compressed when that is smaller. The record format and recovery rules are
 /// described once, in `Disk/Format/OnDiskFormat.swift`, and the recovery rules in `Disk/Bucket+Recovery.swift`.
 ///
-/// **Reads.** A read copies the key's record out of a read-only mapping of its bucket file (or reads it
-/// with `pread`, see ``Configuration/mappedReads``; or out of the bucket's write buffer) into a new
-/// array under the bucket's lock, verifies it there (checksum, key), then trims it to the value or
-/// decompresses the value from it. Values that look like noise (see `Compression/Compressibility.swift`)
-/// are stored raw without asking zstd.
+/// **Reads.** Under the bucket's lock, a read copies the key's record out of a read-only mapping of its
+/// bucket file (or reads it with `pread`, see ``Configuration/mappedReads``; or out of the bucket's write
+/// buffer) into its thread's read scratch, verifies it there (checksum, key), and copies the value out
+/// into the array it returns; a compressed value is decompressed from its copy outside the lock. Values
+/// that look like noise (see `Compression/Compressibility.swift`) are stored raw without asking zstd.
+///
+/// **Writes.** A store compresses outside the lock; under it, the bucket writes the record straight into
+/// its write buffer, stamped with the bucket's next sequence number and sealed there once (see
+/// `Disk/Format/Record.swift`), and marks the key's previous record dead.
 ///
 /// **Budget.** Everything the tier writes in its directory — bucket files, the one compaction's
 /// temporary file, the index snapshots a close leaves, MANIFEST and LOCK — stays within

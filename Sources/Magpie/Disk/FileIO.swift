@@ -3,7 +3,7 @@ import Synchronization
 
 /// Thin, typed wrappers over the file system calls the disk tier makes. Each retries `EINTR` here,
 /// in one place, and turns a failure into a ``MagpieError`` naming the call, the errno and the path.
-enum FileIO {
+package enum FileIO {
     static func error(_ call: String, _ errno: Int32, _ path: String) -> MagpieError {
         let code: MagpieError.Code = (errno == ENOSPC || errno == EDQUOT) ? .noSpace : .ioFailure
         return MagpieError(code, "\(call) failed: \(String(cString: strerror(errno)))", errno: errno, path: path)

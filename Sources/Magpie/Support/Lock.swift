@@ -47,7 +47,7 @@ struct PThreadMutex {
 }
 
 /// A value guarded by a ``PThreadMutex``.
-final class Locked<State>: @unchecked Sendable {
+package final class Locked<State>: @unchecked Sendable {
     // @unchecked Sendable invariant: `state` is read and written only inside `withLock`, with `mutex`
     // held. The mutex and the state live in allocations of their own, so neither ever moves, and the
     // state is reached through a pointer: no dynamic exclusivity check per access (the lock is what
@@ -55,7 +55,7 @@ final class Locked<State>: @unchecked Sendable {
     private let mutex: PThreadMutex
     private let state: UnsafeMutablePointer<State>
 
-    init(_ state: State) {
+    package init(_ state: State) {
         self.state = UnsafeMutablePointer<State>.allocate(capacity: 1)
         self.state.initialize(to: state)
         mutex = PThreadMutex(at: UnsafeMutableRawPointer.allocate(byteCount: PThreadMutex.size, alignment: 16))
@@ -69,7 +69,7 @@ final class Locked<State>: @unchecked Sendable {
     }
 
     /// Runs `body` with exclusive access to the state.
-    func withLock<R, E: Error>(_ body: (inout State) throws(E) -> R) throws(E) -> R {
+    package func withLock<R, E: Error>(_ body: (inout State) throws(E) -> R) throws(E) -> R {
         mutex.lock()
         defer { mutex.unlock() }
         return try body(&state.pointee)
