@@ -1,5 +1,5 @@
 import Foundation
-import Magpie
+@testable import Magpie
 import MagpieTestSupport
 import Testing
 
@@ -88,6 +88,28 @@ struct DiskCorruptionTests {
         }
         try tier.close()
         return (sizes, expected)
+    }
+
+    @Test("an index snapshot with a valid checksum but impossible counts is refused, never a trap")
+    func hostileSnapshotCounts() {
+        let slots = [DiskSlot](repeating: .empty, count: 4)
+        let snapshot = IndexSnapshot(
+            bucketIndex: 0, bucketCount: 1, seed: 1, fileSize: 4096, liveBytes: 0, maximumSequence: 0, slots: slots, liveCount: 0)
+        #expect(IndexSnapshot.decode(snapshot.encoded()) != nil)
+        // Every count field set to a value `Int(_:)` cannot hold (or that disagrees with the slots), the
+        // checksum recomputed so that only the range checks stand in the way.
+        for offset in [24, 32, 48, 56] {
+            for value in [UInt64.max, UInt64(Int.max) + 1, 1 << 40] {
+                var bytes = snapshot.encoded()
+                bytes.withUnsafeMutableBytes { raw in
+                    raw.storeBytes(of: value.littleEndian, toByteOffset: offset, as: UInt64.self)
+                    let end = raw.count - 8
+                    let sum = KeyHash.formatChecksum(UnsafeRawBufferPointer(rebasing: raw[0..<end]))
+                    raw.storeBytes(of: sum.littleEndian, toByteOffset: end, as: UInt64.self)
+                }
+                #expect(IndexSnapshot.decode(bytes) == nil, "offset \(offset), value \(value)")
+            }
+        }
     }
 
     @Test("tombstones alone keep removals and updates durable (dead marks disabled)")

@@ -198,12 +198,15 @@ struct IndexSnapshot {
             func u32(_ at: Int) -> UInt32 { UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: at, as: UInt32.self)) }
             func u64(_ at: Int) -> UInt64 { UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: at, as: UInt64.self)) }
             let end = raw.count - 8
+            // Counts are read with a bound before any conversion: a hostile snapshot with a valid checksum
+            // must not make `Int(_:)` trap.
             guard u64(end) == KeyHash.formatChecksum(UnsafeRawBufferPointer(rebasing: raw[0..<end])),
-                u32(0) == magic, u32(4) == version, u64(24) <= UInt64(Int.max)
+                u32(0) == magic, u32(4) == version, u64(24) <= UInt64(UInt32.max) * 8,
+                u64(48) >= 1, u64(48) == UInt64((end - headerSize) / 16), (end - headerSize) % 16 == 0,
+                u64(56) <= u64(48), u64(32) <= u64(24)
             else { return nil }
             let fileSize = Int(u64(24))
             let slotCount = Int(u64(48))
-            guard slotCount >= 1, headerSize + slotCount * 16 == end else { return nil }
             var slots = [DiskSlot](repeating: .empty, count: slotCount)
             var live = 0
             var liveBytes = 0
