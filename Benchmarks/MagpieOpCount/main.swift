@@ -4,9 +4,12 @@
 //
 //   magpie-opcount <operation> <count>
 //     memory-hit  read a 4 KiB value from memory                  (1,000 keys, cycled)
+//     memory-lookup  the same through `lookup` (value and tier)    (1,000 keys, cycled)
 //     disk-hit    read a 4 KiB noise value stored disk-only (raw)   (1,000 keys, cycled)
 //     store       overwrite a 4 KiB noise value in both tiers (raw) (1,000 keys, cycled)
 //     promote     read a key that is on disk only, promoting it     (`count` keys, each read once)
+//     cycle       reads cycling over 1,000 keys with a 1 MiB memory tier: mostly disk hits whose
+//                 promotion evicts, as in the tiered scenario       (1,000 keys, cycled)
 // Only `measuredLoop` is counted (callgrind --toggle-collect), so setup does not enter the figures;
 // instructions per operation = the difference of two runs with different counts over the difference.
 import Glibc
@@ -20,8 +23,8 @@ func noise(_ count: Int, seed: UInt64) -> [UInt8] {
     }
 }
 
-func open(_ directory: String) -> Cache {
-    var configuration = Cache.Configuration(directory: directory, memoryBudget: 1 << 30, diskBudget: 4 << 30)
+func open(_ directory: String, memoryBudget: Int = 1 << 30) -> Cache {
+    var configuration = Cache.Configuration(directory: directory, memoryBudget: memoryBudget, diskBudget: 4 << 30)
     configuration.hashSeed = 42
     configuration.metrics = nil
     configuration.diskBufferWriteInterval = nil
@@ -34,9 +37,11 @@ func measuredLoop(_ cache: Cache, _ operation: String, _ count: Int, _ keys: [St
     switch operation {
     case "store":
         for i in 0..<count { try! cache.set(value, forKey: keys[i % keys.count]) }
+    case "memory-lookup":
+        for i in 0..<count { checksum &+= Int(try! cache.lookup(keys[i % keys.count])!.value[7]) }
     case "promote":
         for i in 0..<count { checksum &+= Int(try! cache.value(forKey: keys[i])![7]) }
-    default:  // memory-hit, disk-hit
+    default:  // memory-hit, disk-hit, cycle
         for i in 0..<count { checksum &+= Int(try! cache.value(forKey: keys[i % keys.count])![7]) }
     }
     return checksum
@@ -44,9 +49,9 @@ func measuredLoop(_ cache: Cache, _ operation: String, _ count: Int, _ keys: [St
 
 let arguments = CommandLine.arguments
 guard arguments.count == 3, let count = Int(arguments[2]), count > 0,
-    ["memory-hit", "disk-hit", "store", "promote"].contains(arguments[1])
+    ["memory-hit", "memory-lookup", "disk-hit", "store", "promote", "cycle"].contains(arguments[1])
 else {
-    print("usage: magpie-opcount memory-hit|disk-hit|store|promote <count>")
+    print("usage: magpie-opcount memory-hit|memory-lookup|disk-hit|store|promote|cycle <count>")
     exit(2)
 }
 let operation = arguments[1]
@@ -55,13 +60,13 @@ guard template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) != n
 let directory = String(decoding: template.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
 let value = noise(4096, seed: 7)
 let keys = (0..<(operation == "promote" ? count : 1000)).map { "key-\($0)" }
-var cache = open(directory)
+var cache = open(directory, memoryBudget: operation == "cycle" ? 1 << 20 : 1 << 30)
 let options = operation == "disk-hit" ? EntryOptions(tiers: .diskOnly) : nil
 for key in keys { try! cache.set(value, forKey: key, options: options) }
 try! cache.flush()  // disk reads come from the files, not from the buckets' write buffers
 if operation == "promote" {
     try! cache.close()
-    cache = open(directory)
+    cache = open(directory, memoryBudget: operation == "cycle" ? 1 << 20 : 1 << 30)
 }
 let checksum = measuredLoop(cache, operation, count, keys, value)
 try! cache.close()
