@@ -56,7 +56,7 @@ let package = Package(
         .executableTarget(
             name: "MagpieBench",
             dependencies: [
-                "Magpie",
+                "Magpie", "MagpieTestSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
             ],

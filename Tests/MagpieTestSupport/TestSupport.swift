@@ -116,9 +116,9 @@ package func runBench(_ arguments: [String]) throws -> Int32 {
     return process.terminationStatus
 }
 
-/// The crash child's value format (`crash-child` in magpie-test-child writes it, the crash tests check
-/// every byte of what they read back against it): "k<key>v<version>l<length>;" then bytes that follow
-/// from (key, version).
+/// The self-describing values of the crash loop and of `magpie-bench stress` (the crash child writes
+/// them; the crash tests and the stress run check every byte they read back against them):
+/// "k<key>v<version>l<length>;" then bytes that follow from (key, version).
 package func crashValue(key: Int, version: Int, length: Int) -> [UInt8] {
     var bytes = Array("k\(key)v\(version)l\(length);".utf8)
     var x = UInt64(truncatingIfNeeded: key &* 1_000_003 &+ version)

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Magpie
+import MagpieTestSupport  // crashValue: the self-describing values the crash tests check too
 import Synchronization
 
 /// State every stress task shares.
@@ -177,16 +178,4 @@ private func syncContains(_ cache: Cache, _ key: String) throws -> Bool {
 /// Writes a line to standard output at once (progress must show while the run goes on, also in a pipe).
 func emit(_ line: String) {
     FileHandle.standardOutput.write(Data((line + "\n").utf8))
-}
-
-/// "k<key>v<version>l<length>;" then bytes that follow from (key, version): the stress run checks every byte
-/// of every value it reads back against it.
-func crashValue(key: Int, version: Int, length: Int) -> [UInt8] {
-    var bytes = Array("k\(key)v\(version)l\(length);".utf8)
-    var x = UInt64(truncatingIfNeeded: key &* 1_000_003 &+ version)
-    while bytes.count < length {
-        x = x &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
-        bytes.append(UInt8(truncatingIfNeeded: x >> 56))
-    }
-    return bytes
 }
