@@ -19,22 +19,7 @@ extension Cache {
     /// `value(forKey:)` for a key of arbitrary bytes.
     @inlinable
     public func value(forKey key: some Sequence<UInt8>) throws(MagpieError) -> [UInt8]? {
-        switch withBytes(key, memoryValue) {
-        case .hit(let value): return value
-        case .miss(let hash): return try valueAfterMemoryMiss(key, hash: hash)
-        case .refused: throw withBytes(key) { refusal($0) }
-        }
-    }
-
-    /// The memory half of a read: the key hashed and looked up in memory. The checks come after a
-    /// memory miss: a key too long for the cache is never in memory, nor is anything once it is closed
-    /// (closing empties memory), so a hit needs neither.
-    @usableFromInline
-    func memoryValue(_ bytes: UnsafeRawBufferPointer) -> MemoryProbe<[UInt8]> {
-        let key = HashedKey(bytes, hasher: hasher)
-        if let value = memory.copyValue(key) { return .hit(value) }
-        guard bytes.count <= Self.maximumKeyLength, !closed.load(ordering: .relaxed) else { return .refused }
-        return .miss(key.hash)
+        try read(key, memory: { key in memory.copyValue(key) }, disk: { key throws(MagpieError) in try valueAfterMemoryMiss(key) })
     }
 
     /// The value stored for `key` and the tier that answered; nil on a miss. For callers that count or
@@ -90,20 +75,6 @@ extension Cache {
         return try logged("contains") { () throws(MagpieError) in try disk.contains(key) }
     }
 
-    /// ``valueAfterMemoryMiss(_:)`` for a key whose hash the memory probe computed.
-    @inlinable
-    func valueAfterMemoryMiss(_ key: some Sequence<UInt8>, hash: UInt64) throws(MagpieError) -> [UInt8]? {
-        var failure: MagpieError? = nil
-        let value = withBytes(key) { bytes -> [UInt8]? in
-            do throws(MagpieError) { return try valueAfterMemoryMiss(HashedKey(bytes, hash: hash)) } catch {
-                failure = error
-                return nil
-            }
-        }
-        if let failure { throw failure }
-        return value
-    }
-
     /// The disk half of a read: look up, and promote a hit, with the key's stripe held. (Written without
     /// closures: the stripe and the logging each cost a retain and a release of the cache per read.)
     @usableFromInline
@@ -125,7 +96,7 @@ extension Cache {
 
     private func promote(_ entry: DiskEntry, for key: HashedKey) {
         guard !entry.placement.diskOnly else { return }
-        let now = configuration.clock.now()
+        let now = clock.now()
         let deadline = EntryOptions.promotedDeadline(policy: entry.placement.memoryPolicy, diskDeadline: entry.expiry, now: now)
         guard deadline == 0 || deadline > now else { return }
         let stored = entry.value.withUnsafeBytes { value in

@@ -72,15 +72,17 @@ extension Cache {
     }
 
     /// A read: the memory probe first, inside the one conversion of the key to bytes, with nothing but
-    /// the checks and the hash around it (a memory hit costs what the tier's own read does, measured);
-    /// on a memory miss the disk half runs with the hash already computed.
+    /// the hash around it (a memory hit costs what the tier's own read does, measured); the checks come
+    /// after a memory miss, since a key too long for the cache is never in memory, nor is anything once
+    /// it is closed (closing empties memory). On a miss the disk half runs with the hash computed.
     @inlinable @inline(__always)
     func read<R>(
         _ key: some Sequence<UInt8>, memory probe: (HashedKey) -> R?, disk: (HashedKey) throws(MagpieError) -> R?
     ) throws(MagpieError) -> R? {
         let outcome = withBytes(key) { bytes -> MemoryProbe<R> in
-            guard let key = admit(bytes) else { return .refused }
+            let key = HashedKey(bytes, hasher: hasher)
             if let found = probe(key) { return .hit(found) }
+            guard bytes.count <= Self.maximumKeyLength, !closed.load(ordering: .relaxed) else { return .refused }
             return .miss(key.hash)
         }
         switch outcome {

@@ -47,6 +47,10 @@ public final class Cache: Sendable {
     @usableFromInline let memory: MemoryTier
     /// The key hash of both tiers (the disk directory's seed, so placement is stable across restarts).
     @usableFromInline let hasher: KeyHash
+    /// ``Configuration/defaultOptions`` and ``Configuration/clock``, kept apart: reading them through
+    /// `configuration` copied the whole configuration on every store (metrics options included; callgrind).
+    let defaultOptions: EntryOptions
+    let clock: CacheClock
     let disk: DiskTier?
     let stripes: LockStripes
     let pool: IOThreadPool
@@ -109,6 +113,8 @@ public final class Cache: Sendable {
             throw error
         }
         self.hasher = hasher
+        self.defaultOptions = configuration.defaultOptions
+        self.clock = configuration.clock
         self.disk = disk
         self.configuration = resolved
         self.logger = configuration.logger
@@ -162,7 +168,7 @@ public final class Cache: Sendable {
 
     @usableFromInline
     func set(_ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions?) throws(MagpieError) {
-        let options = options ?? configuration.defaultOptions
+        let options = options ?? defaultOptions
         guard let disk else {
             _ = try memory.set(value, for: key, expiry: options.memoryExpiry, group: options.group).get()
             return
