@@ -8,6 +8,8 @@
 //     disk-hit    read a 4 KiB noise value stored disk-only (raw)   (1,000 keys, cycled)
 //     store       overwrite a 4 KiB noise value in both tiers (raw) (1,000 keys, cycled)
 //     promote     read a key that is on disk only, promoting it     (`count` keys, each read once)
+//     aside       a memory-only cache, 1 MiB: cache-aside over 50,000 keys (a miss, then a 100-byte store
+//                 that evicts)                                      (50,000 keys, cycled)
 //     cycle       reads cycling over 1,000 keys with a 1 MiB memory tier: mostly disk hits whose
 //                 promotion evicts, as in the tiered scenario       (1,000 keys, cycled)
 // Only `measuredLoop` is counted (callgrind --toggle-collect), so setup does not enter the figures;
@@ -39,6 +41,11 @@ func measuredLoop(_ cache: Cache, _ operation: String, _ count: Int, _ keys: [St
         for i in 0..<count { try! cache.set(value, forKey: keys[i % keys.count]) }
     case "memory-lookup":
         for i in 0..<count { checksum &+= Int(try! cache.lookup(keys[i % keys.count])!.value[7]) }
+    case "aside":  // a memory-only cache: a miss, then the store of a 100-byte value (evicting)
+        for i in 0..<count {
+            let key = keys[i % keys.count]
+            if let value = try! cache.value(forKey: key) { checksum &+= Int(value[7]) } else { try! cache.set(value.prefix(100), forKey: key) }
+        }
     case "promote":
         for i in 0..<count { checksum &+= Int(try! cache.value(forKey: keys[i])![7]) }
     default:  // memory-hit, disk-hit, cycle
@@ -49,9 +56,9 @@ func measuredLoop(_ cache: Cache, _ operation: String, _ count: Int, _ keys: [St
 
 let arguments = CommandLine.arguments
 guard arguments.count == 3, let count = Int(arguments[2]), count > 0,
-    ["memory-hit", "memory-lookup", "disk-hit", "store", "promote", "cycle"].contains(arguments[1])
+    ["memory-hit", "memory-lookup", "disk-hit", "store", "promote", "cycle", "aside"].contains(arguments[1])
 else {
-    print("usage: magpie-opcount memory-hit|memory-lookup|disk-hit|store|promote|cycle <count>")
+    print("usage: magpie-opcount memory-hit|memory-lookup|disk-hit|store|promote|cycle|aside <count>")
     exit(2)
 }
 let operation = arguments[1]
@@ -59,10 +66,11 @@ var template = Array("/dev/shm/magpie-opcount-XXXXXX".utf8CString)
 guard template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) != nil else { exit(1) }
 let directory = String(decoding: template.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
 let value = noise(4096, seed: 7)
-let keys = (0..<(operation == "promote" ? count : 1000)).map { "key-\($0)" }
-var cache = open(directory, memoryBudget: operation == "cycle" ? 1 << 20 : 1 << 30)
+let keys = (0..<(operation == "promote" ? count : operation == "aside" ? 50_000 : 1000)).map { "key-\($0)" }
+var cache = operation == "aside"
+    ? try! Cache(memoryBudget: 1 << 20) : open(directory, memoryBudget: operation == "cycle" ? 1 << 20 : 1 << 30)
 let options = operation == "disk-hit" ? EntryOptions(tiers: .diskOnly) : nil
-for key in keys { try! cache.set(value, forKey: key, options: options) }
+if operation != "aside" { for key in keys { try! cache.set(value, forKey: key, options: options) } }
 try! cache.flush()  // disk reads come from the files, not from the buckets' write buffers
 if operation == "promote" {
     try! cache.close()

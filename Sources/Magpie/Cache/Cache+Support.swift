@@ -87,7 +87,18 @@ extension Cache {
         }
         switch outcome {
         case .hit(let found): return found
-        case .miss(let hash): return try withKnownHash(key, hash, disk)
+        case .miss(let hash):
+            // The disk half with the hash computed, specialised where this is inlined (a call to a
+            // generic helper here looked up generic metadata at run time on every miss, perf).
+            var failure: MagpieError? = nil
+            let found = withBytes(key) { bytes -> R? in
+                do throws(MagpieError) { return try disk(HashedKey(bytes, hash: hash)) } catch {
+                    failure = error
+                    return nil
+                }
+            }
+            if let failure { throw failure }
+            return found
         case .refused: throw withBytes(key) { refusal($0) }
         }
     }
@@ -98,14 +109,6 @@ extension Cache {
         throws(MagpieError) -> R?
     {
         try read(key.utf8, memory: probe, disk: disk)
-    }
-
-    /// Runs `body` with the key's bytes and the hash computed for them already.
-    @usableFromInline
-    func withKnownHash<R>(_ key: some Sequence<UInt8>, _ hash: UInt64, _ body: (HashedKey) throws(MagpieError) -> R)
-        throws(MagpieError) -> R
-    {
-        try withBytes(key) { bytes in Result { () throws(MagpieError) -> R in try body(HashedKey(bytes, hash: hash)) } }.get()
     }
 
     /// ``withHashedKey(_:_:)`` for a key whose hash the caller computed already (an async read carries
