@@ -37,7 +37,7 @@ private final class Storage {
     func read(_ i: Int) -> Bool {
         key(i).withUnsafeBytes { k in
             let hash = pointer.pointee.hasher.hash(k)
-            return pointer.pointee.withValue(hash: hash, key: k) { _ in true } ?? false
+            return pointer.pointee.lookup(hash: hash, key: k) != nil
         }
     }
 
@@ -46,7 +46,7 @@ private final class Storage {
         key(i).withUnsafeBytes { k in
             let hash = pointer.pointee.hasher.hash(k)
             return pointer.pointee.find(hash: hash, key: k).map {
-                $0.block.assumingMemoryBound(to: EntryHeader.self).pointee.queue
+                EntryHeader(of: $0.block).queue
             }
         }
     }

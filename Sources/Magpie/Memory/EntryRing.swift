@@ -22,9 +22,19 @@ struct EntryRing {
     /// Frees the ring's own buffer (not the blocks).
     func release() { free(buffer) }
 
-    /// Frees every block in the ring, live or dead. The ring still lists them: call `removeAll()` next.
+    /// Frees every block in the ring, live or dead, at once: only when no reader can hold one (the tier
+    /// is being destroyed). The ring still lists them: call `removeAll()` next.
     func freeAllBlocks() {
         for offset in 0..<count { free(buffer[(head + offset) & mask]) }
+    }
+
+    /// Retires every block in the ring (all out of the index already). The ring still lists them: call
+    /// `removeAll()` next.
+    func retireAllBlocks(into retired: inout RetiredBlocks) {
+        for offset in 0..<count {
+            let block = buffer[(head + offset) & mask]
+            retired.retire(block, bytes: ShardStorage.charge(storedLength: EntryHeader(of: block).storedLength))
+        }
     }
 
     mutating func removeAll() {
@@ -80,16 +90,17 @@ struct EntryRing {
     /// Worth compacting: dead blocks are the majority and there are more than a few.
     var needsCompaction: Bool { dead > 32 && dead * 2 > count }
 
-    /// Frees every dead block, keeping live ones in order. Returns the charge freed.
-    mutating func compact() -> Int {
+    /// Releases every dead block (to `retired`), keeping live ones in order. Returns the charge released.
+    mutating func compact(retiringInto retired: inout RetiredBlocks) -> Int {
         var kept = 0
         var freed = 0
         for offset in 0..<count {
             let block = buffer[(head + offset) & mask]
-            let header = block.assumingMemoryBound(to: EntryHeader.self).pointee
+            let header = EntryHeader(of: block)
             if header.isDead {
-                freed += ShardStorage.charge(storedLength: header.storedLength)
-                free(block)
+                let charge = ShardStorage.charge(storedLength: header.storedLength)
+                freed += charge
+                retired.retire(block, bytes: charge)
             } else {
                 buffer[(head + kept) & mask] = block
                 kept += 1

@@ -18,13 +18,34 @@ extension MemoryTier {
     package func copyValue(_ key: HashedKey) -> [UInt8]? {
         // `[UInt8](buffer)` is the cheapest array construction measured on Swift 6.3/Linux (~45 ns for
         // 100 bytes; `init(unsafeUninitializedCapacity:)` takes ~100 ns via an unspecialised path).
-        withShard(for: key.hash) { $0.withValue(hash: key.hash, key: key.bytes) { [UInt8]($0) } }
+        read(key) { [UInt8]($0) }
     }
 
-    /// Runs `body` over the stored value's bytes in place (shard locked), or returns nil.
+    /// Runs `body` over the stored value's bytes in place, or returns nil. A hit takes no lock (see
+    /// Memory/LockFreeRead.swift); a miss is confirmed under the shard's lock.
     @usableFromInline
     package func withValue<R>(_ key: HashedKey, _ body: (UnsafeRawBufferPointer) -> R) -> R? {
-        withShard(for: key.hash) { $0.withValue(hash: key.hash, key: key.bytes, body) }
+        read(key, body)
+    }
+
+    /// A read: lock-free first; under the shard's lock when that found nothing it may serve. `body` runs
+    /// outside the lock, the thread pinned, unless the thread has no read-epoch slot (more than
+    /// ``ReadEpochs/capacity`` threads reading at once): then everything runs under the lock.
+    @inline(__always)
+    func read<R>(_ key: HashedKey, _ body: (UnsafeRawBufferPointer) -> R) -> R? {
+        let hash = key.hash
+        return unownedShards[Int(truncatingIfNeeded: hash) & shardMask]._withUnsafeGuaranteedRef { shard in
+            guard let pin = epochs.pin() else {
+                return shard.withLock { $0.lookup(hash: hash, key: key.bytes).map(body) }
+            }
+            defer { epochs.unpin(pin) }
+            if let value = shard.findLockFree(hash: hash, key: key.bytes, clock: clock, pin: pin, hitCounts: hitCounts) {
+                return body(value)
+            }
+            // Pinned before the lock was taken: what the locked look-up finds stays valid after unlocking.
+            guard let value = shard.withLock({ $0.lookup(hash: hash, key: key.bytes) }) else { return nil }
+            return body(value)
+        }
     }
 
     /// Whether `key` is present and unexpired; not counted as a read.

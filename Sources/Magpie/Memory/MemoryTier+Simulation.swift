@@ -45,8 +45,8 @@ extension ShardStorage {
     ) -> RoomOutcome<Bool> {
         if let (_, block) = find(hash: hash, key: key) {
             counters.hits &+= 1
-            let header = block.assumingMemoryBound(to: EntryHeader.self)
-            if header.pointee.frequency < Self.frequencyCap { header.pointee.frequency &+= 1 }
+            let frequency = EntryHeader(of: block).frequency
+            if frequency < Self.frequencyCap { EntryHeader.setFrequency(block, frequency &+ 1) }
             return .done(true)
         }
         if !counted { counters.misses &+= 1 }

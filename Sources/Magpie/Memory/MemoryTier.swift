@@ -1,3 +1,5 @@
+import Glibc
+
 /// The memory tier: a sharded, lock-striped, byte-budgeted table with S3-FIFO-family eviction (a small
 /// FIFO, a CLOCK main queue, two ghosts and an ARC-style adaptive split between the queues).
 ///
@@ -20,9 +22,12 @@
 ///
 /// ### Implementation Notes
 /// The data layout, the eviction policy and its guarantees are described at the top of
-/// `Memory/ShardStorage.swift`. Cost of a hit: one hash, one uncontended lock, an index probe that
-/// compares an 8-bit tag and then the key (two dependent memory reads: bucket, then entry), a byte store,
-/// and the copy of the value.
+/// `Memory/ShardStorage.swift`. A hit takes no lock (`Memory/LockFreeRead.swift`): one hash, a store
+/// to the calling thread's own epoch slot, an index probe that compares an 8-bit tag and then the key
+/// (two dependent memory reads: bucket, then entry), a byte store the first time an entry is read after
+/// the eviction policy cleared its bit, and the copy of the value; it writes no cache line that another
+/// thread's hit writes, so hits on the same keys from many cores do not queue. Misses, stores and
+/// removals take the key's shard lock.
 public final class MemoryTier: Sendable {
     /// Bytes charged per entry beyond its key and value (index bucket at its maximum load, ghost share,
     /// queue slot, entry header, allocator header; see `Memory/ShardStorage.swift`). An entry with an
@@ -55,6 +60,11 @@ public final class MemoryTier: Sendable {
     @usableFromInline let shardMask: Int
     /// The budget no shard holds (see Support/BudgetPool.swift).
     let pool: BudgetPool
+    /// Lock-free hits, one counter per read-epoch slot, each in its own cache line (see
+    /// Memory/LockFreeRead.swift): a hit writes only its thread's line. Freed in deinit.
+    nonisolated(unsafe) let hitCounts: UnsafeMutableRawPointer
+    /// The process's read epochs (a copy of ``ReadEpochs/handle``).
+    let epochs = ReadEpochs.handle
 
     /// The default shard count: 8 per core, at least 8, a power of two.
     public static var defaultShardCount: Int {
@@ -98,6 +108,9 @@ public final class MemoryTier: Sendable {
                 .invalidConfiguration,
                 "shard count \(shardCount) must be a power of two from 1 to \(Self.maximumShardCount)")
         }
+        guard let hitCounts = ReadEpochs.allocateCounters() else {
+            throw MagpieError(.invalidConfiguration, "out of memory creating the hit counters")
+        }
         var shards: [Shard] = []
         shards.reserveCapacity(shardCount)
         let pool = BudgetPool(budget - budget / shardCount * shardCount)
@@ -107,6 +120,7 @@ public final class MemoryTier: Sendable {
                 let shard = Shard(
                     budget: budget / shardCount, hasher: hasher, clock: clock, pool: pool, largestCharge: largestCharge)
             else {
+                free(hitCounts)
                 throw MagpieError(.invalidConfiguration, "out of memory creating \(shardCount) shards")
             }
             shards.append(shard)
@@ -123,6 +137,11 @@ public final class MemoryTier: Sendable {
         self.unownedShards = shards.map { Unmanaged.passUnretained($0) }
         self.shardMask = shardCount - 1
         self.pool = pool
+        self.hitCounts = hitCounts
+    }
+
+    deinit {
+        free(hitCounts)
     }
 
     /// A shard's nominal share of the budget (budget / shards). Shards lend each other room, so it
@@ -159,8 +178,12 @@ public final class MemoryTier: Sendable {
     /// Calls `body` with the stored value's bytes in place, without copying them, and returns its
     /// result; nil (and `body` is not called) when the key is absent.
     ///
-    /// `body` runs while the key's shard is locked: keep it short, do not let the buffer escape, and do
-    /// not call back into this tier from it.
+    /// `body` runs without the shard's lock (the bytes stay valid and unchanged until it returns, even if
+    /// the key is replaced, removed or evicted meanwhile): do not let the buffer escape. It may call back
+    /// into this tier. Keep it short all the same: memory that any store frees while it runs is held until
+    /// it returns (``MemoryTierStatistics/unreclaimedBytes``). One exception: when more than 256 threads read
+    /// at once, those beyond the first 256 read under the shard's lock, `body` included, and a `body` that
+    /// calls back into the tier for a key of the same shard then deadlocks.
     @inlinable
     public func withValue<R>(forKey key: some Sequence<UInt8>, _ body: (UnsafeRawBufferPointer) -> R)
         -> R?
@@ -276,10 +299,12 @@ public final class MemoryTier: Sendable {
                 var part = storage.counters
                 part.entries = storage.count
                 part.chargedBytes = storage.charged
+                part.unreclaimedBytes = storage.retired.bytes
                 return part
             }
             total.add(part)
         }
+        total.hits &+= ReadEpochs.sum(hitCounts)
         return total
     }
 }

@@ -1,6 +1,8 @@
 import Glibc
+import Synchronization
 
-/// One lock stripe of the memory tier: a `ShardStorage` and the mutex that guards it.
+/// One lock stripe of the memory tier: a `ShardStorage` and the mutex that guards it, and the word through
+/// which hits find the index without the mutex (Memory/LockFreeRead.swift).
 ///
 /// The lock is a ``PThreadMutex`` of the adaptive kind (it spins briefly before sleeping, which suits
 /// critical sections of tens of nanoseconds).
@@ -10,8 +12,11 @@ import Glibc
 @usableFromInline
 final class Shard: @unchecked Sendable {
     // @unchecked Sendable invariant: `storage` is read and written only inside `withLock`, while
-    // `mutex` is held; both pointers are set once in init and freed once in deinit.
+    // `mutex` is held; both pointers are set once in init and freed once in deinit. `published` belongs
+    // to the storage (freed with it); outside the lock it is only loaded, atomically.
     private let mutex: PThreadMutex
+    /// The storage's published table address (see ``ShardStorage/published``).
+    let published: UnsafeMutablePointer<Atomic<UInt>>
     private let storage: UnsafeMutablePointer<ShardStorage>
     private let block: UnsafeMutableRawPointer
 
@@ -31,6 +36,7 @@ final class Shard: @unchecked Sendable {
         mutex = PThreadMutex(at: raw, adaptive: true)
         storage = (raw + Self.storageOffset).bindMemory(to: ShardStorage.self, capacity: 1)
         storage.initialize(to: initial)
+        published = storage.pointee.published
     }
 
     deinit {

@@ -20,16 +20,16 @@ extension ShardStorage {
     /// it and remembers its hash in the small ghost. Returns whether a block was freed.
     private mutating func evictFromSmall() -> Bool {
         let block = small.popFirst()
-        let header = block.assumingMemoryBound(to: EntryHeader.self)
-        let charge = Self.charge(storedLength: header.pointee.storedLength)
-        if header.pointee.isDead {
+        let header = EntryHeader(of: block)
+        let charge = Self.charge(storedLength: header.storedLength)
+        if header.isDead {
             small.dead -= 1
             release(block, charge: charge, fromSmall: true)
             return true
         }
-        if header.pointee.frequency > 0 && main.push(block) {
-            header.pointee.frequency = 0
-            header.pointee.state = header.pointee.state & ~EntryHeader.queueMask | EntryHeader.main
+        if header.frequency > 0 && main.push(block) {
+            EntryHeader.setFrequency(block, 0)
+            EntryHeader.setState(block, header.state & ~EntryHeader.queueMask | EntryHeader.main)
             smallCharged -= charge
             return false
         }
@@ -48,16 +48,16 @@ extension ShardStorage {
     private mutating func evictFromMain() {
         while main.count > 0 {
             let block = main.popFirst()
-            let header = block.assumingMemoryBound(to: EntryHeader.self)
-            let charge = Self.charge(storedLength: header.pointee.storedLength)
-            if header.pointee.isDead {
+            let header = EntryHeader(of: block)
+            let charge = Self.charge(storedLength: header.storedLength)
+            if header.isDead {
                 main.dead -= 1
                 release(block, charge: charge, fromSmall: false)
                 return
             }
             // Re-queueing into the ring it was just popped from never needs more room.
-            if header.pointee.frequency > 0 && main.push(block) {
-                header.pointee.frequency -= 1
+            if header.frequency > 0 && main.push(block) {
+                EntryHeader.setFrequency(block, header.frequency - 1)
                 continue
             }
             let hash = hashOf(block)

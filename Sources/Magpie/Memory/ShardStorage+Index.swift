@@ -1,13 +1,27 @@
 import Glibc
+import Synchronization
 
 // The open-addressing index from hash to entry block. See "Index" in ShardStorage.swift.
 // Bucket = tag (hash >> 56) << 56 | distance from home << 48 | block address; 0 is empty.
+// Buckets are atomic words: lock-free readers load them (Memory/LockFreeRead.swift) while the shard's
+// writer, holding the lock, stores them (release: a block is written before its bucket points to it).
 
 private let addressMask: UInt64 = (1 << 48) - 1
 private let distanceMask: UInt64 = 0xff << 48
 private let maximumDistance = 255
 
 extension ShardStorage {
+    /// The bucket at `position` (the writer's view: relaxed, as only the lock holder stores buckets).
+    @inline(__always)
+    func bucket(_ position: Int) -> UInt64 {
+        (index + position).pointee.load(ordering: .relaxed)
+    }
+
+    @inline(__always)
+    func setBucket(_ position: Int, _ bucket: UInt64) {
+        (index + position).pointee.store(bucket, ordering: .releasing)
+    }
+
     @inline(__always)
     func home(_ hash: UInt64, mask: Int) -> Int {
         Int(truncatingIfNeeded: hash &>> 12) & mask
@@ -25,7 +39,7 @@ extension ShardStorage {
         let tag = hash &>> 56
         var position = home(hash, mask: indexMask)
         while true {
-            let bucket = index[position]
+            let bucket = bucket(position)
             if bucket == 0 { return nil }
             if bucket &>> 56 == tag {
                 let block = Self.block(in: bucket)
@@ -37,7 +51,7 @@ extension ShardStorage {
 
     @inline(__always)
     func keyEquals(_ block: UnsafeMutableRawPointer, _ key: UnsafeRawBufferPointer) -> Bool {
-        let header = block.assumingMemoryBound(to: EntryHeader.self).pointee
+        let header = EntryHeader(of: block)
         guard Int(header.keyLength) == key.count else { return false }
         guard let base = key.baseAddress, key.count > 0 else { return true }
         return memcmp(block + header.keyOffset, base, key.count) == 0
@@ -55,16 +69,17 @@ extension ShardStorage {
     /// Linear-probes from home to the first empty bucket; false when that is over 255 away.
     @inline(__always)
     private static func place(
-        hash: UInt64, block: UnsafeMutableRawPointer, in table: UnsafeMutablePointer<UInt64>, mask: Int
+        hash: UInt64, block: UnsafeMutableRawPointer, in table: UnsafeMutablePointer<Atomic<UInt64>>, mask: Int
     ) -> Bool {
         var position = Int(truncatingIfNeeded: hash &>> 12) & mask
         var distance = 0
-        while table[position] != 0 {
+        while (table + position).pointee.load(ordering: .relaxed) != 0 {
             position = (position &+ 1) & mask
             distance += 1
             if distance > maximumDistance { return false }
         }
-        table[position] = (hash &>> 56) &<< 56 | UInt64(distance) &<< 48 | UInt64(UInt(bitPattern: block))
+        (table + position).pointee.store(
+            (hash &>> 56) &<< 56 | UInt64(distance) &<< 48 | UInt64(UInt(bitPattern: block)), ordering: .releasing)
         return true
     }
 
@@ -74,17 +89,17 @@ extension ShardStorage {
         var next = position
         while true {
             next = (next &+ 1) & indexMask
-            let bucket = index[next]
+            let bucket = bucket(next)
             if bucket == 0 { break }
             let distance = Int((bucket & distanceMask) &>> 48)
             let gap = (next &- hole) & indexMask
             // The bucket may move into the hole unless its home lies cyclically in (hole, next].
             if distance >= gap {
-                index[hole] = (bucket & ~distanceMask) | UInt64(distance - gap) &<< 48
+                setBucket(hole, (bucket & ~distanceMask) | UInt64(distance - gap) &<< 48)
                 hole = next
             }
         }
-        index[hole] = 0
+        setBucket(hole, 0)
     }
 
     /// The bucket position of `block`, whose key hashes to `hash`; nil if it is not indexed.
@@ -92,7 +107,7 @@ extension ShardStorage {
         let address = UInt64(UInt(bitPattern: block))
         var position = home(hash, mask: indexMask)
         while true {
-            let bucket = index[position]
+            let bucket = bucket(position)
             if bucket == 0 { return nil }
             if bucket & addressMask == address { return position }
             position = (position &+ 1) & indexMask
@@ -110,33 +125,34 @@ extension ShardStorage {
         (count + 1) * 4 <= (indexMask + 1) * 3 || grow()
     }
 
-    /// Doubles the table (and the ghost with it), re-hashing each key once.
+    /// Doubles the table (and the ghost with it), re-hashing each key once. The new table is published
+    /// whole; the old one is retired (a reader may still be probing it: what it finds there is what the
+    /// shard held when the new one was published).
     private mutating func grow() -> Bool {
         var buckets = (indexMask + 1) * 2
         while buckets <= 1 << 40 {
-            guard let table = allocateZeroed(UInt64.self, buckets) else { return false }
+            guard let newTable = IndexTable.allocate(buckets: buckets) else { return false }
+            let table = IndexTable.buckets(newTable)
             let mask = buckets - 1
             var placedAll = true
-            for old in 0...indexMask where index[old] != 0 {
-                let block = Self.block(in: index[old])
+            for old in 0...indexMask where bucket(old) != 0 {
+                let block = Self.block(in: bucket(old))
                 if !Self.place(hash: hashOf(block), block: block, in: table, mask: mask) {
                     placedAll = false
                     break
                 }
             }
             guard placedAll else {
-                free(table)
+                free(newTable)
                 buckets *= 2
                 continue
             }
             guard let newGhost = allocateZeroed(UInt32.self, buckets) else {
-                free(table)
+                free(newTable)
                 return false
             }
             Self.regrowGhost(ghost, oldMask: indexMask, into: newGhost, buckets: buckets)
-            free(index)
-            index = table
-            indexMask = mask
+            replaceTable(with: newTable)
             free(ghost)
             ghost = newGhost
             return true
@@ -144,10 +160,19 @@ extension ShardStorage {
         return false
     }
 
+    /// Publishes `newTable` (filled) as the index and retires the current one.
+    mutating func replaceTable(with newTable: UnsafeMutableRawPointer) {
+        published.pointee.store(UInt(bitPattern: newTable), ordering: .releasing)
+        retired.retire(table, bytes: 0)
+        table = newTable
+        index = IndexTable.buckets(newTable)
+        indexMask = IndexTable.mask(newTable)
+    }
+
     /// The key hash of a block, recomputed from its key bytes (buckets keep 8 bits of it).
     @inline(__always)
     func hashOf(_ block: UnsafeMutableRawPointer) -> UInt64 {
-        let header = block.assumingMemoryBound(to: EntryHeader.self).pointee
+        let header = EntryHeader(of: block)
         return hasher.hash(UnsafeRawBufferPointer(start: block + header.keyOffset, count: Int(header.keyLength)))
     }
 }

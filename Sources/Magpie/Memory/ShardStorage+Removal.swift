@@ -10,7 +10,7 @@ extension ShardStorage {
         var matches: [UnsafeMutableRawPointer] = []
         for ring in [small, main] {
             ring.forEach { block in
-                let header = block.assumingMemoryBound(to: EntryHeader.self).pointee
+                let header = EntryHeader(of: block)
                 if !header.isDead && predicate(block, header) { matches.append(block) }
             }
         }
@@ -19,6 +19,7 @@ extension ShardStorage {
             if let position = indexPosition(hash: hash, block: block) { unlink(position: position, block: block) }
         }
         returnSurplus(keeping: 0)
+        retired.reclaim()  // a bulk removal is rare: free what no reader holds now, not at the next batch
         return matches.count
     }
 
@@ -51,23 +52,22 @@ extension ShardStorage {
     /// Removes every entry and returns the arrays to their initial sizes. Counters are kept.
     mutating func removeAll() {
         counters.removals &+= UInt64(count)
-        small.freeAllBlocks()
-        main.freeAllBlocks()
+        // The index goes first (a new, empty table), then the blocks, which readers may still hold.
+        if let table = IndexTable.allocate(buckets: Self.initialBuckets),
+            let ghost = allocateZeroed(UInt32.self, Self.initialBuckets)
+        {
+            replaceTable(with: table)
+            free(self.ghost)
+            self.ghost = ghost
+        } else {
+            // Out of memory for the smaller arrays: the current ones are kept and cleared.
+            for position in 0...indexMask { setBucket(position, 0) }
+            memset(ghost, 0, (ghostMask + 1) * MemoryLayout<UInt32>.stride)
+        }
+        small.retireAllBlocks(into: &retired)
+        main.retireAllBlocks(into: &retired)
         small.removeAll()
         main.removeAll()
-        // Shrinking can only fail to allocate; then the current (larger) arrays are kept, cleared.
-        if let index = allocateZeroed(UInt64.self, Self.initialBuckets) {
-            if let ghost = allocateZeroed(UInt32.self, Self.initialBuckets) {
-                free(self.index); free(self.ghost)
-                self.index = index
-                self.indexMask = Self.initialBuckets - 1
-                self.ghost = ghost
-            } else {
-                free(index)
-            }
-        }
-        memset(index, 0, (indexMask + 1) * MemoryLayout<UInt64>.stride)
-        memset(ghost, 0, (ghostMask + 1) * MemoryLayout<UInt32>.stride)
         smallGhost = GhostWindow()
         mainGhost = GhostWindow()
         smallTarget = budget / 10
@@ -76,5 +76,6 @@ extension ShardStorage {
         largeCharged = 0
         count = 0
         returnSurplus(keeping: 0)
+        retired.reclaim()
     }
 }

@@ -1,7 +1,8 @@
 import Glibc
 
-// A shard's store: room made before the entry goes in, a same-layout replacement in place, a new block
-// otherwise (see "Budget" and "Removal: dead blocks" in ShardStorage.swift).
+// A shard's store: room made before the entry goes in, then a new block (a published block never
+// changes: lock-free readers may be copying it; see "Budget" and "Removal: dead blocks" in
+// ShardStorage.swift).
 
 extension ShardStorage {
     /// Stores `value` for `key`, replacing any previous value, with an optional deadline (ms since
@@ -40,29 +41,15 @@ extension ShardStorage {
         var frequency: UInt8 = 0
         var isUpdate = false
         var previous: (position: Int, block: UnsafeMutableRawPointer)? = nil
-        if placeholderLength == nil, let (position, block) = find(hash: hash, key: key) {
-            let header = block.assumingMemoryBound(to: EntryHeader.self)
-            if placeholderLength == nil && header.pointee.storedLength == storedLength
-                && header.pointee.state & ~EntryHeader.queueMask == flags
-            {
-                // Same layout: overwrite extras and value in place; the key bytes are already equal.
-                header.pointee.valueLength = UInt32(value.count)
-                writeExtras(block, deadline: deadline, group: group)
-                copyBytes(value, to: block + header.pointee.keyOffset + key.count)
-                header.pointee.frequency = min(header.pointee.frequency &+ 1, Self.frequencyCap)
-                counters.updates &+= 1
-                return .updated
-            }
-            previous = (position, block)
-        }
+        if placeholderLength == nil, let found = find(hash: hash, key: key) { previous = found }
         let charge = Self.charge(storedLength: storedLength)
         if charged + charge > limit, mayBorrow(charge), let shortfall = reserveRoom(charge), policy == .borrow {
             return .short(shortfall)  // nothing changed: the previous value is still there
         }
         if let previous {
-            let header = previous.block.assumingMemoryBound(to: EntryHeader.self)
-            queue = header.pointee.queue
-            frequency = min(header.pointee.frequency &+ 1, Self.frequencyCap)
+            let header = EntryHeader(of: previous.block)
+            queue = header.queue
+            frequency = min(header.frequency &+ 1, Self.frequencyCap)
             isUpdate = true
             unlink(position: previous.position, block: previous.block)
         }
@@ -89,7 +76,7 @@ extension ShardStorage {
         }
         let header = EntryHeader(
             valueLength: UInt32(valueLength), keyLength: UInt16(key.count), frequency: frequency, state: queue | flags)
-        block.initializeMemory(as: EntryHeader.self, repeating: header, count: 1)
+        header.write(to: block)
         writeExtras(block, deadline: deadline, group: group)
         copyBytes(key, to: block + header.keyOffset)
         if placeholderLength == nil { copyBytes(value, to: block + header.keyOffset + key.count) }

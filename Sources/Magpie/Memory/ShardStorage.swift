@@ -1,9 +1,13 @@
 import Glibc
+import Synchronization
 
 // MARK: - Shard storage: layout, invariants and the S3-FIFO policy
 //
 // A memory-tier shard is one `ShardStorage` behind its own lock (see `Shard`). Everything here runs
-// with that lock held, so nothing in this file is atomic and nothing is shared.
+// with that lock held. Hits do not take it (Memory/LockFreeRead.swift): they read the index buckets and
+// the entry blocks at the same time as the lock holder changes them, so those two, and nothing else here,
+// are shared: buckets are atomic words, a block is immutable once indexed (but for two atomic bytes, see
+// `EntryHeader`), and what is unlinked is retired, not freed (Support/ReadEpochs.swift).
 //
 // ### Layout
 //
@@ -11,6 +15,7 @@ import Glibc
 //            frequency u8, state u8), then the key bytes, then the value bytes.
 //   index    open addressing, 8-byte buckets: tag (hash >> 56) : 8 | distance from home : 8 |
 //            block address : 48. 0 = empty. A hit costs two dependent memory reads: bucket, block.
+//            One allocation with its mask in a 16-byte header (`IndexTable`), published to readers.
 //   rings    two FIFOs of block pointers (8 B each): `small` and `main` (S3-FIFO's queues).
 //   ghost    one UInt32 per index bucket: two ghosts (hashes evicted unread from `small`, and from
 //            `main`), each a window over the last `budget` bytes it took in (ShardStorage+Ghost.swift).
@@ -57,7 +62,7 @@ import Glibc
 // Removing or replacing an entry deletes its bucket at once (a read can no longer see it), but its
 // block may still be in a ring. It is marked dead and stays charged, as it still holds memory, until
 // its ring pops it (eviction frees dead blocks first) or the ring is compacted (when dead blocks
-// outnumber live ones). A replacement of the same total size reuses the block in place. A large
+// outnumber live ones). A replacement is always a new block (a reader may be copying the old one). A large
 // entry's block (see "Budget") is never left dead: it is taken out of its ring and freed at once, so
 // that the room it borrowed goes back at once; that costs a scan of the ring's pointers (8 bytes per
 // entry, no block read), less than copying the entry cost.
@@ -103,6 +108,13 @@ import Glibc
 
 /// The 8-byte header at the start of every entry block. After it come the optional extras the state
 /// flags announce (an 8-byte deadline, then an 8-byte group hash), then the key, then the value.
+///
+/// A block is written whole before it is published in the index and never changes after, but for two
+/// bytes: `frequency` (set by lock-free hits, and by the policy under the lock) and the queue and dead
+/// bits of `state` (written under the lock; a reader reads only the flag bits, which never change).
+/// Both bytes are only ever accessed atomically (relaxed: plain byte loads and stores on x86), so a
+/// value is a snapshot taken by ``init(of:)`` and changes go through ``setFrequency(_:_:)`` and
+/// ``setState(_:_:)``.
 struct EntryHeader {
     var valueLength: UInt32
     var keyLength: UInt16
@@ -118,6 +130,52 @@ struct EntryHeader {
     static let groupFlag: UInt8 = 0x08
     static let placeholderFlag: UInt8 = 0x10
     static let deadFlag: UInt8 = 0x80
+
+    init(valueLength: UInt32, keyLength: UInt16, frequency: UInt8, state: UInt8) {
+        self.valueLength = valueLength
+        self.keyLength = keyLength
+        self.frequency = frequency
+        self.state = state
+    }
+
+    /// The header of `block`, read field by field (the two mutable bytes atomically).
+    @inline(__always)
+    init(of block: UnsafeMutableRawPointer) {
+        valueLength = block.load(as: UInt32.self)
+        keyLength = block.load(fromByteOffset: 4, as: UInt16.self)
+        frequency = Self.frequencyCell(block).pointee.load(ordering: .relaxed)
+        state = Self.stateCell(block).pointee.load(ordering: .relaxed)
+    }
+
+    /// Writes this header at the start of a new block, before the block is published.
+    @inline(__always)
+    func write(to block: UnsafeMutableRawPointer) {
+        block.storeBytes(of: valueLength, as: UInt32.self)
+        block.storeBytes(of: keyLength, toByteOffset: 4, as: UInt16.self)
+        Self.frequencyCell(block).pointee.store(frequency, ordering: .relaxed)
+        Self.stateCell(block).pointee.store(state, ordering: .relaxed)
+    }
+
+    @inline(__always)
+    static func frequencyCell(_ block: UnsafeMutableRawPointer) -> UnsafeMutablePointer<Atomic<UInt8>> {
+        (block + 6).assumingMemoryBound(to: Atomic<UInt8>.self)
+    }
+
+    @inline(__always)
+    static func stateCell(_ block: UnsafeMutableRawPointer) -> UnsafeMutablePointer<Atomic<UInt8>> {
+        (block + 7).assumingMemoryBound(to: Atomic<UInt8>.self)
+    }
+
+    @inline(__always)
+    static func setFrequency(_ block: UnsafeMutableRawPointer, _ frequency: UInt8) {
+        frequencyCell(block).pointee.store(frequency, ordering: .relaxed)
+    }
+
+    /// Writes a block's state (under the shard's lock; only the queue and dead bits ever change).
+    @inline(__always)
+    static func setState(_ block: UnsafeMutableRawPointer, _ state: UInt8) {
+        stateCell(block).pointee.store(state, ordering: .relaxed)
+    }
 
     var isDead: Bool { state & EntryHeader.deadFlag != 0 }
     var queue: UInt8 { state & EntryHeader.queueMask }
@@ -159,8 +217,16 @@ struct ShardStorage: ~Copyable {
     /// Live entries (those in the index).
     var count = 0
 
-    var index: UnsafeMutablePointer<UInt64>
+    /// The current index table (see `IndexTable`), its buckets and their mask. Readers reach it through
+    /// `published`; the shard keeps these copies for itself.
+    var table: UnsafeMutableRawPointer
+    var index: UnsafeMutablePointer<Atomic<UInt64>>
     var indexMask: Int
+    /// Where lock-free readers find the current table: one 64-byte line of its own (the storage's lines
+    /// change on every store; this one only when the table is replaced).
+    let published: UnsafeMutablePointer<Atomic<UInt>>
+    /// Blocks and tables unlinked but not yet freed (Support/ReadEpochs.swift).
+    var retired = RetiredBlocks()
     /// As many slots as `index` has buckets (see ShardStorage+Ghost.swift).
     var ghost: UnsafeMutablePointer<UInt32>
     let ghostShift: Int
@@ -190,16 +256,24 @@ struct ShardStorage: ~Copyable {
 
     /// Creates empty storage; nil when the initial arrays (about 1.2 KiB) cannot be allocated.
     init?(budget: Int, hasher: KeyHash, clock: CacheClock, pool: BudgetPool? = nil, largestCharge: Int? = nil) {
-        guard let index = allocateZeroed(UInt64.self, Self.initialBuckets) else { return nil }
+        guard let table = IndexTable.allocate(buckets: Self.initialBuckets) else { return nil }
+        var line: UnsafeMutableRawPointer? = nil
+        guard posix_memalign(&line, 64, 64) == 0, let line else {
+            free(table)
+            return nil
+        }
         guard let ghost = allocateZeroed(UInt32.self, Self.initialBuckets) else {
-            free(index)
+            free(table); free(line)
             return nil
         }
         guard let small = EntryRing(capacity: Self.initialRing), let main = EntryRing(capacity: Self.initialRing)
         else {
-            free(index); free(ghost)
+            free(table); free(line); free(ghost)
             return nil
         }
+        published = line.bindMemory(to: Atomic<UInt>.self, capacity: 1)
+        published.pointee.store(UInt(bitPattern: table), ordering: .releasing)
+        self.table = table
         self.budget = budget
         self.limit = budget
         self.pool = pool
@@ -207,7 +281,7 @@ struct ShardStorage: ~Copyable {
         self.smallTarget = budget / 10
         self.hasher = hasher
         self.clock = clock
-        self.index = index
+        self.index = IndexTable.buckets(table)
         self.indexMask = Self.initialBuckets - 1
         self.ghost = ghost
         self.ghostShift = Self.ghostShift(budget: budget)
@@ -219,7 +293,9 @@ struct ShardStorage: ~Copyable {
         small.freeAllBlocks()
         main.freeAllBlocks()
         small.release(); main.release()
-        free(index); free(ghost)
+        // No reader holds anything: the tier that owns this shard is being destroyed.
+        retired.freeAll()
+        free(table); free(ghost); free(published)
     }
 
     /// The charge of an entry storing `storedLength` bytes after its header.
@@ -242,23 +318,23 @@ struct ShardStorage: ~Copyable {
 
     // MARK: Reads
 
-    /// Runs `body` over the value stored for `key`, counting a hit or a miss.
+    /// The value stored for `key`, counting a hit or a miss; an expired entry is removed. The bytes are
+    /// valid while the lock is held, or, for a caller that pinned its thread before taking the lock
+    /// (Support/ReadEpochs.swift), until it unpins.
     @inline(__always)
-    mutating func withValue<R>(
-        hash: UInt64, key: UnsafeRawBufferPointer, _ body: (UnsafeRawBufferPointer) -> R
-    ) -> R? {
+    mutating func lookup(hash: UInt64, key: UnsafeRawBufferPointer) -> UnsafeRawBufferPointer? {
         guard let (position, block) = find(hash: hash, key: key) else {
             counters.misses &+= 1
             return nil
         }
-        let state = block.assumingMemoryBound(to: EntryHeader.self).pointee
-        if state.state & (EntryHeader.expiryFlag | EntryHeader.placeholderFlag) != 0 {
+        let header = EntryHeader(of: block)
+        if header.state & (EntryHeader.expiryFlag | EntryHeader.placeholderFlag) != 0 {
             // A placeholder has no bytes to show (only `simulateRequest` makes them).
-            if state.isPlaceholder {
+            if header.isPlaceholder {
                 counters.misses &+= 1
                 return nil
             }
-            if Self.isExpired(block, state, now: clock.now()) {
+            if Self.isExpired(block, header, now: clock.now()) {
                 unlink(position: position, block: block)
                 returnSurplus(keeping: 0)
                 counters.expirations &+= 1
@@ -268,17 +344,15 @@ struct ShardStorage: ~Copyable {
         }
         counters.hits &+= 1
         // Invariant: a block reachable from the index is live: header, then keyLength + valueLength bytes.
-        let header = block.assumingMemoryBound(to: EntryHeader.self)
-        let frequency = header.pointee.frequency
-        if frequency < Self.frequencyCap { header.pointee.frequency = frequency &+ 1 }
-        let start = block + header.pointee.keyOffset + Int(header.pointee.keyLength)
-        return body(UnsafeRawBufferPointer(start: start, count: Int(header.pointee.valueLength)))
+        if header.frequency < Self.frequencyCap { EntryHeader.setFrequency(block, header.frequency &+ 1) }
+        let start = block + header.keyOffset + Int(header.keyLength)
+        return UnsafeRawBufferPointer(start: start, count: Int(header.valueLength))
     }
 
     /// Whether `key` is present and unexpired, without counting a read or changing its frequency.
     func contains(hash: UInt64, key: UnsafeRawBufferPointer) -> Bool {
         guard let (_, block) = find(hash: hash, key: key) else { return false }
-        let header = block.assumingMemoryBound(to: EntryHeader.self).pointee
+        let header = EntryHeader(of: block)
         return !header.isPlaceholder && !(header.hasExpiry && Self.isExpired(block, header, now: clock.now()))
     }
 
@@ -307,32 +381,33 @@ struct ShardStorage: ~Copyable {
     mutating func unlink(position: Int, block: UnsafeMutableRawPointer) {
         indexDelete(at: position)
         count -= 1
-        let header = block.assumingMemoryBound(to: EntryHeader.self)
-        let queue = header.pointee.queue
-        let charge = Self.charge(storedLength: header.pointee.storedLength)
+        let header = EntryHeader(of: block)
+        let queue = header.queue
+        let charge = Self.charge(storedLength: header.storedLength)
         if isLarge(charge) && (queue == EntryHeader.small ? small.remove(block) : main.remove(block)) {
             // Freed now rather than when its ring pops it: the room it borrowed can go back at once.
             release(block, charge: charge, fromSmall: queue == EntryHeader.small)
             return
         }
-        header.pointee.state |= EntryHeader.deadFlag
+        EntryHeader.setState(block, header.state | EntryHeader.deadFlag)
         if queue == EntryHeader.small {
             small.dead += 1
             if small.needsCompaction {
-                let freed = small.compact()
+                let freed = small.compact(retiringInto: &retired)
                 charged -= freed
                 smallCharged -= freed
             }
         } else {
             main.dead += 1
-            if main.needsCompaction { charged -= main.compact() }
+            if main.needsCompaction { charged -= main.compact(retiringInto: &retired) }
         }
     }
 
-    /// Frees a block that has left both the index and its ring, and its charge.
+    /// Releases a block that has left both the index and its ring, and its charge: the block is freed
+    /// once no lock-free reader can hold it (Support/ReadEpochs.swift).
     @inline(__always)
     mutating func release(_ block: UnsafeMutableRawPointer, charge: Int, fromSmall: Bool) {
-        free(block)
+        retired.retire(block, bytes: charge)
         charged -= charge
         if fromSmall { smallCharged -= charge }
         if isLarge(charge) { largeCharged -= charge }
@@ -342,6 +417,29 @@ struct ShardStorage: ~Copyable {
 @inline(__always)
 func copyBytes(_ source: UnsafeRawBufferPointer, to destination: UnsafeMutableRawPointer) {
     if let base = source.baseAddress, !source.isEmpty { memcpy(destination, base, source.count) }
+}
+
+/// An index table: a 16-byte header holding the bucket mask, then the buckets (8 bytes each, atomic: a
+/// lock-free reader loads them while the shard's writer stores them). One allocation, so that a reader
+/// gets the buckets and their count from one pointer; free it with `free`.
+enum IndexTable {
+    static let headerSize = 16
+
+    /// A zeroed table of `buckets` (a power of two); nil when memory runs out.
+    static func allocate(buckets: Int) -> UnsafeMutableRawPointer? {
+        guard let table = calloc(1, headerSize + buckets * MemoryLayout<UInt64>.stride) else { return nil }
+        table.storeBytes(of: buckets - 1, as: Int.self)
+        _ = (table + headerSize).bindMemory(to: Atomic<UInt64>.self, capacity: buckets)
+        return table
+    }
+
+    @inline(__always)
+    static func mask(_ table: UnsafeRawPointer) -> Int { table.load(as: Int.self) }
+
+    @inline(__always)
+    static func buckets(_ table: UnsafeMutableRawPointer) -> UnsafeMutablePointer<Atomic<UInt64>> {
+        (table + headerSize).assumingMemoryBound(to: Atomic<UInt64>.self)
+    }
 }
 
 /// `calloc` for `count` values of a trivial type whose all-zero bit pattern is valid; nil on failure.
