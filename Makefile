@@ -6,7 +6,7 @@ SHELL := /bin/bash
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := libxxhash-dev libzstd-dev pkg-config
 
-.PHONY: deps bench test unit build docs tsan fuzz fuzz-build release-check format clean
+.PHONY: deps peers bench test unit build docs tsan asan fuzz fuzz-build release-check format clean
 
 deps:
 	@if ! pkg-config --exists libxxhash libzstd 2>/dev/null; then \
@@ -14,7 +14,21 @@ deps:
 	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); \
 	fi
 
+# The RocksDB peer that `magpie-bench memory` runs beside Magpie in the same invocation (the
+# rocksdb-hcc rows). Needs librocksdb-dev and g++, installed here if missing; a machine without them
+# still benchmarks Magpie (the peer's rows are then skipped, and the report says so).
+PEER := .build/peers/rocksdb-cache-peer
+peers: $(PEER)
+$(PEER): Benchmarks/Peers/rocksdb_cache_peer.cc
+	@if ! { [ -f /usr/include/rocksdb/cache.h ] && command -v g++ >/dev/null; }; then \
+	  echo "installing librocksdb-dev g++ (the RocksDB peer)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq librocksdb-dev g++ || true; \
+	fi
+	@mkdir -p $(dir $@)
+	g++ -O2 -std=c++17 $< -o $@ -lrocksdb -lpthread || echo "warning: the RocksDB peer did not build; its rows will be skipped"
+
 bench: deps
+	-$(MAKE) --no-print-directory peers
 	swift build -c release --product magpie-bench
 	.build/release/magpie-bench
 
@@ -32,6 +46,7 @@ build: deps
 CI_FUZZ_SECONDS ?= 45
 test: unit
 	$(MAKE) --no-print-directory tsan
+	$(MAKE) --no-print-directory asan
 	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(CI_FUZZ_SECONDS)
 	$(MAKE) --no-print-directory release-check
 
@@ -47,7 +62,14 @@ unit: build
 # and exit in this toolchain (seen with the I/O pool's threads), so it is off; races are still reported.
 tsan: deps
 	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1" swift test --sanitize=thread --scratch-path .build-tsan \
-	  --filter "Cache|MemoryTierPropertyTests|MemoryBudgetTests|DiskTierConcurrencyTests"
+	  --filter "Cache|MemoryTierPropertyTests|MemoryBudgetTests|MemoryLockFreeReadTests|DiskTierConcurrencyTests"
+
+# The memory tier's lock-free reads under Address Sanitizer: a block freed while a reader still copies
+# it is a heap-use-after-free report here (LeakSanitizer is off: the Swift runtime keeps some allocations
+# for the process's life).
+asan: deps
+	ASAN_OPTIONS="detect_leaks=0 halt_on_error=1" swift test --sanitize=address --scratch-path .build-asan \
+	  --filter "MemoryLockFreeReadTests|MemoryTierPropertyTests|MemoryBudgetTests|MemoryTierExpiryGroupTests"
 
 # DocC: builds the symbol graph and the catalog, failing on any warning (undocumented parameter,
 # broken link).

@@ -47,6 +47,7 @@ struct Suite: ParsableCommand {
             results: results)
         print()
         printTable(results.filter { $0.extra["sweep_parameter"] == nil })  // the curves get their own tables
+        printMemorySummary(results)
         printTieredSummary(results)
         for (title, rows) in curveTables {
             print("\n\(title)")

@@ -13,6 +13,7 @@ struct Memory: ParsableCommand {
         let results = try MemoryScenario(options: options).run(progress: progressLine)
         print()
         printTable(results)
+        printMemorySummary(results)
         if let json = outputOptions.json {
             let report = Report(
                 date: timestamp(), machine: .current(), config: ["memory": .object(options.config)], results: results)

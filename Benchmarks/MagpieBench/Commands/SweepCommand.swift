@@ -63,7 +63,7 @@ struct Sweep: ParsableCommand {
         var results: [BenchResult] = []
         var tables: [(String, [[String]])] = []
         let memoryBase = [
-            "--keys", "\(keys)", "--ops", "\(ops)", "--warmup", "\(ops)", "--systems", "magpie", "--repetitions", "1",
+            "--keys", "\(keys)", "--ops", "\(ops)", "--warmup", "\(ops)", "--systems", "magpie", "--workloads", "zipf", "--repetitions", "1",
         ]
         if curves.contains(.budget) {
             var rows = [["budget %", "budget B", "hit ratio", "ops/s", "p50 ns", "p99 ns"]]

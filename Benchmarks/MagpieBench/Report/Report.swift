@@ -124,14 +124,22 @@ let magpieBenchVersion = "0.1.0"
 
 /// The human table: one row per result.
 func printTable(_ results: [BenchResult]) {
-    let header = ["scenario", "system", "threads", "ops/s", "p50 ns", "p90 ns", "p99 ns", "p99.9 ns", "max ns", "hit ratio"]
+    let header = [
+        "scenario", "system", "threads", "ops/s", "min ops/s", "p50 ns", "p90 ns", "p99 ns", "p99.9 ns", "max ns", "hit ratio",
+    ]
     var rows = [header]
     for r in results {
-        rows.append([
-            r.scenario, r.system, String(r.threads), formatRate(r.ops_per_sec),
-            String(r.latency_ns.p50), String(r.latency_ns.p90), String(r.latency_ns.p99),
-            String(r.latency_ns.p999), String(r.latency_ns.max), String(format: "%.4f", r.hit_ratio),
-        ])
+        // Latency not measured (the RocksDB peer, a simulation): shown as "-".
+        let latency = [r.latency_ns.p50, r.latency_ns.p90, r.latency_ns.p99, r.latency_ns.p999, r.latency_ns.max].map {
+            r.latency_ns.max == 0 ? "-" : String($0)
+        }
+        var minimum = "-"
+        if case .double(let rate) = r.extra["ops_per_sec_min"] { minimum = formatRate(rate) }
+        let system = r.extra["hot_keys"].map { key -> String in
+            if case .int(let n) = key { return "\(r.system) (\(n) keys)" }
+            return r.system
+        } ?? r.system
+        rows.append([r.scenario, system, String(r.threads), formatRate(r.ops_per_sec), minimum] + latency + [String(format: "%.4f", r.hit_ratio)])
     }
     printAligned(rows)
 }

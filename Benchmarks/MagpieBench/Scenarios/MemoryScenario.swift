@@ -20,11 +20,20 @@ struct MemoryOptions: ParsableArguments {
     @Option(help: "Seed of the warm-up sequence.") var seed: UInt64 = 12345
     @Option(help: "Seed of thread t's sequence is this + t.") var threadSeedBase: UInt64 = 1000
     @Option(help: "Magpie shard count (power of two); default: the tier's default.") var shards: Int?
-    @Option(parsing: .upToNextOption, help: "Systems to run.")
-    var systems: [String] = ["magpie", "magpie-inplace", "magpie-cache", "mutex-dictionary", "NSCache"]
+    @Option(
+        parsing: .upToNextOption,
+        help: "Systems to run. rocksdb-hcc and rocksdb-lru run the RocksDB peer (see --peer); by default rocksdb-hcc runs when the peer is built.")
+    var systems: [String] = ["magpie", "magpie-inplace", "magpie-cache", "mutex-dictionary", "NSCache", "rocksdb-hcc"]
+    @Option(
+        parsing: .upToNextOption,
+        help: "Workloads: zipf (cache-aside over Zipf keys: scenario memory), hot (every thread reads the same --hot-keys keys, uniformly: scenario memory-hotkeys).")
+    var workloads: [String] = ["zipf", "hot"]
+    @Option(parsing: .upToNextOption, help: "Key counts of the hot-key workload.") var hotKeys: [Int] = [1, 16, 256]
+    @Option(help: "The RocksDB peer (Benchmarks/Peers/rocksdb_cache_peer.cc, built by `make peers`); default: .build/peers/rocksdb-cache-peer, found from the working directory or beside this executable's build directory.")
+    var peer: String?
     @Option(help: "Operations per thread of the latency pass (every one timed).") var latencyOps: Int?
-    @Option(help: "Timed passes per run; ops/s is their median (the first pass gives the hit ratio).")
-    var repetitions = 3
+    @Option(help: "Timed passes per run; ops/s is their median, and their minimum is reported (the first pass gives the hit ratio).")
+    var repetitions = 5
     @Option(help: "Timed operations per thread for NSCache (about 50x slower here); one pass, same sequences.")
     var nscacheOps = 300_000
     @Flag(
@@ -32,15 +41,15 @@ struct MemoryOptions: ParsableArguments {
         help: "Measure each (system, threads) in a child process of its own, so one system's heap never shapes another's figures (resident memory above all).")
     var isolate = true
 
-    /// The command-line arguments that reproduce these options for one (system, threads) child.
-    func childArguments(system: String, threads: Int, json: String) -> [String] {
+    /// The command-line arguments that reproduce these options for one (workload, system, threads) child.
+    func childArguments(workload: MemoryWorkload, system: String, threads: Int, json: String) -> [String] {
         var arguments = [
             "memory", "--keys", "\(keys)", "--key-size", "\(keySize)", "--value-size", "\(valueSize)",
             "--alpha", "\(alpha)", "--budget", "\(effectiveBudget)", "--threads", "\(threads)", "--ops", "\(ops)",
             "--warmup", "\(warmup)", "--seed", "\(seed)", "--thread-seed-base", "\(threadSeedBase)",
             "--systems", system, "--repetitions", "\(repetitions)", "--nscache-ops", "\(nscacheOps)",
             "--no-isolate", "--json", json,
-        ]
+        ] + workload.arguments
         if let shards { arguments += ["--shards", "\(shards)"] }
         if let latencyOps { arguments += ["--latency-ops", "\(latencyOps)"] }
         return arguments
@@ -57,8 +66,27 @@ struct MemoryOptions: ParsableArguments {
         guard !threads.isEmpty, threads.allSatisfy({ $0 >= 1 }) else { throw ValidationError("--threads must be ≥ 1") }
         guard repetitions >= 1 else { throw ValidationError("--repetitions must be ≥ 1") }
         guard ops >= 1, warmup >= 0 else { throw ValidationError("--ops must be ≥ 1, --warmup ≥ 0") }
-        let known = Set(["magpie", "magpie-inplace", "magpie-cache", "mutex-dictionary", "NSCache"])
+        let known = Set(["magpie", "magpie-inplace", "magpie-cache", "mutex-dictionary", "NSCache", "rocksdb-hcc", "rocksdb-lru"])
         for s in systems where !known.contains(s) { throw ValidationError("unknown system \(s); known: \(known.sorted())") }
+        for w in workloads where w != "zipf" && w != "hot" { throw ValidationError("unknown workload \(w); known: zipf, hot") }
+        guard hotKeys.allSatisfy({ $0 >= 1 && $0 <= keys }) else { throw ValidationError("--hot-keys must be 1...--keys") }
+    }
+
+    /// The workloads to run, in order.
+    var workloadList: [MemoryWorkload] {
+        workloads.flatMap { $0 == "zipf" ? [MemoryWorkload.zipf] : hotKeys.map { MemoryWorkload.hot($0) } }
+    }
+
+    /// The RocksDB peer executable: --peer, or the one `make peers` builds, if it exists.
+    var peerPath: String? {
+        if let peer { return peer }
+        let executable = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+        let candidates = [
+            ".build/peers/rocksdb-cache-peer",
+            // .build/<configuration>/magpie-bench → .build/peers
+            executable.deletingLastPathComponent().deletingLastPathComponent().appendingPathComponent("peers/rocksdb-cache-peer").path,
+        ]
+        return candidates.first { FileManager.default.isExecutableFile(atPath: $0) }
     }
 
     var config: [String: JSONValue] {
@@ -70,72 +98,169 @@ struct MemoryOptions: ParsableArguments {
             "shards": .int(shards ?? MemoryTier.defaultShardCount),
             "latency_ops_per_thread": .int(latencyOps ?? ops), "latency_sampling": .string("every operation, separate pass"),
             "systems": .array(systems.map { .string($0) }), "repetitions": .int(repetitions),
+            "workloads": .array(workloads.map { .string($0) }), "hot_keys": .array(hotKeys.map { .int($0) }),
+            "peer": .string(peerPath ?? "not built"),
             "nscache_ops_per_thread": .int(min(nscacheOps, ops)), "isolated_processes": .bool(isolate),
         ]
     }
 }
 
-/// The memory scenario: cache-aside over a Zipf workload, per system and thread count.
+/// A workload of the memory scenario.
+enum MemoryWorkload: Hashable, Sendable {
+    /// Cache-aside over Zipf(α) keys (scenario `memory`).
+    case zipf
+    /// Every thread reads the same `n` keys (ranks 0..<n), uniformly (scenario `memory-hotkeys`).
+    case hot(Int)
+
+    var scenario: String { self == .zipf ? "memory" : "memory-hotkeys" }
+    var hotKeys: Int { if case .hot(let n) = self { n } else { 0 } }
+    /// The options that select it in a child run.
+    var arguments: [String] { self == .zipf ? ["--workloads", "zipf"] : ["--workloads", "hot", "--hot-keys", "\(hotKeys)"] }
+    var label: String { self == .zipf ? "Zipf" : "\(hotKeys) hot keys" }
+}
+
+/// The memory scenario: cache-aside over a Zipf workload, and reads of a few hot keys, per system and
+/// thread count; the RocksDB peer (a process of its own) in the same run.
 struct MemoryScenario {
     let options: MemoryOptions
 
     func run(progress: (String) -> Void) throws -> [BenchResult] {
-        options.isolate ? try runIsolated(progress: progress) : try runHere(progress: progress)
+        var results: [BenchResult] = []
+        let peer = options.peerPath
+        var sequences: [MemoryWorkload: Sequences] = [:]
+        for workload in options.workloadList {
+            for threads in options.threads {
+                for system in options.systems {
+                    if system.hasPrefix("rocksdb-") {
+                        guard let peer else {
+                            progress("\(system): the RocksDB peer is not built (`make peers`, or --peer PATH): skipped")
+                            continue
+                        }
+                        progress("\(workload.scenario): \(system), \(workload.label), \(threads) thread(s)")
+                        results.append(try runPeer(peer, kind: String(system.dropFirst(8)), workload: workload, threads: threads))
+                    } else if options.isolate {
+                        results += try runChild(system, workload: workload, threads: threads)
+                    } else {
+                        if sequences[workload] == nil {
+                            progress("\(workload.scenario): generating the \(workload.label) sequences")
+                            sequences[workload] = Sequences(options, workload)
+                        }
+                        progress("\(workload.scenario): \(system), \(workload.label), \(threads) thread(s)")
+                        results.append(try runHere(system, workload: workload, sequences: sequences[workload]!, threads: threads))
+                    }
+                }
+            }
+        }
+        return results
     }
 
-    /// Runs every (threads, system) pair in a child process of this executable and collects the rows.
-    private func runIsolated(progress: (String) -> Void) throws -> [BenchResult] {
-        var results: [BenchResult] = []
+    /// The warm-up and per-thread rank sequences of a workload, generated as the peer generates them.
+    struct Sequences {
+        let zipf: ZipfWorkload?
+        let warmup: [UInt32]
+        let threads: [[UInt32]]
+
+        init(_ options: MemoryOptions, _ workload: MemoryWorkload) {
+            let maxThreads = options.threads.max() ?? 1
+            if case .hot(let n) = workload {
+                zipf = nil
+                warmup = hotRanks(n, seed: options.seed, count: options.warmup)
+                threads = (0..<maxThreads).map { hotRanks(n, seed: options.threadSeedBase + UInt64($0), count: options.ops) }
+            } else {
+                let workload = ZipfWorkload(keyCount: options.keys, alpha: options.alpha)
+                zipf = workload
+                warmup = workload.ranks(seed: options.seed, count: options.warmup)
+                threads = (0..<maxThreads).map {
+                    workload.ranks(seed: options.threadSeedBase + UInt64($0), count: options.ops)
+                }
+            }
+        }
+    }
+
+    /// Runs one (workload, system, threads) in a child process of this executable and returns its rows.
+    private func runChild(_ system: String, workload: MemoryWorkload, threads: Int) throws -> [BenchResult] {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("magpie-bench-\(getpid())")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
-        for threads in options.threads {
-            for system in options.systems {
-                let json = directory.appendingPathComponent("\(system)-\(threads).json").path
-                let child = Process()
-                child.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
-                child.arguments = options.childArguments(system: system, threads: threads, json: json)
-                child.standardOutput = FileHandle.nullDevice
-                try child.run()
-                child.waitUntilExit()
-                guard child.terminationStatus == 0 else {
-                    throw ValidationError("child run of \(system) with \(threads) thread(s) exited with \(child.terminationStatus)")
-                }
-                let report = try JSONDecoder().decode(Report.self, from: Data(contentsOf: URL(fileURLWithPath: json)))
-                results += report.results
-            }
+        let json = directory.appendingPathComponent("\(system)-\(threads).json").path
+        let child = Process()
+        child.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+        child.arguments = options.childArguments(workload: workload, system: system, threads: threads, json: json)
+        child.standardOutput = FileHandle.nullDevice
+        try child.run()
+        child.waitUntilExit()
+        guard child.terminationStatus == 0 else {
+            throw ValidationError("child run of \(system) (\(workload.label), \(threads) thread(s)) exited with \(child.terminationStatus)")
         }
-        return results
+        let report = try JSONDecoder().decode(Report.self, from: Data(contentsOf: URL(fileURLWithPath: json)))
+        return report.results
     }
 
-    private func runHere(progress: (String) -> Void) throws -> [BenchResult] {
-        progress("memory: generating \(options.keys) keys, Zipf(\(options.alpha)) sequences")
-        let workload = ZipfWorkload(keyCount: options.keys, alpha: options.alpha)
-        let warmup = workload.ranks(seed: options.seed, count: options.warmup)
-        let maxThreads = options.threads.max() ?? 1
-        let sequences = (0..<maxThreads).map {
-            workload.ranks(seed: options.threadSeedBase + UInt64($0), count: options.ops)
+    /// Runs the RocksDB peer on the same workload (same keys, same sequences, same budget) and reads its
+    /// passes. It times throughput only: its latency fields are 0.
+    private func runPeer(_ path: String, kind: String, workload: MemoryWorkload, threads: Int) throws -> BenchResult {
+        let child = Process()
+        child.executableURL = URL(fileURLWithPath: path)
+        child.arguments = [
+            kind, "\(threads)", "\(options.ops)", "\(workload.hotKeys)", "\(options.keys)", "\(options.alpha)",
+            "\(options.effectiveBudget)", "\(options.valueSize)", "\(options.repetitions)", "\(options.warmup)",
+            "\(options.seed)", "\(options.threadSeedBase)",
+        ]
+        let output = Pipe()
+        child.standardOutput = output
+        try child.run()
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        child.waitUntilExit()
+        guard child.terminationStatus == 0 else {
+            throw ValidationError("the RocksDB peer (\(path)) exited with \(child.terminationStatus)")
         }
-        let timerOverhead = timerOverheadNanoseconds()
-        var results: [BenchResult] = []
-        for threads in options.threads {
-            for name in options.systems {
-                progress("memory: \(name), \(threads) thread(s)")
-                let baseline = residentBytes()
-                var result = try measure(
-                    name, threads: threads, warmup: warmup, sequences: Array(sequences.prefix(threads)))
-                if case .int(let resident) = result.extra["rss_after_bytes"] {
-                    result.extra["rss_before_bytes"] = .int(baseline)
-                    result.extra["rss_growth_bytes"] = .int(resident - baseline)
-                    result.extra["rss_growth_over_budget"] = .double(
-                        Double(resident - baseline) / Double(max(1, options.effectiveBudget)))
-                }
-                result.extra["timer_overhead_ns"] = .int(Int(timerOverhead))
-                result.extra["top_k_bound_hit_ratio"] = .double(topBound(workload, result.extra))
-                results.append(result)
+        var rates: [Double] = []
+        var hitRatio = 0.0
+        var usage = 0
+        for line in String(decoding: data, as: UTF8.self).split(separator: "\n") {
+            let fields = line.split(separator: " ")
+            if fields.count == 8, fields[0] == "pass", let seconds = Double(fields[3]), let hits = Double(fields[5]),
+                let operations = Double(fields[7]), seconds > 0
+            {
+                if rates.isEmpty { hitRatio = hits / operations }
+                rates.append(operations / seconds)
+            } else if fields.count == 2, fields[0] == "usage", let bytes = Int(fields[1]) {
+                usage = bytes
             }
         }
-        return results
+        guard !rates.isEmpty else { throw ValidationError("the RocksDB peer (\(path)) printed no pass") }
+        let median = rates.sorted()[rates.count / 2]
+        let operations = options.ops * threads
+        var extra: [String: JSONValue] = [
+            "ops_per_sec_passes": .array(rates.map { .double($0) }), "ops_per_sec_min": .double(rates.min()!),
+            "peer": .string(path), "usage_bytes": .int(usage), "latency_measured": .bool(false),
+            "configuration": .string(
+                kind == "hcc"
+                    ? "HyperClockCache(capacity \(options.effectiveBudget), estimated entry charge \(16 + options.valueSize)), metadata not charged"
+                    : "LRUCache(capacity \(options.effectiveBudget), default shards), metadata not charged"),
+        ]
+        if workload != .zipf { extra["hot_keys"] = .int(workload.hotKeys) }
+        return BenchResult(
+            scenario: workload.scenario, system: "rocksdb-\(kind)", threads: threads, operations: operations,
+            seconds: Double(operations) / median, ops_per_sec: median, latency_ns: .zero, hit_ratio: hitRatio, extra: extra)
+    }
+
+    private func runHere(_ name: String, workload: MemoryWorkload, sequences: Sequences, threads: Int) throws -> BenchResult {
+        let timerOverhead = timerOverheadNanoseconds()
+        let baseline = residentBytes()
+        var result = try measure(
+            name, threads: threads, warmup: sequences.warmup, sequences: Array(sequences.threads.prefix(threads)))
+        result.scenario = workload.scenario
+        if workload != .zipf { result.extra["hot_keys"] = .int(workload.hotKeys) }
+        if case .int(let resident) = result.extra["rss_after_bytes"] {
+            result.extra["rss_before_bytes"] = .int(baseline)
+            result.extra["rss_growth_bytes"] = .int(resident - baseline)
+            result.extra["rss_growth_over_budget"] = .double(
+                Double(resident - baseline) / Double(max(1, options.effectiveBudget)))
+        }
+        result.extra["timer_overhead_ns"] = .int(Int(timerOverhead))
+        if let zipf = sequences.zipf { result.extra["top_k_bound_hit_ratio"] = .double(topBound(zipf, result.extra)) }
+        return result
     }
 
     /// The hit ratio of a perfect static cache holding as many entries as the system held at the end.
@@ -214,6 +339,7 @@ struct MemoryScenario {
         var extra = system.extra()
         extra["rss_after_bytes"] = .int(resident)
         extra["ops_per_sec_passes"] = .array(durations.map { .double(Double(operations) / $0) })
+        extra["ops_per_sec_min"] = .double(Double(operations) / durations.max()!)
         extra["get_latency_ns"] = Percentiles(get).json
         extra["put_latency_ns"] = Percentiles(put).json
         extra["latency_hit_ratio"] = .double(Double(timed.reduce(0) { $0 + $1.hits }) / Double(max(1, timed.reduce(0) { $0 + $1.operations })))
@@ -276,6 +402,15 @@ struct CacheAsideLoop<System: MemorySystem>: Sendable {
     }
 }
 
+/// `count` ranks drawn uniformly from 0..<n, as the RocksDB peer draws its hot keys.
+func hotRanks(_ n: Int, seed: UInt64, count: Int) -> [UInt32] {
+    var state = seed
+    return (0..<count).map { _ in
+        state = splitmix64(state)
+        return UInt32(state % UInt64(n))
+    }
+}
+
 /// Runs `body(t)` for t in 0..<threads on `threads` threads at once and returns the results in order.
 func parallel<T: Sendable>(_ threads: Int, _ body: @Sendable (Int) -> T) -> [T] {
     let results = Mutex<[Int: T]>([:])
@@ -284,4 +419,41 @@ func parallel<T: Sendable>(_ threads: Int, _ body: @Sendable (Int) -> T) -> [T] 
         results.withLock { $0[t] = value }
     }
     return results.withLock { table in (0..<threads).map { table[$0]! } }
+}
+
+/// The memory scenario's ratios, all from this run: per workload and system, the rate at the lowest and
+/// highest thread counts, the scaling between them, the ratio to the RocksDB peer at the highest, and
+/// steadiness (the slowest pass over the median, worst over the thread counts).
+func printMemorySummary(_ results: [BenchResult]) {
+    let rows = results.filter { $0.scenario == "memory" || $0.scenario == "memory-hotkeys" }
+    let counts = Set(rows.map(\.threads)).sorted()
+    guard let low = counts.first, let high = counts.last, !rows.isEmpty else { return }
+    func hot(_ r: BenchResult) -> Int { if case .int(let n) = r.extra["hot_keys"] { n } else { 0 } }
+    func steadiness(_ r: BenchResult) -> Double? {
+        if case .double(let minimum) = r.extra["ops_per_sec_min"] { return minimum / r.ops_per_sec }
+        return nil
+    }
+    var table = [["workload", "system", "\(low) thr", "\(high) thr", "scaling", "× rocksdb-hcc at \(high)", "min/median"]]
+    var workloads: [(String, Int)] = []
+    for r in rows where !workloads.contains(where: { $0 == (r.scenario, hot(r)) }) { workloads.append((r.scenario, hot(r))) }
+    for (scenario, keys) in workloads {
+        let group = rows.filter { $0.scenario == scenario && hot($0) == keys }
+        var systems: [String] = []
+        for r in group where !systems.contains(r.system) { systems.append(r.system) }
+        let peer = group.first { $0.system == "rocksdb-hcc" && $0.threads == high }
+        for system in systems {
+            let one = group.first { $0.system == system && $0.threads == low }
+            let many = group.first { $0.system == system && $0.threads == high }
+            let scaling = one.flatMap { a in many.map { $0.ops_per_sec / a.ops_per_sec } }
+            let versus = peer.flatMap { p in many.map { $0.ops_per_sec / p.ops_per_sec } }
+            let steady = group.filter { $0.system == system }.compactMap(steadiness).min()
+            table.append([
+                keys == 0 ? "Zipf" : "\(keys) hot keys", system, one.map { formatRate($0.ops_per_sec) } ?? "-",
+                many.map { formatRate($0.ops_per_sec) } ?? "-", scaling.map { String(format: "%.2f ×", $0) } ?? "-",
+                versus.map { String(format: "%.2f", $0) } ?? "-", steady.map { String(format: "%.2f", $0) } ?? "-",
+            ])
+        }
+    }
+    print("\nMemory: scaling with threads and the RocksDB peer, from this run (ops/s: median of the passes)")
+    printAligned(table)
 }
