@@ -69,7 +69,7 @@ struct MemoryOptions: ParsableArguments {
         let known = Set(["magpie", "magpie-inplace", "magpie-cache", "mutex-dictionary", "NSCache", "rocksdb-hcc", "rocksdb-lru"])
         for s in systems where !known.contains(s) { throw ValidationError("unknown system \(s); known: \(known.sorted())") }
         for w in workloads where w != "zipf" && w != "hot" { throw ValidationError("unknown workload \(w); known: zipf, hot") }
-        guard hotKeys.allSatisfy({ $0 >= 1 && $0 <= keys }) else { throw ValidationError("--hot-keys must be 1...--keys") }
+        guard !workloads.contains("hot") || hotKeys.allSatisfy({ $0 >= 1 && $0 <= keys }) else { throw ValidationError("--hot-keys must be 1...--keys") }
     }
 
     /// The workloads to run, in order.

@@ -54,7 +54,7 @@ import Synchronization
 // store on the thread's own counter line, a release store. No instruction with a lock prefix touches a
 // line another core writes, so hits on the same keys from any number of cores do not queue: on 64 cores
 // the lines they share (the table, the blocks) stay in every core's cache in the shared state. A writer
-// pays a reclamation pass per 64 blocks (or 256 KiB) it retires: an atomic add on the epoch line and one
+// pays a reclamation pass per 16 blocks (or 256 KiB) it retires: an atomic add on the epoch line and one
 // load per thread that ever read. A block freed late is memory held beyond the budget until the next pass
 // after its readers unpin (``MemoryTierStatistics/unreclaimedBytes``).
 //

@@ -22,8 +22,10 @@ import Synchronization
 //
 // Per entry, at the index's maximum load (3/4): bucket 8/0.75 ≈ 11 B + ghost 4/0.75 ≈ 5 B + ring 8 B +
 // header 8 B + glibc's chunk header 8 B = 40 B, charged as ``MemoryTier/entryOverhead``.
-// Not charged: index headroom below its maximum load (it doubles past 3/4) and malloc's rounding of
-// a chunk to 16 B. The benchmark reports resident memory against the budget so the uncharged part
+// Not charged: index headroom below its maximum load (it doubles past 3/4), malloc's rounding of
+// a chunk to 16 B, and blocks that have left the shard but wait for the lock-free readers that may still
+// hold them (freed within a reclamation pass of their last reader unpinning; counted as
+// ``MemoryTierStatistics/unreclaimedBytes``). The benchmark reports resident memory against the budget so the uncharged part
 // is measured, not guessed.
 //
 // ### Index

@@ -39,7 +39,7 @@ import Synchronization
 // Cost. A read: a thread-specific-data load, the slot's `xchg`, a release store; no line another core
 // writes. A pass: an atomic add on the global line and a read of every slot ever used (`highWater`
 // lines): so passes are batched (RetiredBlocks.isDue). On 64 cores a pass reads 64 lines, each likely in
-// another core's cache: a few microseconds, once per 64 retired blocks or 256 KiB. A reader that is
+// another core's cache: a few microseconds, once per 16 retired blocks or 256 KiB. A reader that is
 // descheduled while pinned holds back only the blocks retired after it pinned, until it runs again;
 // memory freed late is bounded by what the writers retire in that time (it is counted: see
 // ``MemoryTierStatistics/unreclaimedBytes``).
@@ -201,19 +201,6 @@ enum ReadEpochs {
         return oldest
     }
 
-    /// Whether no thread is reading now. Called after the caller unlinked something, it means that no
-    /// reader can hold it: one that pins from now on loads the index after the unlink (the fence orders
-    /// the unlink before the slot loads; a pin is sequentially consistent), and one that unpinned did so
-    /// (release) before the load that saw its slot empty (acquire).
-    static func noReaderPinned() -> Bool {
-        atomicMemoryFence(ordering: .sequentiallyConsistent)
-        let used = highWater.pointee.load(ordering: .sequentiallyConsistent)
-        for slot in 0..<used where epoch(of: slot).pointee.load(ordering: .sequentiallyConsistent) != 0 {
-            return false
-        }
-        return true
-    }
-
     /// Waits until no reader pinned at `tag` or before is still reading; false (at once) when the caller
     /// itself is reading, which it would wait for forever.
     static func waitForReaders(pastTag tag: UInt64) -> Bool {
@@ -283,8 +270,12 @@ struct RetiredBlocks {
     /// The blocks' bytes (entries' charges; tables count 0): memory held beyond the charged bytes.
     private(set) var bytes = 0
 
-    /// A pass runs once this many blocks, or ``dueBytes``, wait.
-    static let dueCount = 64
+    /// A pass runs once this many blocks, or ``dueBytes``, wait. Small, so that a pass's frees stay
+    /// within what glibc's per-thread cache takes back cheaply (7 chunks per size) and the blocks are
+    /// still in the cache; not 1, because a pass reads every reader's slot line, a transfer from another
+    /// core per reading thread (measured: checking the slots on every retire cost the 2-thread Zipf run
+    /// more than a pass per 16).
+    static let dueCount = 16
     static let dueBytes = 256 * 1024
 
     init() {}
@@ -299,12 +290,6 @@ struct RetiredBlocks {
     /// Takes `block` (unlinked from the index, out of every ring) to free once no reader can hold it.
     /// Runs a pass when enough are waiting.
     mutating func retire(_ block: UnsafeMutableRawPointer, bytes charge: Int) {
-        // Nothing waiting and no thread reading: free it now, while it is in the cache (and while the
-        // allocator's per-thread cache takes it back cheaply: a batch of frees overflows it).
-        if count == 0 && ReadEpochs.noReaderPinned() {
-            free(block)
-            return
-        }
         if count == capacity && !grow() {
             // Out of memory for the list: wait for the readers instead (a read takes nanoseconds), unless
             // this thread is itself reading (a `body` that stores), in which case the block is kept.
