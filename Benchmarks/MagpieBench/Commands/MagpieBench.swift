@@ -26,7 +26,8 @@ struct Suite: ParsableCommand {
     @OptionGroup var outputOptions: OutputOptions
 
     func run() throws {
-        let memory = try MemoryOptions.parse([])
+        // The hot-key workload at 16 keys only (1 and 256 with `magpie-bench memory`), to keep the suite short.
+        let memory = try MemoryOptions.parse(["--hot-keys", "16"])
         // file-per-key stores about 1,000 values/s here: 20,000 of them keep the suite short.
         let disk = try DiskOptions.parse(["--fileperkey-keys", "20000"])
         var results = try MemoryScenario(options: memory).run(progress: progressLine)
