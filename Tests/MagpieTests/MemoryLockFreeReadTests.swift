@@ -149,7 +149,7 @@ struct MemoryLockFreeReadTests {
                 var round = 0
                 while !flags.stopped {
                     round += 1
-                    usleep(2000)
+                    usleep(10_000)  // time enough for the writers to fill the budget again, and evict
                     let group = round % 5 == 0 ? nil : Int.random(in: 0..<4, using: &random)
                     let before = (0..<keys).map { ledger.lastStored($0) }
                     if let group {
@@ -196,7 +196,8 @@ struct MemoryLockFreeReadTests {
 
     @Test("readers racing replacements, removals, evictions, large entries and bulk removals: never a torn, foreign, stale or freed value")
     func linearisable() throws {
-        let run = try race(budget: 48 * 1024, shards: 4, keys: 256, writers: 2, readers: 3, largeEvery: 50)
+        // 1,024 keys of 200 B on average: about 4 × the budget, so the writers evict soon after every bulk removal.
+        let run = try race(budget: 48 * 1024, shards: 4, keys: 1024, writers: 2, readers: 3, largeEvery: 50)
         #expect(run.wrong == 0)
         #expect(run.stale == 0)
         #expect(run.reads > 1000)

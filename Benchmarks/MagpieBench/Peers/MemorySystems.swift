@@ -73,6 +73,7 @@ struct MagpieCacheSystem: MemorySystem {
             "budget_bytes": .int(cache.configuration.memory.budget), "charged_bytes": .int(stats.chargedBytes),
             "entries": .int(stats.entries), "entry_overhead_bytes": .int(MemoryTier.entryOverhead),
             "evictions": .int(Int(stats.evictions)), "refusals": .int(Int(stats.refusals)),
+            "unreclaimed_bytes": .int(stats.unreclaimedBytes),
         ]
     }
 }
@@ -87,6 +88,7 @@ func memoryTierExtra(_ tier: MemoryTier) -> [String: JSONValue] {
         "shards": .int(tier.shardCount),
         "evictions": .int(Int(stats.evictions)),
         "refusals": .int(Int(stats.refusals)),
+        "unreclaimed_bytes": .int(stats.unreclaimedBytes),
     ]
 }
 

@@ -299,7 +299,7 @@ public final class MemoryTier: Sendable {
                 var part = storage.counters
                 part.entries = storage.count
                 part.chargedBytes = storage.charged
-                part.unreclaimedBytes = storage.retired.bytes
+                part.unreclaimedBytes = storage.retired.bytes + storage.retired.spareBytes
                 return part
             }
             total.add(part)

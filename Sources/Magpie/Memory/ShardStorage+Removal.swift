@@ -77,5 +77,6 @@ extension ShardStorage {
         count = 0
         returnSurplus(keeping: 0)
         retired.reclaim()
+        retired.freeSpares()
     }
 }

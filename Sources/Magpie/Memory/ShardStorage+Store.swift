@@ -69,7 +69,9 @@ extension ShardStorage {
 
         // Out of memory anywhere below is a refusal, never a trap; nothing taken is leaked.
         let blockLength = Self.headerSize + storedLength - (placeholderLength ?? 0)
-        guard let block = malloc(blockLength) else { return refuse(droppedPrevious: isUpdate) }
+        guard let block = retired.takeSpare(blockLength) ?? malloc(blockLength) else {
+            return refuse(droppedPrevious: isUpdate)
+        }
         guard UInt(bitPattern: block) < (1 << 48), ensureIndexRoom() else {
             free(block)
             return refuse(droppedPrevious: isUpdate)
