@@ -56,7 +56,10 @@ import Synchronization
 // the lines they share (the table, the blocks) stay in every core's cache in the shared state. A writer
 // pays a reclamation pass per 16 blocks (or 256 KiB) it retires: an atomic add on the epoch line and one
 // load per thread that ever read. A block freed late is memory held beyond the budget until the next pass
-// after its readers unpin (``MemoryTierStatistics/unreclaimedBytes``).
+// after its readers unpin (``MemoryTierStatistics/unreclaimedBytes``). Blocks that pass are kept, up to
+// 32 per shard, for the shard's next stores rather than freed (RetiredBlocks.takeSpare): freed on
+// whichever thread ran the pass, they drifted between glibc's per-thread arenas and resident memory grew
+// from 1.35 × to 1.65 × the budget at 2 threads; reused in place it is 1.39 ×.
 //
 // A miss probes twice (without and with the mutex); a miss costs a disk read or a load anyway.
 

@@ -33,10 +33,10 @@ public struct MemoryTierStatistics: Sendable, Hashable {
     /// The sum of the charges (key + value + ``MemoryTier/entryOverhead``) of live entries and of removed
     /// entries whose memory is not reclaimed yet (see ``MemoryTier/chargedBytes``).
     public var chargedBytes: Int = 0
-    /// Bytes of removed entries (and replaced index tables) not freed yet because a lock-free read
-    /// that began before they were removed might still be copying them: memory held beyond
-    /// ``chargedBytes``. Freed in batches once those reads end (a read lasts a key comparison and a
-    /// copy); see `Memory/LockFreeRead.swift`.
+    /// Bytes held beyond ``chargedBytes`` for the lock-free reads: removed entries not freed yet because
+    /// a read that began before they were removed might still be copying them (freed in batches once
+    /// those reads end; a read lasts a key comparison and a copy), and up to 32 such blocks per shard
+    /// kept for the shard's next stores. See `Memory/LockFreeRead.swift`.
     public var unreclaimedBytes: Int = 0
 
     /// Creates an all-zero snapshot.
