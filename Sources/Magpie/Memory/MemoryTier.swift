@@ -64,7 +64,7 @@ public final class MemoryTier: Sendable {
     /// Memory/LockFreeRead.swift): a hit writes only its thread's line. Freed in deinit.
     nonisolated(unsafe) let hitCounts: UnsafeMutableRawPointer
     /// The process's read epochs (a copy of ``ReadEpochs/handle``).
-    let epochs = ReadEpochs.handle
+    let epochs: ReadEpochs.Handle
 
     /// The default shard count: 8 per core, at least 8, a power of two.
     public static var defaultShardCount: Int {
@@ -108,8 +108,8 @@ public final class MemoryTier: Sendable {
                 .invalidConfiguration,
                 "shard count \(shardCount) must be a power of two from 1 to \(Self.maximumShardCount)")
         }
-        guard let hitCounts = ReadEpochs.allocateCounters() else {
-            throw MagpieError(.invalidConfiguration, "out of memory creating the hit counters")
+        guard let epochs = ReadEpochs.handle, let hitCounts = ReadEpochs.allocateCounters() else {
+            throw MagpieError(.invalidConfiguration, "out of memory creating the read epochs and hit counters")
         }
         var shards: [Shard] = []
         shards.reserveCapacity(shardCount)
@@ -138,6 +138,7 @@ public final class MemoryTier: Sendable {
         self.shardMask = shardCount - 1
         self.pool = pool
         self.hitCounts = hitCounts
+        self.epochs = epochs
     }
 
     deinit {

@@ -54,16 +54,16 @@ enum ReadEpochs {
     static let capacity = 256
     static let lineSize = 64
 
-    // Invariant: `region` is allocated once (never freed), 64-byte aligned, `(capacity + 2) * 64` bytes:
+    // Invariant: `region` is allocated once (never freed), 64-byte aligned, `(capacity + 2) * 64` bytes
+    // (nil only if that failed: then no memory tier can be created, see ``handle``, so the writers'
+    // functions below, which only tiers call, always find it):
     // line 0 holds the global epoch (Atomic<UInt64>, starts at 1); line 1 the registry's mutex and, at
     // byte 48, `highWater` (Atomic<Int>); line 2 + s slot s: its pinned epoch (Atomic<UInt64>) at byte 0,
     // and at byte 8 whether a thread holds it (a UInt64 read and written only with the mutex held).
-    nonisolated(unsafe) private static let region: UnsafeMutableRawPointer = {
+    nonisolated(unsafe) private static let allocatedRegion: UnsafeMutableRawPointer? = {
         var raw: UnsafeMutableRawPointer? = nil
         let length = (capacity + 2) * lineSize
-        guard posix_memalign(&raw, lineSize, length) == 0, let raw else {
-            fatalError("magpie: cannot allocate the read-epoch table (\(length) bytes) at start-up")
-        }
+        guard posix_memalign(&raw, lineSize, length) == 0, let raw else { return nil }
         memset(raw, 0, length)
         raw.bindMemory(to: Atomic<UInt64>.self, capacity: 1).pointee.store(1, ordering: .relaxed)
         _ = PThreadMutex(at: raw + lineSize)
@@ -80,6 +80,8 @@ enum ReadEpochs {
         }
         return key
     }()
+
+    private static var region: UnsafeMutableRawPointer { allocatedRegion.unsafelyUnwrapped }
 
     @inline(__always)
     private static var global: UnsafeMutablePointer<Atomic<UInt64>> {
@@ -142,8 +144,9 @@ enum ReadEpochs {
         }
     }
 
-    /// The handle of this process's read epochs.
-    static var handle: Handle { Handle(region: region, key: key) }
+    /// The handle of this process's read epochs; nil when its 16 KiB could not be allocated (a tier
+    /// then refuses to be created).
+    static var handle: Handle? { allocatedRegion.map { Handle(region: $0, key: key) } }
 
     /// Whether the calling thread is inside a read (then it must not wait for readers).
     static var callerIsPinned: Bool {
@@ -307,7 +310,8 @@ struct RetiredBlocks {
     mutating func retire(_ block: UnsafeMutableRawPointer, bytes charge: Int) {
         if count == capacity && !grow() {
             // Out of memory for the list: wait for the readers instead (a read takes nanoseconds), unless
-            // this thread is itself reading (a `body` that stores), in which case the block is kept.
+            // this thread is itself reading (a `body` that stores): then the block is leaked, never freed
+            // while a reader might hold it.
             if ReadEpochs.waitForReaders(pastTag: ReadEpochs.advance()) { free(block) }
             return
         }
