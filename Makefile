@@ -40,8 +40,9 @@ build: deps
 	@rm -f .build-warnings.log
 
 # Every bounded suite, as CI runs it: the three test targets (unit; stress, model and crash loop; the
-# command-line tools); the concurrency suites under Thread Sanitizer; a short libFuzzer pass; the check
-# that a release build has no test seam. About 5–6 minutes on 2 cores from a fresh clone. `make unit`
+# command-line tools); the concurrency suites under Thread Sanitizer; the lock-free read stress under
+# Address Sanitizer; a short libFuzzer pass; the check that a release build has no test seam. About
+# 6–7 minutes on 2 cores from a fresh clone. `make unit`
 # runs only the first part (TESTING.md: each target alone).
 CI_FUZZ_SECONDS ?= 45
 test: unit
