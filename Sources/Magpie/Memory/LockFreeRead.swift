@@ -86,9 +86,7 @@ extension Shard {
             if bucket &>> 56 == tag {
                 let block = ShardStorage.block(in: bucket)
                 let header = EntryHeader(of: block)
-                if Int(header.keyLength) == key.count
-                    && (key.isEmpty || memcmp(block + header.keyOffset, key.baseAddress.unsafelyUnwrapped, key.count) == 0)
-                {
+                if ShardStorage.keyEquals(block, header, key) {
                     if header.state & (EntryHeader.expiryFlag | EntryHeader.placeholderFlag) != 0 {
                         if header.isPlaceholder || ShardStorage.isExpired(block, header, now: clock.now()) { return nil }
                     }

@@ -43,15 +43,16 @@ extension ShardStorage {
             if bucket == 0 { return nil }
             if bucket &>> 56 == tag {
                 let block = Self.block(in: bucket)
-                if keyEquals(block, key) { return (position, block) }
+                if Self.keyEquals(block, EntryHeader(of: block), key) { return (position, block) }
             }
             position = (position &+ 1) & indexMask
         }
     }
 
+    /// Whether `block`, whose header is `header`, holds `key` (length, then bytes). Reads only the block's immutable bytes, so the
+    /// lock-free read uses it too.
     @inline(__always)
-    func keyEquals(_ block: UnsafeMutableRawPointer, _ key: UnsafeRawBufferPointer) -> Bool {
-        let header = EntryHeader(of: block)
+    static func keyEquals(_ block: UnsafeMutableRawPointer, _ header: EntryHeader, _ key: UnsafeRawBufferPointer) -> Bool {
         guard Int(header.keyLength) == key.count else { return false }
         guard let base = key.baseAddress, key.count > 0 else { return true }
         return memcmp(block + header.keyOffset, base, key.count) == 0

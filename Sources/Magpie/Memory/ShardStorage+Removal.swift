@@ -53,13 +53,14 @@ extension ShardStorage {
     mutating func removeAll() {
         counters.removals &+= UInt64(count)
         // The index goes first (a new, empty table), then the blocks, which readers may still hold.
-        if let table = IndexTable.allocate(buckets: Self.initialBuckets),
-            let ghost = allocateZeroed(UInt32.self, Self.initialBuckets)
-        {
-            replaceTable(with: table)
-            free(self.ghost)
-            self.ghost = ghost
+        let newTable = IndexTable.allocate(buckets: Self.initialBuckets)
+        let newGhost = allocateZeroed(UInt32.self, Self.initialBuckets)
+        if let newTable, let newGhost {
+            replaceTable(with: newTable)
+            free(ghost)
+            ghost = newGhost
         } else {
+            free(newTable); free(newGhost)
             // Out of memory for the smaller arrays: the current ones are kept and cleared.
             for position in 0...indexMask { setBucket(position, 0) }
             memset(ghost, 0, (ghostMask + 1) * MemoryLayout<UInt32>.stride)

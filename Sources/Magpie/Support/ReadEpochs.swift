@@ -93,10 +93,14 @@ enum ReadEpochs {
         (region + lineSize + 48).assumingMemoryBound(to: Atomic<Int>.self)
     }
 
+    /// Slot `slot`'s pinned epoch in the table at `region`.
     @inline(__always)
-    private static func epoch(of slot: Int) -> UnsafeMutablePointer<Atomic<UInt64>> {
-        (region + (slot + 2) * lineSize).assumingMemoryBound(to: Atomic<UInt64>.self)
+    static func epoch(of slot: Int, in region: UnsafeMutableRawPointer) -> UnsafeMutablePointer<Atomic<UInt64>> {
+        (region + (slot &+ 2) &* lineSize).assumingMemoryBound(to: Atomic<UInt64>.self)
     }
+
+    @inline(__always)
+    private static func epoch(of slot: Int) -> UnsafeMutablePointer<Atomic<UInt64>> { epoch(of: slot, in: region) }
 
     @inline(__always)
     private static func taken(_ slot: Int) -> UnsafeMutablePointer<UInt64> {
@@ -128,7 +132,7 @@ enum ReadEpochs {
                 guard let registered = ReadEpochs.register() else { return nil }
                 slot = registered
             }
-            let pinned = (region + (slot &+ 2) &* ReadEpochs.lineSize).assumingMemoryBound(to: Atomic<UInt64>.self)
+            let pinned = ReadEpochs.epoch(of: slot, in: region)
             if pinned.pointee.load(ordering: .relaxed) != 0 { return ReadPin(slot: slot, outermost: false) }
             let global = region.assumingMemoryBound(to: Atomic<UInt64>.self)
             pinned.pointee.store(global.pointee.load(ordering: .acquiring), ordering: .sequentiallyConsistent)
@@ -139,8 +143,7 @@ enum ReadEpochs {
         @inline(__always)
         func unpin(_ pin: ReadPin) {
             guard pin.outermost else { return }
-            (region + (pin.slot &+ 2) &* ReadEpochs.lineSize).assumingMemoryBound(to: Atomic<UInt64>.self).pointee
-                .store(0, ordering: .releasing)
+            ReadEpochs.epoch(of: pin.slot, in: region).pointee.store(0, ordering: .releasing)
         }
     }
 
@@ -272,6 +275,10 @@ struct RetiredBlocks {
     private var tagged = 0
     /// The blocks' bytes (entries' charges; tables count 0): memory held beyond the charged bytes.
     private(set) var bytes = 0
+    /// Blocks and bytes retired since the last pass (what makes the next one due: while a reader stays
+    /// pinned, the list does not empty, and a pass on every retire would only repeat the last one).
+    private var sincePass = 0
+    private var bytesSincePass = 0
 
     /// Blocks no reader can hold any more, kept for the shard's next stores instead of freed (at most
     /// ``spareCapacity``; their usable sizes, from `malloc_usable_size`, beside them). Why: freed, a block
@@ -318,11 +325,15 @@ struct RetiredBlocks {
         items.unsafelyUnwrapped[count] = Item(block: block, tag: 0, bytes: charge)
         count += 1
         bytes += charge
-        if count >= Self.dueCount || bytes >= Self.dueBytes { reclaim() }
+        sincePass += 1
+        bytesSincePass += charge
+        if sincePass >= Self.dueCount || bytesSincePass >= Self.dueBytes { reclaim() }
     }
 
     /// A reclamation pass: tags the untagged blocks, then frees those no reader can hold.
     mutating func reclaim() {
+        sincePass = 0
+        bytesSincePass = 0
         guard count > 0, let items else { return }
         if tagged < count {
             let tag = ReadEpochs.advance()
