@@ -15,9 +15,16 @@ public enum FuzzTargets {
         let body = { (offset: Int, count: Int) in UnsafeRawBufferPointer(rebasing: data[offset..<(offset + count)]) }
         var policy: Int64 = 0
         if header.policyLength != 0 { policy = Int64(littleEndian: data.loadUnaligned(fromByteOffset: header.policyOffset, as: Int64.self)) }
+        var freshUntil: Int64 = 0
+        var loadedAt: Int64 = 0
+        if header.freshnessLength != 0 {
+            freshUntil = Int64(littleEndian: data.loadUnaligned(fromByteOffset: header.freshnessOffset, as: Int64.self))
+            loadedAt = Int64(littleEndian: data.loadUnaligned(fromByteOffset: header.freshnessOffset + 8, as: Int64.self))
+        }
         var rebuilt = RecordHeader.makeRecord(
             header, key: body(header.keyOffset, header.keyLength), group: body(header.groupOffset, header.groupLength),
-            payload: body(header.payloadOffset, header.storedLength), memoryPolicy: policy)
+            payload: body(header.payloadOffset, header.storedLength), memoryPolicy: policy, freshUntil: freshUntil,
+            loadedAt: loadedAt)
         if header.isDead { rebuilt.withUnsafeMutableBytes { $0.storeBytes(of: RecordHeader.deadMagic.littleEndian, as: UInt32.self) } }
         let original = Array(data.prefix(RecordHeader.size + header.bodyLength))
         guard Array(rebuilt.prefix(original.count)) == original else {
@@ -97,7 +104,11 @@ public enum FuzzTargets {
                 originalLength: value.count, expiry: 1_700_000_000_000, sequence: 7, keyHash: hasher.hash(key), flags: flags)
             return key.withUnsafeBytes { k in
                 group.withUnsafeBytes { g in
-                    payload.withUnsafeBytes { p in RecordHeader.makeRecord(header, key: k, group: g, payload: p, memoryPolicy: -60_000) }
+                    payload.withUnsafeBytes { p in
+                        RecordHeader.makeRecord(
+                            header, key: k, group: g, payload: p, memoryPolicy: -60_000, freshUntil: 1_700_000_010_000,
+                            loadedAt: 1_700_000_000_000)
+                    }
                 }
             }
         }
@@ -105,7 +116,9 @@ public enum FuzzTargets {
         seeds.append([0] + record(.value, key: key, group: [], value: json, zstd: false, flags: []))
         seeds.append([0] + record(.value, key: key, group: Array("g".utf8), value: json, zstd: true, flags: []))
         seeds.append([0] + record(.value, key: key, group: [], value: json, zstd: false, flags: [.memoryPolicy]))
-        seeds.append([0] + record(.value, key: key, group: Array("g".utf8), value: json, zstd: true, flags: .all))
+        seeds.append(
+            [0] + record(.value, key: key, group: Array("g".utf8), value: json, zstd: true, flags: [.memoryPolicy, .diskOnly, .freshness]))
+        seeds.append([0] + record(.value, key: key, group: Array("g".utf8), value: [], zstd: false, flags: .all))
         seeds.append([0] + record(.value, key: [], group: [], value: [], zstd: false, flags: []))
         seeds.append([0] + record(.tombstone, key: key, group: [], value: [], zstd: false, flags: []))
         seeds.append([0] + record(.groupTombstone, key: [], group: Array("g".utf8), value: [], zstd: false, flags: []))
@@ -189,13 +202,17 @@ public struct BucketImage {
                 codec = .zstd
                 payload = compressed
             }
-            let flags: RecordFlags = kind == .value && control & 128 != 0 ? [.memoryPolicy] : []
+            let flags: RecordFlags = kind == .value && control & 128 != 0 ? [.memoryPolicy, .freshness] : []
             let header = RecordHeader(
                 kind: kind, codec: codec, keyLength: key.count, groupLength: group.count, storedLength: payload.count,
                 originalLength: value.count, expiry: expiry, sequence: sequence, keyHash: hasher.hash(key), flags: flags)
             var record = key.withUnsafeBytes { k in
                 group.withUnsafeBytes { g in
-                    payload.withUnsafeBytes { p in RecordHeader.makeRecord(header, key: k, group: g, payload: p, memoryPolicy: -5000) }
+                    payload.withUnsafeBytes { p in
+                        RecordHeader.makeRecord(
+                            header, key: k, group: g, payload: p, memoryPolicy: -5000, freshUntil: 1_700_000_005_000,
+                            loadedAt: 1_700_000_000_000)
+                    }
                 }
             }
             sequence += 1

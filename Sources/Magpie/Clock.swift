@@ -1,22 +1,29 @@
 import Glibc
 
-/// The wall clock Magpie reads for expiry, in milliseconds since 1970. Inject one in tests to move
-/// time without sleeping.
+/// The wall clock Magpie reads for expiry and freshness, in milliseconds since 1970, and the timer
+/// the loader API's timeouts wait on. Inject one in tests to move time without sleeping.
 public struct CacheClock: Sendable {
     /// Milliseconds since 1970-01-01 UTC.
     public let now: @Sendable () -> Int64
+    /// Suspends for a duration (``LoaderOptions/softTimeout`` and ``LoaderOptions/hardTimeout`` wait on
+    /// it); throws `CancellationError` when its task is cancelled.
+    public let sleep: @Sendable (Duration) async throws -> Void
 
-    /// A clock that calls `now`.
-    public init(now: @escaping @Sendable () -> Int64) {
+    /// A clock that calls `now`, and whose timers wait on `sleep` (by default `Task.sleep`).
+    public init(
+        now: @escaping @Sendable () -> Int64,
+        sleep: @escaping @Sendable (Duration) async throws -> Void = { try await Task.sleep(for: $0) }
+    ) {
         self.now = now
+        self.sleep = sleep
     }
 
-    /// The system's real-time clock (`CLOCK_REALTIME`).
-    public static let system = CacheClock {
+    /// The system's real-time clock (`CLOCK_REALTIME`), with `Task.sleep` for timers.
+    public static let system = CacheClock(now: {
         var ts = timespec()
         clock_gettime(CLOCK_REALTIME, &ts)
         return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
-    }
+    })
 }
 
 /// When an entry stops being served.
@@ -42,5 +49,17 @@ public enum Expiry: Sendable, Hashable {
         case .at(let instant):
             return max(1, instant)
         }
+    }
+}
+
+extension Duration {
+    /// Whole milliseconds, rounded up (a positive duration is at least 1 ms), clamped to `Int64`.
+    var roundedUpMilliseconds: Int64 {
+        let (seconds, attoseconds) = components
+        let milliseconds = seconds.multipliedReportingOverflow(by: 1000)
+        if milliseconds.overflow { return seconds > 0 ? Int64.max : Int64.min }
+        let fraction = (attoseconds + 999_999_999_999_999) / 1_000_000_000_000_000
+        let total = milliseconds.partialValue.addingReportingOverflow(fraction)
+        return total.overflow ? Int64.max : total.partialValue
     }
 }

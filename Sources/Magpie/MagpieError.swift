@@ -10,7 +10,7 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
         private enum Kind: Sendable, Hashable {
             case keyTooLong, valueTooLarge, invalidConfiguration, compressionFailed, decompressionFailed
             case directoryLocked, directoryUnusable, directoryUnsafe, directoryReplaced, manifestMismatch, noSpace, ioFailure, closed
-            case encodingFailed, decodingFailed
+            case encodingFailed, decodingFailed, loadTimedOut
         }
 
         private let kind: Kind
@@ -56,6 +56,10 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
         /// the coder).
         public static let decodingFailed = Code(.decodingFailed)
 
+        /// A loader did not finish within ``LoaderOptions/hardTimeout`` and no stale value could stand in
+        /// (the load goes on, and caches its value when it finishes).
+        public static let loadTimedOut = Code(.loadTimedOut)
+
         /// The code's name, e.g. `ioFailure`.
         public var description: String {
             switch kind {
@@ -74,6 +78,7 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
             case .decompressionFailed: "decompressionFailed"
             case .encodingFailed: "encodingFailed"
             case .decodingFailed: "decodingFailed"
+            case .loadTimedOut: "loadTimedOut"
             }
         }
     }

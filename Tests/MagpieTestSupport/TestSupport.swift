@@ -64,16 +64,76 @@ package struct TemporaryDirectory {
     }
 }
 
-/// A clock tests move by hand.
+/// A clock tests move by hand; its timers (the loader API's timeouts) fire when it is moved past them.
 package final class ManualClock: Sendable {
-    private let milliseconds: Locked<Int64>
+    private struct State {
+        var now: Int64
+        var sleepers: [Int: (wake: Int64, continuation: CheckedContinuation<Void, any Error>)] = [:]
+        var cancelled: Set<Int> = []
+        var nextID = 0
+    }
 
-    package init(_ start: Int64 = 1_700_000_000_000) { milliseconds = Locked(start) }
+    private let state: Locked<State>
 
-    package var now: Int64 { milliseconds.withLock { $0 } }
-    package func advance(seconds: Int64) { milliseconds.withLock { $0 += seconds * 1000 } }
+    package init(_ start: Int64 = 1_700_000_000_000) { state = Locked(State(now: start)) }
 
-    package var cacheClock: CacheClock { CacheClock { [self] in now } }
+    package var now: Int64 { state.withLock { $0.now } }
+    package func advance(seconds: Int64) { advance(milliseconds: seconds * 1000) }
+
+    /// Moves the clock and wakes the timers now due.
+    package func advance(milliseconds: Int64) {
+        let due = state.withLock { state -> [CheckedContinuation<Void, any Error>] in
+            state.now += milliseconds
+            let due = state.sleepers.filter { $0.value.wake <= state.now }
+            for id in due.keys { state.sleepers[id] = nil }
+            return due.values.map(\.continuation)
+        }
+        for continuation in due { continuation.resume() }
+    }
+
+    /// Timers waiting.
+    package var sleeperCount: Int { state.withLock { $0.sleepers.count } }
+
+    /// Waits (polling, up to 10 s of real time) until `count` timers wait; false if they never do.
+    package func waitForSleepers(_ count: Int) async -> Bool {
+        for _ in 0..<10_000 {
+            if sleeperCount >= count { return true }
+            try? await Task.sleep(for: .milliseconds(1))
+        }
+        return false
+    }
+
+    /// Suspends until the clock has been moved `duration` past now.
+    package func sleep(_ duration: Duration) async throws {
+        let (seconds, attoseconds) = duration.components
+        let length = seconds * 1000 + attoseconds / 1_000_000_000_000_000
+        let id = state.withLock { state -> Int in
+            state.nextID += 1
+            return state.nextID
+        }
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                let immediate = state.withLock { state -> Result<Void, any Error>? in
+                    if state.cancelled.remove(id) != nil { return .failure(CancellationError()) }
+                    if length <= 0 { return .success(()) }
+                    state.sleepers[id] = (state.now + length, continuation)
+                    return nil
+                }
+                if let immediate { continuation.resume(with: immediate) }
+            }
+        } onCancel: {
+            let sleeper = state.withLock { state -> CheckedContinuation<Void, any Error>? in
+                guard let sleeper = state.sleepers.removeValue(forKey: id) else {
+                    state.cancelled.insert(id)
+                    return nil
+                }
+                return sleeper.continuation
+            }
+            sleeper?.resume(throwing: CancellationError())
+        }
+    }
+
+    package var cacheClock: CacheClock { CacheClock(now: { [self] in now }, sleep: { [self] in try await sleep($0) }) }
 }
 
 /// Sum of the sizes of the files under `path` (recursively).

@@ -115,14 +115,16 @@ public struct TypedCache<Value: Codable & Sendable>: Sendable {
     /// The asynchronous forms (disk I/O on the cache's I/O threads); see ``Cache/async``.
     public var async: AsyncTypedCache<Value> { AsyncTypedCache(typed: self) }
 
-    /// The value for `key`, or on a miss the value `load` produces, stored with `options`; concurrent
-    /// callers share one load. See ``Cache/value(forKey:options:load:)-(String,_,_)``.
+    /// The value for `key`, or on a miss (or, per `loader`, when stale) the value `load` produces,
+    /// stored with `options`; concurrent callers share one load. See
+    /// ``Cache/value(forKey:options:loader:load:)-(String,_,_,_)``.
     nonisolated(nonsending)
     public func value(
-        forKey key: String, options: EntryOptions? = nil, load: @escaping @Sendable () async throws -> Value
+        forKey key: String, options: EntryOptions? = nil, loader: LoaderOptions? = nil,
+        load: @escaping @Sendable () async throws -> Value
     ) async throws -> Value {
         let coder = self.coder
-        let bytes = try await cache.value(forKey: key, options: options) {
+        let bytes = try await cache.value(forKey: key, options: options, loader: loader) {
             let value = try await load()
             do {
                 return try coder.encode(value)

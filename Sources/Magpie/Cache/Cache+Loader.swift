@@ -1,175 +1,451 @@
-// Single-flight loading: concurrent callers that miss the same key share one run of the loader.
+// The loader API: single flight, stale-while-revalidate, eager refresh, fail-safe, soft and hard
+// timeouts, negative caching. The article "Freshness and loaders" says what a user sees; this says how.
 //
-// `flights` maps a key's bytes to the load running for it. The first caller to miss creates the
-// flight and starts the loader in its own unstructured task, so cancelling that caller does not cancel
-// the load the others wait for. Every caller (the first included) waits on the flight with its own
-// continuation. When the loader returns, the value is stored in the cache *before* the flight leaves
-// the map, and a caller that finds no flight re-checks memory under the map's lock: so a caller
-// arriving just after a load sees its value instead of starting another (except for entries stored
-// disk-only, which that re-check cannot see). If every waiter is cancelled, the load is cancelled and
-// the flight leaves the map, so a later caller starts afresh rather than inherit the cancellation.
+// A call reads the key's entry with its freshness (memory, then disk; negative entries included) and
+// judges it at one instant `now`:
+//   fresh (now < fresh-until, or no freshness)  → served; an eager refresh starts when it is due.
+//   stale (fresh-until ≤ now < expiry)          → served at once when the key is throttled (a failed
+//                                                 load left it in place) or with stale-while-revalidate
+//                                                 (a background load starts); else it is the fallback
+//                                                 of a load the caller waits for.
+//   absent or expired                           → the caller waits for a load.
+// Nothing past its expiry is ever served: the tiers never return it, and a fallback is checked again
+// against its expiry (and fail-safe's maximum age) at the instant it would be served.
+//
+// `flights` maps a key's bytes to the load running for it: one per key, whatever started it (a caller
+// who missed, a background refresh). The first caller to need a load creates the flight; the load runs
+// in a task of its own (async API) or on the caller's thread or a loader thread (synchronous API), so
+// cancelling a caller never cancels a load another caller waits for, nor a background refresh, nor a
+// load a caller stopped waiting for at a timeout. When the load returns, its value lands in the cache
+// *before* the flight leaves the map, and a caller that finds no flight re-checks memory under the
+// map's lock: so a caller arriving just after a load sees its value instead of starting another.
+//
+// Landing never undoes a newer write. Every store and removal of a key marks the key's running flight
+// superseded (`Cache.supersedeLoads`, one atomic load when no load runs), and a group removal or a
+// removal of everything marks all of them, *before* writing; the landing checks the mark and stores
+// holding the same lock (`Flight.superseded`), so either the landing comes first and the write then
+// replaces or removes its value, or the mark comes first and the value is not stored (counted in
+// `loadsSuperseded`; its callers still get it). A load that started after the write began is newer
+// than it and lands.
+//
+// A failed load leaves the key's stale value in place; when fail-safe allows that value, the key is
+// throttled: for `failSafeThrottle` (never past the value's maximum age or expiry) callers get it
+// without a load, so a failing origin sees one load per key per throttle period.
+
+import Logging
 
 extension Cache {
-    /// The value for `key`; on a miss, `load` produces it, it is stored with `options`, and returned.
+    /// The value for `key`; when it is missing (or stale, see ``LoaderOptions``), `load` produces it, it
+    /// is stored with `options`, and returned.
     ///
-    /// Concurrent callers that miss the same key share one run of `load` (single flight): it runs once
-    /// and every caller gets its value. If it throws, every waiting caller gets the error and nothing is
-    /// cached. Cancelling one caller resumes that caller with `CancellationError` and leaves the load
-    /// running for the others; when every caller has been cancelled, the load's task is cancelled.
-    /// A value that cannot be cached (say, larger than a bucket) is still returned, and the failure logged.
+    /// Concurrent callers that need a load of the same key share one run of `load` (single flight): it
+    /// runs once and every caller gets its value. If it throws, every waiting caller gets the error
+    /// (or, with ``LoaderOptions/failSafeMaxAge``, the key's stale value) and nothing is cached.
+    /// Cancelling one caller resumes that caller with `CancellationError` and leaves the load running for
+    /// the others; when every caller has been cancelled, the load's task is cancelled (unless it is a
+    /// background refresh, or a caller stopped waiting at a timeout: those loads always finish). A value
+    /// that cannot be cached (say, larger than a bucket) is still returned, and the failure logged.
+    /// A removal or store of the key while the load runs wins: the load's value is returned to its
+    /// callers but not stored.
     /// - Parameters:
     ///   - key: the key, its UTF-8 bytes.
-    ///   - options: how to store the loaded value; nil: ``Configuration/defaultOptions``.
+    ///   - options: how to store the loaded value (``EntryOptions/freshFor`` for stale-while-revalidate);
+    ///     nil: ``Configuration/defaultOptions``.
+    ///   - loader: what to do with stale values, failures and slow loads; nil:
+    ///     ``Configuration/defaultLoaderOptions``.
     ///   - load: produces the value; runs in its own task (not the caller's).
-    /// - Throws: what `load` throws, `CancellationError`, or the cache's read errors.
+    /// - Throws: what `load` throws, ``MagpieError/Code/loadTimedOut``, `CancellationError`, or the
+    ///   cache's read errors.
     nonisolated(nonsending)
     public func value(
-        forKey key: String, options: EntryOptions? = nil, load: @escaping @Sendable () async throws -> [UInt8]
+        forKey key: String, options: EntryOptions? = nil, loader: LoaderOptions? = nil,
+        load: @escaping @Sendable () async throws -> [UInt8]
     ) async throws -> [UInt8] {
-        try await value(forKey: Array(key.utf8), options: options, load: load)
+        try await value(forKey: key.utf8, options: options, loader: loader, load: load)
     }
 
-    /// ``value(forKey:options:load:)-(String,_,_)`` for a key of arbitrary bytes.
+    /// ``value(forKey:options:loader:load:)-(String,_,_,_)`` for a key of arbitrary bytes.
     nonisolated(nonsending)
     public func value(
-        forKey key: some Sequence<UInt8>, options: EntryOptions? = nil, load: @escaping @Sendable () async throws -> [UInt8]
+        forKey key: some Sequence<UInt8>, options: EntryOptions? = nil, loader: LoaderOptions? = nil,
+        load: @escaping @Sendable () async throws -> [UInt8]
     ) async throws -> [UInt8] {
-        let name = Array(key)
-        let hash = hasher.hash(name)  // the one hash of this call: its reads and its store take it
-        while true {
-            if let value = try await value(name, hash: hash) { return value }
-            let joined = flights.withLock { flights -> (Flight, Bool)? in
-                if let flight = flights[name], flight.join() { return (flight, false) }
-                // Stored by a flight that just ended?
-                if name.withUnsafeBytes({ memory.contains(HashedKey($0, hash: hash)) }) { return nil }
-                let flight = Flight()
-                _ = flight.join()
-                flights[name] = flight
-                return (flight, true)
-            }
-            guard let (flight, isNew) = joined else { continue }
-            if isNew {
-                counters.loaderRuns.add(1, ordering: .relaxed)
-                flight.start(Task { [self] in await runLoad(flight, name: name, hash: hash, options: options, load: load) })
-            } else {
-                counters.loaderCoalesced.add(1, ordering: .relaxed)
-            }
-            return try await flight.wait(onAbandon: { [self] in
-                flights.withLock { flights in
-                    if flights[name] === flight { flights[name] = nil }
-                }
-            })
-        }
+        let found = try await loadingValue(Array(key), options, loader, .async { try await load() }, acceptsAbsence: false)
+        return found ?? []  // a load of this form never finds nothing
     }
 
-    private func runLoad(
-        _ flight: Flight, name: [UInt8], hash: UInt64, options: EntryOptions?,
-        load: @Sendable () async throws -> [UInt8]
-    ) async {
-        let result: Result<[UInt8], any Error>
-        do {
-            result = .success(try await load())
-        } catch {
-            result = .failure(error)
-        }
-        if case .success(let value) = result {
-            do {
-                try await onDisk { [self] () throws(MagpieError) in
-                    try withHashedKey(name, hash: hash) { key throws(MagpieError) in
-                        try value.withUnsafeBytes { bytes in
-                            Result { () throws(MagpieError) in try set(bytes, for: key, options: options) }
-                        }.get()
-                    }
-                }
-            } catch {
-                logger.warning("magpie: a loaded value could not be cached", metadata: ["error": "\(error)"])
-            }
-        } else {
-            counters.loaderFailures.add(1, ordering: .relaxed)
-        }
-        flights.withLock { flights in
-            if flights[name] === flight { flights[name] = nil }
-        }
-        flight.finish(result)
+    /// The value for `key`, or nil when the origin has none: `load` returns nil for a key that does not
+    /// exist (a loader that may find nothing). With ``LoaderOptions/negativeLifetime`` the absence is remembered (an entry that every
+    /// read but this one treats as absent), so a missing key does not reach the origin on every request;
+    /// without it, nil removes the key's stale value. Otherwise as
+    /// ``value(forKey:options:loader:load:)-(String,_,_,_)``.
+    nonisolated(nonsending)
+    public func valueIfPresent(
+        forKey key: String, options: EntryOptions? = nil, loader: LoaderOptions? = nil,
+        load: @escaping @Sendable () async throws -> [UInt8]?
+    ) async throws -> [UInt8]? {
+        try await loadingValue(Array(key.utf8), options, loader, .async(load), acceptsAbsence: true)
+    }
+
+    /// ``valueIfPresent(forKey:options:loader:load:)-(String,_,_,_)`` for a key of arbitrary bytes.
+    nonisolated(nonsending)
+    public func valueIfPresent(
+        forKey key: some Sequence<UInt8>, options: EntryOptions? = nil, loader: LoaderOptions? = nil,
+        load: @escaping @Sendable () async throws -> [UInt8]?
+    ) async throws -> [UInt8]? {
+        try await loadingValue(Array(key), options, loader, .async(load), acceptsAbsence: true)
+    }
+
+    /// The synchronous form of ``value(forKey:options:loader:load:)-(String,_,_,_)``: blocks the calling
+    /// thread while it waits for a load. A load the caller starts runs on the caller's thread, unless
+    /// the caller may stop waiting for it (a soft or hard timeout applies): then, like background
+    /// refreshes, it runs on one of ``Configuration/loaderThreadCount`` loader threads.
+    public func loadValue(
+        forKey key: String, options: EntryOptions? = nil, loader: LoaderOptions? = nil,
+        load: @escaping @Sendable () throws -> [UInt8]
+    ) throws -> [UInt8] {
+        try loadingValueBlocking(Array(key.utf8), options, loader, .blocking { try load() }, acceptsAbsence: false) ?? []
+    }
+
+    /// ``loadValue(forKey:options:loader:load:)-(String,_,_,_)`` for a key of arbitrary bytes.
+    public func loadValue(
+        forKey key: some Sequence<UInt8>, options: EntryOptions? = nil, loader: LoaderOptions? = nil,
+        load: @escaping @Sendable () throws -> [UInt8]
+    ) throws -> [UInt8] {
+        try loadingValueBlocking(Array(key), options, loader, .blocking { try load() }, acceptsAbsence: false) ?? []
+    }
+
+    /// The synchronous form of ``valueIfPresent(forKey:options:loader:load:)-(String,_,_,_)``.
+    public func loadValueIfPresent(
+        forKey key: String, options: EntryOptions? = nil, loader: LoaderOptions? = nil,
+        load: @escaping @Sendable () throws -> [UInt8]?
+    ) throws -> [UInt8]? {
+        try loadingValueBlocking(Array(key.utf8), options, loader, .blocking(load), acceptsAbsence: true)
+    }
+
+    /// ``loadValueIfPresent(forKey:options:loader:load:)-(String,_,_,_)`` for a key of arbitrary bytes.
+    public func loadValueIfPresent(
+        forKey key: some Sequence<UInt8>, options: EntryOptions? = nil, loader: LoaderOptions? = nil,
+        load: @escaping @Sendable () throws -> [UInt8]?
+    ) throws -> [UInt8]? {
+        try loadingValueBlocking(Array(key), options, loader, .blocking(load), acceptsAbsence: true)
     }
 }
 
-/// One running load and the callers waiting for it.
-final class Flight: Sendable {
-    private struct State {
-        var waiters: [Int: CheckedContinuation<[UInt8], any Error>] = [:]
-        /// Waiters cancelled before their continuation arrived.
-        var cancelled: Set<Int> = []
-        var members = 0
-        var nextID = 0
-        var result: Result<[UInt8], any Error>? = nil
-        var task: Task<Void, Never>? = nil
-        var abandoned = false
-    }
+// MARK: - The protocol
 
-    private let state = Locked(State())
+/// One loader call: its key and what it was asked with.
+struct LoaderCall: Sendable {
+    let name: [UInt8]
+    let hash: UInt64
+    let options: EntryOptions
+    let loader: LoaderOptions
+    let work: LoadWork
+    let acceptsAbsence: Bool
+}
 
-    /// Registers a caller; false if the flight was abandoned (every caller cancelled) or has ended.
-    func join() -> Bool {
-        state.withLock { state in
-            guard !state.abandoned, state.result == nil else { return false }
-            state.members += 1
-            return true
+/// What a call does with what it read.
+enum LoaderVerdict {
+    /// Return this (nil: a remembered absence).
+    case serve([UInt8]?)
+    /// Wait for a load; the stale value, if any, may stand in (fail-safe, soft timeout).
+    case load(fallback: StoredEntry?)
+}
+
+extension Cache {
+    nonisolated(nonsending)
+    func loadingValue(
+        _ name: [UInt8], _ options: EntryOptions?, _ loader: LoaderOptions?, _ work: LoadWork, acceptsAbsence: Bool
+    ) async throws -> [UInt8]? {
+        let call = try makeCall(name, options, loader, work, acceptsAbsence: acceptsAbsence)
+        while true {
+            let entry = try await storedEntry(call)
+            let fallback: StoredEntry?
+            switch judge(entry, call) {
+            case .serve(let value): return value
+            case .load(let stale): fallback = stale
+            }
+            guard let flight = joinOrStart(call, fallback: fallback) else { continue }
+            let outcome = try await flight.wait(
+                timers: timers(call, fallback: fallback), clock: clock,
+                onAbandon: { [self] in leave(flight, name: call.name) })
+            if let settled = try settle(outcome, call, fallback: fallback) { return settled }
         }
     }
 
-    func start(_ task: Task<Void, Never>) {
-        let abandoned = state.withLock { state -> Bool in
-            state.task = task
-            return state.abandoned
+    func loadingValueBlocking(
+        _ name: [UInt8], _ options: EntryOptions?, _ loader: LoaderOptions?, _ work: LoadWork, acceptsAbsence: Bool
+    ) throws -> [UInt8]? {
+        let call = try makeCall(name, options, loader, work, acceptsAbsence: acceptsAbsence)
+        while true {
+            let entry = try withHashedKey(call.name, hash: call.hash) { key throws(MagpieError) -> StoredEntry? in
+                if let entry = memory.entry(key) { return entry }
+                return try storedEntryAfterMemoryMiss(key)
+            }
+            let fallback: StoredEntry?
+            switch judge(entry, call) {
+            case .serve(let value): return value
+            case .load(let stale): fallback = stale
+            }
+            guard let flight = joinOrStart(call, fallback: fallback, callerRunsLoad: timers(call, fallback: fallback).isEmpty)
+            else { continue }
+            let outcome = flight.waitBlocking(timers: timers(call, fallback: fallback), clock: clock)
+            if let settled = try settle(outcome, call, fallback: fallback) { return settled }
         }
-        if abandoned { task.cancel() }
     }
 
-    /// Waits for the result. `onAbandon` runs (outside the flight's lock) if this caller's cancellation
-    /// leaves no caller waiting, just before the load's task is cancelled.
-    func wait(onAbandon: @escaping @Sendable () -> Void) async throws -> [UInt8] {
-        let id = state.withLock { state -> Int in
-            state.nextID += 1
-            return state.nextID
+    private func makeCall(
+        _ name: [UInt8], _ options: EntryOptions?, _ loader: LoaderOptions?, _ work: LoadWork, acceptsAbsence: Bool
+    ) throws(MagpieError) -> LoaderCall {
+        let hash = try withBytes(name) { bytes in
+            Result { () throws(MagpieError) -> UInt64 in
+                guard let key = admit(bytes) else { throw refusal(bytes) }
+                return key.hash
+            }
+        }.get()
+        return LoaderCall(
+            name: name, hash: hash, options: options ?? defaultOptions, loader: loader ?? defaultLoaderOptions, work: work,
+            acceptsAbsence: acceptsAbsence)
+    }
+
+    /// The key's entry with its freshness: memory, then disk on an I/O thread.
+    nonisolated(nonsending)
+    private func storedEntry(_ call: LoaderCall) async throws -> StoredEntry? {
+        if let entry = try withHashedKey(call.name, hash: call.hash, { key throws(MagpieError) in memory.entry(key) }) {
+            return entry
         }
-        return try await withTaskCancellationHandler {
-            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<[UInt8], any Error>) in
-                let immediate = state.withLock { state -> Result<[UInt8], any Error>? in
-                    if state.cancelled.remove(id) != nil { return .failure(CancellationError()) }
-                    if let result = state.result { return result }
-                    state.waiters[id] = continuation
-                    return nil
+        guard disk != nil else { return nil }
+        let (name, hash) = (call.name, call.hash)
+        return try await onDisk { [self] () throws(MagpieError) -> StoredEntry? in
+            try withHashedKey(name, hash: hash) { key throws(MagpieError) in try storedEntryAfterMemoryMiss(key) }
+        }
+    }
+
+    /// What to do with `entry` (see the top of this file); counts the hit it serves and starts the
+    /// background refresh it calls for.
+    private func judge(_ entry: StoredEntry?, _ call: LoaderCall) -> LoaderVerdict {
+        guard let entry, call.acceptsAbsence || !entry.freshness.negative else { return .load(fallback: nil) }
+        let now = clock.now()
+        let freshness = entry.freshness
+        if freshness.freshUntil == 0 || now < freshness.freshUntil {
+            if freshness.negative {
+                counters.negativeHits.add(1, ordering: .relaxed)
+            } else {
+                counters.freshHits.add(1, ordering: .relaxed)
+            }
+            if call.loader.eagerRefreshDue(freshUntil: freshness.freshUntil, loadedAt: freshness.loadedAt, now: now) {
+                refreshInBackground(call, current: entry, now: now)
+            }
+            return .serve(freshness.negative ? nil : entry.value)
+        }
+        if isThrottled(call.name, now: now) || call.loader.staleWhileRevalidate {
+            counters.staleHits.add(1, ordering: .relaxed)
+            refreshInBackground(call, current: entry, now: now)
+            return .serve(entry.value)
+        }
+        return .load(fallback: entry)
+    }
+
+    /// Whether a failed load left `name` throttled at `now`.
+    private func isThrottled(_ name: [UInt8], now: Int64) -> Bool {
+        throttles.withLock { throttles in
+            guard let until = throttles[name] else { return false }
+            if until > now { return true }
+            throttles[name] = nil
+            return false
+        }
+    }
+
+    /// Starts a load of `call`'s key that no caller waits for, unless one is running or the key is
+    /// throttled.
+    private func refreshInBackground(_ call: LoaderCall, current: StoredEntry, now: Int64) {
+        guard flights.withLock({ $0[call.name] == nil }), !isThrottled(call.name, now: now) else { return }
+        let flight = flights.withLock { flights -> Flight? in
+            guard flights[call.name] == nil else { return nil }
+            let flight = Flight(fallback: current, options: call.loader, detached: true)
+            flights[call.name] = flight
+            flightCount.add(1, ordering: .sequentiallyConsistent)
+            return flight
+        }
+        guard let flight else { return }
+        counters.loaderRuns.add(1, ordering: .relaxed)
+        counters.backgroundRefreshes.add(1, ordering: .relaxed)
+        run(flight, call)
+    }
+
+    /// Joins the key's running load or starts one; nil when a load that ended just now may have stored
+    /// a value the caller can serve (read again). With `callerRunsLoad`, a load this caller starts runs
+    /// here, on its thread, before the call returns (the synchronous API without timeouts).
+    private func joinOrStart(_ call: LoaderCall, fallback: StoredEntry?, callerRunsLoad: Bool = false) -> Flight? {
+        let joined = flights.withLock { flights -> (Flight, Bool)? in
+            if let flight = flights[call.name], flight.join() { return (flight, false) }
+            if servableInMemory(call) { return nil }  // stored by a flight that just ended?
+            let flight = Flight(fallback: fallback, options: call.loader, detached: false)
+            _ = flight.join()
+            flights[call.name] = flight
+            flightCount.add(1, ordering: .sequentiallyConsistent)
+            return (flight, true)
+        }
+        guard let (flight, isNew) = joined else { return nil }
+        if isNew {
+            counters.loaderRuns.add(1, ordering: .relaxed)
+            if callerRunsLoad, case .blocking(let load) = call.work {
+                runBlocking(flight, call, load)
+            } else {
+                run(flight, call)
+            }
+        } else {
+            counters.loaderCoalesced.add(1, ordering: .relaxed)
+        }
+        return flight
+    }
+
+    /// Whether memory holds a value of the key that a call would serve without a load (fresh).
+    private func servableInMemory(_ call: LoaderCall) -> Bool {
+        call.name.withUnsafeBytes { bytes in
+            guard let (_, freshness) = memory.metadata(HashedKey(bytes, hash: call.hash)) else { return false }
+            guard call.acceptsAbsence || !freshness.negative else { return false }
+            return freshness.freshUntil == 0 || clock.now() < freshness.freshUntil
+        }
+    }
+
+    private func timers(_ call: LoaderCall, fallback: StoredEntry?) -> LoadTimers {
+        LoadTimers(soft: fallback == nil ? nil : call.loader.softTimeout, hard: call.loader.hardTimeout)
+    }
+
+    /// Takes an abandoned flight out of the map (its last caller was cancelled).
+    private func leave(_ flight: Flight, name: [UInt8]) {
+        flights.withLock { flights in
+            if flights[name] === flight {
+                flights[name] = nil
+                flightCount.subtract(1, ordering: .sequentiallyConsistent)
+            }
+        }
+    }
+
+    /// Starts `flight`'s load where it runs: a task (async API), or a loader thread.
+    private func run(_ flight: Flight, _ call: LoaderCall) {
+        switch call.work {
+        case .async(let load):
+            flight.start(
+                Task { [self] in
+                    let started = clock.now()
+                    let result: Result<[UInt8]?, any Error>
+                    do { result = .success(try await load()) } catch { result = .failure(error) }
+                    let landed: Bool? = try? await onDisk { [self] () throws(MagpieError) -> Bool in
+                        land(flight, call, result, started: started)
+                        return true
+                    }
+                    if landed == nil { leave(flight, name: call.name) }  // cancelled or closed before it could land
+                    flight.finish(result)
+                })
+        case .blocking(let load):
+            let submitted = loaderPool.submit { [self] in runBlocking(flight, call, load) }
+            if !submitted {
+                leave(flight, name: call.name)
+                flight.finish(.failure(MagpieError(.closed, "the cache is closed")))
+            }
+        }
+    }
+
+    /// Runs a synchronous load on this thread, lands it and ends the flight.
+    private func runBlocking(_ flight: Flight, _ call: LoaderCall, _ load: @Sendable () throws -> [UInt8]?) {
+        let started = clock.now()
+        let result: Result<[UInt8]?, any Error>
+        do { result = .success(try load()) } catch { result = .failure(error) }
+        land(flight, call, result, started: started)
+        flight.finish(result)
+    }
+
+    /// A load's end, before its callers hear of it: the value stored (unless superseded), the absence
+    /// remembered or the stale value removed, or, for a failure, the error counted and logged and the
+    /// key throttled when fail-safe can serve its stale value; then the flight leaves the map.
+    private func land(_ flight: Flight, _ call: LoaderCall, _ result: Result<[UInt8]?, any Error>, started: Int64) {
+        defer { leave(flight, name: call.name) }
+        switch result {
+        case .success(let value):
+            throttles.withLock { _ = $0.removeValue(forKey: call.name) }
+            flight.superseded.withLock { superseded in
+                guard !superseded else {
+                    counters.loadsSuperseded.add(1, ordering: .relaxed)
+                    return
                 }
-                if let immediate { continuation.resume(with: immediate) }
+                do {
+                    try withHashedKey(call.name, hash: call.hash) { key throws(MagpieError) in
+                        if let value {
+                            let stamp = call.options.stamp(now: started, hash: call.hash)
+                            try value.withUnsafeBytes { bytes in
+                                Result { () throws(MagpieError) in try write(bytes, for: key, options: call.options, stamp: stamp) }
+                            }.get()
+                        } else if let lifetime = call.loader.negativeLifetime {
+                            let deadline = Expiry.after(lifetime).deadline(now: started)
+                            let stamp = StoreStamp(memory: deadline, disk: deadline, freshness: Freshness(negative: true))
+                            try write(UnsafeRawBufferPointer(start: nil, count: 0), for: key, options: call.options, stamp: stamp)
+                        } else {
+                            _ = try removeWithoutSuperseding(key)
+                        }
+                    }
+                } catch {
+                    logger.warning("magpie: a loaded value could not be cached", metadata: ["error": "\(error)"])
+                }
             }
-        } onCancel: {
-            let (continuation, abandoned, task) = state.withLock {
-                state -> (CheckedContinuation<[UInt8], any Error>?, Bool, Task<Void, Never>?) in
-                guard state.result == nil else { return (nil, false, nil) }
-                let continuation = state.waiters.removeValue(forKey: id)
-                if continuation == nil { state.cancelled.insert(id) }
-                state.members -= 1
-                guard state.members == 0 else { return (continuation, false, nil) }
-                state.abandoned = true
-                return (continuation, true, state.task)
+        case .failure(let error):
+            counters.loaderFailures.add(1, ordering: .relaxed)
+            let now = clock.now()
+            var metadata: Logger.Metadata = ["error": "\(error)", "key_bytes": "\(call.name.count)"]
+            if let fallback = flight.fallback, usableByFailSafe(fallback, flight.options, now: now) {
+                counters.failSafeActivations.add(1, ordering: .relaxed)
+                var until = now.addingReportingOverflow(flight.options.failSafeThrottle.roundedUpMilliseconds)
+                    .partialValue
+                if let maxAge = flight.options.failSafeMaxAge {
+                    until = min(until, fallback.freshness.loadedAt &+ maxAge.roundedUpMilliseconds)
+                }
+                if fallback.deadline != 0 { until = min(until, fallback.deadline) }
+                throttles.withLock { throttles in
+                    if throttles.count >= 4096 { throttles = throttles.filter { $0.value > now } }
+                    throttles[call.name] = until
+                }
+                metadata["fail_safe"] = "serving the stale value until \(until)"
             }
-            continuation?.resume(throwing: CancellationError())
-            if abandoned {
-                onAbandon()
-                task?.cancel()
-            }
+            logger.warning("magpie: a load failed", metadata: metadata)
         }
     }
 
-    /// Delivers the result to every waiter, exactly once.
-    func finish(_ result: Result<[UInt8], any Error>) {
-        let waiters = state.withLock { state -> [CheckedContinuation<[UInt8], any Error>] in
-            state.result = result
-            let waiters = Array(state.waiters.values)
-            state.waiters = [:]
-            return waiters
-        }
-        for waiter in waiters { waiter.resume(with: result) }
+    /// Whether fail-safe may serve `entry` at `now`: not expired, loaded at most its maximum age ago.
+    private func usableByFailSafe(_ entry: StoredEntry, _ options: LoaderOptions, now: Int64) -> Bool {
+        (entry.deadline == 0 || now < entry.deadline) && options.failSafeAllows(loadedAt: entry.freshness.loadedAt, now: now)
     }
+
+    /// What a caller returns when its wait ends: the load's value, the stale value standing in (a
+    /// failure or timeout with fail-safe, a soft timeout), or the error. Nil: wait again (a soft timeout
+    /// whose stale value expired meanwhile).
+    private func settle(_ outcome: LoadOutcome, _ call: LoaderCall, fallback: StoredEntry?) throws -> [UInt8]?? {
+        let now = clock.now()
+        switch outcome {
+        case .loaded(.success(let value)):
+            return .some(value)
+        case .loaded(.failure(let error)):
+            if let fallback, usableByFailSafe(fallback, call.loader, now: now) {
+                counters.staleHits.add(1, ordering: .relaxed)
+                return .some(fallback.value)
+            }
+            throw error
+        case .softTimeout:
+            counters.softTimeouts.add(1, ordering: .relaxed)
+            guard let fallback, fallback.deadline == 0 || now < fallback.deadline else { return nil }
+            counters.staleHits.add(1, ordering: .relaxed)
+            return .some(fallback.value)
+        case .hardTimeout:
+            counters.hardTimeouts.add(1, ordering: .relaxed)
+            if let fallback, usableByFailSafe(fallback, call.loader, now: now) {
+                counters.staleHits.add(1, ordering: .relaxed)
+                return .some(fallback.value)
+            }
+            throw MagpieError(.loadTimedOut, "the load did not finish within \(call.loader.hardTimeout ?? .zero)")
+        }
+    }
+}
+
+extension LoadTimers {
+    var isEmpty: Bool { soft == nil && hard == nil }
 }

@@ -22,18 +22,18 @@ extension Cache {
         try read(key, memory: { key in memory.copyValue(key) }, disk: { key throws(MagpieError) in try valueAfterMemoryMiss(key) })
     }
 
-    /// The value stored for `key` and the tier that answered; nil on a miss. For callers that count or
-    /// time memory and disk hits apart (the `tiered` benchmark does).
+    /// The value stored for `key`, the tier that answered and whether the value is fresh or stale (see
+    /// ``EntryOptions/freshFor``); nil on a miss. For callers that count or time memory and disk hits
+    /// apart (the `tiered` benchmark does), or serve stale values their own way.
     public func lookup(_ key: String) throws(MagpieError) -> CacheHit? {
         try lookup(key.utf8)
     }
 
     /// ``lookup(_:)-(String)`` for a key of arbitrary bytes.
-    @inlinable
     public func lookup(_ key: some Sequence<UInt8>) throws(MagpieError) -> CacheHit? {
         try read(
-            key, memory: { key in memory.copyValue(key).map { CacheHit(value: $0, tier: .memory) } },
-            disk: { key throws(MagpieError) in try valueAfterMemoryMiss(key).map { CacheHit(value: $0, tier: .disk) } })
+            key, memory: { key in CacheHit(memory.entry(key), tier: .memory, now: clock.now()) },
+            disk: { key throws(MagpieError) in try CacheHit(storedEntryAfterMemoryMiss(key), tier: .disk, now: clock.now()) })
     }
 
     /// The value stored for `key` as `Data` (one copy, from the tier's storage into the `Data`).
@@ -79,6 +79,18 @@ extension Cache {
     /// closures: the stripe and the logging each cost a retain and a release of the cache per read.)
     @usableFromInline
     func valueAfterMemoryMiss(_ key: HashedKey) throws(MagpieError) -> [UInt8]? {
+        guard let entry = try diskEntryAfterMemoryMiss(key), !entry.placement.freshness.negative else { return nil }
+        return entry.value
+    }
+
+    /// The disk half of the loader API's read: the entry with its expiry and freshness, negative ones
+    /// included, promoted like any disk hit.
+    func storedEntryAfterMemoryMiss(_ key: HashedKey) throws(MagpieError) -> StoredEntry? {
+        try diskEntryAfterMemoryMiss(key).map { StoredEntry(value: $0.value, deadline: $0.expiry, freshness: $0.placement.freshness) }
+    }
+
+    @inline(__always)
+    private func diskEntryAfterMemoryMiss(_ key: HashedKey) throws(MagpieError) -> DiskEntry? {
         guard let disk else { return nil }
         stripes.lock(for: key.hash)
         defer { stripes.unlock(for: key.hash) }
@@ -91,16 +103,17 @@ extension Cache {
         }
         guard let entry else { return nil }
         promote(entry, for: key)
-        return entry.value
+        return entry
     }
 
+    /// Copies a disk hit into memory, with the memory expiry its record's policy gives and its freshness.
     private func promote(_ entry: DiskEntry, for key: HashedKey) {
         guard !entry.placement.diskOnly else { return }
         let now = clock.now()
         let deadline = EntryOptions.promotedDeadline(policy: entry.placement.memoryPolicy, diskDeadline: entry.expiry, now: now)
         guard deadline == 0 || deadline > now else { return }
         let stored = entry.value.withUnsafeBytes { value in
-            memory.set(value, for: key, expiry: deadline == 0 ? .never : .at(millisecondsSince1970: deadline), group: entry.group)
+            memory.set(value, for: key, deadline: deadline, group: entry.group, freshness: entry.placement.freshness)
         }
         if case .success(true) = stored { counters.promotions.add(1, ordering: .relaxed) }
     }

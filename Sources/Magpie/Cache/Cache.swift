@@ -33,7 +33,7 @@ import Synchronization
 /// **Async.** Every operation has an `async` form on ``async`` (`try await cache.async.value(forKey:)`)
 /// that runs disk I/O on ``Configuration/ioThreadCount`` dedicated threads, never on Swift's cooperative
 /// pool; a memory hit returns on the caller's executor without a hop. The synchronous forms work in
-/// async functions too (they block the calling thread for disk I/O). ``value(forKey:options:load:)-(String,_,_)``
+/// async functions too (they block the calling thread for disk I/O). ``value(forKey:options:loader:load:)-(String,_,_,_)``
 /// coalesces concurrent loads of one missing key.
 ///
 /// **Keys** are `String`s (their UTF-8 bytes) or any `Sequence<UInt8>`, 0 to ``maximumKeyLength`` bytes,
@@ -54,7 +54,15 @@ public final class Cache: Sendable {
     let disk: DiskTier?
     let stripes: LockStripes
     let pool: IOThreadPool
+    /// Runs the synchronous loader API's loads that must not run on their caller's thread.
+    let loaderPool: IOThreadPool
+    /// The load running for each key (Cache+Loader.swift), and how many there are (read without the
+    /// lock by every store and removal, which supersede a running load of their key).
     let flights = Locked<[[UInt8]: Flight]>([:])
+    let flightCount = Atomic<Int>(0)
+    /// Keys whose stale value fail-safe serves without loading until the instant given (ms).
+    let throttles = Locked<[[UInt8]: Int64]>([:])
+    let defaultLoaderOptions: LoaderOptions
     let counters = Counters()
     @usableFromInline let closed = Atomic<Bool>(false)
     let logger: Logger
@@ -67,6 +75,14 @@ public final class Cache: Sendable {
         let loaderRuns = Atomic<UInt64>(0)
         let loaderCoalesced = Atomic<UInt64>(0)
         let loaderFailures = Atomic<UInt64>(0)
+        let freshHits = Atomic<UInt64>(0)
+        let staleHits = Atomic<UInt64>(0)
+        let negativeHits = Atomic<UInt64>(0)
+        let backgroundRefreshes = Atomic<UInt64>(0)
+        let failSafeActivations = Atomic<UInt64>(0)
+        let softTimeouts = Atomic<UInt64>(0)
+        let hardTimeouts = Atomic<UInt64>(0)
+        let loadsSuperseded = Atomic<UInt64>(0)
         let diskErrors = Atomic<UInt64>(0)
         let subscriptFailures = Atomic<UInt64>(0)
     }
@@ -120,6 +136,8 @@ public final class Cache: Sendable {
         self.logger = configuration.logger
         stripes = LockStripes(count: 1024)
         pool = IOThreadPool(threadCount: disk == nil ? 1 : configuration.ioThreadCount, name: "magpie-io")
+        loaderPool = IOThreadPool(threadCount: configuration.loaderThreadCount, name: "magpie-load")
+        defaultLoaderOptions = configuration.defaultLoaderOptions
         metrics = configuration.metrics.map { MetricsReporter($0) }
         if let interval = configuration.metrics?.interval { startReporting(every: interval) }
         if let disk, disk.configuration.writeBufferSize > 0, let interval = configuration.diskBufferWriteInterval {
@@ -135,6 +153,7 @@ public final class Cache: Sendable {
     deinit {
         bufferWriter.withLock { $0?.cancel() }
         pool.shutdown()
+        loaderPool.shutdown()
         metrics?.stop()
     }
 
@@ -168,28 +187,59 @@ public final class Cache: Sendable {
 
     @usableFromInline
     func set(_ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions?) throws(MagpieError) {
+        supersedeLoads(of: key)
         let options = options ?? defaultOptions
+        try write(value, for: key, options: options, stamp: options.stamp(now: clock.now(), hash: key.hash))
+    }
+
+    /// A store's writes to both tiers, with its deadlines computed (`stamp`); the key's running load, if
+    /// any, is the caller's business (a user's store supersedes it, the load's own landing does not).
+    func write(_ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions, stamp: StoreStamp) throws(MagpieError) {
         guard let disk else {
-            _ = try memory.set(value, for: key, expiry: options.memoryExpiry, group: options.group).get()
+            _ = try memory.set(value, for: key, deadline: stamp.memory, group: options.group, freshness: stamp.freshness).get()
             return
         }
         try stripes.withLock(for: key.hash) { () throws(MagpieError) in
             try logged("store") { () throws(MagpieError) in
+                let diskExpiry = stamp.disk == 0 ? Expiry.never : .at(millisecondsSince1970: stamp.disk)
                 switch options.tiers {
                 case .memoryAndDisk:
-                    let placement = DiskPlacement(memoryPolicy: options.encodedMemoryPolicy)
-                    try disk.store(value, for: key, expiry: options.effectiveDiskExpiry, group: options.group, placement: placement)
-                    _ = try memory.set(value, for: key, expiry: options.memoryExpiry, group: options.group).get()
+                    let placement = DiskPlacement(memoryPolicy: options.encodedMemoryPolicy, freshness: stamp.freshness)
+                    try disk.store(value, for: key, expiry: diskExpiry, group: options.group, placement: placement)
+                    _ = try memory.set(value, for: key, deadline: stamp.memory, group: options.group, freshness: stamp.freshness).get()
                 case .memoryOnly:
                     _ = try disk.removeIfPresent(key)
-                    _ = try memory.set(value, for: key, expiry: options.memoryExpiry, group: options.group).get()
+                    _ = try memory.set(value, for: key, deadline: stamp.memory, group: options.group, freshness: stamp.freshness).get()
                 case .diskOnly:
-                    let placement = DiskPlacement(memoryPolicy: options.encodedMemoryPolicy, diskOnly: true)
-                    try disk.store(value, for: key, expiry: options.effectiveDiskExpiry, group: options.group, placement: placement)
+                    let placement = DiskPlacement(
+                        memoryPolicy: options.encodedMemoryPolicy, diskOnly: true, freshness: stamp.freshness)
+                    try disk.store(value, for: key, expiry: diskExpiry, group: options.group, placement: placement)
                     _ = memory.remove(key)
                 }
             }
         }
+    }
+
+    /// Marks the running load of `key`, if any, superseded, so that its value does not land over this
+    /// newer write (see Cache+Loader.swift). Waits while that load's value is landing. Costs one atomic
+    /// load when no load runs.
+    @inline(__always)
+    func supersedeLoads(of key: HashedKey) {
+        guard flightCount.load(ordering: .sequentiallyConsistent) != 0 else { return }
+        supersedeRunningLoad(of: key)
+    }
+
+    @inline(never)
+    func supersedeRunningLoad(of key: HashedKey) {
+        let name = [UInt8](key.bytes)
+        let flight = flights.withLock { $0[name] }
+        flight?.superseded.withLock { $0 = true }
+    }
+
+    /// Marks every running load superseded (a removal of all entries, or of a group).
+    func supersedeAllLoads() {
+        guard flightCount.load(ordering: .sequentiallyConsistent) != 0 else { return }
+        for flight in flights.withLock({ Array($0.values) }) { flight.superseded.withLock { $0 = true } }
     }
 
     /// Removes `key` from both tiers (durably on disk). Returns whether either tier held it.
@@ -206,6 +256,12 @@ public final class Cache: Sendable {
 
     @usableFromInline
     func remove(_ key: HashedKey) throws(MagpieError) -> Bool {
+        supersedeLoads(of: key)
+        return try removeWithoutSuperseding(key)
+    }
+
+    /// A removal from both tiers (a load that found nothing lands through this).
+    func removeWithoutSuperseding(_ key: HashedKey) throws(MagpieError) -> Bool {
         guard let disk else { return memory.remove(key) }
         return try stripes.withLock(for: key.hash) { () throws(MagpieError) -> Bool in
             let onDisk = try logged("remove") { () throws(MagpieError) in try disk.remove(key) }
@@ -217,6 +273,7 @@ public final class Cache: Sendable {
     /// yet emptied keep their entries (memory is emptied regardless).
     public func removeAll() throws(MagpieError) {
         try checkOpen()
+        supersedeAllLoads()
         try stripes.withAllLocked { () throws(MagpieError) in
             defer { memory.removeAll() }
             if let disk { try logged("remove all") { () throws(MagpieError) in try disk.removeAll() } }
@@ -232,6 +289,7 @@ public final class Cache: Sendable {
     public func removeAll(inGroup group: String) throws(MagpieError) -> RemovedEntries {
         try checkOpen()
         guard !group.isEmpty else { return RemovedEntries() }
+        supersedeAllLoads()
         return try stripes.withAllLocked { () throws(MagpieError) -> RemovedEntries in
             var removed = RemovedEntries()
             if let disk {
@@ -268,6 +326,7 @@ public final class Cache: Sendable {
         guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
         bufferWriter.withLock { $0?.cancel() }
         pool.shutdown()
+        loaderPool.shutdown()
         metrics?.stop()
         reportMetrics()
         defer { memory.removeAll() }

@@ -12,11 +12,30 @@ public struct CacheHit: Sendable, Hashable {
     public var value: [UInt8]
     /// The tier that answered.
     public var tier: Tier
+    /// Whether the value is past its fresh lifetime (``EntryOptions/freshFor``): still served by every
+    /// read until it expires, but due a refresh.
+    public var isStale: Bool
+    /// Until when the value is fresh (ms since 1970); nil when it is fresh until it expires.
+    public var freshUntil: Int64?
+    /// When the value was stored or loaded (ms since 1970), for an entry stored with a fresh lifetime.
+    public var loadedAt: Int64?
 
     /// A hit of `value` in `tier`.
-    public init(value: [UInt8], tier: Tier) {
+    public init(value: [UInt8], tier: Tier, isStale: Bool = false, freshUntil: Int64? = nil, loadedAt: Int64? = nil) {
         self.value = value
         self.tier = tier
+        self.isStale = isStale
+        self.freshUntil = freshUntil
+        self.loadedAt = loadedAt
+    }
+
+    init?(_ entry: StoredEntry?, tier: Tier, now: Int64) {
+        guard let entry, !entry.freshness.negative else { return nil }
+        let freshness = entry.freshness
+        self.init(
+            value: entry.value, tier: tier, isStale: freshness.freshUntil != 0 && now >= freshness.freshUntil,
+            freshUntil: freshness.freshUntil == 0 ? nil : freshness.freshUntil,
+            loadedAt: freshness.freshUntil == 0 ? nil : freshness.loadedAt)
     }
 }
 

@@ -10,12 +10,31 @@ public struct CacheStatistics: Sendable, Hashable {
     public var disk: DiskTierStatistics?
     /// Disk hits copied into memory.
     public var promotions: UInt64
-    /// Loads started by ``Cache/value(forKey:options:load:)-(String,_,_)`` (one per coalesced group of callers).
+    /// Loads started by ``Cache/value(forKey:options:loader:load:)-(String,_,_,_)`` (one per coalesced group of callers).
     public var loaderRuns: UInt64
     /// Callers that joined a load already running for their key instead of starting one.
     public var loaderCoalesced: UInt64
     /// Loads that threw (their error reached every waiter; nothing was cached).
     public var loaderFailures: UInt64
+    /// Loader calls served a fresh value (see ``EntryOptions/freshFor``).
+    public var freshHits: UInt64 = 0
+    /// Loader calls served a stale value: with stale-while-revalidate, while the key was throttled after a
+    /// failed load, in place of a failed or timed-out load (fail-safe), or at a soft timeout.
+    public var staleHits: UInt64 = 0
+    /// Loader calls answered by a remembered absence (``LoaderOptions/negativeLifetime``).
+    public var negativeHits: UInt64 = 0
+    /// Loads started in the background (stale-while-revalidate and eager refresh), part of ``loaderRuns``.
+    public var backgroundRefreshes: UInt64 = 0
+    /// Failed loads after which a stale value stood in (served to the callers that waited, and kept for
+    /// ``LoaderOptions/failSafeThrottle`` without another load).
+    public var failSafeActivations: UInt64 = 0
+    /// Callers whose wait ended at ``LoaderOptions/softTimeout``.
+    public var softTimeouts: UInt64 = 0
+    /// Callers whose wait ended at ``LoaderOptions/hardTimeout``.
+    public var hardTimeouts: UInt64 = 0
+    /// Loads whose value was not stored because a store or removal of the key came while they ran (their
+    /// callers still got the value).
+    public var loadsSuperseded: UInt64 = 0
     /// Disk operations that failed with an I/O error or a full file system (each was logged).
     public var diskErrors: UInt64
     /// Subscript reads and stores (``Cache`` and ``TypedCache``) that failed: a subscript cannot throw,
@@ -58,6 +77,14 @@ extension Cache {
             loaderFailures: counters.loaderFailures.load(ordering: .relaxed),
             diskErrors: counters.diskErrors.load(ordering: .relaxed))
         statistics.subscriptFailures = counters.subscriptFailures.load(ordering: .relaxed)
+        statistics.freshHits = counters.freshHits.load(ordering: .relaxed)
+        statistics.staleHits = counters.staleHits.load(ordering: .relaxed)
+        statistics.negativeHits = counters.negativeHits.load(ordering: .relaxed)
+        statistics.backgroundRefreshes = counters.backgroundRefreshes.load(ordering: .relaxed)
+        statistics.failSafeActivations = counters.failSafeActivations.load(ordering: .relaxed)
+        statistics.softTimeouts = counters.softTimeouts.load(ordering: .relaxed)
+        statistics.hardTimeouts = counters.hardTimeouts.load(ordering: .relaxed)
+        statistics.loadsSuperseded = counters.loadsSuperseded.load(ordering: .relaxed)
         return statistics
     }
 }

@@ -40,6 +40,11 @@ extension Cache {
         /// writes them only when full, on a removal, `flush()` and `close()`. See
         /// ``DiskTier/Configuration/writeBufferSize``.
         public var diskBufferWriteInterval: Duration? = .seconds(1)
+        /// The loader options of a loader call that passes none (see ``LoaderOptions``).
+        public var defaultLoaderOptions = LoaderOptions()
+        /// Threads that run the synchronous loader API's loads when they must not run on the caller's
+        /// thread (background refreshes, and loads a caller may stop waiting for). Default 4.
+        public var loaderThreadCount = 4
 
         /// A configuration with the defaults; pass a directory for a two-tier cache.
         public init(

@@ -28,18 +28,73 @@ public struct EntryOptions: Sendable, Hashable {
     public var group: String?
     /// Which tiers keep the entry.
     public var tiers: Tiers
+    /// How long the value is *fresh*, from the store (for a loaded value: from the start of its load).
+    /// After it the value is *stale*: the plain reads (`cache[key]`, ``Cache/value(forKey:)-(String)``)
+    /// still return it until its expiry, and the loader API serves it while it refreshes it, or when
+    /// the loader fails or is slow (see ``LoaderOptions``). Nil: fresh until it expires. Both tiers keep
+    /// the instant, across reopen. See <doc:FreshnessAndLoaders>.
+    public var freshFor: Duration?
+    /// A random spread added to the entry's lifetimes: each store adds one offset, drawn from 0 up to
+    /// `jitter`, to ``freshFor`` and to every expiry given as ``Expiry/after(_:)``, so that entries
+    /// written together do not go stale or expire together. Zero (the default): none. Fixed instants
+    /// (``Expiry/at(millisecondsSince1970:)``) are never moved, nor is the lifetime a promotion from
+    /// disk re-applies.
+    public var jitter: Duration
 
-    /// Options with the given expiry, group and tiers. The defaults: never expires, no group, both tiers.
-    public init(memoryExpiry: Expiry = .never, diskExpiry: Expiry? = nil, group: String? = nil, tiers: Tiers = .memoryAndDisk) {
+    /// Options with the given expiry, group and tiers. The defaults: never expires, no group, both
+    /// tiers, fresh until it expires, no jitter.
+    public init(
+        memoryExpiry: Expiry = .never, diskExpiry: Expiry? = nil, group: String? = nil, tiers: Tiers = .memoryAndDisk,
+        freshFor: Duration? = nil, jitter: Duration = .zero
+    ) {
         self.memoryExpiry = memoryExpiry
         self.diskExpiry = diskExpiry
         self.group = group
         self.tiers = tiers
+        self.freshFor = freshFor
+        self.jitter = jitter
     }
 
     /// Options where both tiers expire together.
     public static func expiring(_ expiry: Expiry, group: String? = nil, tiers: Tiers = .memoryAndDisk) -> EntryOptions {
         EntryOptions(memoryExpiry: expiry, diskExpiry: nil, group: group, tiers: tiers)
+    }
+
+    /// Options for a loaded value that is fresh for `fresh`, then stale (served by the loader API while
+    /// it refreshes) until `expiry` after the store, in both tiers.
+    public static func fresh(
+        for fresh: Duration, staleUntil expiry: Expiry, group: String? = nil, tiers: Tiers = .memoryAndDisk,
+        jitter: Duration = .zero
+    ) -> EntryOptions {
+        EntryOptions(memoryExpiry: expiry, diskExpiry: nil, group: group, tiers: tiers, freshFor: fresh, jitter: jitter)
+    }
+
+    /// The deadlines of a store at `now` (ms since 1970) of a key with hash `hash` (which, with `now`,
+    /// draws the jitter). The clock is read only when a lifetime needs it.
+    @inline(__always)
+    func stamp(now: @autoclosure () -> Int64, hash: UInt64) -> StoreStamp {
+        guard freshFor != nil || memoryExpiry != .never || (diskExpiry != nil && diskExpiry != .never) else {
+            return StoreStamp()
+        }
+        let now = now()
+        var spread: Int64 = 0
+        if jitter > .zero {
+            let range = UInt64(jitter.roundedUpMilliseconds) &+ 1
+            var mixed = (hash ^ UInt64(bitPattern: now)) &* 0x9E37_79B9_7F4A_7C15
+            mixed ^= mixed &>> 29
+            spread = Int64(mixed % range)
+        }
+        func deadline(_ expiry: Expiry) -> Int64 {
+            guard case .after = expiry else { return expiry.deadline(now: now) }
+            let base = expiry.deadline(now: now)
+            let sum = base.addingReportingOverflow(spread)
+            return sum.overflow ? Int64.max : sum.partialValue
+        }
+        var stamp = StoreStamp(memory: deadline(memoryExpiry), disk: deadline(effectiveDiskExpiry))
+        if let freshFor {
+            stamp.freshness = Freshness(freshUntil: max(1, deadline(.after(max(freshFor, .zero)))), loadedAt: max(1, now))
+        }
+        return stamp
     }
 
     /// The disk expiry in effect.
@@ -75,4 +130,12 @@ public struct EntryOptions: Sendable, Hashable {
         if diskDeadline != 0 { deadline = deadline == 0 ? diskDeadline : min(deadline, diskDeadline) }
         return deadline
     }
+}
+
+/// The deadlines of one store, computed once (ms since 1970; 0 = none): the memory and disk expiries
+/// and the freshness.
+struct StoreStamp: Sendable {
+    var memory: Int64 = 0
+    var disk: Int64 = 0
+    var freshness = Freshness.none
 }

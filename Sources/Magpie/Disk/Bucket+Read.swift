@@ -113,10 +113,15 @@ extension BucketState {
             : String(decoding: UnsafeRawBufferPointer(rebasing: bytes[header.groupOffset..<header.groupEnd]), as: UTF8.self)
         let policy = header.policyLength == 0 ? 0
             : Int64(littleEndian: bytes.loadUnaligned(fromByteOffset: header.policyOffset, as: Int64.self))
+        var freshness = Freshness(negative: header.flags.contains(.negative))
+        if header.freshnessLength != 0 {
+            freshness.freshUntil = Int64(littleEndian: bytes.loadUnaligned(fromByteOffset: header.freshnessOffset, as: Int64.self))
+            freshness.loadedAt = Int64(littleEndian: bytes.loadUnaligned(fromByteOffset: header.freshnessOffset + 8, as: Int64.self))
+        }
         // One copy out of the verified bytes, through the specialised array initialiser.
         let payload = [UInt8](UnsafeRawBufferPointer(rebasing: bytes[header.payloadOffset..<(header.payloadOffset + header.storedLength)]))
         return DiskEntry(
-            value: payload, expiry: header.expiry, placement: DiskPlacement(memoryPolicy: policy, diskOnly: header.flags.contains(.diskOnly)),
+            value: payload, expiry: header.expiry, placement: DiskPlacement(memoryPolicy: policy, diskOnly: header.flags.contains(.diskOnly), freshness: freshness),
             group: group, compressedLength: header.codec == .zstd ? header.originalLength : nil)
     }
 

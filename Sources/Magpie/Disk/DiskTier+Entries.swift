@@ -1,17 +1,22 @@
 // The record-level read and write paths of DiskTier, shared by its public byte API and by `Cache`,
 // which also stores a memory policy and a disk-only flag with each value (see `Format/Record.swift`).
 
-/// What `Cache` asks the disk tier to store beside a value, so that a later read knows how to promote it.
+/// What `Cache` asks the disk tier to store beside a value, so that a later read knows how to promote it
+/// and how fresh it is.
 package struct DiskPlacement: Sendable, Equatable {
     /// The encoded memory policy: 0 none, > 0 an absolute memory deadline (ms), < 0 minus a lifetime (ms).
     var memoryPolicy: Int64 = 0
     /// Never promote the entry into memory.
     var diskOnly = false
+    /// The loader API's freshness and negative mark.
+    var freshness = Freshness.none
 
     var flags: RecordFlags {
         var flags: RecordFlags = []
         if memoryPolicy != 0 { flags.insert(.memoryPolicy) }
         if diskOnly { flags.insert(.diskOnly) }
+        if freshness.freshUntil != 0 { flags.insert(.freshness) }
+        if freshness.negative { flags.insert(.negative) }
         return flags
     }
 }
@@ -118,7 +123,9 @@ extension DiskTier {
         guard header.recordLength <= largestStorableRecord else {
             throw MagpieError(.valueTooLarge, "value of \(value.count) bytes; this tier stores values up to \(largestStorableValue) bytes")
         }
-        let draft = RecordDraft(header: header, key: key.bytes, group: group, payload: payload, memoryPolicy: placement.memoryPolicy)
+        let draft = RecordDraft(
+            header: header, key: key.bytes, group: group, payload: payload, memoryPolicy: placement.memoryPolicy,
+            freshUntil: placement.freshness.freshUntil, loadedAt: placement.freshness.loadedAt)
         try withRoom(Self.bucket(of: key.hash, count: bucketCount), now: now) { (state, policy) throws(MagpieError) in
             try state.store(draft, key: key, now: now, policy: policy)
         }
@@ -163,7 +170,7 @@ extension DiskTier {
             try state.checkOpen()
             defer { state.healIfNeeded() }
             guard let (_, found) = try state.find(tag: DiskSlot.tag(of: key.hash), key: key.bytes) else { return false }
-            return found.header.expiry == 0 || found.header.expiry > now
+            return (found.header.expiry == 0 || found.header.expiry > now) && !found.header.flags.contains(.negative)
         }
     }
 

@@ -216,7 +216,7 @@ public final class DiskTier: Sendable {
     /// - Throws: ``MagpieError/Code/keyTooLong``, ``MagpieError/Code/ioFailure`` when the read itself
     ///   fails, ``MagpieError/Code/closed``.
     public func value(forKey key: some Sequence<UInt8>) throws(MagpieError) -> [UInt8]? {
-        try withHashedKey(key) { key throws(MagpieError) in try entry(key)?.value }
+        try withHashedKey(key) { key throws(MagpieError) in try entry(key).flatMap { $0.placement.freshness.negative ? nil : $0.value } }
     }
 
     /// ``value(forKey:)-(Sequence<UInt8>)`` for a `String` key.

@@ -65,14 +65,28 @@ import Synchronization
 
 extension Shard {
     /// The value bytes of `key`, found without taking the lock, its hit counted in `hitCounts`; nil when
-    /// the key was not found, or found expired or a placeholder (ask under the lock then). The caller
-    /// has pinned its thread (`pin`) and may use the bytes until it unpins. Not generic, so that a
+    /// the key was not found, or found expired, negative or a placeholder (ask under the lock then). The
+    /// caller has pinned its thread (`pin`) and may use the bytes until it unpins. Not generic, so that a
     /// caller's generic read needs no run-time metadata for it (measured: an `R?` returned from here
     /// cost every hit a metadata look-up).
     @inline(__always)
     func findLockFree(
         hash: UInt64, key: UnsafeRawBufferPointer, clock: CacheClock, pin: ReadPin, hitCounts: UnsafeMutableRawPointer
     ) -> UnsafeRawBufferPointer? {
+        guard let (block, header) = findBlockLockFree(
+            hash: hash, key: key, clock: clock, pin: pin, hitCounts: hitCounts, refusing: EntryHeader.plainReadCheckFlags)
+        else { return nil }
+        return ShardStorage.value(of: block, header)
+    }
+
+    /// The block of `key` and its header, found without taking the lock, its hit counted; nil when not
+    /// found, or found expired or a placeholder, or with a flag of `refusing` (beyond the expiry and
+    /// placeholder flags, always checked) set. See ``findLockFree(hash:key:clock:pin:hitCounts:)``.
+    @inline(__always)
+    func findBlockLockFree(
+        hash: UInt64, key: UnsafeRawBufferPointer, clock: CacheClock, pin: ReadPin, hitCounts: UnsafeMutableRawPointer,
+        refusing: UInt8
+    ) -> (UnsafeMutableRawPointer, EntryHeader)? {
         // Invariant: `published` always holds the address of a live table (ShardStorage.init, replaceTable).
         let table = UnsafeMutableRawPointer(bitPattern: published.pointee.load(ordering: .acquiring)).unsafelyUnwrapped
         let mask = IndexTable.mask(table)
@@ -87,15 +101,18 @@ extension Shard {
                 let block = ShardStorage.block(in: bucket)
                 let header = EntryHeader(of: block)
                 if ShardStorage.keyEquals(block, header, key) {
-                    if header.state & (EntryHeader.expiryFlag | EntryHeader.placeholderFlag) != 0 {
-                        if header.isPlaceholder || ShardStorage.isExpired(block, header, now: clock.now()) { return nil }
+                    if header.state & (refusing | EntryHeader.expiryFlag | EntryHeader.placeholderFlag) != 0 {
+                        if header.state & (refusing | EntryHeader.placeholderFlag) != 0
+                            || ShardStorage.isExpired(block, header, now: clock.now())
+                        {
+                            return nil
+                        }
                     }
                     if header.frequency < ShardStorage.frequencyCap {
                         EntryHeader.setFrequency(block, header.frequency &+ 1)
                     }
                     ReadEpochs.count(pin.slot, in: hitCounts)
-                    let start = block + header.keyOffset + Int(header.keyLength)
-                    return UnsafeRawBufferPointer(start: start, count: Int(header.valueLength))
+                    return (block, header)
                 }
             }
             position = (position &+ 1) & mask

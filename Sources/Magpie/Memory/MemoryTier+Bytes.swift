@@ -48,6 +48,31 @@ extension MemoryTier {
         }
     }
 
+    /// The entry stored for `key` with its expiry and freshness, negative entries included (the
+    /// loader API's read); nil when absent or expired. Counted as a read like ``copyValue(_:)``.
+    package func entry(_ key: HashedKey) -> StoredEntry? {
+        let hash = key.hash
+        return unownedShards[Int(truncatingIfNeeded: hash) & shardMask]._withUnsafeGuaranteedRef { shard in
+            guard let pin = epochs.pin() else {
+                return shard.withLock { $0.lookupEntry(hash: hash, key: key.bytes).map(StoredEntry.init) }
+            }
+            defer { epochs.unpin(pin) }
+            if let (block, header) = shard.findBlockLockFree(
+                hash: hash, key: key.bytes, clock: clock, pin: pin, hitCounts: hitCounts, refusing: 0)
+            {
+                return StoredEntry(block, header)
+            }
+            // Pinned before the lock was taken: the block stays valid after unlocking.
+            guard let (block, header) = shard.withLock({ $0.lookupEntry(hash: hash, key: key.bytes) }) else { return nil }
+            return StoredEntry(block, header)
+        }
+    }
+
+    /// The expiry and freshness of `key`'s live entry (negative ones included); not counted as a read.
+    package func metadata(_ key: HashedKey) -> (deadline: Int64, freshness: Freshness)? {
+        withShard(for: key.hash) { $0.metadata(hash: key.hash, key: key.bytes) }
+    }
+
     /// Whether `key` is present and unexpired; not counted as a read.
     @usableFromInline
     package func contains(_ key: HashedKey) -> Bool {
@@ -59,6 +84,14 @@ extension MemoryTier {
     package func set(_ value: UnsafeRawBufferPointer, for key: HashedKey, expiry: Expiry, group: String?)
         -> Result<Bool, MagpieError>
     {
+        set(value, for: key, deadline: expiry == .never ? 0 : expiry.deadline(now: clock.now()), group: group, freshness: .none)
+    }
+
+    /// ``set(_:for:expiry:group:)`` with the deadline computed (ms since 1970, 0 = none; one already
+    /// past removes the key: it must not keep an older value) and the loader API's freshness.
+    package func set(_ value: UnsafeRawBufferPointer, for key: HashedKey, deadline: Int64, group: String?, freshness: Freshness)
+        -> Result<Bool, MagpieError>
+    {
         guard key.count <= Self.maximumKeyLength else {
             return .failure(
                 MagpieError(.keyTooLong, "key of \(key.count) bytes; the limit is \(Self.maximumKeyLength)"))
@@ -68,25 +101,28 @@ extension MemoryTier {
                 MagpieError(
                     .valueTooLarge, "value of \(value.count) bytes; the limit is \(Self.maximumValueLength)"))
         }
+        return .success(store(value, for: key, deadline: deadline, group: group, freshness: freshness))
+    }
+
+    /// Stores `value` for `key` with a deadline already computed (ms since 1970, 0 = none; one already
+    /// past removes the key) and the loader API's freshness. The caller checked the key's and the
+    /// value's lengths. Returns whether the entry was stored.
+    package func store(_ value: UnsafeRawBufferPointer, for key: HashedKey, deadline: Int64, group: String?, freshness: Freshness)
+        -> Bool
+    {
         let hash = key.hash
-        var deadline: Int64 = 0
-        if expiry != .never {
-            let now = clock.now()
-            deadline = expiry.deadline(now: now)
-            if deadline <= now {
-                // Expired on arrival: the key must not keep an older value.
-                _ = withShard(for: hash) { $0.remove(hash: hash, key: key.bytes) }
-                return .success(false)
-            }
+        if deadline != 0 && deadline <= clock.now() {
+            _ = withShard(for: hash) { $0.remove(hash: hash, key: key.bytes) }
+            return false
         }
         let tag = group.map { $0.isEmpty ? 0 : hasher.groupTag($0) } ?? 0
         var outcome = withShard(for: hash) {
-            $0.store(hash: hash, key: key.bytes, value: value, deadline: deadline, group: tag, policy: .borrow)
+            $0.store(hash: hash, key: key.bytes, value: value, deadline: deadline, group: tag, freshness: freshness, policy: .borrow)
         }
         if case .short = outcome {
-            outcome = storeBorrowing(hash: hash, key: key.bytes, value: value, deadline: deadline, group: tag)
+            outcome = storeBorrowing(hash: hash, key: key.bytes, value: value, deadline: deadline, group: tag, freshness: freshness)
         }
-        return .success(outcome != .refused)
+        return outcome != .refused
     }
 
     /// Removes `key`; returns whether it was present.
@@ -100,12 +136,13 @@ extension MemoryTier {
     /// that fits costs what it did before shards lent (measured).
     @inline(never)
     func storeBorrowing(
-        hash: UInt64, key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, deadline: Int64, group: UInt64
+        hash: UInt64, key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, deadline: Int64, group: UInt64,
+        freshness: Freshness
     ) -> StoreOutcome {
         let number = Int(truncatingIfNeeded: hash) & shardMask
         return withBorrowedRoom { (policy) -> RoomOutcome<StoreOutcome> in
             let outcome = withShard(for: hash) {
-                $0.store(hash: hash, key: key, value: value, deadline: deadline, group: group, policy: policy)
+                $0.store(hash: hash, key: key, value: value, deadline: deadline, group: group, freshness: freshness, policy: policy)
             }
             if case .short(let shortfall) = outcome { return .short(shortfall) }
             return .done(outcome)
@@ -144,5 +181,27 @@ extension MemoryTier {
 enum ProcessInfoLite {
     static var activeProcessorCount: Int {
         max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+    }
+}
+
+/// An entry as the loader API reads it: the value (empty for a negative entry), its expiry and its
+/// freshness.
+package struct StoredEntry: Sendable {
+    /// The value's bytes.
+    package var value: [UInt8]
+    /// The expiry in this tier (ms since 1970), 0 for none.
+    package var deadline: Int64
+    package var freshness: Freshness
+
+    package init(value: [UInt8], deadline: Int64, freshness: Freshness) {
+        self.value = value
+        self.deadline = deadline
+        self.freshness = freshness
+    }
+
+    /// The entry of a block found live (lock held, or the thread pinned).
+    init(_ block: UnsafeMutableRawPointer, _ header: EntryHeader) {
+        let (deadline, freshness) = ShardStorage.metadata(of: block, header)
+        self.init(value: [UInt8](ShardStorage.value(of: block, header)), deadline: deadline, freshness: freshness)
     }
 }

@@ -11,9 +11,11 @@ extension ShardStorage {
     /// With `.borrow`, a large entry that does not fit changes nothing and returns `.short` (see "Budget").
     mutating func store(
         hash: UInt64, key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, deadline: Int64 = 0,
-        group: UInt64 = 0, policy: RoomPolicy = .evict
+        group: UInt64 = 0, freshness: Freshness = .none, policy: RoomPolicy = .evict
     ) -> StoreOutcome {
-        storeEntry(hash: hash, key: key, value: value, deadline: deadline, group: group, placeholderLength: nil, policy: policy)
+        storeEntry(
+            hash: hash, key: key, value: value, deadline: deadline, group: group, freshness: freshness, placeholderLength: nil,
+            policy: policy)
     }
 
     /// Trace replay's store (MemoryTier+Simulation.swift): a placeholder for a key just found absent
@@ -23,7 +25,7 @@ extension ShardStorage {
     {
         storeEntry(
             hash: hash, key: key, value: UnsafeRawBufferPointer(start: nil, count: 0), deadline: 0, group: 0,
-            placeholderLength: valueLength, policy: policy)
+            freshness: .none, placeholderLength: valueLength, policy: policy)
     }
 
     /// The body of `store` and `storePlaceholder`, inlined into each: with `placeholderLength` a constant
@@ -31,10 +33,11 @@ extension ShardStorage {
     @inline(__always)
     private mutating func storeEntry(
         hash: UInt64, key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, deadline: Int64, group: UInt64,
-        placeholderLength: Int?, policy: RoomPolicy
+        freshness: Freshness, placeholderLength: Int?, policy: RoomPolicy
     ) -> StoreOutcome {
         let flags = (deadline != 0 ? EntryHeader.expiryFlag : 0) | (group != 0 ? EntryHeader.groupFlag : 0)
             | (placeholderLength != nil ? EntryHeader.placeholderFlag : 0)
+            | (freshness.freshUntil != 0 ? EntryHeader.freshnessFlag : 0) | (freshness.negative ? EntryHeader.negativeFlag : 0)
         let valueLength = placeholderLength ?? value.count
         let storedLength = EntryHeader.extrasLength(flags: flags) + key.count + valueLength
         var queue = EntryHeader.small
@@ -79,7 +82,7 @@ extension ShardStorage {
         let header = EntryHeader(
             valueLength: UInt32(valueLength), keyLength: UInt16(key.count), frequency: frequency, state: queue | flags)
         header.write(to: block)
-        writeExtras(block, deadline: deadline, group: group)
+        writeExtras(block, deadline: deadline, group: group, freshness: freshness)
         copyBytes(key, to: block + header.keyOffset)
         if placeholderLength == nil { copyBytes(value, to: block + header.keyOffset + key.count) }
         let pushed = queue == EntryHeader.small ? small.push(block) : main.push(block)
@@ -95,13 +98,21 @@ extension ShardStorage {
         return isUpdate ? .updated : .inserted
     }
 
-    /// Writes the deadline and group hash a block's flags announce.
-    private func writeExtras(_ block: UnsafeMutableRawPointer, deadline: Int64, group: UInt64) {
+    /// Writes the deadline, group hash and freshness a block's flags announce.
+    @inline(__always)
+    private func writeExtras(_ block: UnsafeMutableRawPointer, deadline: Int64, group: UInt64, freshness: Freshness) {
         var offset = Self.headerSize
         if deadline != 0 {
             block.storeBytes(of: deadline, toByteOffset: offset, as: Int64.self)
             offset += 8
         }
-        if group != 0 { block.storeBytes(of: group, toByteOffset: offset, as: UInt64.self) }
+        if group != 0 {
+            block.storeBytes(of: group, toByteOffset: offset, as: UInt64.self)
+            offset += 8
+        }
+        if freshness.freshUntil != 0 {
+            block.storeBytes(of: freshness.freshUntil, toByteOffset: offset, as: Int64.self)
+            block.storeBytes(of: freshness.loadedAt, toByteOffset: offset + 8, as: Int64.self)
+        }
     }
 }

@@ -109,7 +109,8 @@ import Synchronization
 // (``MemoryTier/largestStorableValue``).
 
 /// The 8-byte header at the start of every entry block. After it come the optional extras the state
-/// flags announce (an 8-byte deadline, then an 8-byte group hash), then the key, then the value.
+/// flags announce (an 8-byte deadline, an 8-byte group hash, then 16 bytes of freshness: fresh-until
+/// and loaded-at), then the key, then the value.
 ///
 /// A block is written whole before it is published in the index and never changes after, but for two
 /// bytes: `frequency` (set by lock-free hits, and by the policy under the lock) and the queue and dead
@@ -122,7 +123,9 @@ struct EntryHeader {
     var keyLength: UInt16
     var frequency: UInt8
     /// Bits 0-1: the queue (small or main); bit 2: has a deadline; bit 3: has a group; bit 4: a
-    /// placeholder (the value is charged but not stored: trace replay only); bit 7: dead.
+    /// placeholder (the value is charged but not stored: trace replay only); bit 5: has freshness (a
+    /// fresh-until and a loaded-at instant); bit 6: negative (the loader found no value: only the
+    /// loader API serves it); bit 7: dead.
     var state: UInt8
 
     static let small: UInt8 = 1
@@ -131,7 +134,12 @@ struct EntryHeader {
     static let expiryFlag: UInt8 = 0x04
     static let groupFlag: UInt8 = 0x08
     static let placeholderFlag: UInt8 = 0x10
+    static let freshnessFlag: UInt8 = 0x20
+    static let negativeFlag: UInt8 = 0x40
     static let deadFlag: UInt8 = 0x80
+    /// The flags that make a plain read look closer (expiry) or refuse the entry (placeholder,
+    /// negative): one mask test on the hit path.
+    static let plainReadCheckFlags: UInt8 = expiryFlag | placeholderFlag | negativeFlag
 
     init(valueLength: UInt32, keyLength: UInt16, frequency: UInt8, state: UInt8) {
         self.valueLength = valueLength
@@ -184,15 +192,19 @@ struct EntryHeader {
     var hasExpiry: Bool { state & EntryHeader.expiryFlag != 0 }
     var hasGroup: Bool { state & EntryHeader.groupFlag != 0 }
     var isPlaceholder: Bool { state & EntryHeader.placeholderFlag != 0 }
+    var isNegative: Bool { state & EntryHeader.negativeFlag != 0 }
+    var hasFreshness: Bool { state & EntryHeader.freshnessFlag != 0 }
 
     static func extrasLength(flags: UInt8) -> Int {
-        (flags & expiryFlag != 0 ? 8 : 0) + (flags & groupFlag != 0 ? 8 : 0)
+        (flags & expiryFlag != 0 ? 8 : 0) + (flags & groupFlag != 0 ? 8 : 0) + (flags & freshnessFlag != 0 ? 16 : 0)
     }
 
     /// Where the key starts, from the block's start.
     var keyOffset: Int { ShardStorage.headerSize + Self.extrasLength(flags: state) }
     /// Where the group hash lies, from the block's start (valid when `hasGroup`).
     var groupOffset: Int { ShardStorage.headerSize + (hasExpiry ? 8 : 0) }
+    /// Where fresh-until and loaded-at lie, from the block's start (valid when `hasFreshness`).
+    var freshnessOffset: Int { ShardStorage.headerSize + (hasExpiry ? 8 : 0) + (hasGroup ? 8 : 0) }
     /// The bytes after the header: extras, key and value. The entry is charged this + the overhead.
     var storedLength: Int { Self.extrasLength(flags: state) + Int(keyLength) + Int(valueLength) }
 }
@@ -330,9 +342,10 @@ struct ShardStorage: ~Copyable {
             return nil
         }
         let header = EntryHeader(of: block)
-        if header.state & (EntryHeader.expiryFlag | EntryHeader.placeholderFlag) != 0 {
-            // A placeholder has no bytes to show (only `simulateRequest` makes them).
-            if header.isPlaceholder {
+        if header.state & EntryHeader.plainReadCheckFlags != 0 {
+            // A placeholder has no bytes to show (only `simulateRequest` makes them); a negative entry
+            // is the loader API's alone (see `lookupEntry`).
+            if header.isPlaceholder || header.isNegative {
                 counters.misses &+= 1
                 return nil
             }
@@ -345,17 +358,64 @@ struct ShardStorage: ~Copyable {
             }
         }
         counters.hits &+= 1
-        // Invariant: a block reachable from the index is live: header, then keyLength + valueLength bytes.
         if header.frequency < Self.frequencyCap { EntryHeader.setFrequency(block, header.frequency &+ 1) }
-        let start = block + header.keyOffset + Int(header.keyLength)
-        return UnsafeRawBufferPointer(start: start, count: Int(header.valueLength))
+        return Self.value(of: block, header)
+    }
+
+    /// The block of `key` and its header for the loader API, which also serves negative entries;
+    /// counts a hit or a miss and removes an expired entry like ``lookup(hash:key:)``.
+    mutating func lookupEntry(hash: UInt64, key: UnsafeRawBufferPointer) -> (UnsafeMutableRawPointer, EntryHeader)? {
+        guard let (position, block) = find(hash: hash, key: key) else {
+            counters.misses &+= 1
+            return nil
+        }
+        let header = EntryHeader(of: block)
+        if header.isPlaceholder {
+            counters.misses &+= 1
+            return nil
+        }
+        if Self.isExpired(block, header, now: clock.now()) {
+            unlink(position: position, block: block)
+            returnSurplus(keeping: 0)
+            counters.expirations &+= 1
+            counters.misses &+= 1
+            return nil
+        }
+        counters.hits &+= 1
+        if header.frequency < Self.frequencyCap { EntryHeader.setFrequency(block, header.frequency &+ 1) }
+        return (block, header)
+    }
+
+    /// The value bytes of a block. Invariant: a block reachable from the index is live: header, extras,
+    /// then keyLength + valueLength bytes.
+    @inline(__always)
+    static func value(of block: UnsafeMutableRawPointer, _ header: EntryHeader) -> UnsafeRawBufferPointer {
+        UnsafeRawBufferPointer(start: block + header.keyOffset + Int(header.keyLength), count: Int(header.valueLength))
+    }
+
+    /// The expiry (0 = none) and freshness of a block.
+    static func metadata(of block: UnsafeMutableRawPointer, _ header: EntryHeader) -> (deadline: Int64, freshness: Freshness) {
+        var freshness = Freshness(negative: header.isNegative)
+        if header.hasFreshness {
+            freshness.freshUntil = block.loadUnaligned(fromByteOffset: header.freshnessOffset, as: Int64.self)
+            freshness.loadedAt = block.loadUnaligned(fromByteOffset: header.freshnessOffset + 8, as: Int64.self)
+        }
+        return (header.hasExpiry ? deadline(of: block) : 0, freshness)
     }
 
     /// Whether `key` is present and unexpired, without counting a read or changing its frequency.
     func contains(hash: UInt64, key: UnsafeRawBufferPointer) -> Bool {
         guard let (_, block) = find(hash: hash, key: key) else { return false }
         let header = EntryHeader(of: block)
-        return !header.isPlaceholder && !(header.hasExpiry && Self.isExpired(block, header, now: clock.now()))
+        return !header.isPlaceholder && !header.isNegative && !(header.hasExpiry && Self.isExpired(block, header, now: clock.now()))
+    }
+
+    /// The expiry and freshness of `key`'s live entry (negative ones included), without counting a read.
+    func metadata(hash: UInt64, key: UnsafeRawBufferPointer) -> (deadline: Int64, freshness: Freshness)? {
+        guard let (_, block) = find(hash: hash, key: key) else { return nil }
+        let header = EntryHeader(of: block)
+        guard !header.isPlaceholder, !Self.isExpired(block, header, now: clock.now()) else { return nil }
+        return Self.metadata(of: block, header)
     }
 
     // MARK: Entry lifecycle

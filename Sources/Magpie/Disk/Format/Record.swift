@@ -16,7 +16,12 @@ package struct RecordFlags: OptionSet, Equatable {
     package static let memoryPolicy = RecordFlags(rawValue: 1)
     /// The entry lives on disk only: a read never promotes it into memory.
     package static let diskOnly = RecordFlags(rawValue: 2)
-    package static let all: RecordFlags = [.memoryPolicy, .diskOnly]
+    /// A 16-byte freshness block (fresh-until and loaded-at, i64 ms each) follows the memory policy.
+    package static let freshness = RecordFlags(rawValue: 4)
+    /// The record remembers that the loader found no value (negative caching): the payload is empty
+    /// and the key reads as absent through every API but the loader's.
+    package static let negative = RecordFlags(rawValue: 8)
+    package static let all: RecordFlags = [.memoryPolicy, .diskOnly, .freshness, .negative]
 }
 
 /// How a record's payload is stored.
@@ -63,16 +68,20 @@ package struct RecordHeader: Equatable {
 
     /// Bytes of the optional memory policy.
     package var policyLength: Int { flags.contains(.memoryPolicy) ? 8 : 0 }
-    package var bodyLength: Int { keyLength + groupLength + policyLength + storedLength }
+    /// Bytes of the optional freshness block.
+    package var freshnessLength: Int { flags.contains(.freshness) ? 16 : 0 }
+    package var bodyLength: Int { keyLength + groupLength + policyLength + freshnessLength + storedLength }
     /// The record's length on disk, padding included.
     package var recordLength: Int { (Self.size + bodyLength + 7) & ~7 }
     package var keyOffset: Int { Self.size }
     package var groupOffset: Int { Self.size + keyLength }
     package var groupEnd: Int { Self.size + keyLength + groupLength }
     package var policyOffset: Int { groupEnd }
-    package var payloadOffset: Int { groupEnd + policyLength }
+    package var freshnessOffset: Int { groupEnd + policyLength }
+    package var payloadOffset: Int { groupEnd + policyLength + freshnessLength }
 
-    /// The record length of an entry with these lengths.
+    /// The record length of an entry with these lengths (`policy`: the memory policy and freshness
+    /// blocks together).
     package static func recordLength(key: Int, group: Int, stored: Int, policy: Int = 0) -> Int {
         (size + key + group + policy + stored + 7) & ~7
     }
@@ -116,6 +125,7 @@ package struct RecordHeader: Equatable {
         switch kind {
         case .value:
             if codec == .raw && header.storedLength != header.originalLength { return nil }
+            if header.flags.contains(.negative) && (codec != .raw || header.storedLength != 0) { return nil }
         case .tombstone:
             if header.storedLength != 0 || header.groupLength != 0 { return nil }
         case .groupTombstone:
@@ -129,9 +139,11 @@ package struct RecordHeader: Equatable {
     /// records where they land, see ``RecordDraft``).
     package static func makeRecord(
         _ header: RecordHeader, key: UnsafeRawBufferPointer, group: UnsafeRawBufferPointer,
-        payload: UnsafeRawBufferPointer, memoryPolicy: Int64 = 0
+        payload: UnsafeRawBufferPointer, memoryPolicy: Int64 = 0, freshUntil: Int64 = 0, loadedAt: Int64 = 0
     ) -> [UInt8] {
-        let draft = RecordDraft(header: header, key: key, group: group, payload: payload, memoryPolicy: memoryPolicy)
+        let draft = RecordDraft(
+            header: header, key: key, group: group, payload: payload, memoryPolicy: memoryPolicy, freshUntil: freshUntil,
+            loadedAt: loadedAt)
         return draft.makeRecord(sequence: header.sequence)
     }
 
@@ -150,7 +162,7 @@ package struct RecordHeader: Equatable {
 }
 
 /// A record about to be appended: its header (the sequence number is the bucket's to assign) and where
-/// its key, group, memory policy and payload bytes are. The bucket writes it where it lands (its write
+/// its key, group, memory policy, freshness and payload bytes are. The bucket writes it where it lands (its write
 /// buffer, or a buffer for a write-through) and seals it there, once: the checksum covers the
 /// sequence number, which is known only under the bucket's lock.
 struct RecordDraft {
@@ -159,12 +171,15 @@ struct RecordDraft {
     var group: UnsafeRawBufferPointer
     var payload: UnsafeRawBufferPointer
     var memoryPolicy: Int64 = 0
+    var freshUntil: Int64 = 0
+    var loadedAt: Int64 = 0
 
     /// The record's length on disk.
     var length: Int { header.recordLength }
 
     /// Writes the sealed record, stamped with `sequence`, into `destination` (exactly ``length`` bytes):
-    /// header, key, group, memory policy (when the flags say so), payload, zero padding, checksum.
+    /// header, key, group, memory policy and freshness (when the flags say so), payload, zero padding,
+    /// checksum.
     func write(into destination: UnsafeMutableRawBufferPointer, sequence: UInt64) {
         let base = destination.baseAddress!
         var header = self.header
@@ -175,6 +190,10 @@ struct RecordDraft {
         copyBytes(group, to: base + header.groupOffset)
         if header.policyLength != 0 {
             base.storeBytes(of: memoryPolicy.littleEndian, toByteOffset: header.policyOffset, as: Int64.self)
+        }
+        if header.freshnessLength != 0 {
+            base.storeBytes(of: freshUntil.littleEndian, toByteOffset: header.freshnessOffset, as: Int64.self)
+            base.storeBytes(of: loadedAt.littleEndian, toByteOffset: header.freshnessOffset + 8, as: Int64.self)
         }
         copyBytes(payload, to: base + header.payloadOffset)
         let end = header.payloadOffset + payload.count
