@@ -7,7 +7,7 @@ struct MagpieBench: AsyncParsableCommand {
         commandName: "magpie-bench",
         abstract: "Measures Magpie and the caches it replaces on the same workload, in one process.",
         version: magpieBenchVersion,
-        subcommands: [Suite.self, Memory.self, Disk.self, Tiered.self, Stress.self, Replay.self, Sweep.self, Compare.self, RenderReport.self, TraceGen.self],
+        subcommands: [Suite.self, Memory.self, Disk.self, Tiered.self, Loader.self, Stress.self, Replay.self, Sweep.self, Compare.self, RenderReport.self, TraceGen.self],
         defaultSubcommand: Suite.self)
 }
 
@@ -18,14 +18,14 @@ struct OutputOptions: ParsableArguments {
 
 /// The default suite (what `make bench` runs): every scenario at its defaults, a table, and
 /// bench-results/<timestamp>/results.json.
-struct Suite: ParsableCommand {
+struct Suite: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Run the default suite and write bench-results/<timestamp>/results.json.")
 
     @Option(help: "Directory for the timestamped results.") var output = "bench-results"
     @OptionGroup var outputOptions: OutputOptions
 
-    func run() throws {
+    func run() async throws {
         // The hot-key workload at 16 keys only (1 and 256 with `magpie-bench memory`), to keep the suite short.
         let memory = try MemoryOptions.parse(["--hot-keys", "16"])
         // file-per-key stores about 1,000 values/s here: 20,000 of them keep the suite short.
@@ -34,6 +34,9 @@ struct Suite: ParsableCommand {
         results += try DiskScenario(options: disk).run(progress: progressLine)
         let tiered = try TieredOptions.parse([])
         results += try TieredScenario(options: tiered).run(progress: progressLine)
+        // The loader scenario at 12 s per system (20 s with `magpie-bench loader`).
+        let loader = try LoaderBenchOptions.parse(["--seconds", "12", "--outage-at", "5", "--outage-seconds", "3"])
+        results += try await LoaderScenario(options: loader).run(progress: progressLine)
         // Short tuning curves for the report: hit ratio vs budget, throughput vs shards.
         let sweep = try Sweep.parse(["--curves", "budget", "shards", "--keys", "200000", "--ops", "300000"])
         let (curves, curveTables) = try sweep.measure()
@@ -43,13 +46,14 @@ struct Suite: ParsableCommand {
             date: stamp, machine: .current(),
             config: [
                 "memory": .object(memory.config), "disk": .object(disk.config), "tiered": .object(tiered.config),
-                "sweep": .object(sweep.config),
+                "loader": .object(loader.config), "sweep": .object(sweep.config),
             ],
             results: results)
         print()
         printTable(results.filter { $0.extra["sweep_parameter"] == nil })  // the curves get their own tables
         printMemorySummary(results)
         printTieredSummary(results)
+        printLoaderSummary(results)
         for (title, rows) in curveTables {
             print("\n\(title)")
             printAligned(rows)

@@ -70,8 +70,10 @@ extension Cache {
         forKey key: some Sequence<UInt8>, options: EntryOptions? = nil, loader: LoaderOptions? = nil,
         load: @escaping @Sendable () async throws -> [UInt8]
     ) async throws -> [UInt8] {
-        let found = try await loadingValue(Array(key), options, loader, .async { try await load() }, acceptsAbsence: false)
-        return found ?? []  // a load of this form never finds nothing
+        let probe = firstProbe(key, options, loader, acceptsAbsence: false)
+        if case .served(let value) = probe { return value ?? [] }  // a load of this form never finds nothing
+        let found = try await loadingValue(Array(key), options, loader, .async { try await load() }, acceptsAbsence: false, probe)
+        return found ?? []
     }
 
     /// The value for `key`, or nil when the origin has none: `load` returns nil for a key that does not
@@ -84,7 +86,7 @@ extension Cache {
         forKey key: String, options: EntryOptions? = nil, loader: LoaderOptions? = nil,
         load: @escaping @Sendable () async throws -> [UInt8]?
     ) async throws -> [UInt8]? {
-        try await loadingValue(Array(key.utf8), options, loader, .async(load), acceptsAbsence: true)
+        try await valueIfPresent(forKey: key.utf8, options: options, loader: loader, load: load)
     }
 
     /// ``valueIfPresent(forKey:options:loader:load:)-(String,_,_,_)`` for a key of arbitrary bytes.
@@ -93,7 +95,9 @@ extension Cache {
         forKey key: some Sequence<UInt8>, options: EntryOptions? = nil, loader: LoaderOptions? = nil,
         load: @escaping @Sendable () async throws -> [UInt8]?
     ) async throws -> [UInt8]? {
-        try await loadingValue(Array(key), options, loader, .async(load), acceptsAbsence: true)
+        let probe = firstProbe(key, options, loader, acceptsAbsence: true)
+        if case .served(let value) = probe { return value }
+        return try await loadingValue(Array(key), options, loader, .async(load), acceptsAbsence: true, probe)
     }
 
     /// The synchronous form of ``value(forKey:options:loader:load:)-(String,_,_,_)``: blocks the calling
@@ -104,7 +108,7 @@ extension Cache {
         forKey key: String, options: EntryOptions? = nil, loader: LoaderOptions? = nil,
         load: @escaping @Sendable () throws -> [UInt8]
     ) throws -> [UInt8] {
-        try loadingValueBlocking(Array(key.utf8), options, loader, .blocking { try load() }, acceptsAbsence: false) ?? []
+        try loadValue(forKey: key.utf8, options: options, loader: loader, load: load)
     }
 
     /// ``loadValue(forKey:options:loader:load:)-(String,_,_,_)`` for a key of arbitrary bytes.
@@ -112,7 +116,9 @@ extension Cache {
         forKey key: some Sequence<UInt8>, options: EntryOptions? = nil, loader: LoaderOptions? = nil,
         load: @escaping @Sendable () throws -> [UInt8]
     ) throws -> [UInt8] {
-        try loadingValueBlocking(Array(key), options, loader, .blocking { try load() }, acceptsAbsence: false) ?? []
+        let probe = firstProbe(key, options, loader, acceptsAbsence: false)
+        if case .served(let value) = probe { return value ?? [] }
+        return try loadingValueBlocking(Array(key), options, loader, .blocking { try load() }, acceptsAbsence: false, probe) ?? []
     }
 
     /// The synchronous form of ``valueIfPresent(forKey:options:loader:load:)-(String,_,_,_)``.
@@ -120,7 +126,7 @@ extension Cache {
         forKey key: String, options: EntryOptions? = nil, loader: LoaderOptions? = nil,
         load: @escaping @Sendable () throws -> [UInt8]?
     ) throws -> [UInt8]? {
-        try loadingValueBlocking(Array(key.utf8), options, loader, .blocking(load), acceptsAbsence: true)
+        try loadValueIfPresent(forKey: key.utf8, options: options, loader: loader, load: load)
     }
 
     /// ``loadValueIfPresent(forKey:options:loader:load:)-(String,_,_,_)`` for a key of arbitrary bytes.
@@ -128,20 +134,61 @@ extension Cache {
         forKey key: some Sequence<UInt8>, options: EntryOptions? = nil, loader: LoaderOptions? = nil,
         load: @escaping @Sendable () throws -> [UInt8]?
     ) throws -> [UInt8]? {
-        try loadingValueBlocking(Array(key), options, loader, .blocking(load), acceptsAbsence: true)
+        let probe = firstProbe(key, options, loader, acceptsAbsence: true)
+        if case .served(let value) = probe { return value }
+        return try loadingValueBlocking(Array(key), options, loader, .blocking(load), acceptsAbsence: true, probe)
     }
 }
 
 // MARK: - The protocol
 
+/// A key in the loader's maps: its bytes, hashed by their XXH3 hash (already computed, so a look-up
+/// hashes 8 bytes, not the key).
+struct FlightKey: Hashable, Sendable {
+    let hash: UInt64
+    let name: [UInt8]
+
+    func hash(into hasher: inout Hasher) { hasher.combine(hash) }
+    static func == (a: FlightKey, b: FlightKey) -> Bool { a.hash == b.hash && a.name == b.name }
+}
+
 /// One loader call: its key and what it was asked with.
 struct LoaderCall: Sendable {
-    let name: [UInt8]
-    let hash: UInt64
+    let key: FlightKey
+    var name: [UInt8] { key.name }
+    var hash: UInt64 { key.hash }
     let options: EntryOptions
     let loader: LoaderOptions
     let work: LoadWork
     let acceptsAbsence: Bool
+}
+
+/// What a loader call's first, synchronous read found.
+enum LoaderProbe: Sendable {
+    /// Served (nil: a remembered absence).
+    case served([UInt8]?)
+    /// An entry the full protocol must judge (stale, due a refresh, or negative for a call that needs a
+    /// value), and the key's hash.
+    case found(StoredEntry, UInt64)
+    /// Not in memory; the key's hash.
+    case missed(UInt64)
+    /// The key is too long or the cache closed: the full protocol throws the error.
+    case refused
+
+    /// The entry found and the key's hash, when the probe got that far.
+    var found: (StoredEntry?, UInt64?) {
+        switch self {
+        case .found(let entry, let hash): (entry, hash)
+        case .missed(let hash): (nil, hash)
+        case .served, .refused: (nil, nil)
+        }
+    }
+
+    /// Whether the probe read memory and found nothing there.
+    var memoryChecked: Bool {
+        if case .missed = self { return true }
+        return false
+    }
 }
 
 /// What a call does with what it read.
@@ -153,13 +200,55 @@ enum LoaderVerdict {
 }
 
 extension Cache {
+    /// The first read of an async loader call, synchronous and in place (no copy of the key, no
+    /// closure built): a fresh memory hit with no refresh due is served from here, which is what most
+    /// calls are. Anything else goes on to ``loadingValue(_:_:_:_:acceptsAbsence:_:)`` with what it found.
+    @inline(__always)
+    func firstProbe(_ key: some Sequence<UInt8>, _ options: EntryOptions?, _ loader: LoaderOptions?, acceptsAbsence: Bool)
+        -> LoaderProbe
+    {
+        withBytes(key) { bytes -> LoaderProbe in
+            guard bytes.count <= Self.maximumKeyLength, !closed.load(ordering: .relaxed) else { return .refused }
+            let key = HashedKey(bytes, hasher: hasher)
+            guard let entry = memory.entry(key) else { return .missed(key.hash) }
+            guard acceptsAbsence || !entry.freshness.negative else { return .found(entry, key.hash) }
+            let freshness = entry.freshness
+            if freshness.freshUntil == 0 {
+                if freshness.negative {
+                    counters.negativeHits.wrappingAdd(1, ordering: .relaxed)
+                    return .served(nil)
+                }
+                counters.freshHits.wrappingAdd(1, ordering: .relaxed)
+                return .served(entry.value)
+            }
+            let now = clock.now()
+            guard now < freshness.freshUntil,
+                !(loader ?? defaultLoaderOptions).eagerRefreshDue(freshUntil: freshness.freshUntil, loadedAt: freshness.loadedAt, now: now)
+            else { return .found(entry, key.hash) }
+            counters.freshHits.wrappingAdd(1, ordering: .relaxed)
+            return .served(entry.value)
+        }
+    }
+
     nonisolated(nonsending)
     func loadingValue(
-        _ name: [UInt8], _ options: EntryOptions?, _ loader: LoaderOptions?, _ work: LoadWork, acceptsAbsence: Bool
+        _ name: [UInt8], _ options: EntryOptions?, _ loader: LoaderOptions?, _ work: LoadWork, acceptsAbsence: Bool,
+        _ probe: LoaderProbe
     ) async throws -> [UInt8]? {
-        let call = try makeCall(name, options, loader, work, acceptsAbsence: acceptsAbsence)
+        var (first, hash) = probe.found
+        let call = try makeCall(name, options, loader, work, acceptsAbsence: acceptsAbsence, hash: hash)
+        var probed = probe
         while true {
-            let entry = try await storedEntry(call)
+            let memoryChecked = probed.memoryChecked
+            probed = .refused  // later rounds read again
+            let entry: StoredEntry?
+            if let found = first.take() {
+                entry = found
+            } else if memoryChecked && disk == nil {
+                entry = nil
+            } else {
+                entry = try await storedEntry(call, memoryChecked: memoryChecked)
+            }
             let fallback: StoredEntry?
             switch judge(entry, call) {
             case .serve(let value): return value
@@ -168,18 +257,23 @@ extension Cache {
             guard let flight = joinOrStart(call, fallback: fallback) else { continue }
             let outcome = try await flight.wait(
                 timers: timers(call, fallback: fallback), clock: clock,
-                onAbandon: { [self] in leave(flight, name: call.name) })
+                onAbandon: { [self] in leave(flight, key: call.key) })
             if let settled = try settle(outcome, call, fallback: fallback) { return settled }
         }
     }
 
     func loadingValueBlocking(
-        _ name: [UInt8], _ options: EntryOptions?, _ loader: LoaderOptions?, _ work: LoadWork, acceptsAbsence: Bool
+        _ name: [UInt8], _ options: EntryOptions?, _ loader: LoaderOptions?, _ work: LoadWork, acceptsAbsence: Bool,
+        _ probe: LoaderProbe
     ) throws -> [UInt8]? {
-        let call = try makeCall(name, options, loader, work, acceptsAbsence: acceptsAbsence)
+        var (first, hash) = probe.found
+        let call = try makeCall(name, options, loader, work, acceptsAbsence: acceptsAbsence, hash: hash)
+        var probed = probe
         while true {
-            let entry = try withHashedKey(call.name, hash: call.hash) { key throws(MagpieError) -> StoredEntry? in
-                if let entry = memory.entry(key) { return entry }
+            let memoryChecked = probed.memoryChecked
+            probed = .refused  // later rounds read again
+            let entry = try first.take() ?? withHashedKey(call.name, hash: call.hash) { key throws(MagpieError) -> StoredEntry? in
+                if !memoryChecked, let entry = memory.entry(key) { return entry }
                 return try storedEntryAfterMemoryMiss(key)
             }
             let fallback: StoredEntry?
@@ -195,23 +289,29 @@ extension Cache {
     }
 
     private func makeCall(
-        _ name: [UInt8], _ options: EntryOptions?, _ loader: LoaderOptions?, _ work: LoadWork, acceptsAbsence: Bool
+        _ name: [UInt8], _ options: EntryOptions?, _ loader: LoaderOptions?, _ work: LoadWork, acceptsAbsence: Bool,
+        hash known: UInt64? = nil
     ) throws(MagpieError) -> LoaderCall {
-        let hash = try withBytes(name) { bytes in
-            Result { () throws(MagpieError) -> UInt64 in
-                guard let key = admit(bytes) else { throw refusal(bytes) }
-                return key.hash
-            }
-        }.get()
+        var hash = known ?? 0
+        if known == nil {
+            hash = try withBytes(name) { bytes in
+                Result { () throws(MagpieError) -> UInt64 in
+                    guard let key = admit(bytes) else { throw refusal(bytes) }
+                    return key.hash
+                }
+            }.get()
+        }
         return LoaderCall(
-            name: name, hash: hash, options: options ?? defaultOptions, loader: loader ?? defaultLoaderOptions, work: work,
+            key: FlightKey(hash: hash, name: name), options: options ?? defaultOptions, loader: loader ?? defaultLoaderOptions, work: work,
             acceptsAbsence: acceptsAbsence)
     }
 
-    /// The key's entry with its freshness: memory, then disk on an I/O thread.
+    /// The key's entry with its freshness: memory (unless `memoryChecked`), then disk on an I/O thread.
     nonisolated(nonsending)
-    private func storedEntry(_ call: LoaderCall) async throws -> StoredEntry? {
-        if let entry = try withHashedKey(call.name, hash: call.hash, { key throws(MagpieError) in memory.entry(key) }) {
+    private func storedEntry(_ call: LoaderCall, memoryChecked: Bool = false) async throws -> StoredEntry? {
+        if !memoryChecked,
+            let entry = try withHashedKey(call.name, hash: call.hash, { key throws(MagpieError) in memory.entry(key) })
+        {
             return entry
         }
         guard disk != nil else { return nil }
@@ -238,7 +338,7 @@ extension Cache {
             }
             return .serve(freshness.negative ? nil : entry.value)
         }
-        if isThrottled(call.name, now: now) || call.loader.staleWhileRevalidate {
+        if isThrottled(call.key, now: now) || call.loader.staleWhileRevalidate {
             counters.staleHits.add(1, ordering: .relaxed)
             refreshInBackground(call, current: entry, now: now)
             return .serve(entry.value)
@@ -247,11 +347,13 @@ extension Cache {
     }
 
     /// Whether a failed load left `name` throttled at `now`.
-    private func isThrottled(_ name: [UInt8], now: Int64) -> Bool {
-        throttles.withLock { throttles in
-            guard let until = throttles[name] else { return false }
+    private func isThrottled(_ key: FlightKey, now: Int64) -> Bool {
+        guard throttleCount.load(ordering: .relaxed) != 0 else { return false }
+        return throttles.withLock { throttles in
+            guard let until = throttles[key] else { return false }
             if until > now { return true }
-            throttles[name] = nil
+            throttles[key] = nil
+            throttleCount.store(throttles.count, ordering: .relaxed)
             return false
         }
     }
@@ -259,11 +361,11 @@ extension Cache {
     /// Starts a load of `call`'s key that no caller waits for, unless one is running or the key is
     /// throttled.
     private func refreshInBackground(_ call: LoaderCall, current: StoredEntry, now: Int64) {
-        guard flights.withLock({ $0[call.name] == nil }), !isThrottled(call.name, now: now) else { return }
+        guard !isThrottled(call.key, now: now) else { return }
         let flight = flights.withLock { flights -> Flight? in
-            guard flights[call.name] == nil else { return nil }
+            guard flights[call.key] == nil else { return nil }
             let flight = Flight(fallback: current, options: call.loader, detached: true)
-            flights[call.name] = flight
+            flights[call.key] = flight
             flightCount.add(1, ordering: .sequentiallyConsistent)
             return flight
         }
@@ -278,11 +380,11 @@ extension Cache {
     /// here, on its thread, before the call returns (the synchronous API without timeouts).
     private func joinOrStart(_ call: LoaderCall, fallback: StoredEntry?, callerRunsLoad: Bool = false) -> Flight? {
         let joined = flights.withLock { flights -> (Flight, Bool)? in
-            if let flight = flights[call.name], flight.join() { return (flight, false) }
+            if let flight = flights[call.key], flight.join() { return (flight, false) }
             if servableInMemory(call) { return nil }  // stored by a flight that just ended?
             let flight = Flight(fallback: fallback, options: call.loader, detached: false)
             _ = flight.join()
-            flights[call.name] = flight
+            flights[call.key] = flight
             flightCount.add(1, ordering: .sequentiallyConsistent)
             return (flight, true)
         }
@@ -314,10 +416,10 @@ extension Cache {
     }
 
     /// Takes an abandoned flight out of the map (its last caller was cancelled).
-    private func leave(_ flight: Flight, name: [UInt8]) {
+    private func leave(_ flight: Flight, key: FlightKey) {
         flights.withLock { flights in
-            if flights[name] === flight {
-                flights[name] = nil
+            if flights[key] === flight {
+                flights[key] = nil
                 flightCount.subtract(1, ordering: .sequentiallyConsistent)
             }
         }
@@ -336,13 +438,13 @@ extension Cache {
                         land(flight, call, result, started: started)
                         return true
                     }
-                    if landed == nil { leave(flight, name: call.name) }  // cancelled or closed before it could land
+                    if landed == nil { leave(flight, key: call.key) }  // cancelled or closed before it could land
                     flight.finish(result)
                 })
         case .blocking(let load):
             let submitted = loaderPool.submit { [self] in runBlocking(flight, call, load) }
             if !submitted {
-                leave(flight, name: call.name)
+                leave(flight, key: call.key)
                 flight.finish(.failure(MagpieError(.closed, "the cache is closed")))
             }
         }
@@ -361,10 +463,15 @@ extension Cache {
     /// remembered or the stale value removed, or, for a failure, the error counted and logged and the
     /// key throttled when fail-safe can serve its stale value; then the flight leaves the map.
     private func land(_ flight: Flight, _ call: LoaderCall, _ result: Result<[UInt8]?, any Error>, started: Int64) {
-        defer { leave(flight, name: call.name) }
+        defer { leave(flight, key: call.key) }
         switch result {
         case .success(let value):
-            throttles.withLock { _ = $0.removeValue(forKey: call.name) }
+            if throttleCount.load(ordering: .relaxed) != 0 {
+                throttles.withLock { throttles in
+                    _ = throttles.removeValue(forKey: call.key)
+                    throttleCount.store(throttles.count, ordering: .relaxed)
+                }
+            }
             flight.superseded.withLock { superseded in
                 guard !superseded else {
                     counters.loadsSuperseded.add(1, ordering: .relaxed)
@@ -403,7 +510,8 @@ extension Cache {
                 if fallback.deadline != 0 { until = min(until, fallback.deadline) }
                 throttles.withLock { throttles in
                     if throttles.count >= 4096 { throttles = throttles.filter { $0.value > now } }
-                    throttles[call.name] = until
+                    throttles[call.key] = until
+                    throttleCount.store(throttles.count, ordering: .relaxed)
                 }
                 metadata["fail_safe"] = "serving the stale value until \(until)"
             }

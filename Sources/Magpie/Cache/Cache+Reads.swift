@@ -32,8 +32,8 @@ extension Cache {
     /// ``lookup(_:)-(String)`` for a key of arbitrary bytes.
     public func lookup(_ key: some Sequence<UInt8>) throws(MagpieError) -> CacheHit? {
         try read(
-            key, memory: { key in CacheHit(memory.entry(key), tier: .memory, now: clock.now()) },
-            disk: { key throws(MagpieError) in try CacheHit(storedEntryAfterMemoryMiss(key), tier: .disk, now: clock.now()) })
+            key, memory: { key in CacheHit(memory.entry(key), tier: .memory, clock: clock) },
+            disk: { key throws(MagpieError) in try CacheHit(storedEntryAfterMemoryMiss(key), tier: .disk, clock: clock) })
     }
 
     /// The value stored for `key` as `Data` (one copy, from the tier's storage into the `Data`).

@@ -58,10 +58,12 @@ public final class Cache: Sendable {
     let loaderPool: IOThreadPool
     /// The load running for each key (Cache+Loader.swift), and how many there are (read without the
     /// lock by every store and removal, which supersede a running load of their key).
-    let flights = Locked<[[UInt8]: Flight]>([:])
+    let flights = Locked<[FlightKey: Flight]>([:])
     let flightCount = Atomic<Int>(0)
     /// Keys whose stale value fail-safe serves without loading until the instant given (ms).
-    let throttles = Locked<[[UInt8]: Int64]>([:])
+    let throttles = Locked<[FlightKey: Int64]>([:])
+    /// How many keys `throttles` holds (read without the lock: a stale hit looks only when some are).
+    let throttleCount = Atomic<Int>(0)
     let defaultLoaderOptions: LoaderOptions
     let counters = Counters()
     @usableFromInline let closed = Atomic<Bool>(false)
@@ -231,7 +233,7 @@ public final class Cache: Sendable {
 
     @inline(never)
     func supersedeRunningLoad(of key: HashedKey) {
-        let name = [UInt8](key.bytes)
+        let name = FlightKey(hash: key.hash, name: [UInt8](key.bytes))
         let flight = flights.withLock { $0[name] }
         flight?.superseded.withLock { $0 = true }
     }

@@ -29,11 +29,13 @@ public struct CacheHit: Sendable, Hashable {
         self.loadedAt = loadedAt
     }
 
-    init?(_ entry: StoredEntry?, tier: Tier, now: Int64) {
+    /// The hit of `entry` (nil for none or a negative entry); the clock is read only for an entry with
+    /// a fresh lifetime.
+    init?(_ entry: StoredEntry?, tier: Tier, clock: CacheClock) {
         guard let entry, !entry.freshness.negative else { return nil }
         let freshness = entry.freshness
         self.init(
-            value: entry.value, tier: tier, isStale: freshness.freshUntil != 0 && now >= freshness.freshUntil,
+            value: entry.value, tier: tier, isStale: freshness.freshUntil != 0 && clock.now() >= freshness.freshUntil,
             freshUntil: freshness.freshUntil == 0 ? nil : freshness.freshUntil,
             loadedAt: freshness.freshUntil == 0 ? nil : freshness.loadedAt)
     }

@@ -195,12 +195,18 @@ struct EntryHeader {
     var isNegative: Bool { state & EntryHeader.negativeFlag != 0 }
     var hasFreshness: Bool { state & EntryHeader.freshnessFlag != 0 }
 
+    /// The bytes of the extras `flags` announce: 8 per deadline and group hash, 16 for freshness
+    /// (branch-free: bits 2, 3 and 5 shifted into place).
+    @inline(__always)
     static func extrasLength(flags: UInt8) -> Int {
-        (flags & expiryFlag != 0 ? 8 : 0) + (flags & groupFlag != 0 ? 8 : 0) + (flags & freshnessFlag != 0 ? 16 : 0)
+        let bits = Int(flags)
+        return (bits & Int(expiryFlag)) << 1 + (bits & Int(groupFlag)) + (bits & Int(freshnessFlag)) >> 1
     }
 
     /// Where the key starts, from the block's start.
-    var keyOffset: Int { ShardStorage.headerSize + Self.extrasLength(flags: state) }
+    var keyOffset: Int {
+        @inline(__always) get { ShardStorage.headerSize + Self.extrasLength(flags: state) }
+    }
     /// Where the group hash lies, from the block's start (valid when `hasGroup`).
     var groupOffset: Int { ShardStorage.headerSize + (hasExpiry ? 8 : 0) }
     /// Where fresh-until and loaded-at lie, from the block's start (valid when `hasFreshness`).
