@@ -70,12 +70,12 @@ tsan: deps
 	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1" swift test --sanitize=thread --scratch-path .build-tsan \
 	  --filter MemoryLockFreeReadTests
 
-# The memory tier's lock-free reads under Address Sanitizer: a block freed while a reader still copies
-# it is a heap-use-after-free report here (LeakSanitizer is off: the Swift runtime keeps some allocations
-# for the process's life).
+# The memory tier's lock-free reads, and the loaders' reads of entry metadata, under Address Sanitizer: a
+# block freed while a reader still copies it is a heap-use-after-free report here (LeakSanitizer is off:
+# the Swift runtime keeps some allocations for the process's life).
 asan: deps
 	ASAN_OPTIONS="detect_leaks=0 halt_on_error=1" swift test --sanitize=address --scratch-path .build-asan \
-	  --filter "MemoryLockFreeReadTests|MemoryTierPropertyTests|MemoryBudgetTests|MemoryTierExpiryGroupTests"
+	  --filter "MemoryLockFreeReadTests|MemoryTierPropertyTests|MemoryBudgetTests|MemoryTierExpiryGroupTests|CacheLoaderTests"
 
 # DocC: builds the symbol graph and the catalog, failing on any warning (undocumented parameter,
 # broken link).
