@@ -14,10 +14,16 @@
 //                 promotion evicts, as in the tiered scenario       (1,000 keys, cycled)
 //     loader-hit  the loader API (`loadValue`, synchronous) on a fresh 4 KiB value stored with a fresh
 //                 lifetime, as `magpie-bench loader`'s magpie-swr  (1,000 keys, cycled)
+//     loader-stale  the same on stale values whose background refresh is running (its loader never
+//                 returns): stale-while-revalidate's common case   (1,000 keys, cycled)
 // Only `measuredLoop` is counted (callgrind --toggle-collect), so setup does not enter the figures;
 // instructions per operation = the difference of two runs with different counts over the difference.
+import Dispatch
 import Glibc
 import Magpie
+
+/// What `loader-stale`'s refreshes wait on: never signalled, so each key's refresh stays running.
+let never = DispatchSemaphore(value: 0)
 
 func noise(_ count: Int, seed: UInt64) -> [UInt8] {
     var state = seed
@@ -53,6 +59,11 @@ func measuredLoop(_ cache: Cache, _ operation: String, _ count: Int, _ keys: [St
     case "loader-hit":
         let options = EntryOptions.fresh(for: .seconds(3600), staleUntil: .after(.seconds(7200)))
         for i in 0..<count { checksum &+= Int(try! cache.loadValue(forKey: keys[i % keys.count], options: options) { value }[7]) }
+    case "loader-stale":
+        let options = EntryOptions.fresh(for: .zero, staleUntil: .after(.seconds(7200)))
+        for i in 0..<count {
+            checksum &+= Int(try! cache.loadValue(forKey: keys[i % keys.count], options: options) { never.wait(); return [] }[7])
+        }
     default:  // memory-hit, disk-hit, cycle
         for i in 0..<count { checksum &+= Int(try! cache.value(forKey: keys[i % keys.count])![7]) }
     }
@@ -61,9 +72,10 @@ func measuredLoop(_ cache: Cache, _ operation: String, _ count: Int, _ keys: [St
 
 let arguments = CommandLine.arguments
 guard arguments.count == 3, let count = Int(arguments[2]), count > 0,
-    ["memory-hit", "memory-lookup", "disk-hit", "store", "promote", "cycle", "aside", "loader-hit"].contains(arguments[1])
+    ["memory-hit", "memory-lookup", "disk-hit", "store", "promote", "cycle", "aside", "loader-hit", "loader-stale"]
+        .contains(arguments[1])
 else {
-    print("usage: magpie-opcount memory-hit|memory-lookup|disk-hit|store|promote|cycle|aside|loader-hit <count>")
+    print("usage: magpie-opcount memory-hit|memory-lookup|disk-hit|store|promote|cycle|aside|loader-hit|loader-stale <count>")
     exit(2)
 }
 let operation = arguments[1]
@@ -75,7 +87,8 @@ let keys = (0..<(operation == "promote" ? count : operation == "aside" ? 50_000 
 var cache = operation == "aside"
     ? try! Cache(memoryBudget: 1 << 20) : open(directory, memoryBudget: operation == "cycle" ? 1 << 20 : 1 << 30)
 let options = operation == "disk-hit" ? EntryOptions(tiers: .diskOnly)
-    : operation == "loader-hit" ? EntryOptions.fresh(for: .seconds(3600), staleUntil: .after(.seconds(7200))) : nil
+    : operation == "loader-hit" ? EntryOptions.fresh(for: .seconds(3600), staleUntil: .after(.seconds(7200)))
+    : operation == "loader-stale" ? EntryOptions.fresh(for: .zero, staleUntil: .after(.seconds(7200))) : nil
 if operation != "aside" { for key in keys { try! cache.set(value, forKey: key, options: options) } }
 try! cache.flush()  // disk reads come from the files, not from the buckets' write buffers
 if operation == "promote" {

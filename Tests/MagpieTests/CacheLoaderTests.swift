@@ -325,6 +325,9 @@ struct CacheLoaderTests {
         cache = try makeCache(directory, clock: clock, loader: LoaderOptions(negativeLifetime: .seconds(5)))
         #expect(try await cache.valueIfPresent(forKey: "gone", load: origin) == nil)
         #expect(calls.value == 1)  // remembered on disk across the reopen
+        let promotions = cache.statistics.promotions
+        for _ in 0..<3 { #expect(try cache.value(forKey: "gone") == nil) }
+        #expect(cache.statistics.promotions == promotions)  // a plain read does not store the absence again
         // A caller that needs a value does not take the absence for one.
         let needed = try await cache.value(forKey: "gone") { [5] }
         #expect(needed == [5])

@@ -70,7 +70,7 @@ extension Cache {
         forKey key: some Sequence<UInt8>, options: EntryOptions? = nil, loader: LoaderOptions? = nil,
         load: @escaping @Sendable () async throws -> [UInt8]
     ) async throws -> [UInt8] {
-        let probe = firstProbe(key, options, loader, acceptsAbsence: false)
+        let probe = firstProbe(key, loader, acceptsAbsence: false)
         if case .served(let value) = probe { return value ?? [] }  // a load of this form never finds nothing
         let found = try await loadingValue(Array(key), options, loader, .async { try await load() }, acceptsAbsence: false, probe)
         return found ?? []
@@ -95,7 +95,7 @@ extension Cache {
         forKey key: some Sequence<UInt8>, options: EntryOptions? = nil, loader: LoaderOptions? = nil,
         load: @escaping @Sendable () async throws -> [UInt8]?
     ) async throws -> [UInt8]? {
-        let probe = firstProbe(key, options, loader, acceptsAbsence: true)
+        let probe = firstProbe(key, loader, acceptsAbsence: true)
         if case .served(let value) = probe { return value }
         return try await loadingValue(Array(key), options, loader, .async(load), acceptsAbsence: true, probe)
     }
@@ -116,7 +116,7 @@ extension Cache {
         forKey key: some Sequence<UInt8>, options: EntryOptions? = nil, loader: LoaderOptions? = nil,
         load: @escaping @Sendable () throws -> [UInt8]
     ) throws -> [UInt8] {
-        let probe = firstProbe(key, options, loader, acceptsAbsence: false)
+        let probe = firstProbe(key, loader, acceptsAbsence: false)
         if case .served(let value) = probe { return value ?? [] }
         return try loadingValueBlocking(Array(key), options, loader, .blocking { try load() }, acceptsAbsence: false, probe) ?? []
     }
@@ -134,7 +134,7 @@ extension Cache {
         forKey key: some Sequence<UInt8>, options: EntryOptions? = nil, loader: LoaderOptions? = nil,
         load: @escaping @Sendable () throws -> [UInt8]?
     ) throws -> [UInt8]? {
-        let probe = firstProbe(key, options, loader, acceptsAbsence: true)
+        let probe = firstProbe(key, loader, acceptsAbsence: true)
         if case .served(let value) = probe { return value }
         return try loadingValueBlocking(Array(key), options, loader, .blocking(load), acceptsAbsence: true, probe)
     }
@@ -142,21 +142,16 @@ extension Cache {
 
 // MARK: - The protocol
 
-/// A key in the loader's maps: its bytes, hashed by their XXH3 hash (already computed, so a look-up
-/// hashes 8 bytes, not the key).
-struct FlightKey: Hashable, Sendable {
-    let hash: UInt64
+/// A key throttled after a failed load (see `Cache.throttles`).
+struct Throttle: Sendable {
     let name: [UInt8]
-
-    func hash(into hasher: inout Hasher) { hasher.combine(hash) }
-    static func == (a: FlightKey, b: FlightKey) -> Bool { a.hash == b.hash && a.name == b.name }
+    let until: Int64
 }
 
 /// One loader call: its key and what it was asked with.
 struct LoaderCall: Sendable {
-    let key: FlightKey
-    var name: [UInt8] { key.name }
-    var hash: UInt64 { key.hash }
+    let name: [UInt8]
+    let hash: UInt64
     let options: EntryOptions
     let loader: LoaderOptions
     let work: LoadWork
@@ -204,9 +199,7 @@ extension Cache {
     /// closure built): a fresh memory hit with no refresh due is served from here, which is what most
     /// calls are. Anything else goes on to ``loadingValue(_:_:_:_:acceptsAbsence:_:)`` with what it found.
     @inline(__always)
-    func firstProbe(_ key: some Sequence<UInt8>, _ options: EntryOptions?, _ loader: LoaderOptions?, acceptsAbsence: Bool)
-        -> LoaderProbe
-    {
+    func firstProbe(_ key: some Sequence<UInt8>, _ loader: LoaderOptions?, acceptsAbsence: Bool) -> LoaderProbe {
         withBytes(key) { bytes -> LoaderProbe in
             guard bytes.count <= Self.maximumKeyLength, !closed.load(ordering: .relaxed) else { return .refused }
             let key = HashedKey(bytes, hasher: hasher)
@@ -222,8 +215,18 @@ extension Cache {
                 return .served(entry.value)
             }
             let now = clock.now()
-            guard now < freshness.freshUntil,
-                !(loader ?? defaultLoaderOptions).eagerRefreshDue(freshUntil: freshness.freshUntil, loadedAt: freshness.loadedAt, now: now)
+            guard now < freshness.freshUntil else {
+                // Stale, and served at once when a refresh already runs (stale-while-revalidate) or the
+                // key is throttled: the common stale hit costs a look-up, not a call's set-up.
+                let revalidates = loader?.staleWhileRevalidate ?? defaultLoaderOptions.staleWhileRevalidate
+                guard (revalidates && loadRunning(key.hash, bytes)) || isThrottled(key.hash, bytes, now: now)
+                else { return .found(entry, key.hash) }
+                counters.staleHits.wrappingAdd(1, ordering: .relaxed)
+                return .served(entry.value)
+            }
+            let eager = loader == nil ? defaultLoaderOptions.eagerRefresh : loader.unsafelyUnwrapped.eagerRefresh
+            guard eager == nil
+                || !LoaderOptions.eagerRefreshDue(eager, freshUntil: freshness.freshUntil, loadedAt: freshness.loadedAt, now: now)
             else { return .found(entry, key.hash) }
             counters.freshHits.wrappingAdd(1, ordering: .relaxed)
             return .served(entry.value)
@@ -257,7 +260,7 @@ extension Cache {
             guard let flight = joinOrStart(call, fallback: fallback) else { continue }
             let outcome = try await flight.wait(
                 timers: timers(call, fallback: fallback), clock: clock,
-                onAbandon: { [self] in leave(flight, key: call.key) })
+                onAbandon: { [self] in leave(flight, hash: call.hash) })
             if let settled = try settle(outcome, call, fallback: fallback) { return settled }
         }
     }
@@ -302,7 +305,7 @@ extension Cache {
             }.get()
         }
         return LoaderCall(
-            key: FlightKey(hash: hash, name: name), options: options ?? defaultOptions, loader: loader ?? defaultLoaderOptions, work: work,
+            name: name, hash: hash, options: options ?? defaultOptions, loader: loader ?? defaultLoaderOptions, work: work,
             acceptsAbsence: acceptsAbsence)
     }
 
@@ -338,7 +341,7 @@ extension Cache {
             }
             return .serve(freshness.negative ? nil : entry.value)
         }
-        if isThrottled(call.key, now: now) || call.loader.staleWhileRevalidate {
+        if call.name.withUnsafeBytes({ isThrottled(call.hash, $0, now: now) }) || call.loader.staleWhileRevalidate {
             counters.staleHits.add(1, ordering: .relaxed)
             refreshInBackground(call, current: entry, now: now)
             return .serve(entry.value)
@@ -347,25 +350,34 @@ extension Cache {
     }
 
     /// Whether a failed load left `name` throttled at `now`.
-    private func isThrottled(_ key: FlightKey, now: Int64) -> Bool {
+    @inline(__always)
+    func isThrottled(_ hash: UInt64, _ name: UnsafeRawBufferPointer, now: Int64) -> Bool {
         guard throttleCount.load(ordering: .relaxed) != 0 else { return false }
         return throttles.withLock { throttles in
-            guard let until = throttles[key] else { return false }
-            if until > now { return true }
-            throttles[key] = nil
+            guard let throttle = throttles[hash], sameKey(throttle.name, name) else { return false }
+            if throttle.until > now { return true }
+            throttles[hash] = nil
             throttleCount.store(throttles.count, ordering: .relaxed)
             return false
         }
     }
 
+    /// Whether a load of the key `name` (hash `hash`) is running.
+    @inline(__always)
+    func loadRunning(_ hash: UInt64, _ name: UnsafeRawBufferPointer) -> Bool {
+        flights.withLock { flights in flights[hash].map { sameKey($0.name, name) } ?? false }
+    }
+
     /// Starts a load of `call`'s key that no caller waits for, unless one is running or the key is
     /// throttled.
     private func refreshInBackground(_ call: LoaderCall, current: StoredEntry, now: Int64) {
-        guard !isThrottled(call.key, now: now) else { return }
+        guard !call.name.withUnsafeBytes({ isThrottled(call.hash, $0, now: now) }) else { return }
         let flight = flights.withLock { flights -> Flight? in
-            guard flights[call.key] == nil else { return nil }
-            let flight = Flight(fallback: current, options: call.loader, detached: true)
-            flights[call.key] = flight
+            // A running load of this key, or of another with the same 64-bit hash: no refresh now (the
+            // stale value stays served; a later stale hit asks again).
+            guard flights[call.hash] == nil else { return nil }
+            let flight = Flight(name: call.name, fallback: current, options: call.loader, detached: true)
+            flights[call.hash] = flight
             flightCount.add(1, ordering: .sequentiallyConsistent)
             return flight
         }
@@ -380,11 +392,15 @@ extension Cache {
     /// here, on its thread, before the call returns (the synchronous API without timeouts).
     private func joinOrStart(_ call: LoaderCall, fallback: StoredEntry?, callerRunsLoad: Bool = false) -> Flight? {
         let joined = flights.withLock { flights -> (Flight, Bool)? in
-            if let flight = flights[call.key], flight.join() { return (flight, false) }
+            let running = flights[call.hash]
+            if let running, running.name == call.name, running.join() { return (running, false) }
             if servableInMemory(call) { return nil }  // stored by a flight that just ended?
-            let flight = Flight(fallback: fallback, options: call.loader, detached: false)
+            let flight = Flight(name: call.name, fallback: fallback, options: call.loader, detached: false)
             _ = flight.join()
-            flights[call.key] = flight
+            // Another key with the same 64-bit hash has the slot: this load runs unregistered (no single
+            // flight for it; astronomically rare).
+            guard running == nil || running?.name == call.name else { return (flight, true) }
+            flights[call.hash] = flight
             flightCount.add(1, ordering: .sequentiallyConsistent)
             return (flight, true)
         }
@@ -416,10 +432,10 @@ extension Cache {
     }
 
     /// Takes an abandoned flight out of the map (its last caller was cancelled).
-    private func leave(_ flight: Flight, key: FlightKey) {
+    private func leave(_ flight: Flight, hash: UInt64) {
         flights.withLock { flights in
-            if flights[key] === flight {
-                flights[key] = nil
+            if flights[hash] === flight {
+                flights[hash] = nil
                 flightCount.subtract(1, ordering: .sequentiallyConsistent)
             }
         }
@@ -438,13 +454,13 @@ extension Cache {
                         land(flight, call, result, started: started)
                         return true
                     }
-                    if landed == nil { leave(flight, key: call.key) }  // cancelled or closed before it could land
+                    if landed == nil { leave(flight, hash: call.hash) }  // cancelled or closed before it could land
                     flight.finish(result)
                 })
         case .blocking(let load):
             let submitted = loaderPool.submit { [self] in runBlocking(flight, call, load) }
             if !submitted {
-                leave(flight, key: call.key)
+                leave(flight, hash: call.hash)
                 flight.finish(.failure(MagpieError(.closed, "the cache is closed")))
             }
         }
@@ -463,16 +479,17 @@ extension Cache {
     /// remembered or the stale value removed, or, for a failure, the error counted and logged and the
     /// key throttled when fail-safe can serve its stale value; then the flight leaves the map.
     private func land(_ flight: Flight, _ call: LoaderCall, _ result: Result<[UInt8]?, any Error>, started: Int64) {
-        defer { leave(flight, key: call.key) }
+        defer { leave(flight, hash: call.hash) }
         switch result {
         case .success(let value):
             if throttleCount.load(ordering: .relaxed) != 0 {
                 throttles.withLock { throttles in
-                    _ = throttles.removeValue(forKey: call.key)
+                    if let throttle = throttles[call.hash], throttle.name == call.name { throttles[call.hash] = nil }
                     throttleCount.store(throttles.count, ordering: .relaxed)
                 }
             }
             flight.superseded.withLock { superseded in
+                guard !closed.load(ordering: .relaxed) else { return }  // nothing lands in a closed cache
                 guard !superseded else {
                     counters.loadsSuperseded.add(1, ordering: .relaxed)
                     return
@@ -509,8 +526,8 @@ extension Cache {
                 }
                 if fallback.deadline != 0 { until = min(until, fallback.deadline) }
                 throttles.withLock { throttles in
-                    if throttles.count >= 4096 { throttles = throttles.filter { $0.value > now } }
-                    throttles[call.key] = until
+                    if throttles.count >= 4096 { throttles = throttles.filter { $0.value.until > now } }
+                    throttles[call.hash] = Throttle(name: call.name, until: until)
                     throttleCount.store(throttles.count, ordering: .relaxed)
                 }
                 metadata["fail_safe"] = "serving the stale value until \(until)"

@@ -79,18 +79,23 @@ extension Cache {
     /// closures: the stripe and the logging each cost a retain and a release of the cache per read.)
     @usableFromInline
     func valueAfterMemoryMiss(_ key: HashedKey) throws(MagpieError) -> [UInt8]? {
-        guard let entry = try diskEntryAfterMemoryMiss(key), !entry.placement.freshness.negative else { return nil }
+        guard let entry = try diskEntryAfterMemoryMiss(key, promotingNegative: false), !entry.placement.freshness.negative
+        else { return nil }
         return entry.value
     }
 
     /// The disk half of the loader API's read: the entry with its expiry and freshness, negative ones
     /// included, promoted like any disk hit.
     func storedEntryAfterMemoryMiss(_ key: HashedKey) throws(MagpieError) -> StoredEntry? {
-        try diskEntryAfterMemoryMiss(key).map { StoredEntry(value: $0.value, deadline: $0.expiry, freshness: $0.placement.freshness) }
+        try diskEntryAfterMemoryMiss(key, promotingNegative: true).map {
+            StoredEntry(value: $0.value, deadline: $0.expiry, freshness: $0.placement.freshness)
+        }
     }
 
+    /// A disk read with the key's stripe held, promoting the hit; a negative entry only for the loader
+    /// (a plain read, which treats it as a miss, would store it into memory again on every read).
     @inline(__always)
-    private func diskEntryAfterMemoryMiss(_ key: HashedKey) throws(MagpieError) -> DiskEntry? {
+    private func diskEntryAfterMemoryMiss(_ key: HashedKey, promotingNegative: Bool) throws(MagpieError) -> DiskEntry? {
         guard let disk else { return nil }
         stripes.lock(for: key.hash)
         defer { stripes.unlock(for: key.hash) }
@@ -102,7 +107,7 @@ extension Cache {
             throw error
         }
         guard let entry else { return nil }
-        promote(entry, for: key)
+        if promotingNegative || !entry.placement.freshness.negative { promote(entry, for: key) }
         return entry
     }
 

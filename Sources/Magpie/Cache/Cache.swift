@@ -58,10 +58,11 @@ public final class Cache: Sendable {
     let loaderPool: IOThreadPool
     /// The load running for each key (Cache+Loader.swift), and how many there are (read without the
     /// lock by every store and removal, which supersede a running load of their key).
-    let flights = Locked<[FlightKey: Flight]>([:])
+    /// Keyed by the key's 64-bit hash; each flight holds its key's bytes, which every look-up compares.
+    let flights = Locked<[UInt64: Flight]>([:])
     let flightCount = Atomic<Int>(0)
     /// Keys whose stale value fail-safe serves without loading until the instant given (ms).
-    let throttles = Locked<[FlightKey: Int64]>([:])
+    let throttles = Locked<[UInt64: Throttle]>([:])
     /// How many keys `throttles` holds (read without the lock: a stale hit looks only when some are).
     let throttleCount = Atomic<Int>(0)
     let defaultLoaderOptions: LoaderOptions
@@ -233,8 +234,7 @@ public final class Cache: Sendable {
 
     @inline(never)
     func supersedeRunningLoad(of key: HashedKey) {
-        let name = FlightKey(hash: key.hash, name: [UInt8](key.bytes))
-        let flight = flights.withLock { $0[name] }
+        let flight = flights.withLock { flights in flights[key.hash].flatMap { sameKey($0.name, key.bytes) ? $0 : nil } }
         flight?.superseded.withLock { $0 = true }
     }
 

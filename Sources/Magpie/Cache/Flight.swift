@@ -55,12 +55,15 @@ final class Flight: Sendable {
     /// Held while the load's value lands in the cache; true once a write of the key (a store, a removal,
     /// a group removal) has made the load's value out of date, so that it must not land.
     let superseded = Locked<Bool>(false)
+    /// The key's bytes (`Cache.flights` is keyed by the key's hash).
+    let name: [UInt8]
     /// The stale value the flight's starter found (fail-safe's candidate, see `Cache.land`).
     let fallback: StoredEntry?
     let options: LoaderOptions
 
     /// A flight; `detached` for a background refresh (no caller's cancellation may cancel it).
-    init(fallback: StoredEntry?, options: LoaderOptions, detached: Bool) {
+    init(name: [UInt8], fallback: StoredEntry?, options: LoaderOptions, detached: Bool) {
+        self.name = name
         self.fallback = fallback
         self.options = options
         state = Locked(State(detached: detached))

@@ -61,6 +61,11 @@ public struct LoaderOptions: Sendable, Hashable {
 
     /// Whether a fresh value loaded at `loadedAt` and fresh until `freshUntil` is due an eager refresh at `now`.
     func eagerRefreshDue(freshUntil: Int64, loadedAt: Int64, now: Int64) -> Bool {
+        Self.eagerRefreshDue(eagerRefresh, freshUntil: freshUntil, loadedAt: loadedAt, now: now)
+    }
+
+    @inline(__always)
+    static func eagerRefreshDue(_ eagerRefresh: Double?, freshUntil: Int64, loadedAt: Int64, now: Int64) -> Bool {
         guard let eagerRefresh, eagerRefresh > 0, eagerRefresh < 1, freshUntil > loadedAt, loadedAt > 0 else { return false }
         return Double(now - loadedAt) >= Double(freshUntil - loadedAt) * eagerRefresh
     }

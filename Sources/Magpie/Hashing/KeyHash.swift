@@ -1,8 +1,5 @@
 import CXXHash
-
-#if MAGPIE_TESTING
 import Glibc
-#endif
 
 /// The key hash: XXH3-64 of a key's bytes with a per-cache seed, from the system's libxxhash.
 ///
@@ -113,6 +110,14 @@ package struct HashedKey {
 package func withBytes<R>(_ sequence: some Sequence<UInt8>, _ body: (UnsafeRawBufferPointer) -> R) -> R {
     if let result = sequence.withContiguousStorageIfAvailable({ body(UnsafeRawBufferPointer($0)) }) { return result }
     return Array(sequence).withUnsafeBytes(body)
+}
+
+/// Whether `name` holds exactly `bytes` (the loader's tables compare a key's bytes this way).
+@inline(__always)
+func sameKey(_ name: [UInt8], _ bytes: UnsafeRawBufferPointer) -> Bool {
+    // Both buffers are valid for `count` bytes: `name`'s for the closure, `bytes` by the caller's contract.
+    name.count == bytes.count
+        && name.withUnsafeBytes { own in bytes.isEmpty || memcmp(own.baseAddress!, bytes.baseAddress!, bytes.count) == 0 }
 }
 
 /// Calls `body` with the UTF-8 bytes of `string`, in place when it is native.
