@@ -133,6 +133,8 @@ private struct CallerTally: Sendable {
     var cached = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
     var all = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
     var staleAges = Histogram<UInt64>(highestTrackableValue: 600_000_000_000, numberOfSignificantValueDigits: .three)
+    /// Latency of the calls of cached keys made during the outage.
+    var cachedOutage = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
     /// Latency of the calls of cached keys that returned a stale value (older than the fresh lifetime).
     var cachedStale = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
     var requests = 0
@@ -149,6 +151,7 @@ private struct CallerTally: Sendable {
         all.add(other.all)
         staleAges.add(other.staleAges)
         cachedStale.add(other.cachedStale)
+        cachedOutage.add(other.cachedOutage)
         requests += other.requests
         cachedRequests += other.cachedRequests
         errors += other.errors
@@ -240,7 +243,10 @@ struct LoaderScenario {
                             tally.cachedRequests += 1
                             tally.cached.record(elapsed)
                         }
-                        if origin.inOutage(began) && isCached { tally.outageCachedRequests += 1 }
+                        if origin.inOutage(began) && isCached {
+                            tally.outageCachedRequests += 1
+                            tally.cachedOutage.record(elapsed)
+                        }
                         guard let value else { continue }
                         let stamp = value.count >= 12 ? value.withUnsafeBytes { UInt64(littleEndian: $0.loadUnaligned(as: UInt64.self)) } : 0
                         let valueRank = value.count >= 12
@@ -282,6 +288,7 @@ struct LoaderScenario {
                 "wrong_values": .int(tally.wrongValues), "cached_requests": .int(tally.cachedRequests),
                 "all_latency_ns": Percentiles(tally.all).json,
                 "cached_stale_latency_ns": Percentiles(tally.cachedStale).json,
+                "cached_outage_latency_ns": Percentiles(tally.cachedOutage).json,
                 "origin_latency_ns": .object([
                     "p50": .int(Int(options.originP50Ms * 1e6)), "p99": .int(Int(options.originP99Ms * 1e6)),
                 ]),
