@@ -67,18 +67,30 @@ package struct RecordHeader: Equatable {
     }
 
     /// Bytes of the optional memory policy.
-    package var policyLength: Int { flags.contains(.memoryPolicy) ? 8 : 0 }
+    package var policyLength: Int {
+        @inline(__always) get { flags.contains(.memoryPolicy) ? 8 : 0 }
+    }
     /// Bytes of the optional freshness block.
-    package var freshnessLength: Int { flags.contains(.freshness) ? 16 : 0 }
-    package var bodyLength: Int { keyLength + groupLength + policyLength + freshnessLength + storedLength }
+    package var freshnessLength: Int {
+        @inline(__always) get { flags.contains(.freshness) ? 16 : 0 }
+    }
+    package var bodyLength: Int {
+        @inline(__always) get { keyLength + groupLength + policyLength + freshnessLength + storedLength }
+    }
     /// The record's length on disk, padding included.
-    package var recordLength: Int { (Self.size + bodyLength + 7) & ~7 }
+    package var recordLength: Int {
+        @inline(__always) get { (Self.size + bodyLength + 7) & ~7 }
+    }
     package var keyOffset: Int { Self.size }
     package var groupOffset: Int { Self.size + keyLength }
     package var groupEnd: Int { Self.size + keyLength + groupLength }
     package var policyOffset: Int { groupEnd }
-    package var freshnessOffset: Int { groupEnd + policyLength }
-    package var payloadOffset: Int { groupEnd + policyLength + freshnessLength }
+    package var freshnessOffset: Int {
+        @inline(__always) get { groupEnd + policyLength }
+    }
+    package var payloadOffset: Int {
+        @inline(__always) get { groupEnd + policyLength + freshnessLength }
+    }
 
     /// The record length of an entry with these lengths (`policy`: the memory policy and freshness
     /// blocks together).
@@ -154,6 +166,7 @@ package struct RecordHeader: Equatable {
     }
 
     /// Validates the record that starts `bytes` (which may run past it): structure, bounds, checksum.
+    @inline(__always)
     package static func validate(_ bytes: UnsafeRawBufferPointer) -> RecordHeader? {
         guard let header = decode(bytes), size + header.bodyLength <= bytes.count else { return nil }
         let stored = UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 48, as: UInt64.self))
