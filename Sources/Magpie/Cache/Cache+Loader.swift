@@ -238,12 +238,10 @@ extension Cache {
         _ name: [UInt8], _ options: EntryOptions?, _ loader: LoaderOptions?, _ work: LoadWork, acceptsAbsence: Bool,
         _ probe: LoaderProbe
     ) async throws -> [UInt8]? {
-        var (first, hash) = probe.found
-        let call = try makeCall(name, options, loader, work, acceptsAbsence: acceptsAbsence, hash: hash)
-        var probed = probe
+        let (call, firstEntry, probedMemory) = try makeCall(name, options, loader, work, acceptsAbsence: acceptsAbsence, probe)
+        var (first, memoryChecked) = (firstEntry, probedMemory)
         while true {
-            let memoryChecked = probed.memoryChecked
-            probed = .refused  // later rounds read again
+            defer { memoryChecked = false }  // later rounds read again
             let entry: StoredEntry?
             if let found = first.take() {
                 entry = found
@@ -269,12 +267,10 @@ extension Cache {
         _ name: [UInt8], _ options: EntryOptions?, _ loader: LoaderOptions?, _ work: LoadWork, acceptsAbsence: Bool,
         _ probe: LoaderProbe
     ) throws -> [UInt8]? {
-        var (first, hash) = probe.found
-        let call = try makeCall(name, options, loader, work, acceptsAbsence: acceptsAbsence, hash: hash)
-        var probed = probe
+        let (call, firstEntry, probedMemory) = try makeCall(name, options, loader, work, acceptsAbsence: acceptsAbsence, probe)
+        var (first, memoryChecked) = (firstEntry, probedMemory)
         while true {
-            let memoryChecked = probed.memoryChecked
-            probed = .refused  // later rounds read again
+            defer { memoryChecked = false }  // later rounds read again
             let entry = try first.take() ?? withHashedKey(call.name, hash: call.hash) { key throws(MagpieError) -> StoredEntry? in
                 if !memoryChecked, let entry = memory.entry(key) { return entry }
                 return try storedEntryAfterMemoryMiss(key)
@@ -291,9 +287,20 @@ extension Cache {
         }
     }
 
+    /// The call, with what its first probe found: the entry to judge first, and whether memory was
+    /// read and found nothing.
     private func makeCall(
         _ name: [UInt8], _ options: EntryOptions?, _ loader: LoaderOptions?, _ work: LoadWork, acceptsAbsence: Bool,
-        hash known: UInt64? = nil
+        _ probe: LoaderProbe
+    ) throws(MagpieError) -> (LoaderCall, StoredEntry?, Bool) {
+        let (first, hash) = probe.found
+        let call = try makeCall(name, options, loader, work, acceptsAbsence: acceptsAbsence, hash: hash)
+        return (call, first, probe.memoryChecked)
+    }
+
+    private func makeCall(
+        _ name: [UInt8], _ options: EntryOptions?, _ loader: LoaderOptions?, _ work: LoadWork, acceptsAbsence: Bool,
+        hash known: UInt64?
     ) throws(MagpieError) -> LoaderCall {
         var hash = known ?? 0
         if known == nil {

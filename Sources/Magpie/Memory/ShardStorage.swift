@@ -343,53 +343,45 @@ struct ShardStorage: ~Copyable {
     /// (Support/ReadEpochs.swift), until it unpins.
     @inline(__always)
     mutating func lookup(hash: UInt64, key: UnsafeRawBufferPointer) -> UnsafeRawBufferPointer? {
+        // A negative entry is the loader API's alone (see `lookupEntry`).
+        guard let (block, header) = lookupEntry(hash: hash, key: key, refusing: EntryHeader.negativeFlag) else { return nil }
+        return Self.value(of: block, header)
+    }
+
+    /// The block of `key` and its header, counting a hit or a miss; an expired entry is removed, and a
+    /// placeholder (only `simulateRequest` makes them) or an entry with a flag of `refusing` is a miss.
+    /// The loader API reads through this with nothing refused, so that it sees negative entries too.
+    @inline(__always)
+    mutating func lookupEntry(hash: UInt64, key: UnsafeRawBufferPointer, refusing: UInt8 = 0)
+        -> (UnsafeMutableRawPointer, EntryHeader)?
+    {
         guard let (position, block) = find(hash: hash, key: key) else {
             counters.misses &+= 1
             return nil
         }
         let header = EntryHeader(of: block)
-        if header.state & EntryHeader.plainReadCheckFlags != 0 {
-            // A placeholder has no bytes to show (only `simulateRequest` makes them); a negative entry
-            // is the loader API's alone (see `lookupEntry`).
-            if header.isPlaceholder || header.isNegative {
+        if header.state & (refusing | EntryHeader.expiryFlag | EntryHeader.placeholderFlag) != 0 {
+            if header.state & (refusing | EntryHeader.placeholderFlag) != 0 {
                 counters.misses &+= 1
                 return nil
             }
             if Self.isExpired(block, header, now: clock.now()) {
-                unlink(position: position, block: block)
-                returnSurplus(keeping: 0)
-                counters.expirations &+= 1
-                counters.misses &+= 1
+                dropExpired(position: position, block: block)
                 return nil
             }
         }
         counters.hits &+= 1
         if header.frequency < Self.frequencyCap { EntryHeader.setFrequency(block, header.frequency &+ 1) }
-        return Self.value(of: block, header)
+        return (block, header)
     }
 
-    /// The block of `key` and its header for the loader API, which also serves negative entries;
-    /// counts a hit or a miss and removes an expired entry like ``lookup(hash:key:)``.
-    mutating func lookupEntry(hash: UInt64, key: UnsafeRawBufferPointer) -> (UnsafeMutableRawPointer, EntryHeader)? {
-        guard let (position, block) = find(hash: hash, key: key) else {
-            counters.misses &+= 1
-            return nil
-        }
-        let header = EntryHeader(of: block)
-        if header.isPlaceholder {
-            counters.misses &+= 1
-            return nil
-        }
-        if Self.isExpired(block, header, now: clock.now()) {
-            unlink(position: position, block: block)
-            returnSurplus(keeping: 0)
-            counters.expirations &+= 1
-            counters.misses &+= 1
-            return nil
-        }
-        counters.hits &+= 1
-        if header.frequency < Self.frequencyCap { EntryHeader.setFrequency(block, header.frequency &+ 1) }
-        return (block, header)
+    /// A read found `block` expired: it leaves, counted as an expiration and a miss.
+    @inline(__always)
+    mutating func dropExpired(position: Int, block: UnsafeMutableRawPointer) {
+        unlink(position: position, block: block)
+        returnSurplus(keeping: 0)
+        counters.expirations &+= 1
+        counters.misses &+= 1
     }
 
     /// The value bytes of a block. Invariant: a block reachable from the index is live: header, extras,
