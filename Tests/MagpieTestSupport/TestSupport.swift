@@ -204,3 +204,50 @@ package func makeCache(
     configuration.metrics = nil
     return try Cache(configuration)
 }
+
+/// A gate a loader waits at until the test opens it (async loaders) or signals it (blocking loaders).
+package final class Gate: Sendable {
+    private let state = Locked<(open: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
+    private let semaphore = DispatchSemaphore(value: 0)
+    private let entered = Atomic<Int>(0)
+
+    package init() {}
+
+    package func wait() async {
+        entered.add(1, ordering: .relaxed)
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let open = state.withLock { state -> Bool in
+                if !state.open { state.waiters.append(continuation) }
+                return state.open
+            }
+            if open { continuation.resume() }
+        }
+    }
+
+    package func waitBlocking() {
+        entered.add(1, ordering: .relaxed)
+        semaphore.wait()
+    }
+
+    /// Loaders that reached the gate.
+    package var arrivals: Int { entered.load(ordering: .relaxed) }
+
+    package func open() {
+        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            state.open = true
+            defer { state.waiters = [] }
+            return state.waiters
+        }
+        for waiter in waiters { waiter.resume() }
+        semaphore.signal()
+    }
+}
+
+/// Polls (1 ms real-time steps, up to 10 s) until `condition` holds.
+package func eventually(_ condition: () -> Bool) async -> Bool {
+    for _ in 0..<10_000 {
+        if condition() { return true }
+        try? await Task.sleep(for: .milliseconds(1))
+    }
+    return condition()
+}

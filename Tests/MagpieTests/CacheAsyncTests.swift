@@ -16,7 +16,7 @@ private final class Shared: Sendable {
     var value: Int { storage.load(ordering: .relaxed) }
 }
 
-@Suite("Cache: async API and single flight")
+@Suite("Cache: async API and single flight", .timeLimit(.minutes(1)))
 struct CacheAsyncTests {
     @Test("1,000 concurrent callers on one missing key: the loader runs exactly once, all get its value")
     func singleFlight() async throws {
@@ -78,33 +78,41 @@ struct CacheAsyncTests {
         let cache = try makeCache(nil)
         let loaderCancelled = Shared()
         let runs = Shared()
+        let gate = Gate()
+        // The load cannot end before the test opens the gate, so a cancelled caller that returns before
+        // that did not wait for the load (no timing involved: a caller that waited would hang, and the
+        // suite's time limit would fail it).
         let load: @Sendable () async throws -> [UInt8] = {
             runs.add()
-            try? await Task.sleep(for: .milliseconds(400))
+            await gate.wait()
             if Task.isCancelled { loaderCancelled.set() }
             return [1]
         }
         let first = Task { try await cache.value(forKey: "k", load: load) }
-        try await Task.sleep(for: .milliseconds(50))
+        #expect(await eventually { gate.arrivals == 1 })
         let second = Task { try await cache.value(forKey: "k", load: load) }
         let third = Task { try await cache.value(forKey: "k", load: load) }
-        try await Task.sleep(for: .milliseconds(50))
-        let started = ContinuousClock.now
+        #expect(await eventually { cache.statistics.loaderCoalesced == 2 })
         first.cancel()
         await #expect(throws: CancellationError.self) { try await first.value }
-        #expect(ContinuousClock.now - started < .milliseconds(300))  // did not wait for the load
+        #expect(gate.arrivals == 1)  // the load is still at the gate: the cancelled caller did not wait for it
+        gate.open()
         #expect(try await second.value == [1])
         #expect(try await third.value == [1])
         #expect(runs.value == 1)
         #expect(loaderCancelled.value == 0)
 
         // When every waiter is cancelled, the load itself is cancelled and nothing is left behind.
-        let lone = Task { try await cache.value(forKey: "j", load: load) }
-        try await Task.sleep(for: .milliseconds(50))
+        let slow: @Sendable () async throws -> [UInt8] = {
+            try? await Task.sleep(for: .seconds(30))
+            if Task.isCancelled { loaderCancelled.set() }
+            return [1]
+        }
+        let lone = Task { try await cache.value(forKey: "j", load: slow) }
+        #expect(await eventually { cache.flightCount.load(ordering: .relaxed) == 1 })
         lone.cancel()
         await #expect(throws: CancellationError.self) { try await lone.value }
-        try await Task.sleep(for: .milliseconds(100))
-        #expect(loaderCancelled.value == 1)
+        #expect(await eventually { loaderCancelled.value == 1 })
         #expect(try await cache.value(forKey: "j") { [2] } == [2] || cache["j"] == [1])
     }
 
