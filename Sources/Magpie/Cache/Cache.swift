@@ -56,10 +56,11 @@ public final class Cache: Sendable {
     let pool: IOThreadPool
     /// Runs the synchronous loader API's loads that must not run on their caller's thread.
     let loaderPool: IOThreadPool
-    /// The load running for each key (Cache+Loader.swift), and how many there are (read without the
-    /// lock by every store and removal, which supersede a running load of their key).
-    /// Keyed by the key's 64-bit hash; each flight holds its key's bytes, which every look-up compares.
+    /// The load running for each key (Cache+Loader.swift), keyed by the key's 64-bit hash; each flight
+    /// holds its key's bytes, which every look-up compares.
     let flights = Locked<[UInt64: Flight]>([:])
+    /// How many loads `flights` holds: read without the lock by every store and removal, which
+    /// supersede a running load of their key only when there is one.
     let flightCount = Atomic<Int>(0)
     /// Keys whose stale value fail-safe serves without loading until the instant given (ms).
     let throttles = Locked<[UInt64: Throttle]>([:])
