@@ -41,10 +41,10 @@ public enum Expiry: Sendable, Hashable {
         case .never:
             return 0
         case .after(let duration):
-            let (seconds, attoseconds) = duration.components
-            let milliseconds = seconds.multipliedReportingOverflow(by: 1000)
-            guard !milliseconds.overflow else { return seconds > 0 ? Int64.max : 1 }
-            let total = now.addingReportingOverflow(milliseconds.partialValue &+ attoseconds / 1_000_000_000_000_000)
+            let milliseconds = duration.wholeMilliseconds
+            if milliseconds == Int64.max { return Int64.max }
+            if milliseconds == Int64.min { return 1 }
+            let total = now.addingReportingOverflow(milliseconds)
             return total.overflow ? Int64.max : max(1, total.partialValue)
         case .at(let instant):
             return max(1, instant)
@@ -53,13 +53,22 @@ public enum Expiry: Sendable, Hashable {
 }
 
 extension Duration {
-    /// Whole milliseconds, rounded up (a positive duration is at least 1 ms), clamped to `Int64`.
-    var roundedUpMilliseconds: Int64 {
+    /// Whole milliseconds, truncated toward zero (so a bound in milliseconds is never looser than the
+    /// duration), saturating at `Int64.max` / `Int64.min`.
+    var wholeMilliseconds: Int64 {
         let (seconds, attoseconds) = components
         let milliseconds = seconds.multipliedReportingOverflow(by: 1000)
         if milliseconds.overflow { return seconds > 0 ? Int64.max : Int64.min }
-        let fraction = (attoseconds + 999_999_999_999_999) / 1_000_000_000_000_000
-        let total = milliseconds.partialValue.addingReportingOverflow(fraction)
-        return total.overflow ? Int64.max : total.partialValue
+        let total = milliseconds.partialValue.addingReportingOverflow(attoseconds / 1_000_000_000_000_000)
+        if total.overflow { return seconds > 0 ? Int64.max : Int64.min }
+        return total.partialValue
+    }
+}
+
+extension Int64 {
+    /// `self + other`, clamped to `Int64`'s range.
+    func saturatingAdd(_ other: Int64) -> Int64 {
+        let sum = addingReportingOverflow(other)
+        return sum.overflow ? (other > 0 ? Int64.max : Int64.min) : sum.partialValue
     }
 }

@@ -12,7 +12,8 @@
 // Nothing past its expiry is ever served: the tiers never return it, and a fallback is checked again
 // against its expiry (and fail-safe's maximum age) at the instant it would be served.
 //
-// `flights` maps a key's bytes to the load running for it: one per key, whatever started it (a caller
+// `flights` maps a key (by its 64-bit hash; the flight holds the key's bytes, which every look-up
+// compares) to the load running for it: one per key, whatever started it (a caller
 // who missed, a background refresh). The first caller to need a load creates the flight; the load runs
 // in a task of its own (async API) or on the caller's thread or a loader thread (synchronous API), so
 // cancelling a caller never cancels a load another caller waits for, nor a background refresh, nor a
@@ -121,32 +122,17 @@ extension Cache {
         _ name: [UInt8], _ options: EntryOptions?, _ loader: LoaderOptions?, _ work: LoadWork, acceptsAbsence: Bool,
         _ probe: LoaderProbe
     ) throws(MagpieError) -> (LoaderCall, StoredEntry?, Bool) {
-        let (first, hash) = probe.found
-        let call = try makeCall(name, options, loader, work, acceptsAbsence: acceptsAbsence, hash: hash)
-        return (call, first, probe.memoryChecked)
-    }
-
-    private func makeCall(
-        _ name: [UInt8], _ options: EntryOptions?, _ loader: LoaderOptions?, _ work: LoadWork, acceptsAbsence: Bool,
-        hash known: UInt64?
-    ) throws(MagpieError) -> LoaderCall {
-        var hash = known ?? 0
-        if known == nil {
-            hash = try withBytes(name) { bytes in
-                Result { () throws(MagpieError) -> UInt64 in
-                    guard let key = admit(bytes) else { throw refusal(bytes) }
-                    return key.hash
-                }
-            }.get()
-        }
-        return LoaderCall(
+        // No hash: the probe refused the key (too long, or the cache closed).
+        guard case (let first, let hash?) = probe.found else { throw withBytes(name) { refusal($0) } }
+        let call = LoaderCall(
             name: name, hash: hash, options: options ?? defaultOptions, loader: loader ?? defaultLoaderOptions, work: work,
             acceptsAbsence: acceptsAbsence)
+        return (call, first, probe.memoryChecked)
     }
 
     /// The key's entry with its freshness: memory (unless `memoryChecked`), then disk on an I/O thread.
     nonisolated(nonsending)
-    private func storedEntry(_ call: LoaderCall, memoryChecked: Bool = false) async throws -> StoredEntry? {
+    private func storedEntry(_ call: LoaderCall, memoryChecked: Bool) async throws -> StoredEntry? {
         if !memoryChecked,
             let entry = try withHashedKey(call.name, hash: call.hash, { key throws(MagpieError) in memory.entry(key) })
         {
@@ -165,7 +151,7 @@ extension Cache {
         guard let entry, call.acceptsAbsence || !entry.freshness.negative else { return .load(fallback: nil) }
         let now = clock.now()
         let freshness = entry.freshness
-        if freshness.freshUntil == 0 || now < freshness.freshUntil {
+        if freshness.isFresh(at: now) {
             if freshness.negative {
                 counters.negativeHits.add(1, ordering: .relaxed)
             } else {
@@ -258,7 +244,7 @@ extension Cache {
         call.name.withUnsafeBytes { bytes in
             guard let (_, freshness) = memory.metadata(HashedKey(bytes, hash: call.hash)) else { return false }
             guard call.acceptsAbsence || !freshness.negative else { return false }
-            return freshness.freshUntil == 0 || clock.now() < freshness.freshUntil
+            return freshness.freshUntil == 0 || freshness.isFresh(at: clock.now())
         }
     }
 
@@ -354,10 +340,9 @@ extension Cache {
             var metadata: Logger.Metadata = ["error": "\(error)", "key_bytes": "\(call.name.count)"]
             if let fallback = flight.fallback, usableByFailSafe(fallback, flight.options, now: now) {
                 counters.failSafeActivations.add(1, ordering: .relaxed)
-                var until = now.addingReportingOverflow(flight.options.failSafeThrottle.roundedUpMilliseconds)
-                    .partialValue
+                var until = now.saturatingAdd(flight.options.failSafeThrottle.wholeMilliseconds)
                 if let maxAge = flight.options.failSafeMaxAge {
-                    until = min(until, fallback.freshness.loadedAt &+ maxAge.roundedUpMilliseconds)
+                    until = min(until, fallback.freshness.loadedAt.saturatingAdd(maxAge.wholeMilliseconds))
                 }
                 if fallback.deadline != 0 { until = min(until, fallback.deadline) }
                 throttles.withLock { throttles in

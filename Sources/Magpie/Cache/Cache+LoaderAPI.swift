@@ -109,9 +109,11 @@ extension Cache {
 }
 
 extension Cache {
-    /// The first read of an async loader call, synchronous and in place (no copy of the key, no
-    /// closure built): a fresh memory hit with no refresh due is served from here, which is what most
-    /// calls are. Anything else goes on to ``loadingValue(_:_:_:_:acceptsAbsence:_:)`` with what it found.
+    /// The first read of a loader call (async or synchronous), itself synchronous and in place (no copy
+    /// of the key, no closure built): a fresh memory hit with no refresh due is served from here, which
+    /// is what most calls are, and so is a stale hit whose refresh already runs or whose key is
+    /// throttled. Anything else goes on to the full protocol (`loadingValue`, `loadingValueBlocking`)
+    /// with what it found. A value without a fresh lifetime is judged without reading the clock.
     @inline(__always)
     func firstProbe(_ key: some Sequence<UInt8>, _ loader: LoaderOptions?, acceptsAbsence: Bool) -> LoaderProbe {
         withBytes(key) { bytes -> LoaderProbe in
@@ -129,7 +131,7 @@ extension Cache {
                 return .served(entry.value)
             }
             let now = clock.now()
-            guard now < freshness.freshUntil else {
+            guard freshness.isFresh(at: now) else {
                 // Stale, and served at once when a refresh already runs (stale-while-revalidate) or the
                 // key is throttled: the common stale hit costs a look-up, not a call's set-up.
                 let revalidates = loader?.staleWhileRevalidate ?? defaultLoaderOptions.staleWhileRevalidate

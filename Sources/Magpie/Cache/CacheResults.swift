@@ -35,7 +35,7 @@ public struct CacheHit: Sendable, Hashable {
         guard let entry, !entry.freshness.negative else { return nil }
         let freshness = entry.freshness
         self.init(
-            value: entry.value, tier: tier, isStale: freshness.freshUntil != 0 && clock.now() >= freshness.freshUntil,
+            value: entry.value, tier: tier, isStale: freshness.freshUntil != 0 && !freshness.isFresh(at: clock.now()),
             freshUntil: freshness.freshUntil == 0 ? nil : freshness.freshUntil,
             loadedAt: freshness.freshUntil == 0 ? nil : freshness.loadedAt)
     }

@@ -79,7 +79,7 @@ public struct EntryOptions: Sendable, Hashable {
         let now = now()
         var spread: Int64 = 0
         if jitter > .zero {
-            let range = UInt64(jitter.roundedUpMilliseconds) &+ 1
+            let range = UInt64(jitter.wholeMilliseconds) &+ 1
             var mixed = (hash ^ UInt64(bitPattern: now)) &* 0x9E37_79B9_7F4A_7C15
             mixed ^= mixed &>> 29
             spread = Int64(mixed % range)

@@ -73,6 +73,6 @@ public struct LoaderOptions: Sendable, Hashable {
     /// Whether fail-safe may serve a stale value loaded at `loadedAt` (0: unknown) at `now`.
     func failSafeAllows(loadedAt: Int64, now: Int64) -> Bool {
         guard let failSafeMaxAge, loadedAt > 0 else { return false }
-        return now - loadedAt < failSafeMaxAge.roundedUpMilliseconds
+        return now - loadedAt < failSafeMaxAge.wholeMilliseconds  // truncated: never a millisecond more
     }
 }

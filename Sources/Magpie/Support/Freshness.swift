@@ -16,6 +16,11 @@ package struct Freshness: Sendable, Hashable {
 
     package static let none = Freshness()
 
+    /// Whether a value with this freshness is fresh at `now` (ms since 1970): before fresh-until, or
+    /// always when it has none.
+    @inline(__always)
+    package func isFresh(at now: Int64) -> Bool { freshUntil == 0 || now < freshUntil }
+
     package init(freshUntil: Int64 = 0, loadedAt: Int64 = 0, negative: Bool = false) {
         self.freshUntil = freshUntil
         self.loadedAt = loadedAt
