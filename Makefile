@@ -5,13 +5,24 @@
 SHELL := /bin/bash
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := libxxhash-dev libzstd-dev pkg-config
+# The Redis client's tests start their own redis-server processes (single servers, TLS, clusters) with
+# redis-cli and openssl; the benchmarks also run redis-benchmark.
+REDIS_APT_PACKAGES := redis-server redis-tools openssl
 
 .PHONY: deps peers bench test unit build docs tsan asan fuzz fuzz-build release-check format clean
 
+# Each check installs what it misses on its own, so one set present never skips the other. Debian's
+# redis-server package starts a system service on port 6379 when installed; the tests never use that port
+# (each server of theirs gets a free one), and the service is stopped and disabled here, best effort.
 deps:
 	@if ! pkg-config --exists libxxhash libzstd 2>/dev/null; then \
 	  echo "installing $(APT_PACKAGES)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); \
+	fi
+	@if ! { command -v redis-server && command -v redis-cli && command -v redis-benchmark && command -v openssl; } >/dev/null 2>&1; then \
+	  echo "installing $(REDIS_APT_PACKAGES)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(REDIS_APT_PACKAGES) || exit 1; \
+	  { $(SUDO) systemctl disable --now redis-server || $(SUDO) service redis-server stop; } >/dev/null 2>&1 || true; \
 	fi
 
 # The RocksDB peer that `magpie-bench memory` runs beside Magpie in the same invocation (the

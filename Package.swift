@@ -7,6 +7,9 @@ let package = Package(
     name: "Magpie",
     products: [
         .library(name: "Magpie", targets: ["Magpie"]),
+        // The Redis / Valkey client (RESP3 on SwiftNIO): a separate product, so that users of the local
+        // tiers alone never build SwiftNIO.
+        .library(name: "MagpieRedis", targets: ["MagpieRedis"]),
         .executable(name: "magpie-bench", targets: ["MagpieBench"]),
         .executable(name: "magpie-fuzz", targets: ["MagpieFuzz"]),
         .executable(name: "magpie-opcount", targets: ["MagpieOpCount"]),
@@ -18,6 +21,8 @@ let package = Package(
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.1.0"),
         .package(url: "https://github.com/apple/swift-log", from: "1.5.0"),
         .package(url: "https://github.com/apple/swift-metrics", from: "2.4.0"),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.81.0"),
+        .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.29.0"),
     ],
     targets: [
         .systemLibrary(
@@ -53,12 +58,25 @@ let package = Package(
             // bench`, the fuzzer, users) have none. `make test` checks the release binary for them.
             swiftSettings: [.define("MAGPIE_TESTING", .when(configuration: .debug))]
         ),
+        .target(
+            name: "MagpieRedis",
+            dependencies: [
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+            ],
+            path: "Sources/MagpieRedis"
+        ),
         .executableTarget(
             name: "MagpieBench",
             dependencies: [
-                "Magpie", "MagpieTestSupport",
+                "Magpie", "MagpieRedis", "MagpieTestSupport",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
             ],
             path: "Benchmarks/MagpieBench"
         ),
@@ -106,6 +124,20 @@ let package = Package(
             name: "MagpieStressTests",
             dependencies: ["Magpie", "MagpieTestSupport", "MagpieTestChild"],
             path: "Tests/MagpieStressTests"
+        ),
+        // The Redis client against real redis-server processes the tests start themselves (and a fake
+        // server for what a real one never sends).
+        .testTarget(
+            name: "MagpieRedisTests",
+            dependencies: [
+                "MagpieRedis", "MagpieTestSupport",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "MetricsTestKit", package: "swift-metrics"),
+            ],
+            path: "Tests/MagpieRedisTests"
         ),
         .testTarget(
             name: "MagpieCLITests",

@@ -1,0 +1,309 @@
+import NIOCore
+import NIOSSL
+import Synchronization
+
+/// Where a reply goes. Each command written has exactly one sink in the handler's FIFO, in write order.
+enum ReplySink {
+    /// One caller waiting for one reply.
+    case continuation(UnsafeContinuation<RESPValue, any Error>)
+    /// Part `index` of a batch.
+    case batch(BatchReplies, Int)
+    /// A reply nobody waits for (`ASKING`'s `+OK`).
+    case discard
+}
+
+/// The replies of one batch, delivered together once the last one arrives (or the first failure).
+final class BatchReplies {
+    var results: [RESPValue]
+    var remaining: Int
+    private var continuation: UnsafeContinuation<[RESPValue], any Error>?
+
+    init(count: Int, continuation: UnsafeContinuation<[RESPValue], any Error>) {
+        results = Array(repeating: .null, count: count)
+        remaining = count
+        self.continuation = continuation
+    }
+
+    func deliver(_ value: RESPValue, at index: Int) {
+        results[index] = value
+        remaining -= 1
+        if remaining == 0, let continuation {
+            self.continuation = nil
+            continuation.resume(returning: results)
+        }
+    }
+
+    func fail(_ error: RedisError) {
+        guard let continuation else { return }
+        self.continuation = nil
+        continuation.resume(throwing: error)
+    }
+}
+
+/// Counters a connection shares between its event loop and the pool's callers.
+final class ConnectionCounters: Sendable {
+    /// Commands written whose reply has not arrived (or failed).
+    let inFlight = Atomic<Int>(0)
+    /// Commands ever sent (the pool's health check reads it to tell an idle connection).
+    let sent = Atomic<UInt64>(0)
+}
+
+/// The pipeline's last handler: writes commands, matches replies to callers in FIFO order, routes push
+/// frames, and enforces deadlines.
+///
+/// Invariants (all state is touched on the channel's event loop only):
+/// - `pending` holds one entry per command written and not yet answered, in write order; a reply (any
+///   value that is not a push) answers `pending.first`. A reply with nothing pending is a protocol
+///   violation: the connection closes.
+/// - Once `failure` is set the connection is dead: every pending sink was failed, every later enqueue fails
+///   at once, and the channel is closing. A late reply can therefore never reach another caller.
+/// - A command whose deadline passes closes the connection (its reply, if it ever comes, is not read).
+final class RedisCommandHandler: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    private struct Pending {
+        var sink: ReplySink
+        var deadline: NIODeadline
+    }
+
+    let endpoint: RedisEndpoint
+    let counters: ConnectionCounters
+    /// Called on the event loop for every push frame (`>`): invalidations, pub/sub messages.
+    var onPush: ((RESPValue) -> Void)?
+    /// Called once, on the event loop, when the connection dies, with the reason (nil: closed by us).
+    var onClose: ((RedisError?) -> Void)?
+
+    private var context: ChannelHandlerContext?
+    private var pending = CircularBuffer<Pending>(initialCapacity: 16)
+    private var flushScheduled = false
+    private var timer: Scheduled<Void>?
+    private var timerDeadline: NIODeadline = .distantFuture
+    private(set) var failure: RedisError?
+    private var closeReported = false
+
+    /// Bytes read and not yet decoded (nil when everything read was decoded: the next read's buffer is
+    /// then used as it is, with no copy).
+    private var received: ByteBuffer?
+    private var decoder: RESPDecoder
+
+    init(endpoint: RedisEndpoint, counters: ConnectionCounters, limits: RESPDecoderLimits) {
+        self.endpoint = endpoint
+        self.counters = counters
+        self.decoder = RESPDecoder(limits: limits)
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        fail(with: failure ?? RedisError(.connectionClosed, "connection closed", endpoint: endpoint))
+        self.context = nil
+    }
+
+    // MARK: Writing
+
+    /// Writes one command; its reply goes to `sink`. Flushed once per event-loop tick.
+    func enqueue(_ command: ByteBuffer, sink: ReplySink, deadline: NIODeadline) {
+        guard let context, failure == nil else {
+            Self.fail(sink, with: failure ?? RedisError(.connectionClosed, "connection closed", endpoint: endpoint))
+            counters.inFlight.subtract(1, ordering: .relaxed)
+            return
+        }
+        pending.append(Pending(sink: sink, deadline: deadline))
+        context.write(wrapOutboundOut(command), promise: nil)
+        scheduleFlush(context)
+        armTimer(deadline, context)
+    }
+
+    /// Writes a batch (its commands already concatenated, in order) as one write; the `count` replies are
+    /// delivered together.
+    func enqueue(batch commands: ByteBuffer, count: Int, replies: BatchReplies, deadline: NIODeadline) {
+        guard let context, failure == nil else {
+            replies.fail(failure ?? RedisError(.connectionClosed, "connection closed", endpoint: endpoint))
+            counters.inFlight.subtract(count, ordering: .relaxed)
+            return
+        }
+        for index in 0..<count {
+            pending.append(Pending(sink: .batch(replies, index), deadline: deadline))
+        }
+        context.write(wrapOutboundOut(commands), promise: nil)
+        scheduleFlush(context)
+        armTimer(deadline, context)
+    }
+
+    /// Writes a command that has no reply of its own (RESP3 subscription commands answer with pushes).
+    func writeWithoutReply(_ command: ByteBuffer) {
+        guard let context, failure == nil else { return }
+        context.write(wrapOutboundOut(command), promise: nil)
+        scheduleFlush(context)
+    }
+
+    /// Closes the connection, failing what is pending with `error`.
+    func close(with error: RedisError) {
+        guard let context else { return }
+        fail(with: error)
+        context.close(promise: nil)
+    }
+
+    private func scheduleFlush(_ context: ChannelHandlerContext) {
+        guard !flushScheduled else { return }
+        flushScheduled = true
+        // Runs after every task already queued on the loop: commands enqueued in the same tick share it.
+        context.eventLoop.assumeIsolated().execute {
+            self.flushScheduled = false
+            self.context?.flush()
+        }
+    }
+
+    // MARK: Reading
+
+    /// Decodes what arrived (the decoder is incremental: a reply split over reads is never re-parsed
+    /// from its start) and hands each value on. Decoding here rather than in a separate
+    /// `ByteToMessageHandler` spares every reply a pipeline hop and a type-erased box.
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var incoming = unwrapInboundIn(data)
+        if received == nil {
+            received = incoming
+        } else {
+            received!.writeBuffer(&incoming)
+        }
+        while failure == nil, received != nil {
+            let value: RESPValue?
+            do {
+                value = try decoder.next(from: &received!)
+            } catch {
+                close(with: RedisError(.protocolViolation, "\(error)", endpoint: endpoint))
+                return
+            }
+            guard let value else { break }
+            if received!.readableBytes == 0 { received = nil }
+            handle(value)
+        }
+        if let buffer = received, buffer.readerIndex > 65_536, buffer.readerIndex > buffer.readableBytes {
+            received!.discardReadBytes()
+        }
+    }
+
+    private func handle(_ value: RESPValue) {
+        switch value {
+        case .push:
+            onPush?(value)
+            return
+        case .attributed(_, let inner):
+            if case .push = inner {
+                onPush?(inner)
+                return
+            }
+        default:
+            break
+        }
+        guard let head = pending.popFirst() else {
+            close(with: RedisError(.protocolViolation, "a reply arrived with no command waiting: \(value)", endpoint: endpoint))
+            return
+        }
+        counters.inFlight.subtract(1, ordering: .relaxed)
+        switch head.sink {
+        case .continuation(let continuation): continuation.resume(returning: value)
+        case .batch(let replies, let index): replies.deliver(value, at: index)
+        case .discard: break
+        }
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        close(with: Self.classify(error, endpoint: endpoint, otherwise: .connectionClosed))
+    }
+
+    /// A channel error as a ``RedisError``: TLS failures (swift-nio-ssl's and BoringSSL's errors, and the
+    /// trust store's) are ``RedisError/Code/tlsFailure``; undecodable bytes ``RedisError/Code/protocolViolation``.
+    static func classify(_ error: any Error, endpoint: RedisEndpoint, otherwise: RedisError.Code) -> RedisError {
+        switch error {
+        case let error as RedisError:
+            return error
+        case let error as RESPProtocolError:
+            return RedisError(.protocolViolation, "\(error)", endpoint: endpoint)
+        case let error as NIOSSLError:
+            return RedisError(.tlsFailure, "\(error)", endpoint: endpoint)
+        default:
+            let typeName = String(reflecting: type(of: error))
+            if typeName.contains("SSL") {
+                return RedisError(.tlsFailure, "\(typeName): \(error)", endpoint: endpoint)
+            }
+            return RedisError(otherwise, "\(typeName): \(error)", endpoint: endpoint)
+        }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        fail(with: failure ?? RedisError(.connectionClosed, "connection closed by the server", endpoint: endpoint))
+        context.fireChannelInactive()
+    }
+
+    // MARK: Failure and deadlines
+
+    private func fail(with error: RedisError) {
+        if failure == nil { failure = error }
+        timer?.cancel()
+        timer = nil
+        let drained = pending.count
+        while let entry = pending.popFirst() {
+            Self.fail(entry.sink, with: error)
+        }
+        if drained > 0 { counters.inFlight.subtract(drained, ordering: .relaxed) }
+        if !closeReported {
+            closeReported = true
+            onClose?(error.code == .shutDown ? nil : error)
+            onPush = nil
+        }
+    }
+
+    private static func fail(_ sink: ReplySink, with error: RedisError) {
+        switch sink {
+        case .continuation(let continuation): continuation.resume(throwing: error)
+        case .batch(let replies, _): replies.fail(error)
+        case .discard: break
+        }
+    }
+
+    private func armTimer(_ deadline: NIODeadline, _ context: ChannelHandlerContext) {
+        guard timer == nil || deadline < timerDeadline else { return }
+        timer?.cancel()
+        timerDeadline = deadline
+        timer = context.eventLoop.assumeIsolated().scheduleTask(deadline: deadline) {
+            self.timerFired()
+        }
+    }
+
+    private func timerFired() {
+        timer = nil
+        timerDeadline = .distantFuture
+        guard let context, failure == nil, !pending.isEmpty else { return }
+        let now = NIODeadline.now()
+        var earliest = NIODeadline.distantFuture
+        var expired = false
+        for entry in pending {
+            if entry.deadline <= now { expired = true }
+            earliest = min(earliest, entry.deadline)
+        }
+        guard expired else {
+            armTimer(earliest, context)
+            return
+        }
+        // Fail the expired commands with timedOut, the others with connectionClosed, then close: the
+        // connection is never reused after a reply went missing.
+        failure = RedisError(.connectionClosed, "connection closed after a command timed out", endpoint: endpoint)
+        let timedOut = RedisError(.timedOut, "no reply within the command timeout", endpoint: endpoint)
+        var count = 0
+        while let entry = pending.popFirst() {
+            Self.fail(entry.sink, with: entry.deadline <= now ? timedOut : failure!)
+            count += 1
+        }
+        counters.inFlight.subtract(count, ordering: .relaxed)
+        if !closeReported {
+            closeReported = true
+            onClose?(timedOut)
+            onPush = nil
+        }
+        context.close(promise: nil)
+    }
+}

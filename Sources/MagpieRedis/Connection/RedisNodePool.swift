@@ -1,0 +1,390 @@
+import Logging
+import NIOCore
+import NIOSSL
+import Synchronization
+
+/// The connections to one node: multiplexed, grown on demand, health-checked, reconnected with backoff,
+/// behind a circuit breaker.
+///
+/// State machine of the breaker (``RedisConfiguration/Breaker``): *closed* → (failureThreshold
+/// consecutive failures: connects that failed, connections lost to an error or a command timeout) →
+/// *open*: every call throws ``RedisError/Code/circuitOpen`` after one atomic load, and a background
+/// reconnect runs on the backoff schedule (the half-open probe) → the first connection whose handshake
+/// succeeds closes the breaker. A successful connect resets the failure count.
+final class RedisNodePool: Sendable {
+    let endpoint: RedisEndpoint
+    private let configuration: RedisConfiguration
+    private let sslContext: NIOSSLContext?
+    private let group: any EventLoopGroup
+    private let logger: Logger
+    let metrics: RedisNodeMetrics
+    private let counters: RedisCounters
+    /// Read before anything else by every call: the breaker's fast path.
+    private let breakerIsOpen = Atomic<Bool>(false)
+    private let circuitOpenError: RedisError
+    private let state = Mutex(State())
+    /// Called on the event loop for every push frame of a pooled connection (nil: pushes are dropped).
+    private let onPush: (@Sendable (RESPValue) -> Void)?
+
+    private struct Slot {
+        let id: Int
+        let connection: RedisConnection
+        var lastSent: UInt64 = 0
+        var idleFor: Duration = .zero
+    }
+
+    private struct State {
+        var connections: [Slot] = []
+        var connecting = 0
+        /// Of `connecting`: reconnects waiting out their backoff (not attempting yet).
+        var backingOff = 0
+        var waiters: [CheckedContinuation<RedisConnection, any Error>] = []
+        var consecutiveFailures = 0
+        var breakerOpen = false
+        var reconnectAttempt = 0
+        /// Connections lost to an error and not yet replaced (a connect that replaces one is a reconnect).
+        var lost = 0
+        var nextID = 0
+        var shutDown = false
+        var lastError: RedisError?
+        var healthCheck: RepeatedTask?
+    }
+
+    init(endpoint: RedisEndpoint, configuration: RedisConfiguration, sslContext: NIOSSLContext?,
+         group: any EventLoopGroup, logger: Logger, counters: RedisCounters,
+         onPush: (@Sendable (RESPValue) -> Void)? = nil) {
+        self.endpoint = endpoint
+        self.configuration = configuration
+        self.sslContext = sslContext
+        self.group = group
+        var logger = logger
+        logger[metadataKey: "redis.node"] = "\(endpoint)"
+        self.logger = logger
+        self.metrics = RedisNodeMetrics(endpoint: endpoint)
+        self.counters = counters
+        self.onPush = onPush
+        self.circuitOpenError = RedisError(.circuitOpen, "the node's circuit breaker is open", endpoint: endpoint)
+    }
+
+    /// Opens the minimum connections (in the background) and starts the health check.
+    func start() {
+        let interval = configuration.pool.healthCheckInterval
+        let task = group.next().scheduleRepeatedTask(initialDelay: TimeAmount(interval), delay: TimeAmount(interval)) {
+            [weak self] _ in self?.checkHealth(interval: interval)
+        }
+        let toOpen = state.withLock { state -> Int in
+            state.healthCheck = task
+            let count = max(0, configuration.pool.minimumConnections - state.connections.count - state.connecting)
+            state.connecting += count
+            return count
+        }
+        for _ in 0..<toOpen { startConnect(after: nil) }
+    }
+
+    /// Whether the breaker is open now.
+    var isBreakerOpen: Bool { breakerIsOpen.load(ordering: .relaxed) }
+
+    /// Live connections now.
+    var connectionCount: Int { state.withLock { $0.connections.count } }
+
+    // MARK: Calls
+
+    nonisolated(nonsending)
+    func send(_ command: RedisCommand) async throws -> RESPValue {
+        let connection = try await connection()
+        let start = NIODeadline.now()
+        do {
+            let value = try await connection.send(command, timeout: configuration.commandTimeout)
+            finished(start: start, count: 1)
+            return value
+        } catch let error as RedisError {
+            failed(error, start: start, count: 1)
+            throw error
+        }
+    }
+
+    /// Sends the commands on one connection, pipelined; each outcome in order.
+    nonisolated(nonsending)
+    func send(batch commands: [RedisCommand]) async throws -> [RESPValue] {
+        let connection = try await connection()
+        let start = NIODeadline.now()
+        do {
+            let values = try await connection.send(batch: commands, timeout: configuration.commandTimeout)
+            finished(start: start, count: commands.count)
+            return values
+        } catch let error as RedisError {
+            failed(error, start: start, count: commands.count)
+            throw error
+        }
+    }
+
+    private func finished(start: NIODeadline, count: Int) {
+        metrics.duration.recordNanoseconds((NIODeadline.now() - start).nanoseconds)
+        metrics.commands.increment(by: count)
+        counters.commands.add(UInt64(count), ordering: .relaxed)
+    }
+
+    private func failed(_ error: RedisError, start: NIODeadline, count: Int) {
+        metrics.commands.increment(by: count)
+        counters.commands.add(UInt64(count), ordering: .relaxed)
+        metrics.record(error: error)
+        if error.code == .timedOut { counters.timeouts.add(1, ordering: .relaxed) }
+    }
+
+    /// A connection to send on: the one with the fewest replies outstanding; a new one opens in the
+    /// background when all are busy and the pool may grow; with none open, waits for one (at most the
+    /// connect timeout).
+    nonisolated(nonsending)
+    func connection() async throws -> RedisConnection {
+        if breakerIsOpen.load(ordering: .relaxed) { throw rejected() }
+        enum Decision {
+            case use(RedisConnection, grow: Bool)
+            case wait(start: Bool)
+            case fail(RedisError)
+        }
+        let maximum = configuration.pool.maximumConnections
+        let decision = state.withLock { state -> Decision in
+            if state.shutDown { return .fail(RedisError(.shutDown, "the client was shut down", endpoint: endpoint)) }
+            if state.breakerOpen { return .fail(circuitOpenError) }
+            var best: RedisConnection?
+            var bestLoad = Int.max
+            for slot in state.connections {
+                let load = slot.connection.inFlight
+                if load < bestLoad {
+                    best = slot.connection
+                    bestLoad = load
+                    if load == 0 { break }
+                }
+            }
+            if let best {
+                let grow = bestLoad > 0 && state.connections.count + state.connecting < maximum
+                if grow { state.connecting += 1 }
+                return .use(best, grow: grow)
+            }
+            if state.connecting == 0 {
+                state.connecting += 1
+                return .wait(start: true)
+            }
+            if state.connecting == state.backingOff {
+                // Only a reconnect waiting out its backoff: fail now with the last failure rather than
+                // wait for as long as the backoff (the caller must not pay for the pool's schedule).
+                return .fail(state.lastError ?? RedisError(.connectFailed, "no connection", endpoint: endpoint))
+            }
+            return .wait(start: false)
+        }
+        switch decision {
+        case .use(let connection, let grow):
+            if grow { startConnect(after: nil) }
+            return connection
+        case .fail(let error):
+            if error.code == .circuitOpen { throw rejected() }
+            throw error
+        case .wait(let start):
+            if start { startConnect(after: nil) }
+            return try await withCheckedThrowingContinuation { continuation in
+                let ready = state.withLock { state -> Result<RedisConnection, RedisError>? in
+                    if let slot = state.connections.first { return .success(slot.connection) }
+                    if state.shutDown { return .failure(RedisError(.shutDown, "the client was shut down", endpoint: endpoint)) }
+                    if state.connecting == state.backingOff {
+                        return .failure(state.lastError ?? RedisError(.connectFailed, "could not connect", endpoint: endpoint))
+                    }
+                    state.waiters.append(continuation)
+                    return nil
+                }
+                if let ready { continuation.resume(with: ready) }
+            }
+        }
+    }
+
+    private func rejected() -> RedisError {
+        counters.breakerRejections.add(1, ordering: .relaxed)
+        metrics.breakerRejections.increment()
+        return circuitOpenError
+    }
+
+    // MARK: Connecting
+
+    /// Runs one connect attempt (after `delay`); the caller has already counted it in `connecting`.
+    private func startConnect(after delay: Duration?) {
+        Task { [self] in
+            if let delay {
+                try? await Task.sleep(for: delay)
+                state.withLock { $0.backingOff -= 1 }
+            }
+            await connectOnce()
+        }
+    }
+
+    private func connectOnce() async {
+        let id = state.withLock { state -> Int in
+            state.nextID += 1
+            return state.nextID
+        }
+        do {
+            let connection = try await RedisConnection.connect(
+                to: endpoint, configuration: configuration, sslContext: sslContext, eventLoop: group.next(),
+                logger: logger, onPush: onPush,
+                onClose: { [weak self] error in self?.connectionClosed(id: id, error: error) })
+            let outcome = state.withLock { state -> (waiters: [CheckedContinuation<RedisConnection, any Error>], closedBreaker: Bool, reconnect: Bool)? in
+                state.connecting -= 1
+                if state.shutDown { return nil }
+                state.connections.append(Slot(id: id, connection: connection, lastSent: connection.counters.sent.load(ordering: .relaxed)))
+                state.consecutiveFailures = 0
+                state.reconnectAttempt = 0
+                let closedBreaker = state.breakerOpen
+                state.breakerOpen = false
+                breakerIsOpen.store(false, ordering: .relaxed)
+                let reconnect = state.lost > 0
+                if reconnect { state.lost -= 1 }
+                let waiters = state.waiters
+                state.waiters = []
+                return (waiters, closedBreaker, reconnect)
+            }
+            guard let outcome else {
+                connection.close(reason: "the client was shut down")
+                return
+            }
+            if !connection.isActive { connectionClosed(id: id, error: RedisError(.connectionClosed, "closed during setup", endpoint: endpoint)) }
+            metrics.connections.record(connectionCount)
+            if outcome.reconnect {
+                counters.reconnects.add(1, ordering: .relaxed)
+                metrics.reconnects.increment()
+            }
+            if outcome.closedBreaker {
+                metrics.breakerOpen.record(0)
+                logger.notice("redis circuit breaker closed: the node answers again")
+            }
+            for waiter in outcome.waiters { waiter.resume(returning: connection) }
+        } catch {
+            let failure = error as? RedisError ?? RedisError(.connectFailed, "\(error)", endpoint: endpoint)
+            counters.connectFailures.add(1, ordering: .relaxed)
+            let outcome = state.withLock { state -> (waiters: [CheckedContinuation<RedisConnection, any Error>], opened: Bool, retry: Duration?) in
+                state.connecting -= 1
+                state.lastError = failure
+                let opened = noteFailure(&state)
+                let waiters = state.waiters
+                state.waiters = []
+                return (waiters, opened, scheduleReconnect(&state))
+            }
+            if outcome.opened { breakerOpened(after: failure) }
+            logger.debug("redis connect failed", metadata: ["error": "\(failure)"])
+            for waiter in outcome.waiters { waiter.resume(throwing: failure) }
+            if let delay = outcome.retry { startConnect(after: delay) }
+        }
+    }
+
+    private func connectionClosed(id: Int, error: RedisError?) {
+        let outcome = state.withLock { state -> (opened: Bool, retry: Duration?)? in
+            guard let index = state.connections.firstIndex(where: { $0.id == id }) else { return nil }
+            state.connections.remove(at: index)
+            var opened = false
+            if let error {
+                state.lastError = error
+                state.lost += 1
+                opened = noteFailure(&state)
+            }
+            return (opened, scheduleReconnect(&state))
+        }
+        guard let outcome else { return }
+        metrics.connections.record(connectionCount)
+        if let error {
+            logger.info("redis connection lost", metadata: ["error": "\(error)"])
+            if outcome.opened { breakerOpened(after: error) }
+        }
+        if let delay = outcome.retry { startConnect(after: delay) }
+    }
+
+    /// Counts a failure; opens the breaker at the threshold. Returns whether it opened now.
+    private func noteFailure(_ state: inout State) -> Bool {
+        state.consecutiveFailures += 1
+        guard !state.breakerOpen, !state.shutDown,
+              state.consecutiveFailures >= configuration.breaker.failureThreshold else { return false }
+        state.breakerOpen = true
+        breakerIsOpen.store(true, ordering: .relaxed)
+        return true
+    }
+
+    /// Schedules a reconnect when the pool is below its minimum, or the breaker is open (the probe), and
+    /// none is under way. Returns its delay.
+    private func scheduleReconnect(_ state: inout State) -> Duration? {
+        guard !state.shutDown, state.connecting == 0,
+              state.breakerOpen || state.connections.count < configuration.pool.minimumConnections
+        else { return nil }
+        state.connecting += 1
+        state.backingOff += 1
+        let attempt = state.reconnectAttempt
+        state.reconnectAttempt += 1
+        return configuration.reconnect.delay(attempt: attempt, random: Double.random(in: 0..<1))
+    }
+
+    private func breakerOpened(after error: RedisError) {
+        counters.breakerOpenings.add(1, ordering: .relaxed)
+        metrics.breakerOpen.record(1)
+        logger.warning("redis circuit breaker open: calls fail fast until a connection works again",
+                       metadata: ["error": "\(error)"])
+    }
+
+    // MARK: Health
+
+    private func checkHealth(interval: Duration) {
+        let minimum = configuration.pool.minimumConnections
+        let idleTimeout = configuration.pool.idleTimeout
+        let (toClose, toPing) = state.withLock { state -> ([RedisConnection], [RedisConnection]) in
+            var toClose: [RedisConnection] = []
+            var toPing: [RedisConnection] = []
+            var open = state.connections.count
+            for index in state.connections.indices {
+                let connection = state.connections[index].connection
+                let sent = connection.counters.sent.load(ordering: .relaxed)
+                if sent != state.connections[index].lastSent || connection.inFlight > 0 {
+                    state.connections[index].lastSent = sent
+                    state.connections[index].idleFor = .zero
+                    continue
+                }
+                state.connections[index].idleFor += interval
+                if open > minimum, state.connections[index].idleFor >= idleTimeout {
+                    toClose.append(connection)
+                    open -= 1
+                } else {
+                    toPing.append(connection)
+                }
+            }
+            return (toClose, toPing)
+        }
+        for connection in toClose { connection.close(reason: "idle") }
+        let timeout = configuration.commandTimeout
+        for connection in toPing {
+            Task {
+                // A failed PING closes the connection (deadline) or finds it closed; the pool reconnects.
+                _ = try? await connection.send(.ping, timeout: timeout)
+                // The PING itself must not count as traffic.
+                self.state.withLock { state in
+                    if let index = state.connections.firstIndex(where: { $0.connection === connection }) {
+                        state.connections[index].lastSent = connection.counters.sent.load(ordering: .relaxed)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Closes every connection and fails what waits; later calls throw ``RedisError/Code/shutDown``.
+    func shutdown() async {
+        let (connections, waiters, task) = state.withLock { state in
+            state.shutDown = true
+            let connections = state.connections.map(\.connection)
+            state.connections = []
+            let waiters = state.waiters
+            state.waiters = []
+            let task = state.healthCheck
+            state.healthCheck = nil
+            return (connections, waiters, task)
+        }
+        task?.cancel()
+        let error = RedisError(.shutDown, "the client was shut down", endpoint: endpoint)
+        for waiter in waiters { waiter.resume(throwing: error) }
+        for connection in connections {
+            connection.close(reason: "the client was shut down")
+            try? await connection.closeFuture.get()
+        }
+    }
+}
