@@ -80,6 +80,8 @@ tsan: deps
 	  --filter "Cache|MemoryTierPropertyTests|MemoryBudgetTests|DiskTierConcurrencyTests"
 	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1" swift test --sanitize=thread --scratch-path .build-tsan \
 	  --filter MemoryLockFreeReadTests
+	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1" swift test --sanitize=thread --scratch-path .build-tsan \
+	  --filter "RedisClientTests|RedisFaultTests|RedisSubscriberTests|RedisTLSTests|RedisClusterTests"
 
 # The memory tier's lock-free reads, and the loaders' reads of entry metadata, under Address Sanitizer: a
 # block freed while a reader still copies it is a heap-use-after-free report here (LeakSanitizer is off:
@@ -95,6 +97,15 @@ docs: deps
 	swift build --scratch-path .build-docs/build --target Magpie -Xswiftc -emit-symbol-graph -Xswiftc -emit-symbol-graph-dir -Xswiftc $(CURDIR)/.build-docs/symbols
 	@set -o pipefail; docc convert Sources/Magpie/Magpie.docc --additional-symbol-graph-dir $(CURDIR)/.build-docs/symbols \
 	  --fallback-display-name Magpie --fallback-bundle-identifier org.magpie.Magpie --output-path .build-docs/Magpie.doccarchive \
+	  --analyze 2>&1 | tee .build-docs.log
+	@if grep -E "^(warning|error)" .build-docs.log; then echo "error: DocC warnings"; rm -f .build-docs.log; exit 1; fi
+	@rm -f .build-docs.log
+	@# MagpieRedis: its build also emits SwiftNIO's symbol graphs; only its own are documented.
+	rm -rf .build-docs/redis-all .build-docs/redis-symbols && mkdir -p .build-docs/redis-all .build-docs/redis-symbols
+	swift build --scratch-path .build-docs/build --target MagpieRedis -Xswiftc -emit-symbol-graph -Xswiftc -emit-symbol-graph-dir -Xswiftc $(CURDIR)/.build-docs/redis-all
+	cp .build-docs/redis-all/MagpieRedis*.symbols.json .build-docs/redis-symbols/
+	@set -o pipefail; docc convert Sources/MagpieRedis/MagpieRedis.docc --additional-symbol-graph-dir $(CURDIR)/.build-docs/redis-symbols \
+	  --fallback-display-name MagpieRedis --fallback-bundle-identifier org.magpie.MagpieRedis --output-path .build-docs/MagpieRedis.doccarchive \
 	  --analyze 2>&1 | tee .build-docs.log
 	@if grep -E "^(warning|error)" .build-docs.log; then echo "error: DocC warnings"; rm -f .build-docs.log; exit 1; fi
 	@rm -f .build-docs.log

@@ -37,6 +37,10 @@ struct Suite: AsyncParsableCommand {
         // The loader scenario at 12 s per system (20 s with `magpie-bench loader`).
         let loader = try LoaderBenchOptions.parse(["--seconds", "12", "--outage-at", "5", "--outage-seconds", "3"])
         results += try await LoaderScenario(options: loader).run(progress: progressLine)
+        // The Redis client beside redis-benchmark: one round of 2 s measurements (`magpie-bench redis`:
+        // 2 rounds of 5 s), on a private redis-server that `make bench` installs.
+        let redis = try RedisBenchOptions.parse(["--seconds", "2", "--rounds", "1", "--keys", "20000"])
+        results += try await RedisScenario(options: redis).run(progress: progressLine)
         // Short tuning curves for the report: hit ratio vs budget, throughput vs shards.
         let sweep = try Sweep.parse(["--curves", "budget", "shards", "--keys", "200000", "--ops", "300000"])
         let (curves, curveTables) = try sweep.measure()
@@ -46,14 +50,16 @@ struct Suite: AsyncParsableCommand {
             date: stamp, machine: .current(),
             config: [
                 "memory": .object(memory.config), "disk": .object(disk.config), "tiered": .object(tiered.config),
-                "loader": .object(loader.config), "sweep": .object(sweep.config),
+                "loader": .object(loader.config), "redis": .object(redis.config), "sweep": .object(sweep.config),
             ],
             results: results)
         print()
-        printTable(results.filter { $0.extra["sweep_parameter"] == nil })  // the curves get their own tables
+        // The curves and the Redis rows get their own tables.
+        printTable(results.filter { $0.extra["sweep_parameter"] == nil && !$0.scenario.hasPrefix("redis-") })
         printMemorySummary(results)
         printTieredSummary(results)
         printLoaderSummary(results)
+        printRedisSummary(results)
         for (title, rows) in curveTables {
             print("\n\(title)")
             printAligned(rows)

@@ -25,7 +25,7 @@ import Synchronization
 ///
 /// **Routing.** The map is 16384 `UInt16` node indices plus the node list, kept together under one lock;
 /// routing a command costs that lock and one array read. A command without a key goes to any master,
-/// round robin. Each master has its own ``RedisNodePool`` (connections, breaker); a pool whose node left
+/// round robin. Each master has its own connection pool (connections, breaker); a pool whose node left
 /// the topology is shut down after the command timeout, so that commands in flight on it complete.
 ///
 /// **Redirections.** `MOVED` updates the slot's entry at once and resends to the new owner. `ASK` sends

@@ -17,9 +17,9 @@ public struct RedisPubSubMessage: Sendable, Hashable {
 public enum RedisPubSubEvent: Sendable, Hashable {
     /// A message.
     case message(RedisPubSubMessage)
-    /// The subscription's connection was lost: messages published from now until ``restored`` are missed.
+    /// The subscription's connection was lost: messages published from now until ``RedisPubSubEvent/restored`` are missed.
     case lost(RedisError)
-    /// The subscription is active again on a new connection (after a ``lost``).
+    /// The subscription is active again on a new connection (after a ``RedisPubSubEvent/lost(_:)``).
     case restored
 }
 
@@ -29,7 +29,7 @@ public enum RedisInvalidation: Sendable, Hashable {
     case keys([ByteBuffer])
     /// Every tracked key may have changed (`FLUSHALL`, `FLUSHDB`).
     case all
-    /// The tracking connection was lost: from now until ``restored``, changes are not reported, so
+    /// The tracking connection was lost: from now until ``RedisInvalidation/restored(clientID:)``, changes are not reported, so
     /// anything cached from the server is unverified (Redis's client-side caching docs: flush it).
     case lost(RedisError)
     /// Tracking is active again on a new connection, whose id (the target for `REDIRECT`) is given.
@@ -54,7 +54,7 @@ public struct RedisTrackingOptions: Sendable, Hashable {
 
 extension RedisCommand {
     /// `CLIENT TRACKING ON|OFF [REDIRECT id] [BCAST] [PREFIX p]… [NOLOOP]`. A data connection may redirect
-    /// its invalidations to a subscriber's connection (``RedisSubscriber/clientID``); with ``noLoop`` its
+    /// its invalidations to a subscriber's connection (``RedisSubscriber/clientID``); with ``RedisTrackingOptions/noLoop`` its
     /// own writes are then not reported.
     public static func clientTracking(_ on: Bool, options: RedisTrackingOptions = .init(), redirect: Int64? = nil) -> RedisCommand {
         var arguments: [RedisArgument] = ["TRACKING", on ? "ON" : "OFF"]

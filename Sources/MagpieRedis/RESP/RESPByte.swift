@@ -1,0 +1,22 @@
+/// The bytes RESP3 gives meaning to.
+enum RESPByte {
+    static let simpleString = UInt8(ascii: "+")
+    static let simpleError = UInt8(ascii: "-")
+    static let integer = UInt8(ascii: ":")
+    static let bulkString = UInt8(ascii: "$")
+    static let array = UInt8(ascii: "*")
+    static let null = UInt8(ascii: "_")
+    static let boolean = UInt8(ascii: "#")
+    static let double = UInt8(ascii: ",")
+    static let bigNumber = UInt8(ascii: "(")
+    static let bulkError = UInt8(ascii: "!")
+    static let verbatimString = UInt8(ascii: "=")
+    static let map = UInt8(ascii: "%")
+    static let attribute = UInt8(ascii: "|")
+    static let set = UInt8(ascii: "~")
+    static let push = UInt8(ascii: ">")
+    static let streamedStringChunk = UInt8(ascii: ";")
+    static let streamedAggregateEnd = UInt8(ascii: ".")
+    static let cr = UInt8(ascii: "\r")
+    static let lf = UInt8(ascii: "\n")
+}
