@@ -291,11 +291,12 @@ final class RedisCommandHandler: ChannelInboundHandler {
         }
         // Fail the expired commands with timedOut, the others with connectionClosed, then close: the
         // connection is never reused after a reply went missing.
-        failure = RedisError(.connectionClosed, "connection closed after a command timed out", endpoint: endpoint)
+        let closed = RedisError(.connectionClosed, "connection closed after a command timed out", endpoint: endpoint)
+        failure = closed
         let timedOut = RedisError(.timedOut, "no reply within the command timeout", endpoint: endpoint)
         var count = 0
         while let entry = pending.popFirst() {
-            Self.fail(entry.sink, with: entry.deadline <= now ? timedOut : failure!)
+            Self.fail(entry.sink, with: entry.deadline <= now ? timedOut : closed)
             count += 1
         }
         counters.inFlight.subtract(count, ordering: .relaxed)
