@@ -387,8 +387,13 @@ struct RedisClusterTests {
         }
         #expect(failed == owners.filter { $0 == victimEndpoint }.count)
         #expect(slowest < .milliseconds(500), "a call to the dead node took \(slowest)")
-        #expect(client.isBreakerOpen(for: victimEndpoint))
-        #expect(client.statistics.breakerRejections > 0)
+        // The breaker opens after its threshold of failed reconnects (on the backoff schedule, so perhaps
+        // after the loop above); from then on a call to the dead node is rejected without a connect.
+        try await eventually(timeout: .seconds(10)) { client.isBreakerOpen(for: victimEndpoint) }
+        let rejectionsBefore = client.statistics.breakerRejections
+        let deadKey = try #require(zip(keys, owners).first { $0.1 == victimEndpoint }?.0)
+        await #expect(throws: RedisError.self) { _ = try await client.get(deadKey) }
+        #expect(client.statistics.breakerRejections > rejectionsBefore)
         // A batch over every node: the live nodes' entries succeed, the dead node's fail.
         let results = try await client.send(batch: keys.map { .get($0) })
         for ((key, owner), result) in zip(zip(keys, owners), results) {

@@ -71,6 +71,13 @@ func spawnChild(
     }
 }
 
+/// glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34+), which its header declares only to GNU
+/// sources: looked up at run time.
+private let spawnCloseFrom: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32)? = {
+    guard let symbol = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "posix_spawn_file_actions_addclosefrom_np") else { return nil }
+    return unsafeBitCast(symbol, to: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32).self)
+}()
+
 private func spawnProcess(
     _ executable: String, _ arguments: [String], environment: [String: String], input: Int32?, output: ChildOutput,
     group: pid_t
@@ -94,6 +101,15 @@ private func spawnProcess(
         posix_spawn_file_actions_adddup2(&actions, output, 1)
         posix_spawn_file_actions_adddup2(&actions, error, 2)
     }
+    // Nothing else of the test process leaks into the child. Without this a redis-server spawned while
+    // Foundation's Process was starting magpie-bench inherited the end of the socket pair by which
+    // Foundation learns that magpie-bench exited: waitUntilExit then waited for the redis-server, which
+    // the waiting test would have stopped (a hang seen on 2 cores).
+    guard let closeFrom = spawnCloseFrom else {
+        throw RedisHarnessError.systemCall("posix_spawn_file_actions_addclosefrom_np (glibc 2.34 or later)", ENOSYS)
+    }
+    let closing = closeFrom(&actions, 3)
+    guard closing == 0 else { throw RedisHarnessError.systemCall("posix_spawn_file_actions_addclosefrom_np", closing) }
 
     var attributes = posix_spawnattr_t()
     posix_spawnattr_init(&attributes)
