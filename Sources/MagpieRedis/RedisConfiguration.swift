@@ -66,7 +66,10 @@ public struct RedisConfiguration: Sendable {
             let cap = Double(maximum.components.seconds) + Double(maximum.components.attoseconds) / 1e18
             let raw = min(cap, base * pow(multiplier, Double(min(attempt, 62))))
             let scaled = raw * (1 + jitter * (2 * random - 1))
-            return .nanoseconds(Int64(max(0, scaled) * 1e9))
+            let nanoseconds = max(0, scaled) * 1e9
+            // Never a trap: NaN (from a NaN setting) waits nothing; anything beyond Int64 saturates.
+            guard nanoseconds.isFinite, nanoseconds < 9.2e18 else { return nanoseconds.isNaN ? .zero : .nanoseconds(Int64.max) }
+            return .nanoseconds(Int64(nanoseconds))
         }
     }
 
@@ -190,6 +193,13 @@ public struct RedisConfiguration: Sendable {
         else { throw RedisError(.invalidConfiguration, "pool: need 0 ≤ minimum ≤ maximum, maximum ≥ 1") }
         guard connectTimeout > .zero, commandTimeout > .zero else {
             throw RedisError(.invalidConfiguration, "timeouts must be positive")
+        }
+        guard pool.healthCheckInterval >= .milliseconds(1), pool.idleTimeout >= .zero else {
+            throw RedisError(.invalidConfiguration, "pool: the health check interval must be at least 1 ms, the idle timeout not negative")
+        }
+        guard reconnect.initial > .zero, reconnect.maximum >= reconnect.initial, reconnect.multiplier >= 1,
+              reconnect.multiplier.isFinite, reconnect.jitter >= 0, reconnect.jitter <= 1 else {
+            throw RedisError(.invalidConfiguration, "reconnect: need 0 < initial ≤ maximum, a finite multiplier ≥ 1, 0 ≤ jitter ≤ 1")
         }
         guard breaker.failureThreshold >= 1 else {
             throw RedisError(.invalidConfiguration, "breaker.failureThreshold must be at least 1")

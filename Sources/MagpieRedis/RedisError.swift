@@ -134,6 +134,9 @@ public struct RedisError: Error, Sendable, Hashable, CustomStringConvertible {
     public let endpoint: RedisEndpoint?
     /// The server's error reply, for ``Code/server`` (and ``Code/authenticationFailed``).
     public let serverError: RedisServerError?
+    /// The command was never written (its connection had been retired): the pool sends it again on
+    /// another connection.
+    var notSent = false
 
     public init(_ code: Code, _ message: String, endpoint: RedisEndpoint? = nil, serverError: RedisServerError? = nil) {
         self.code = code

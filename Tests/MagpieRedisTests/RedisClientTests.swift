@@ -128,6 +128,47 @@ struct RedisClientTests {
         }
     }
 
+    @Test("connections closed for idleness while traffic comes in bursts: no command fails, none is lost")
+    func idleClosesUnderTraffic() async throws {
+        try await withRedisServer { server in
+            // Every connection beyond none is idle after 1 ms and checked every 2 ms: the pool closes and
+            // reopens connections all the time, under the callers' feet.
+            let redis = try RedisClient(testConfiguration(port: server.port) {
+                $0.pool.minimumConnections = 0
+                $0.pool.maximumConnections = 4
+                $0.pool.idleTimeout = .milliseconds(1)
+                $0.pool.healthCheckInterval = .milliseconds(2)
+            })
+            let tasks = 8, rounds = 150
+            let failures = await withTaskGroup(of: [String].self) { group in
+                for task in 0..<tasks {
+                    group.addTask {
+                        var failures: [String] = []
+                        for round in 0..<rounds {
+                            do {
+                                _ = try await redis.incr("idle-counter")
+                            } catch {
+                                failures.append("task \(task) round \(round): \(error)")
+                            }
+                            if round % 3 == 0 { try? await Task.sleep(for: .milliseconds(Int.random(in: 1...6))) }
+                        }
+                        return failures
+                    }
+                }
+                return await group.reduce(into: []) { $0 += $1 }
+            }
+            #expect(failures.isEmpty, "\(failures.prefix(5))")
+            #expect(try await redis.get("idle-counter").map { String(buffer: $0) } == "\(tasks * rounds)")
+            // The churn really happened: the server saw many connections come and go.
+            let stats = try server.cli(["INFO", "stats"])
+            let accepted = stats.split(whereSeparator: \.isNewline)
+                .first { $0.hasPrefix("total_connections_received:") }
+                .flatMap { Int($0.split(separator: ":")[1].trimmingCharacters(in: .whitespaces)) } ?? 0
+            #expect(accepted >= 5, "only \(accepted) connections")
+            await redis.shutdown()
+        }
+    }
+
     @Test("HELLO with AUTH (ACL user), SETNAME, SELECT; a wrong password is a clear error")
     func authentication() async throws {
         try await withRedisServer(.init(requirePassword: "s3cret", aclUsers: [(name: "app", password: "app-pass")])) { server in

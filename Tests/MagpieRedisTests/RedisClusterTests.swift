@@ -137,6 +137,21 @@ struct RedisClusterTests {
                                 answeringHost: "h")
         }
         #expect(throws: RedisError.self) { try ClusterTopology(shards: .integer(1), answeringHost: "h", tls: false) }
+
+        // A master whose every slot a later range took gets no pool; the indices stay dense.
+        let overwritten = RESPValue.array([
+            .array([.integer(0), .integer(99), .array([text("10.0.0.5"), .integer(7005)])]),
+            .array([.integer(0), .integer(16383), .array([text("10.0.0.6"), .integer(7006)])]),
+        ])
+        var shadowed = try ClusterTopology(slots: overwritten, answeringHost: "h")
+        shadowed.dropMastersWithoutSlots()
+        #expect(shadowed.masters == [RedisEndpoint(host: "10.0.0.6", port: 7006)])
+        #expect(shadowed.slots.allSatisfy { $0 == 0 })
+        // A hostile reply naming more masters than there are slots is refused (their indices would not fit).
+        let crowded = RESPValue.array((0...RedisHashSlot.count).map { index in
+            .array([.integer(0), .integer(0), .array([text("10.1.\(index / 256).\(index % 256)"), .integer(7000)])])
+        })
+        #expect(throws: RedisError.self) { try ClusterTopology(slots: crowded, answeringHost: "h") }
     }
 
     @Test("discovery from any one seed finds the same masters; a dead seed is skipped")

@@ -50,6 +50,56 @@ struct RedisSubscriberTests {
         }
     }
 
+    @Test("a refused SUBSCRIBE (ACL NOPERM) fails its caller only: a concurrent CLIENT TRACKING and the connection carry on")
+    func refusedSubscription() async throws {
+        try await withRedisServer { server in
+            _ = try server.cli(["ACL", "SETUSER", "limited", "on", ">limited-pass", "~*", "resetchannels", "&allowed*", "+@all"])
+            let redis = try RedisClient(testConfiguration(port: server.port) {
+                $0.username = "limited"
+                $0.password = "limited-pass"
+            })
+            let subscriber = redis.makeSubscriber()
+            var allowed = try await subscriber.subscribe(to: ["allowed.news"]).makeAsyncIterator()
+            let connectionID = try #require(subscriber.clientID)
+            for _ in 0..<10 {
+                // The refusal and the tracking reply arrive back to back: each must reach its own caller.
+                async let refused: Void = { _ = try await subscriber.subscribe(to: ["forbidden"]) }()
+                async let tracking = subscriber.track(RedisTrackingOptions(prefixes: ["app:"]))
+                do {
+                    try await refused
+                    Issue.record("a forbidden channel was subscribed")
+                } catch let error as RedisError {
+                    #expect(error.serverError?.kind == .noPerm, "\(error)")
+                }
+                _ = try await tracking
+            }
+            #expect(subscriber.clientID == connectionID, "the connection was replaced")
+            #expect(try await redis.publish(Array("still here".utf8), to: "allowed.news") == 1)
+            #expect(await next(&allowed) == .message(RedisPubSubMessage(channel: "allowed.news", pattern: nil, payload: ByteBuffer(string: "still here"))))
+            await subscriber.close()
+            await redis.shutdown()
+        }
+    }
+
+    @Test("a stream ended and a new one on the same channel at once: the new one still hears the channel")
+    func unsubscribeThenSubscribe() async throws {
+        try await withRedisServer { server in
+            let redis = try RedisClient(testConfiguration(port: server.port))
+            let subscriber = redis.makeSubscriber()
+            for round in 0..<20 {
+                let old = try await subscriber.subscribe(to: ["race"])
+                let consumer = Task { for await _ in old {} }
+                consumer.cancel()  // ends the old stream: its UNSUBSCRIBE races the next SUBSCRIBE
+                var fresh = try await subscriber.subscribe(to: ["race"]).makeAsyncIterator()
+                _ = await consumer.value
+                #expect(try await redis.publish(Array("round \(round)".utf8), to: "race") >= 1)
+                #expect(await next(&fresh) == .message(RedisPubSubMessage(channel: "race", pattern: nil, payload: ByteBuffer(string: "round \(round)"))))
+            }
+            await subscriber.close()
+            await redis.shutdown()
+        }
+    }
+
     @Test("BCAST tracking on a prefix: changes by another client (and redis-cli) arrive as invalidations; FLUSHALL as all")
     func trackingPushes() async throws {
         try await withRedisServer { server in
@@ -113,7 +163,9 @@ struct RedisSubscriberTests {
             guard case .lost? = await next(&invalidations) else { Issue.record("no loss on kill"); return }
             try server.restart()
             guard case .restored? = await next(&invalidations, timeout: .seconds(10)) else { Issue.record("not restored after restart"); return }
-            try await redis.set("app:restarted", Array("x".utf8))
+            // The data pool learns of the restart on its own schedule: its first command may still meet
+            // the killed connection.
+            try await eventually(timeout: .seconds(5)) { (try? await redis.set("app:restarted", Array("x".utf8))) != nil }
             // The pool may report its own reconnect first; the invalidation must come.
             #expect(await next(&invalidations) == .keys([ByteBuffer(string: "app:restarted")]))
             await subscriber.close()

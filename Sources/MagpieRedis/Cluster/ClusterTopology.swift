@@ -25,10 +25,29 @@ struct ClusterTopology: Sendable, Hashable {
         if let known = masters.firstIndex(of: endpoint) {
             index = known
         } else {
+            // At most one master per slot: more is a reply no cluster sends (and would not fit UInt16).
+            guard masters.count < RedisHashSlot.count else {
+                throw RedisError(.unexpectedReply, "the cluster reply names more masters than there are slots", endpoint: endpoint)
+            }
             index = masters.count
             masters.append(endpoint)
         }
         for slot in Int(first)...Int(last) { slots[slot] = UInt16(index) }
+    }
+
+    /// Drops the masters whose every slot a later range gave to another (no pool is made for them).
+    mutating func dropMastersWithoutSlots() {
+        var used = Array(repeating: false, count: masters.count)
+        for index in slots where index != Self.unassigned { used[Int(index)] = true }
+        guard used.contains(false) else { return }
+        var renumbered = Array(repeating: Self.unassigned, count: masters.count)
+        var kept: [RedisEndpoint] = []
+        for (index, endpoint) in masters.enumerated() where used[index] {
+            renumbered[index] = UInt16(kept.count)
+            kept.append(endpoint)
+        }
+        masters = kept
+        for slot in slots.indices where slots[slot] != Self.unassigned { slots[slot] = renumbered[Int(slots[slot])] }
     }
 
     // MARK: CLUSTER SHARDS

@@ -91,7 +91,7 @@ extension RedisClusterClient {
     /// The topology as `node` sees it: `CLUSTER SHARDS`, or `CLUSTER SLOTS` where SHARDS is unknown.
     private func topology(from node: RedisEndpoint,
                           send: (RedisCommand) async throws -> RESPValue) async throws -> ClusterTopology {
-        let topology: ClusterTopology
+        var topology: ClusterTopology
         do {
             let reply = try await send(RedisCommand("CLUSTER", ["SHARDS"], readOnly: true))
             topology = try ClusterTopology(shards: reply, answeringHost: node.host, tls: configuration.tls != nil)
@@ -99,6 +99,7 @@ extension RedisClusterClient {
             let reply = try await send(RedisCommand("CLUSTER", ["SLOTS"], readOnly: true))
             topology = try ClusterTopology(slots: reply, answeringHost: node.host)
         }
+        topology.dropMastersWithoutSlots()
         guard !topology.masters.isEmpty else {
             throw RedisError(.unexpectedReply, "the node serves no slots (not part of a configured cluster)",
                              endpoint: node)

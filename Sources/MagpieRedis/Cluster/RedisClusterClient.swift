@@ -244,6 +244,10 @@ public final class RedisClusterClient: RedisCommandSender {
             if let known = routing.nodes.firstIndex(where: { $0.endpoint == endpoint }) {
                 index = known
             } else {
+                // A redirection to yet another node: bounded like a topology (one node per slot at most).
+                guard routing.nodes.count < RedisHashSlot.count else {
+                    throw RedisError(.unexpectedReply, "redirected to more nodes than there are slots", endpoint: endpoint)
+                }
                 index = routing.nodes.count
                 let node = makePool(endpoint)
                 node.start()  // under the lock, so that a concurrent shutdown finds it started
@@ -346,9 +350,9 @@ public final class RedisClusterClient: RedisCommandSender {
 
     /// `ASKING` then the command, back to back on one connection of `node`; the command's reply.
     private func sendAsking(_ command: RedisCommand, to node: RedisNodePool) async throws -> RESPValue {
-        let connection = try await node.connection()
+        let connection = try await node.connection(reserving: true)
         let replies = try await connection.sendRaw(batch: [RedisCommand.asking.encoded, command.encoded],
-                                                   timeout: configuration.commandTimeout)
+                                                   timeout: configuration.commandTimeout, reserved: true)
         counters.commands.add(2, ordering: .relaxed)
         guard replies.count == 2 else {
             throw RedisError(.unexpectedReply, "ASKING pipeline returned \(replies.count) replies", endpoint: node.endpoint)

@@ -10,6 +10,45 @@ enum ReplySink {
     case batch(BatchReplies, Int)
     /// A reply nobody waits for (`ASKING`'s `+OK`).
     case discard
+    /// A subscription command (`SUBSCRIBE`, `UNSUBSCRIBE` and the pattern and shard forms): under RESP3
+    /// it is answered by one push per name, or refused by one error reply.
+    case subscription(SubscriptionReplies)
+}
+
+/// The confirmations a subscription command waits for. Its caller (if any) resumes with `.null` once the
+/// server confirmed every name, or with the error reply that refused the command.
+final class SubscriptionReplies {
+    /// The push kind that confirms: `subscribe`, `psubscribe`, `ssubscribe`, `unsubscribe`, ….
+    let kind: String
+    /// Names not yet confirmed (a name given twice is confirmed twice).
+    private(set) var remaining: [String]
+    private var continuation: UnsafeContinuation<RESPValue, any Error>?
+
+    init(kind: String, names: [String], continuation: UnsafeContinuation<RESPValue, any Error>?) {
+        self.kind = kind
+        self.remaining = names
+        self.continuation = continuation
+    }
+
+    /// Counts `push` if it confirms one of the names; returns whether it did.
+    func confirm(_ push: [RESPValue]) -> Bool {
+        guard push.count >= 2, push[0].string == kind, let name = push[1].string,
+              let index = remaining.firstIndex(of: name) else { return false }
+        remaining.remove(at: index)
+        return true
+    }
+
+    func resume(with value: RESPValue) {
+        guard let continuation else { return }
+        self.continuation = nil
+        continuation.resume(returning: value)
+    }
+
+    func fail(_ error: RedisError) {
+        guard let continuation else { return }
+        self.continuation = nil
+        continuation.resume(throwing: error)
+    }
 }
 
 /// The replies of one batch, delivered together once the last one arrives (or the first failure).
@@ -54,7 +93,8 @@ final class ConnectionCounters: Sendable {
 /// Invariants (all state is touched on the channel's event loop only):
 /// - `pending` holds one entry per command written and not yet answered, in write order; a reply (any
 ///   value that is not a push) answers `pending.first`. A reply with nothing pending is a protocol
-///   violation: the connection closes.
+///   violation: the connection closes. A subscription command at the head is answered by the pushes
+///   that confirm its names (they are still routed as pushes), or by an error reply.
 /// - Once `failure` is set the connection is dead: every pending sink was failed, every later enqueue fails
 ///   at once, and the channel is closing. A late reply can therefore never reach another caller.
 /// - A command whose deadline passes closes the connection (its reply, if it ever comes, is not read).
@@ -81,6 +121,8 @@ final class RedisCommandHandler: ChannelInboundHandler {
     private var timerDeadline: NIODeadline = .distantFuture
     private(set) var failure: RedisError?
     private var closeReported = false
+    /// Taken out of the pool: close once `pending` is empty.
+    private var closingWhenIdle = false
 
     /// Bytes read and not yet decoded (nil when everything read was decoded: the next read's buffer is
     /// then used as it is, with no copy).
@@ -133,18 +175,32 @@ final class RedisCommandHandler: ChannelInboundHandler {
         armTimer(deadline, context)
     }
 
-    /// Writes a command that has no reply of its own (RESP3 subscription commands answer with pushes).
-    func writeWithoutReply(_ command: ByteBuffer) {
-        guard let context, failure == nil else { return }
-        context.write(wrapOutboundOut(command), promise: nil)
-        scheduleFlush(context)
-    }
-
     /// Closes the connection, failing what is pending with `error`.
     func close(with error: RedisError) {
         guard let context else { return }
         fail(with: error)
         context.close(promise: nil)
+    }
+
+    /// Closes the connection as soon as no reply is outstanding.
+    func closeWhenIdle() {
+        closingWhenIdle = true
+        closeIfRetiredAndIdle()
+    }
+
+    /// Retired, nothing pending, and nothing counted in flight (a command the pool reserved before it
+    /// retired the connection is counted before it is enqueued): close.
+    private func closeIfRetiredAndIdle() {
+        if closingWhenIdle, pending.isEmpty, counters.inFlight.load(ordering: .relaxed) == 0 { close(with: retired) }
+    }
+
+    /// The failure of a connection closed idle. Nothing was pending when it closed, so it reaches only
+    /// commands enqueued afterwards (by a caller that picked the connection just before the pool retired
+    /// it): they were never written, and the pool sends them again elsewhere.
+    private var retired: RedisError {
+        var error = RedisError(.connectionClosed, "the connection was closed idle before the command was sent", endpoint: endpoint)
+        error.notSent = true
+        return error
     }
 
     private func scheduleFlush(_ context: ChannelHandlerContext) {
@@ -163,6 +219,8 @@ final class RedisCommandHandler: ChannelInboundHandler {
     /// from its start) and hands each value on. Decoding here rather than in a separate
     /// `ByteToMessageHandler` spares every reply a pipeline hop and a type-erased box.
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        // A failed connection reads nothing more (TLS may still deliver bytes while it shuts down).
+        guard failure == nil else { return }
         var incoming = unwrapInboundIn(data)
         if received == nil {
             received = incoming
@@ -188,12 +246,12 @@ final class RedisCommandHandler: ChannelInboundHandler {
 
     private func handle(_ value: RESPValue) {
         switch value {
-        case .push:
-            onPush?(value)
+        case .push(let items):
+            if !confirmSubscription(items) { onPush?(value) }
             return
         case .attributed(_, let inner):
-            if case .push = inner {
-                onPush?(inner)
+            if case .push(let items) = inner {
+                if !confirmSubscription(items) { onPush?(inner) }
                 return
             }
         default:
@@ -208,7 +266,22 @@ final class RedisCommandHandler: ChannelInboundHandler {
         case .continuation(let continuation): continuation.resume(returning: value)
         case .batch(let replies, let index): replies.deliver(value, at: index)
         case .discard: break
+        case .subscription(let replies): replies.resume(with: value)  // refused (or a reply RESP3 never sends)
         }
+        closeIfRetiredAndIdle()
+    }
+
+    /// A push that confirms the subscription command at the head of the queue counts toward it (and is
+    /// not routed: the push handler sees only what the server sent on its own); the last confirmation
+    /// answers the command. Returns whether `items` was such a confirmation.
+    private func confirmSubscription(_ items: [RESPValue]) -> Bool {
+        guard case .subscription(let replies)? = pending.first?.sink, replies.confirm(items) else { return false }
+        if replies.remaining.isEmpty {
+            pending.removeFirst()
+            counters.inFlight.subtract(1, ordering: .relaxed)
+            replies.resume(with: .null)
+        }
+        return true
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
@@ -252,7 +325,7 @@ final class RedisCommandHandler: ChannelInboundHandler {
         if drained > 0 { counters.inFlight.subtract(drained, ordering: .relaxed) }
         if !closeReported {
             closeReported = true
-            onClose?(error.code == .shutDown ? nil : error)
+            onClose?(error.code == .shutDown || error.notSent ? nil : error)
             onPush = nil
         }
     }
@@ -262,6 +335,7 @@ final class RedisCommandHandler: ChannelInboundHandler {
         case .continuation(let continuation): continuation.resume(throwing: error)
         case .batch(let replies, _): replies.fail(error)
         case .discard: break
+        case .subscription(let replies): replies.fail(error)
         }
     }
 

@@ -42,7 +42,13 @@ public final class RedisConnection: Sendable {
     /// Sends one command and waits for its reply (at most `timeout`; then the connection is closed).
     nonisolated(nonsending)
     public func send(_ command: RedisCommand, timeout: Duration) async throws -> RESPValue {
-        let value = try await sendRaw(command.encoded, timeout: timeout)
+        try await send(command, timeout: timeout, reserved: false)
+    }
+
+    /// `reserved`: the pool already counted this command in flight when it picked the connection.
+    nonisolated(nonsending)
+    func send(_ command: RedisCommand, timeout: Duration, reserved: Bool) async throws -> RESPValue {
+        let value = try await sendRaw(command.encoded, timeout: timeout, reserved: reserved)
         switch value {
         case .simpleError(let message), .bulkError(let message):
             throw RedisError.server(RedisServerError(message), endpoint: endpoint)
@@ -53,8 +59,8 @@ public final class RedisConnection: Sendable {
 
     /// Sends one encoded command; the reply as it came (error replies included).
     nonisolated(nonsending)
-    func sendRaw(_ encoded: ByteBuffer, timeout: Duration) async throws -> RESPValue {
-        counters.inFlight.add(1, ordering: .relaxed)
+    func sendRaw(_ encoded: ByteBuffer, timeout: Duration, reserved: Bool = false) async throws -> RESPValue {
+        if !reserved { counters.inFlight.add(1, ordering: .relaxed) }
         counters.sent.add(1, ordering: .relaxed)
         let deadline = NIODeadline.now() + TimeAmount(timeout)
         let eventLoop = channel.eventLoop
@@ -78,9 +84,12 @@ public final class RedisConnection: Sendable {
     }
 
     nonisolated(nonsending)
-    func sendRaw(batch encoded: [ByteBuffer], timeout: Duration) async throws -> [RESPValue] {
-        guard !encoded.isEmpty else { return [] }
-        counters.inFlight.add(encoded.count, ordering: .relaxed)
+    func sendRaw(batch encoded: [ByteBuffer], timeout: Duration, reserved: Bool = false) async throws -> [RESPValue] {
+        guard !encoded.isEmpty else {
+            if reserved { counters.inFlight.subtract(1, ordering: .relaxed) }
+            return []
+        }
+        counters.inFlight.add(encoded.count - (reserved ? 1 : 0), ordering: .relaxed)
         counters.sent.add(UInt64(encoded.count), ordering: .relaxed)
         let deadline = NIODeadline.now() + TimeAmount(timeout)
         let eventLoop = channel.eventLoop
@@ -103,12 +112,23 @@ public final class RedisConnection: Sendable {
         }
     }
 
-    /// Writes a command that is answered by push frames only (`SUBSCRIBE`, `SSUBSCRIBE` and their
-    /// `UN…` forms under RESP3).
-    func writeWithoutReply(_ command: RedisCommand) {
+    /// Queues a subscription command (`SUBSCRIBE`, `PSUBSCRIBE`, `SSUBSCRIBE` or an `UN…` form) whose
+    /// confirmations are pushes of kind `confirmation`, one per name. `continuation` (if any) resumes with
+    /// `.null` once every name is confirmed, or with the error reply that refused the command.
+    ///
+    /// Always handed to the event loop with `execute`, never written inline, so commands queued in one
+    /// order (the subscriber queues them under its lock) are written in that order.
+    func enqueueSubscription(_ command: String, names: [String], confirmation: String, timeout: Duration,
+                             continuation: UnsafeContinuation<RESPValue, any Error>?) {
+        counters.inFlight.add(1, ordering: .relaxed)
+        counters.sent.add(1, ordering: .relaxed)
+        let deadline = NIODeadline.now() + TimeAmount(timeout)
         let handler = self.handler
-        let encoded = command.encoded
-        channel.eventLoop.execute { handler.value.writeWithoutReply(encoded) }
+        let encoded = RedisCommand(command, names.map { .string($0) }).encoded
+        channel.eventLoop.execute {
+            let replies = SubscriptionReplies(kind: confirmation, names: names, continuation: continuation)
+            handler.value.enqueue(encoded, sink: .subscription(replies), deadline: deadline)
+        }
     }
 
     /// Closes the connection; what is in flight fails with `reason`.
@@ -118,6 +138,13 @@ public final class RedisConnection: Sendable {
         channel.eventLoop.execute {
             handler.value.close(with: RedisError(.shutDown, reason, endpoint: endpoint))
         }
+    }
+
+    /// Closes the connection once no reply is outstanding (at once if none is): for a connection taken
+    /// out of use, so that nothing already sent on it fails.
+    func closeWhenIdle() {
+        let handler = self.handler
+        channel.eventLoop.execute { handler.value.closeWhenIdle() }
     }
 
     /// Completes when the channel has closed.
@@ -225,15 +252,28 @@ public final class RedisConnection: Sendable {
     }
 }
 
+/// One connect attempt. Its connection's close hook marks it dead under the owner's lock; the owner
+/// checks the mark under the same lock before it adopts the connection, so a connection that died between
+/// its handshake and its adoption is never adopted (its close was reported before anyone knew it).
+final class ConnectionAttempt: Sendable {
+    let died = Atomic<Bool>(false)
+}
+
 /// Carries the command handler out of the channel initializer.
 private final class HandlerSlot: Sendable {
     let handler = Mutex<NIOLoopBound<RedisCommandHandler>?>(nil)
 }
 
 extension TimeAmount {
+    /// `duration` in nanoseconds, saturating at the bounds of Int64 (never a trap).
     init(_ duration: Duration) {
         let (seconds, attoseconds) = duration.components
-        self = .nanoseconds(seconds.multipliedReportingOverflow(by: 1_000_000_000).overflow
-                            ? Int64.max : seconds * 1_000_000_000 + attoseconds / 1_000_000_000)
+        let (whole, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000_000)
+        guard !overflow else {
+            self = .nanoseconds(seconds < 0 ? Int64.min : Int64.max)
+            return
+        }
+        let (sum, overflowed) = whole.addingReportingOverflow(attoseconds / 1_000_000_000)
+        self = .nanoseconds(overflowed ? (whole < 0 ? Int64.min : Int64.max) : sum)
     }
 }

@@ -21,6 +21,9 @@ final class RedisNodePool: Sendable {
     private let counters: RedisCounters
     /// Read before anything else by every call: the breaker's fast path.
     private let breakerIsOpen = Atomic<Bool>(false)
+    /// Whether `consecutiveFailures` is above zero: a successful command then resets it (one relaxed load
+    /// on the success path otherwise), so only failures with no success between them open the breaker.
+    private let failuresPending = Atomic<Bool>(false)
     private let circuitOpenError: RedisError
     private let state = Mutex(State())
     /// Called on the event loop for every push frame of a pooled connection (nil: pushes are dropped).
@@ -31,6 +34,13 @@ final class RedisNodePool: Sendable {
         let connection: RedisConnection
         var lastSent: UInt64 = 0
         var idleFor: Duration = .zero
+        /// A caller took it since the last health check (it may not have sent yet): not idle.
+        var picked = false
+    }
+
+    private struct Waiter {
+        let continuation: CheckedContinuation<RedisConnection, any Error>
+        let reserving: Bool
     }
 
     private struct State {
@@ -38,7 +48,7 @@ final class RedisNodePool: Sendable {
         var connecting = 0
         /// Of `connecting`: reconnects waiting out their backoff (not attempting yet).
         var backingOff = 0
-        var waiters: [CheckedContinuation<RedisConnection, any Error>] = []
+        var waiters: [Waiter] = []
         var consecutiveFailures = 0
         var breakerOpen = false
         var reconnectAttempt = 0
@@ -89,36 +99,55 @@ final class RedisNodePool: Sendable {
 
     // MARK: Calls
 
+    /// Sends one command. A command that was never written because its connection had just been retired
+    /// idle is sent again on another connection (at most twice more).
     nonisolated(nonsending)
     func send(_ command: RedisCommand) async throws -> RESPValue {
-        let connection = try await connection()
-        let start = NIODeadline.now()
-        do {
-            let value = try await connection.send(command, timeout: configuration.commandTimeout)
-            finished(start: start, count: 1)
-            return value
-        } catch let error as RedisError {
-            failed(error, start: start, count: 1)
-            throw error
+        var resends = 0
+        while true {
+            let connection = try await connection(reserving: true)
+            let start = NIODeadline.now()
+            do {
+                let value = try await connection.send(command, timeout: configuration.commandTimeout, reserved: true)
+                finished(start: start, count: 1)
+                return value
+            } catch let error as RedisError where error.notSent && resends < 2 {
+                resends += 1
+            } catch let error as RedisError {
+                failed(error, start: start, count: 1)
+                throw error
+            }
         }
     }
 
-    /// Sends the commands on one connection, pipelined; each outcome in order.
+    /// Sends the commands on one connection, pipelined; each outcome in order. (Resent like ``send(_:)``.)
     nonisolated(nonsending)
     func send(batch commands: [RedisCommand]) async throws -> [RESPValue] {
-        let connection = try await connection()
-        let start = NIODeadline.now()
-        do {
-            let values = try await connection.send(batch: commands, timeout: configuration.commandTimeout)
-            finished(start: start, count: commands.count)
-            return values
-        } catch let error as RedisError {
-            failed(error, start: start, count: commands.count)
-            throw error
+        guard !commands.isEmpty else { return [] }
+        var resends = 0
+        while true {
+            let connection = try await connection(reserving: true)
+            let start = NIODeadline.now()
+            do {
+                let values = try await connection.sendRaw(batch: commands.map(\.encoded), timeout: configuration.commandTimeout, reserved: true)
+                finished(start: start, count: commands.count)
+                return values
+            } catch let error as RedisError where error.notSent && resends < 2 {
+                resends += 1
+            } catch let error as RedisError {
+                failed(error, start: start, count: commands.count)
+                throw error
+            }
         }
     }
 
     private func finished(start: NIODeadline, count: Int) {
+        if failuresPending.load(ordering: .relaxed) {
+            state.withLock { state in
+                if !state.breakerOpen { state.consecutiveFailures = 0 }
+            }
+            failuresPending.store(false, ordering: .relaxed)
+        }
         metrics.duration.recordNanoseconds((NIODeadline.now() - start).nanoseconds)
         metrics.commands.increment(by: count)
         counters.commands.add(UInt64(count), ordering: .relaxed)
@@ -134,8 +163,12 @@ final class RedisNodePool: Sendable {
     /// A connection to send on: the one with the fewest replies outstanding; a new one opens in the
     /// background when all are busy and the pool may grow; with none open, waits for one (at most the
     /// connect timeout).
+    ///
+    /// - Parameter reserving: count one command in flight on it at once, under the pool's lock (the
+    ///   caller then sends with `reserved: true`): the health check can then never retire the connection
+    ///   between this pick and the send, however long the caller takes to get there.
     nonisolated(nonsending)
-    func connection() async throws -> RedisConnection {
+    func connection(reserving: Bool = false) async throws -> RedisConnection {
         if breakerIsOpen.load(ordering: .relaxed) { throw rejected() }
         enum Decision {
             case use(RedisConnection, grow: Bool)
@@ -146,17 +179,20 @@ final class RedisNodePool: Sendable {
         let decision = state.withLock { state -> Decision in
             if state.shutDown { return .fail(RedisError(.shutDown, "the client was shut down", endpoint: endpoint)) }
             if state.breakerOpen { return .fail(circuitOpenError) }
-            var best: RedisConnection?
+            var best: Int?
             var bestLoad = Int.max
-            for slot in state.connections {
-                let load = slot.connection.inFlight
+            for index in state.connections.indices {
+                let load = state.connections[index].connection.inFlight
                 if load < bestLoad {
-                    best = slot.connection
+                    best = index
                     bestLoad = load
                     if load == 0 { break }
                 }
             }
-            if let best {
+            if let index = best {
+                state.connections[index].picked = true
+                let best = state.connections[index].connection
+                if reserving { best.counters.inFlight.add(1, ordering: .relaxed) }
                 let grow = bestLoad > 0 && state.connections.count + state.connecting < maximum
                 if grow { state.connecting += 1 }
                 return .use(best, grow: grow)
@@ -183,12 +219,17 @@ final class RedisNodePool: Sendable {
             if start { startConnect(after: nil) }
             return try await withCheckedThrowingContinuation { continuation in
                 let ready = state.withLock { state -> Result<RedisConnection, RedisError>? in
-                    if let slot = state.connections.first { return .success(slot.connection) }
+                    if !state.connections.isEmpty {
+                        state.connections[0].picked = true
+                        let connection = state.connections[0].connection
+                        if reserving { connection.counters.inFlight.add(1, ordering: .relaxed) }
+                        return .success(connection)
+                    }
                     if state.shutDown { return .failure(RedisError(.shutDown, "the client was shut down", endpoint: endpoint)) }
                     if state.connecting == state.backingOff {
                         return .failure(state.lastError ?? RedisError(.connectFailed, "could not connect", endpoint: endpoint))
                     }
-                    state.waiters.append(continuation)
+                    state.waiters.append(Waiter(continuation: continuation, reserving: reserving))
                     return nil
                 }
                 if let ready { continuation.resume(with: ready) }
@@ -216,19 +257,43 @@ final class RedisNodePool: Sendable {
     }
 
     private func connectOnce() async {
-        let id = state.withLock { state -> Int in
+        let id = state.withLock { state -> Int? in
+            guard !state.shutDown else {
+                state.connecting -= 1  // a reconnect whose backoff ended after the shutdown: no dial
+                return nil
+            }
             state.nextID += 1
             return state.nextID
         }
+        guard let id else { return }
+        // Set (under the lock) by the connection's close hook: a connection that died between its
+        // handshake and the moment it would join the pool never joins it.
+        let attempt = ConnectionAttempt()
+        let connection: RedisConnection
         do {
-            let connection = try await RedisConnection.connect(
+            connection = try await RedisConnection.connect(
                 to: endpoint, configuration: configuration, sslContext: sslContext, eventLoop: group.next(),
                 logger: logger, onPush: onPush,
-                onClose: { [weak self] error in self?.connectionClosed(id: id, error: error) })
-            let outcome = state.withLock { state -> (waiters: [CheckedContinuation<RedisConnection, any Error>], closedBreaker: Bool, reconnect: Bool)? in
+                onClose: { [weak self] error in self?.connectionClosed(id: id, error: error, attempt: attempt) })
+        } catch {
+            connectFailed(error as? RedisError ?? RedisError(.connectFailed, "\(error)", endpoint: endpoint))
+            return
+        }
+        enum Joined {
+            case joined(waiters: [Waiter], closedBreaker: Bool, reconnect: Bool)
+            case shutDown
+            case died
+        }
+        let joined = state.withLock { state -> Joined in
+                if state.shutDown {
+                    state.connecting -= 1
+                    return .shutDown
+                }
+                if attempt.died.load(ordering: .relaxed) { return .died }
                 state.connecting -= 1
-                if state.shutDown { return nil }
-                state.connections.append(Slot(id: id, connection: connection, lastSent: connection.counters.sent.load(ordering: .relaxed)))
+                // Its waiters are about to send on it: not idle at the next health check.
+                state.connections.append(Slot(id: id, connection: connection, lastSent: connection.counters.sent.load(ordering: .relaxed),
+                                              picked: !state.waiters.isEmpty))
                 state.consecutiveFailures = 0
                 state.reconnectAttempt = 0
                 let closedBreaker = state.breakerOpen
@@ -238,43 +303,49 @@ final class RedisNodePool: Sendable {
                 if reconnect { state.lost -= 1 }
                 let waiters = state.waiters
                 state.waiters = []
-                return (waiters, closedBreaker, reconnect)
-            }
-            guard let outcome else {
-                connection.close(reason: "the client was shut down")
-                return
-            }
-            if !connection.isActive { connectionClosed(id: id, error: RedisError(.connectionClosed, "closed during setup", endpoint: endpoint)) }
+                let reservations = waiters.count { $0.reserving }
+                if reservations > 0 { connection.counters.inFlight.add(reservations, ordering: .relaxed) }
+                return .joined(waiters: waiters, closedBreaker: closedBreaker, reconnect: reconnect)
+        }
+        switch joined {
+        case .shutDown:
+            connection.close(reason: "the client was shut down")
+        case .died:
+            connectFailed(RedisError(.connectionClosed, "the connection closed during setup", endpoint: endpoint))
+        case .joined(let waiters, let closedBreaker, let reconnect):
             metrics.connections.record(connectionCount)
-            if outcome.reconnect {
+            if reconnect {
                 counters.reconnects.add(1, ordering: .relaxed)
                 metrics.reconnects.increment()
             }
-            if outcome.closedBreaker {
+            if closedBreaker {
                 metrics.breakerOpen.record(0)
                 logger.notice("redis circuit breaker closed: the node answers again")
             }
-            for waiter in outcome.waiters { waiter.resume(returning: connection) }
-        } catch {
-            let failure = error as? RedisError ?? RedisError(.connectFailed, "\(error)", endpoint: endpoint)
-            counters.connectFailures.add(1, ordering: .relaxed)
-            let outcome = state.withLock { state -> (waiters: [CheckedContinuation<RedisConnection, any Error>], opened: Bool, retry: Duration?) in
-                state.connecting -= 1
-                state.lastError = failure
-                let opened = noteFailure(&state)
-                let waiters = state.waiters
-                state.waiters = []
-                return (waiters, opened, scheduleReconnect(&state))
-            }
-            if outcome.opened { breakerOpened(after: failure) }
-            logger.debug("redis connect failed", metadata: ["error": "\(failure)"])
-            for waiter in outcome.waiters { waiter.resume(throwing: failure) }
-            if let delay = outcome.retry { startConnect(after: delay) }
+            for waiter in waiters { waiter.continuation.resume(returning: connection) }
         }
     }
 
-    private func connectionClosed(id: Int, error: RedisError?) {
+    /// A connect attempt (counted in `connecting`) failed: count it, fail the waiters, maybe reconnect.
+    private func connectFailed(_ failure: RedisError) {
+        counters.connectFailures.add(1, ordering: .relaxed)
+        let outcome = state.withLock { state -> (waiters: [Waiter], opened: Bool, retry: Duration?) in
+            state.connecting -= 1
+            state.lastError = failure
+            let opened = noteFailure(&state)
+            let waiters = state.waiters
+            state.waiters = []
+            return (waiters, opened, scheduleReconnect(&state))
+        }
+        if outcome.opened { breakerOpened(after: failure) }
+        logger.debug("redis connect failed", metadata: ["error": "\(failure)"])
+        for waiter in outcome.waiters { waiter.continuation.resume(throwing: failure) }
+        if let delay = outcome.retry { startConnect(after: delay) }
+    }
+
+    private func connectionClosed(id: Int, error: RedisError?, attempt: ConnectionAttempt) {
         let outcome = state.withLock { state -> (opened: Bool, retry: Duration?)? in
+            attempt.died.store(true, ordering: .relaxed)
             guard let index = state.connections.firstIndex(where: { $0.id == id }) else { return nil }
             state.connections.remove(at: index)
             var opened = false
@@ -297,6 +368,7 @@ final class RedisNodePool: Sendable {
     /// Counts a failure; opens the breaker at the threshold. Returns whether it opened now.
     private func noteFailure(_ state: inout State) -> Bool {
         state.consecutiveFailures += 1
+        failuresPending.store(true, ordering: .relaxed)
         guard !state.breakerOpen, !state.shutDown,
               state.consecutiveFailures >= configuration.breaker.failureThreshold else { return false }
         state.breakerOpen = true
@@ -333,25 +405,32 @@ final class RedisNodePool: Sendable {
             var toClose: [RedisConnection] = []
             var toPing: [RedisConnection] = []
             var open = state.connections.count
+            var closing: Set<Int> = []
             for index in state.connections.indices {
                 let connection = state.connections[index].connection
                 let sent = connection.counters.sent.load(ordering: .relaxed)
-                if sent != state.connections[index].lastSent || connection.inFlight > 0 {
+                if sent != state.connections[index].lastSent || connection.inFlight > 0 || state.connections[index].picked {
                     state.connections[index].lastSent = sent
                     state.connections[index].idleFor = .zero
+                    state.connections[index].picked = false
                     continue
                 }
                 state.connections[index].idleFor += interval
                 if open > minimum, state.connections[index].idleFor >= idleTimeout {
                     toClose.append(connection)
+                    closing.insert(state.connections[index].id)
                     open -= 1
                 } else {
                     toPing.append(connection)
                 }
             }
+            // Out of the pool first (no caller picks them from now on), then closed once what a caller
+            // picked just before is answered: an idle close never fails a command that was sent.
+            state.connections.removeAll { closing.contains($0.id) }
             return (toClose, toPing)
         }
-        for connection in toClose { connection.close(reason: "idle") }
+        if !toClose.isEmpty { metrics.connections.record(connectionCount) }
+        for connection in toClose { connection.closeWhenIdle() }
         let timeout = configuration.commandTimeout
         for connection in toPing {
             Task {
@@ -381,7 +460,7 @@ final class RedisNodePool: Sendable {
         }
         task?.cancel()
         let error = RedisError(.shutDown, "the client was shut down", endpoint: endpoint)
-        for waiter in waiters { waiter.resume(throwing: error) }
+        for waiter in waiters { waiter.continuation.resume(throwing: error) }
         for connection in connections {
             connection.close(reason: "the client was shut down")
             try? await connection.closeFuture.get()

@@ -88,6 +88,9 @@ public final class RedisSubscriber: Sendable {
     private let group: any EventLoopGroup
     private let logger: Logger
     private let state = Mutex(State())
+    /// The current connection's id (0 while disconnected), readable without the lock: the tracking
+    /// stream's `restored` event carries it and is made while the lock is held.
+    private let currentClientID = Atomic<Int64>(0)
 
     private enum Kind: Sendable, Hashable {
         case channel, pattern, shard
@@ -113,15 +116,22 @@ public final class RedisSubscriber: Sendable {
         let kind: Kind
         let names: [String]
         let stream: BoundedStream<RedisPubSubEvent>
+        /// The stream was told `lost` and waits for `restored`.
+        var lost = false
     }
 
     private struct Tracking {
         let options: RedisTrackingOptions
         let stream: BoundedStream<RedisInvalidation>
+        var lost = false
     }
 
+    /// Invariants (under `state`'s lock): `connection` is the connection of `attempt`, which has not died;
+    /// every subscription command is queued on `connection` while the lock is held, so the server sees
+    /// them in the order the registrations changed; a stream is told `restored` only after `lost`.
     private struct State {
         var connection: RedisConnection?
+        var attempt: ConnectionAttempt?
         var connecting: Task<RedisConnection, any Error>?
         var registrations: [Int: Registration] = [:]
         var tracking: Tracking?
@@ -141,7 +151,7 @@ public final class RedisSubscriber: Sendable {
         var logger = logger
         logger[metadataKey: "redis.node"] = "\(endpoint)"
         self.logger = logger
-        self.bufferLimit = bufferLimit
+        self.bufferLimit = max(2, bufferLimit)
     }
 
     /// The server's id of the current connection (the target for `CLIENT TRACKING … REDIRECT`), or nil
@@ -153,8 +163,10 @@ public final class RedisSubscriber: Sendable {
 
     // MARK: Subscriptions
 
-    /// `SUBSCRIBE channel…`: returns once the server confirmed; the stream ends when the subscriber closes
-    /// (cancelling the iteration unsubscribes).
+    /// `SUBSCRIBE channel…`: returns once the server confirmed every channel (a refusal, such as an ACL's
+    /// `NOPERM`, is thrown); the stream ends when the subscriber closes (cancelling the iteration
+    /// unsubscribes). Subscribing while the connection is being re-established returns a stream whose
+    /// first event is ``RedisPubSubEvent/lost(_:)``, then ``RedisPubSubEvent/restored`` once subscribed.
     public func subscribe(to channels: [String]) async throws -> AsyncStream<RedisPubSubEvent> {
         try await register(.channel, channels)
     }
@@ -181,10 +193,8 @@ public final class RedisSubscriber: Sendable {
         }
         continuation.onTermination = { [weak self] _ in self?.unregister(id) }
         do {
-            let connection = try await ready()
-            connection.writeWithoutReply(RedisCommand(kind.subscribe, names.map { .string($0) }))
-            // Commands run in order: once PING is answered, the subscription confirmations have been sent.
-            _ = try await connection.send(.ping, timeout: configuration.commandTimeout)
+            _ = try await ready()
+            try await confirmSubscription(id)
         } catch {
             _ = state.withLock { $0.registrations.removeValue(forKey: id) }
             continuation.finish()
@@ -193,15 +203,62 @@ public final class RedisSubscriber: Sendable {
         return stream
     }
 
+    /// Queues registration `id`'s subscription on the current connection (under the lock) and waits for
+    /// the server's confirmation. With no connection (it was just lost) the stream is told `lost`: the
+    /// reconnect loop, which subscribes every registration it finds once it has a connection, restores it.
+    private func confirmSubscription(_ id: Int, on expected: RedisConnection? = nil) async throws {
+        enum Outcome {
+            case queued, awaitingReconnect, failed(RedisError)
+        }
+        let timeout = configuration.commandTimeout
+        let reply = try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<RESPValue, any Error>) in
+            let outcome = state.withLock { state -> Outcome in
+                if state.closed { return .failed(RedisError(.shutDown, "the subscriber was closed", endpoint: endpoint)) }
+                guard let registration = state.registrations[id] else {
+                    return .failed(RedisError(.shutDown, "the subscription ended", endpoint: endpoint))
+                }
+                guard let connection = state.connection, expected == nil || connection === expected else {
+                    if expected != nil {
+                        return .failed(RedisError(.connectionClosed, "the connection changed while subscribing", endpoint: endpoint))
+                    }
+                    if !registration.lost {
+                        state.registrations[id]?.lost = true
+                        registration.stream.reportLost(RedisError(.subscriptionLost, "the subscription connection is being re-established", endpoint: endpoint))
+                    }
+                    return .awaitingReconnect
+                }
+                connection.enqueueSubscription(registration.kind.subscribe, names: registration.names,
+                                               confirmation: registration.kind.subscribe.lowercased(),
+                                               timeout: timeout, continuation: continuation)
+                return .queued
+            }
+            switch outcome {
+            case .queued: break  // the handler resumes it
+            case .awaitingReconnect: continuation.resume(returning: .null)
+            case .failed(let error): continuation.resume(throwing: error)
+            }
+        }
+        switch reply {
+        case .simpleError(let message), .bulkError(let message):
+            throw RedisError.server(RedisServerError(message), endpoint: endpoint)
+        case .null:
+            return
+        default:
+            throw RedisError(.unexpectedReply, "a subscription was answered with \(reply)", endpoint: endpoint)
+        }
+    }
+
     private func unregister(_ id: Int) {
-        let (connection, unsubscribe) = state.withLock { state -> (RedisConnection?, RedisCommand?) in
-            guard let registration = state.registrations.removeValue(forKey: id) else { return (nil, nil) }
+        state.withLock { state in
+            guard let registration = state.registrations.removeValue(forKey: id) else { return }
             let stillWanted = Set(state.registrations.values.filter { $0.kind == registration.kind }.flatMap(\.names))
             let names = registration.names.filter { !stillWanted.contains($0) }
-            guard !names.isEmpty, !state.closed else { return (nil, nil) }
-            return (state.connection, RedisCommand(registration.kind.unsubscribe, names.map { .string($0) }))
+            guard !names.isEmpty, !state.closed, let connection = state.connection else { return }
+            // Queued under the lock: a later SUBSCRIBE of one of these names is written after it.
+            connection.enqueueSubscription(registration.kind.unsubscribe, names: names,
+                                           confirmation: registration.kind.unsubscribe.lowercased(),
+                                           timeout: configuration.commandTimeout, continuation: nil)
         }
-        if let connection, let unsubscribe { connection.writeWithoutReply(unsubscribe) }
     }
 
     // MARK: Tracking
@@ -212,7 +269,7 @@ public final class RedisSubscriber: Sendable {
     public func track(_ options: RedisTrackingOptions = .init()) async throws -> AsyncStream<RedisInvalidation> {
         let (stream, continuation) = AsyncStream<RedisInvalidation>.makeStream(bufferingPolicy: .bufferingOldest(bufferLimit + 1))
         let bounded = BoundedStream(continuation: continuation, limit: bufferLimit, lost: { .lost($0) },
-                                    restored: { [weak self] in .restored(clientID: self?.clientID ?? 0) })
+                                    restored: { [weak self] in .restored(clientID: self?.currentClientID.load(ordering: .relaxed) ?? 0) })
         let previous = try state.withLock { state -> Tracking? in
             if state.closed { throw RedisError(.shutDown, "the subscriber was closed", endpoint: endpoint) }
             let previous = state.tracking
@@ -224,6 +281,13 @@ public final class RedisSubscriber: Sendable {
             let connection = try await ready()
             if previous != nil { _ = try await connection.send(.clientTracking(false), timeout: configuration.commandTimeout) }
             _ = try await connection.send(.clientTracking(true, options: options), timeout: configuration.commandTimeout)
+            // If the connection was replaced meanwhile, the reconnect loop (which enables the tracking it
+            // finds once connected) restores the stream; tell it about the gap.
+            state.withLock { state in
+                guard state.connection !== connection, state.tracking?.stream === bounded, state.tracking?.lost == false else { return }
+                state.tracking?.lost = true
+                bounded.reportLost(RedisError(.subscriptionLost, "the tracking connection is being re-established", endpoint: endpoint))
+            }
         } catch {
             state.withLock { if $0.tracking?.stream === bounded { $0.tracking = nil } }
             continuation.finish()
@@ -234,13 +298,12 @@ public final class RedisSubscriber: Sendable {
 
     // MARK: Connection
 
-    /// The current connection, connecting first if there is none.
+    /// The current connection, connecting first if there is none. (A current connection that is no longer
+    /// active is returned as it is: its loss is being reported, and what is sent on it fails.)
     private func ready() async throws -> RedisConnection {
         let task = try state.withLock { state -> Task<RedisConnection, any Error> in
             if state.closed { throw RedisError(.shutDown, "the subscriber was closed", endpoint: endpoint) }
-            if let connection = state.connection, connection.isActive {
-                return Task { connection }
-            }
+            if let connection = state.connection { return Task { connection } }
             if let connecting = state.connecting { return connecting }
             let task = Task { try await self.openConnection() }
             state.connecting = task
@@ -250,21 +313,27 @@ public final class RedisSubscriber: Sendable {
     }
 
     private func openConnection() async throws -> RedisConnection {
+        let attempt = ConnectionAttempt()
         do {
             let connection = try await RedisConnection.connect(
                 to: endpoint, configuration: configuration, sslContext: sslContext, eventLoop: group.next(),
                 logger: logger,
                 onPush: { [weak self] push in self?.route(push) },
-                onClose: { [weak self] error in self?.lost(error) })
-            let keep = state.withLock { state -> Bool in
+                onClose: { [weak self] error in self?.lost(attempt, error) })
+            let failure = state.withLock { state -> RedisError? in
                 state.connecting = nil
-                guard !state.closed else { return false }
+                if state.closed { return RedisError(.shutDown, "the subscriber was closed", endpoint: endpoint) }
+                if attempt.died.load(ordering: .relaxed) {
+                    return RedisError(.connectionClosed, "the connection closed during setup", endpoint: endpoint)
+                }
                 state.connection = connection
-                return true
+                state.attempt = attempt
+                currentClientID.store(connection.clientID, ordering: .relaxed)
+                return nil
             }
-            if !keep {
-                connection.close(reason: "the subscriber was closed")
-                throw RedisError(.shutDown, "the subscriber was closed", endpoint: endpoint)
+            if let failure {
+                connection.close(reason: failure.message)
+                throw failure
             }
             return connection
         } catch {
@@ -273,23 +342,37 @@ public final class RedisSubscriber: Sendable {
         }
     }
 
-    /// The connection died: report the loss on every stream at once, then reconnect.
-    private func lost(_ error: RedisError?) {
+    /// A connection died: if it was the current one, report the loss on every stream at once (under the
+    /// lock, so no `restored` can overtake it), then reconnect.
+    private func lost(_ attempt: ConnectionAttempt, _ error: RedisError?) {
         let error = error ?? RedisError(.subscriptionLost, "the subscription connection closed", endpoint: endpoint)
-        let (streams, tracking, reconnect) = state.withLock { state -> ([BoundedStream<RedisPubSubEvent>], BoundedStream<RedisInvalidation>?, Bool) in
-            state.connection = nil
-            let reconnect = !state.closed && !state.reconnecting
-            if reconnect { state.reconnecting = true }
-            return (state.registrations.values.map(\.stream), state.tracking?.stream, reconnect)
-        }
-        if state.withLock({ $0.closed }) { return }
         let lostError = RedisError(.subscriptionLost, "connection lost: \(error.message)", endpoint: endpoint)
+        let reconnect = state.withLock { state -> Bool in
+            attempt.died.store(true, ordering: .relaxed)
+            guard state.attempt === attempt, !state.closed else { return false }
+            state.connection = nil
+            state.attempt = nil
+            currentClientID.store(0, ordering: .relaxed)
+            for id in state.registrations.keys where !state.registrations[id]!.lost {
+                state.registrations[id]!.lost = true
+                state.registrations[id]!.stream.reportLost(lostError)
+            }
+            if state.tracking?.lost == false {
+                state.tracking!.lost = true
+                state.tracking!.stream.reportLost(lostError)
+            }
+            guard !state.reconnecting else { return false }
+            state.reconnecting = true
+            return true
+        }
+        guard reconnect else { return }
         logger.warning("redis subscription connection lost; reconnecting", metadata: ["error": "\(error)"])
-        for stream in streams { stream.reportLost(lostError) }
-        tracking?.reportLost(lostError)
-        if reconnect { Task { await self.reconnectLoop() } }
+        Task { await self.reconnectLoop() }
     }
 
+    /// Until closed: waits out the backoff, connects, re-enables tracking, re-subscribes every registration
+    /// (one command each, so a refusal ends only the registration refused: its stream gets `lost` and
+    /// finishes), then tells the streams `restored`.
     private func reconnectLoop() async {
         var attempt = 0
         while !state.withLock({ $0.closed }) {
@@ -297,31 +380,51 @@ public final class RedisSubscriber: Sendable {
             attempt += 1
             do {
                 let connection = try await ready()
-                let (registrations, tracking) = state.withLock { ($0.registrations.values.map { $0 }, $0.tracking) }
-                if let tracking {
+                if let tracking = state.withLock({ $0.tracking }) {
                     _ = try await connection.send(.clientTracking(true, options: tracking.options), timeout: configuration.commandTimeout)
                 }
-                var byKind: [Kind: Set<String>] = [:]
-                for registration in registrations { byKind[registration.kind, default: []].formUnion(registration.names) }
-                for (kind, names) in byKind where !names.isEmpty {
-                    connection.writeWithoutReply(RedisCommand(kind.subscribe, names.sorted().map { .string($0) }))
+                let ids = state.withLock { $0.registrations.keys.sorted() }
+                for id in ids {
+                    do {
+                        try await confirmSubscription(id, on: connection)
+                    } catch let error as RedisError where error.code == .server {
+                        refused(id, error)
+                    } catch let error as RedisError where error.code == .shutDown && state.withLock({ !$0.closed }) {
+                        continue  // the registration ended meanwhile
+                    }
                 }
-                _ = try await connection.send(.ping, timeout: configuration.commandTimeout)
-                let still = state.withLock { state -> Bool in
-                    guard state.connection === connection, connection.isActive else { return false }
+                let restored = state.withLock { state -> Bool in
+                    guard state.connection === connection, connection.isActive, !state.closed else { return false }
                     state.reconnecting = false
+                    for id in state.registrations.keys where state.registrations[id]!.lost {
+                        state.registrations[id]!.lost = false
+                        state.registrations[id]!.stream.reportRestored()
+                    }
+                    if state.tracking?.lost == true {
+                        state.tracking!.lost = false
+                        state.tracking!.stream.reportRestored()
+                    }
                     return true
                 }
-                guard still else { continue }
+                guard restored else { continue }
                 logger.notice("redis subscriptions restored", metadata: ["id": "\(connection.clientID)"])
-                for registration in registrations { registration.stream.reportRestored() }
-                tracking?.stream.reportRestored()
                 return
             } catch {
                 logger.debug("redis subscriber reconnect failed", metadata: ["error": "\(error)"])
                 continue
             }
         }
+    }
+
+    /// The server refused to subscribe registration `id` again (an ACL changed, a shard channel moved):
+    /// its stream ends with the reason.
+    private func refused(_ id: Int, _ error: RedisError) {
+        let registration = state.withLock { $0.registrations.removeValue(forKey: id) }
+        guard let registration else { return }
+        logger.warning("redis re-subscription refused; the subscription ends",
+                       metadata: ["names": "\(registration.names)", "error": "\(error)"])
+        registration.stream.reportLost(RedisError(.subscriptionLost, "re-subscription refused: \(error.message)", endpoint: endpoint, serverError: error.serverError))
+        registration.stream.finish()
     }
 
     /// Routes a push frame (on the connection's event loop).
@@ -351,10 +454,18 @@ public final class RedisSubscriber: Sendable {
             let message = RedisPubSubMessage(channel: channel, pattern: pattern, payload: payload)
             for stream in streams(for: .pattern, name: pattern) { stream.yield(.message(message)) }
         case "sunsubscribe":
-            // The server drops shard subscriptions whose slot moved away; the subscribers must be told.
+            // Not a confirmation of ours (the handler keeps those): the server dropped the shard channel
+            // because its slot moved away. The registrations of that channel end, with the reason.
             guard items.count >= 2, let channel = items[1].string else { return }
             let error = RedisError(.subscriptionLost, "shard channel \(channel) moved to another node", endpoint: endpoint)
-            for stream in streams(for: .shard, name: channel) { stream.reportLost(error) }
+            let ended = state.withLock { state -> [BoundedStream<RedisPubSubEvent>] in
+                let ids = state.registrations.filter { $0.value.kind == .shard && $0.value.names.contains(channel) }.map(\.key)
+                return ids.compactMap { state.registrations.removeValue(forKey: $0)?.stream }
+            }
+            for stream in ended {
+                stream.reportLost(error)
+                stream.finish()
+            }
         default:
             break  // subscribe / unsubscribe confirmations
         }
@@ -387,14 +498,26 @@ public final class RedisSubscriber: Sendable {
 
 /// An `AsyncStream` continuation that never drops an event silently: when the consumer is `limit` events
 /// behind, the next events are dropped and the consumer receives a `lost` event (as soon as there is
-/// room for it), then `restored` once it caught up.
+/// room for it), then `restored` once it caught up (with the first event after that, or with the
+/// connection's own `restored`). The connection's `lost` and `restored` go through the same
+/// bookkeeping: a consumer is told `lost` once per gap, and `restored` only when the gap is closed and
+/// the connection is up.
 final class BoundedStream<Event: Sendable>: Sendable {
+    private struct Gap {
+        /// Events were dropped (or the buffer is down to its last slot, kept for the loss report) and the
+        /// consumer has not been told `restored` since.
+        var dropped = false
+        /// The consumer has been told `lost` for the current gap.
+        var told = false
+        /// The connection is down (between the connection's `lost` and `restored`).
+        var disconnected = false
+    }
+
     private let continuation: AsyncStream<Event>.Continuation
     private let limit: Int
     private let makeLost: @Sendable (RedisError) -> Event
     private let makeRestored: @Sendable () -> Event
-    /// Overflow state: whether events were dropped, and whether the consumer has been told.
-    private let overflow = Mutex<(dropped: Bool, told: Bool)>((false, false))
+    private let gap = Mutex(Gap())
 
     init(continuation: AsyncStream<Event>.Continuation, limit: Int,
          lost: @escaping @Sendable (RedisError) -> Event, restored: @escaping @Sendable () -> Event) {
@@ -404,37 +527,80 @@ final class BoundedStream<Event: Sendable>: Sendable {
         self.makeRestored = restored
     }
 
+    private var overflowError: RedisError {
+        RedisError(.subscriptionLost, "the consumer fell \(limit) events behind; events were dropped")
+    }
+
     func yield(_ event: Event) {
-        overflow.withLock { overflow in
-            if !overflow.dropped {
-                switch continuation.yield(event) {
-                case .enqueued(let remaining):
-                    // `limit` events buffered: the last slot is kept for the loss report.
-                    if remaining <= 1 { overflow = (true, false) }
-                case .dropped:
-                    overflow = (true, false)
-                case .terminated:
-                    break
-                @unknown default:
-                    break
-                }
-                return
+        gap.withLock { gap in
+            if gap.dropped {
+                guard catchUp(&gap) else { return }  // this event falls in the gap
             }
-            // Dropping: this event is lost. Tell the consumer once, then resume when there is room again.
-            if !overflow.told {
-                let error = RedisError(.subscriptionLost, "the consumer fell \(limit) events behind; events were dropped")
-                if case .enqueued = continuation.yield(makeLost(error)) { overflow.told = true }
-                return
-            }
-            if case .enqueued(let remaining) = continuation.yield(makeRestored()) {
-                overflow = remaining > 1 ? (false, false) : (true, false)
+            switch continuation.yield(event) {
+            case .enqueued(let remaining):
+                if remaining <= 1 { gap = Gap(dropped: true, told: false, disconnected: gap.disconnected) }
+            case .dropped:
+                gap = Gap(dropped: true, told: false, disconnected: gap.disconnected)
+            default:
+                break
             }
         }
     }
 
-    func reportLost(_ error: RedisError) { continuation.yield(makeLost(error)) }
+    /// The connection was lost.
+    func reportLost(_ error: RedisError) {
+        gap.withLock { gap in
+            gap.disconnected = true
+            if gap.dropped {
+                if !gap.told, case .enqueued = continuation.yield(makeLost(error)) { gap.told = true }
+                return
+            }
+            switch continuation.yield(makeLost(error)) {
+            case .enqueued(let remaining):
+                if remaining <= 1 { gap.dropped = true; gap.told = true }
+            case .dropped:
+                gap.dropped = true; gap.told = false
+            default:
+                break
+            }
+        }
+    }
 
-    func reportRestored() { continuation.yield(makeRestored()) }
+    /// The connection is back.
+    func reportRestored() {
+        gap.withLock { gap in
+            gap.disconnected = false
+            if gap.dropped {
+                _ = catchUp(&gap)
+                return
+            }
+            switch continuation.yield(makeRestored()) {
+            case .enqueued(let remaining):
+                if remaining <= 1 { gap.dropped = true; gap.told = false }
+            case .dropped:
+                gap.dropped = true; gap.told = true  // `lost` was delivered; `restored` follows once there is room
+            default:
+                break
+            }
+        }
+    }
+
+    /// In a gap: tells `lost` if the consumer has not had it, then (connection up, room for it)
+    /// `restored`. Returns whether the gap is closed.
+    private func catchUp(_ gap: inout Gap) -> Bool {
+        if !gap.told {
+            guard case .enqueued = continuation.yield(makeLost(overflowError)) else { return false }
+            gap.told = true
+        }
+        guard !gap.disconnected, case .enqueued(let remaining) = continuation.yield(makeRestored()) else { return false }
+        if remaining <= 1 {
+            gap.told = false  // still down to the last slot: the next event starts a new gap
+            return false
+        }
+        gap.dropped = false
+        gap.told = false
+        return true
+    }
 
     func finish() { continuation.finish() }
 }
