@@ -9,7 +9,7 @@ import Testing
 final class LoadTally: Sendable {
     let successes = Atomic<Int>(0)
     let wrongValues = Atomic<Int>(0)
-    let errors = Mutex<[String: Int]>([:])
+    let errors = RedisLock<[String: Int]>([:])
     let stopped = Atomic<Bool>(false)
 
     func stop() { stopped.store(true, ordering: .relaxed) }

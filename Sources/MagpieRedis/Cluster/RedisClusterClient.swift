@@ -45,9 +45,9 @@ public final class RedisClusterClient: RedisCommandSender {
     let logger: Logger
     let counters = RedisCounters()
     /// The slot map and the pools: read by every command.
-    let routing = Mutex(Routing())
+    let routing = RedisLock(Routing())
     /// Refresh coordination: off the hot path.
-    let control = Mutex(RefreshControl())
+    let control = RedisLock(RefreshControl())
 
     /// The routing state, swapped as a whole by a refresh and patched in place by a `MOVED`.
     struct Routing {

@@ -261,7 +261,7 @@ final class ConnectionAttempt: Sendable {
 
 /// Carries the command handler out of the channel initializer.
 private final class HandlerSlot: Sendable {
-    let handler = Mutex<NIOLoopBound<RedisCommandHandler>?>(nil)
+    let handler = RedisLock<NIOLoopBound<RedisCommandHandler>?>(nil)
 }
 
 extension TimeAmount {

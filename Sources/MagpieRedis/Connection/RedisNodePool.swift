@@ -25,7 +25,7 @@ final class RedisNodePool: Sendable {
     /// on the success path otherwise), so only failures with no success between them open the breaker.
     private let failuresPending = Atomic<Bool>(false)
     private let circuitOpenError: RedisError
-    private let state = Mutex(State())
+    private let state = RedisLock(State())
     /// Called on the event loop for every push frame of a pooled connection (nil: pushes are dropped).
     private let onPush: (@Sendable (RESPValue) -> Void)?
 

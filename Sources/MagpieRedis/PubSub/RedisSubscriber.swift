@@ -87,7 +87,7 @@ public final class RedisSubscriber: Sendable {
     private let sslContext: NIOSSLContext?
     private let group: any EventLoopGroup
     private let logger: Logger
-    private let state = Mutex(State())
+    private let state = RedisLock(State())
     /// The current connection's id (0 while disconnected), readable without the lock: the tracking
     /// stream's `restored` event carries it and is made while the lock is held.
     private let currentClientID = Atomic<Int64>(0)
@@ -517,7 +517,7 @@ final class BoundedStream<Event: Sendable>: Sendable {
     private let limit: Int
     private let makeLost: @Sendable (RedisError) -> Event
     private let makeRestored: @Sendable () -> Event
-    private let gap = Mutex(Gap())
+    private let gap = RedisLock(Gap())
 
     init(continuation: AsyncStream<Event>.Continuation, limit: Int,
          lost: @escaping @Sendable (RedisError) -> Event, restored: @escaping @Sendable () -> Event) {

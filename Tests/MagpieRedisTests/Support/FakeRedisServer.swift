@@ -2,6 +2,8 @@ import NIOCore
 import NIOPosix
 import Synchronization
 
+@testable import MagpieRedis
+
 /// A scripted TCP server on 127.0.0.1 for what a real Redis never sends: truncated or malformed replies,
 /// replies that never come, connections closed mid-command.
 ///
@@ -81,7 +83,7 @@ private final class ConnectionTracker: Sendable {
         var commands: [[String]] = []
     }
 
-    let state = Mutex(State())
+    let state = RedisLock(State())
 
     /// Counts the connection and tracks it until it closes; its number (0, 1, ...).
     func accept(_ channel: any Channel) -> Int {
