@@ -45,11 +45,7 @@ public final class RedisClient: RedisCommandSender {
         self.configuration = configuration
         self.group = eventLoopGroup
         self.logger = logger
-        do {
-            self.sslContext = try configuration.tls.map { try NIOSSLContext(configuration: $0.configuration) }
-        } catch {
-            throw RedisError(.invalidConfiguration, "TLS configuration: \(error)")
-        }
+        self.sslContext = try configuration.makeSSLContext()
         self.pool = RedisNodePool(endpoint: configuration.endpoints[0], configuration: configuration,
                                   sslContext: sslContext, group: eventLoopGroup, logger: logger, counters: counters)
         pool.start()

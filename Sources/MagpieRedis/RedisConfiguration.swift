@@ -208,6 +208,17 @@ public struct RedisConfiguration: Sendable {
     }
 }
 
+extension RedisConfiguration {
+    /// The TLS context for ``tls`` (nil without TLS); a bad TLS setting is ``RedisError/Code/invalidConfiguration``.
+    func makeSSLContext() throws(RedisError) -> NIOSSLContext? {
+        do {
+            return try tls.map { try NIOSSLContext(configuration: $0.configuration) }
+        } catch {
+            throw RedisError(.invalidConfiguration, "TLS configuration: \(error)")
+        }
+    }
+}
+
 /// TLS settings: certificate verification is on unless the configuration says otherwise.
 public struct RedisTLS: Sendable {
     /// swift-nio-ssl's client configuration (default: the system's trust roots, full verification).

@@ -137,18 +137,7 @@ extension RedisScenario {
         return try await withThrowingTaskGroup(of: CallerTally.self) { group in
             for (index, client) in clients.enumerated() {
                 let seed = splitmix64(seed &+ UInt64(index))
-                if placement == .eventLoop {
-                    group.addTask(executorPreference: executors[index]) {
-                        workload.mode == .single
-                            ? await Self.singleCaller(
-                                workload.command, client: client, keys: keys, value: value, seed: seed, until: end)
-                            : await Self.pipelinedCaller(
-                                workload.command, client: client, keys: keys, value: value,
-                                depth: workload.mode.depth, seed: seed, until: end)
-                    }
-                    continue
-                }
-                group.addTask {
+                let caller: @Sendable () async -> CallerTally = {
                     workload.mode == .single
                         ? await Self.singleCaller(
                             workload.command, client: client, keys: keys, value: value, seed: seed, until: end)
@@ -156,6 +145,8 @@ extension RedisScenario {
                             workload.command, client: client, keys: keys, value: value,
                             depth: workload.mode.depth, seed: seed, until: end)
                 }
+                // nil: the global executor (task callers).
+                group.addTask(executorPreference: placement == .eventLoop ? executors[index] : nil) { await caller() }
             }
             var total = CallerTally()
             for try await tally in group { total.merge(tally) }

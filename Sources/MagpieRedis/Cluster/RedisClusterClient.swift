@@ -107,11 +107,7 @@ public final class RedisClusterClient: RedisCommandSender {
         self.configuration = configuration
         self.group = eventLoopGroup
         self.logger = logger
-        do {
-            self.sslContext = try configuration.tls.map { try NIOSSLContext(configuration: $0.configuration) }
-        } catch {
-            throw RedisError(.invalidConfiguration, "TLS configuration: \(error)")
-        }
+        self.sslContext = try configuration.makeSSLContext()
         let interval = configuration.cluster.topologyRefreshInterval
         control.withLock { control in
             _ = startRefresh(&control)
