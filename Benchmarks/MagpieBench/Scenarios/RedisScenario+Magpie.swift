@@ -162,10 +162,11 @@ extension RedisScenario {
         var tally = CallerTally()
         var state = seed
         let count = UInt64(keys.count)
+        var key = redisBenchmarkKey(0)
         var now = nowNanoseconds()
         while now < end {
             state &+= 0x9e37_79b9_7f4a_7c15
-            let key = keys[Int(splitmix64(state) % count)]
+            writeRedisBenchmarkKey(Int(splitmix64(state) % count), into: &key)
             let began = now
             do {
                 switch command {
@@ -195,12 +196,13 @@ extension RedisScenario {
         let count = UInt64(keys.count)
         var batch: [RedisCommand] = []
         batch.reserveCapacity(depth)
+        var key = redisBenchmarkKey(0)
         var now = nowNanoseconds()
         while now < end {
             batch.removeAll(keepingCapacity: true)
             for _ in 0..<depth {
                 state &+= 0x9e37_79b9_7f4a_7c15
-                let key = keys[Int(splitmix64(state) % count)]
+                writeRedisBenchmarkKey(Int(splitmix64(state) % count), into: &key)
                 batch.append(command == .get ? RedisCommand.get(key) : RedisCommand.set(key, value))
             }
             let began = nowNanoseconds()  // the round trip only, as redis-benchmark times it (building counts in ops/s)
