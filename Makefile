@@ -74,13 +74,14 @@ unit: build
 # busy threads would starve the timing checks of the async suites on 2 cores (seen: a cancellation that
 # must resume within 300 ms took 1.25 s while it ran beside them). TSan's deadlock detector can livelock
 # on thread start and exit in this toolchain (seen with the I/O pool's threads), so it is off; races are
-# still reported.
+# still reported. scripts/tsan-suppressions.txt lists the false reports TSan makes on Swift's
+# continuations (each with its cause).
 tsan: deps
-	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1" swift test --sanitize=thread --scratch-path .build-tsan \
+	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan-suppressions.txt" swift test --sanitize=thread --scratch-path .build-tsan \
 	  --filter "Cache|MemoryTierPropertyTests|MemoryBudgetTests|DiskTierConcurrencyTests"
-	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1" swift test --sanitize=thread --scratch-path .build-tsan \
+	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan-suppressions.txt" swift test --sanitize=thread --scratch-path .build-tsan \
 	  --filter MemoryLockFreeReadTests
-	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1" swift test --sanitize=thread --scratch-path .build-tsan \
+	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan-suppressions.txt" swift test --sanitize=thread --scratch-path .build-tsan \
 	  --filter "RedisClientTests|RedisFaultTests|RedisSubscriberTests|RedisTLSTests|RedisClusterTests"
 
 # The memory tier's lock-free reads, and the loaders' reads of entry metadata, under Address Sanitizer: a
