@@ -163,6 +163,7 @@ final class RedisCommandHandler: ChannelInboundHandler {
     /// delivered together.
     func enqueue(batch commands: ByteBuffer, count: Int, replies: BatchReplies, deadline: NIODeadline) {
         guard let context, failure == nil else {
+            ThreadSanitizerHandOff.published()
             replies.fail(failure ?? RedisError(.connectionClosed, "connection closed", endpoint: endpoint))
             counters.inFlight.subtract(count, ordering: .relaxed)
             return
@@ -262,6 +263,7 @@ final class RedisCommandHandler: ChannelInboundHandler {
             return
         }
         counters.inFlight.subtract(1, ordering: .relaxed)
+        ThreadSanitizerHandOff.published()
         switch head.sink {
         case .continuation(let continuation): continuation.resume(returning: value)
         case .batch(let replies, let index): replies.deliver(value, at: index)
@@ -279,6 +281,7 @@ final class RedisCommandHandler: ChannelInboundHandler {
         if replies.remaining.isEmpty {
             pending.removeFirst()
             counters.inFlight.subtract(1, ordering: .relaxed)
+            ThreadSanitizerHandOff.published()
             replies.resume(with: .null)
         }
         return true
@@ -331,6 +334,7 @@ final class RedisCommandHandler: ChannelInboundHandler {
     }
 
     private static func fail(_ sink: ReplySink, with error: RedisError) {
+        ThreadSanitizerHandOff.published()
         switch sink {
         case .continuation(let continuation): continuation.resume(throwing: error)
         case .batch(let replies, _): replies.fail(error)

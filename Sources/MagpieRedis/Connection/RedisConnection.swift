@@ -65,6 +65,7 @@ public final class RedisConnection: Sendable {
         let deadline = NIODeadline.now() + TimeAmount(timeout)
         let eventLoop = channel.eventLoop
         let handler = self.handler
+        defer { ThreadSanitizerHandOff.received() }
         return try await withUnsafeThrowingContinuation { continuation in
             if eventLoop.inEventLoop {
                 handler.value.enqueue(encoded, sink: .continuation(continuation), deadline: deadline)
@@ -103,6 +104,7 @@ public final class RedisConnection: Sendable {
             for command in encoded { combined.writeImmutableBuffer(command) }
         }
         let commands = combined
+        defer { ThreadSanitizerHandOff.received() }
         return try await withUnsafeThrowingContinuation { continuation in
             let run: @Sendable () -> Void = {
                 let replies = BatchReplies(count: count, continuation: continuation)

@@ -143,6 +143,7 @@ public final class RedisSubscriber: Sendable {
             case queued, awaitingReconnect, failed(RedisError)
         }
         let timeout = configuration.commandTimeout
+        defer { ThreadSanitizerHandOff.received() }
         let reply = try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<RESPValue, any Error>) in
             let outcome = state.withLock { state -> Outcome in
                 if state.closed { return .failed(RedisError(.shutDown, "the subscriber was closed", endpoint: endpoint)) }
