@@ -10,7 +10,7 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
         private enum Kind: Sendable, Hashable {
             case keyTooLong, valueTooLarge, invalidConfiguration, compressionFailed, decompressionFailed
             case directoryLocked, directoryUnusable, directoryUnsafe, directoryReplaced, manifestMismatch, noSpace, ioFailure, closed
-            case encodingFailed, decodingFailed, loadTimedOut
+            case encodingFailed, decodingFailed, loadTimedOut, remoteUnavailable
         }
 
         private let kind: Kind
@@ -59,6 +59,10 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
         /// A loader did not finish within ``LoaderOptions/hardTimeout`` and no stale value could stand in
         /// (the load goes on, and caches its value when it finishes).
         public static let loadTimedOut = Code(.loadTimedOut)
+        /// The remote tier (``RemoteStore``) could not be reached, refused the call, or its circuit
+        /// breaker is open. The cache's own calls never throw it: a remote failure is a miss there,
+        /// counted in ``RemoteTierStatistics/errors``.
+        public static let remoteUnavailable = Code(.remoteUnavailable)
 
         /// The code's name, e.g. `ioFailure`.
         public var description: String {
@@ -79,6 +83,7 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
             case .encodingFailed: "encodingFailed"
             case .decodingFailed: "decodingFailed"
             case .loadTimedOut: "loadTimedOut"
+            case .remoteUnavailable: "remoteUnavailable"
             }
         }
     }

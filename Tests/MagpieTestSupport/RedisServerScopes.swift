@@ -39,13 +39,13 @@ package func withRedisCluster<T>(
 }
 
 /// Runs blocking `work` on a thread of its own and returns its result.
-func offloaded<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+package func offloaded<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
     try await withCheckedThrowingContinuation { continuation in
         Thread { continuation.resume(with: Result { try work() }) }.start()
     }
 }
 
-func offloaded(_ work: @escaping @Sendable () -> Void) async {
+package func offloaded(_ work: @escaping @Sendable () -> Void) async {
     await withCheckedContinuation { continuation in
         Thread {
             work()

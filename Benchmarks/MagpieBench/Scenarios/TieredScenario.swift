@@ -131,7 +131,7 @@ struct TieredScenario {
                 switch tier {
                 case .memory: _ = memoryHits.record(elapsed)
                 case .disk: _ = diskHits.record(elapsed)
-                case nil: break
+                case .remote, nil: break
                 }
             } else {
                 _ = missCost.record(elapsed)

@@ -43,6 +43,10 @@ public struct AsyncCache: Sendable {
     /// ``value(forKey:)-(String)`` for a key of arbitrary bytes.
     nonisolated(nonsending)
     public func value(forKey key: some Sequence<UInt8>) async throws -> [UInt8]? {
+        if cache.hasRemote {
+            let key = Array(key)
+            return try await cache.onDisk { [cache] () throws(MagpieError) -> [UInt8]? in try cache.value(forKey: key) }
+        }
         // The key is hashed once, here; the hash travels with a copy of its bytes to the I/O thread.
         let (value, hash) = try cache.withHashedKey(key) { key throws(MagpieError) in (cache.memory.copyValue(key), key.hash) }
         if let value { return value }
@@ -70,6 +74,10 @@ public struct AsyncCache: Sendable {
     /// ``contains(_:)-(String)`` for a key of arbitrary bytes.
     nonisolated(nonsending)
     public func contains(_ key: some Sequence<UInt8>) async throws -> Bool {
+        if cache.hasRemote {
+            let key = Array(key)
+            return try await cache.onDisk { [cache] () throws(MagpieError) -> Bool in try cache.contains(key) }
+        }
         let (found, hash) = try cache.withHashedKey(key) { key throws(MagpieError) in (cache.memory.contains(key), key.hash) }
         if found { return true }
         let key = Array(key)
@@ -135,6 +143,7 @@ extension Cache {
     /// An async read of a key whose hash is known: memory, then disk on an I/O thread.
     nonisolated(nonsending)
     func value(_ key: [UInt8], hash: UInt64) async throws -> [UInt8]? {
+        if hasRemote { return try await onDisk { [self] () throws(MagpieError) -> [UInt8]? in try value(forKey: key) } }
         if let value = try withHashedKey(key, hash: hash, { key throws(MagpieError) in memory.copyValue(key) }) { return value }
         return try await diskValue(key, hash: hash)
     }
@@ -150,7 +159,7 @@ extension Cache {
     /// Runs `work` on an I/O thread when there is a disk tier, else right here (memory work never blocks).
     nonisolated(nonsending)
     func onDisk<R: Sendable>(_ work: @escaping @Sendable () throws(MagpieError) -> R) async throws -> R {
-        guard disk != nil else { return try work() }
+        guard disk != nil || remote != nil else { return try work() }
         try checkOpen()
         return try await pool.run(work)
     }

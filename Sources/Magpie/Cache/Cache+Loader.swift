@@ -74,7 +74,7 @@ extension Cache {
             let entry: StoredEntry?
             if let found = first.take() {
                 entry = found
-            } else if memoryChecked && disk == nil {
+            } else if memoryChecked && disk == nil && remote == nil {
                 entry = nil
             } else {
                 entry = try await storedEntry(call, memoryChecked: memoryChecked)
@@ -101,6 +101,7 @@ extension Cache {
         while true {
             defer { memoryChecked = false }  // later rounds read again
             let entry = try first.take() ?? withHashedKey(call.name, hash: call.hash) { key throws(MagpieError) -> StoredEntry? in
+                if let remote { return try fleetEntry(key, remote)?.0 }
                 if !memoryChecked, let entry = memory.entry(key) { return entry }
                 return try storedEntryAfterMemoryMiss(key)
             }
@@ -133,6 +134,15 @@ extension Cache {
     /// The key's entry with its freshness: memory (unless `memoryChecked`), then disk on an I/O thread.
     nonisolated(nonsending)
     private func storedEntry(_ call: LoaderCall, memoryChecked: Bool) async throws -> StoredEntry? {
+        if remote != nil {
+            let (name, hash) = (call.name, call.hash)
+            return try await onDisk { [self] () throws(MagpieError) -> StoredEntry? in
+                try withHashedKey(name, hash: hash) { key throws(MagpieError) -> StoredEntry? in
+                    guard let remote else { return nil }
+                    return try fleetEntry(key, remote)?.0
+                }
+            }
+        }
         if !memoryChecked,
             let entry = try withHashedKey(call.name, hash: call.hash, { key throws(MagpieError) in memory.entry(key) })
         {

@@ -119,6 +119,8 @@ extension Cache {
         withBytes(key) { bytes -> LoaderProbe in
             guard bytes.count <= Self.maximumKeyLength, !closed.load(ordering: .relaxed) else { return .refused }
             let key = HashedKey(bytes, hasher: hasher)
+            // A cache with a remote tier judges its local copies (stamped) in the full protocol.
+            if hasRemote { return .unprobed(key.hash) }
             guard let entry = memory.entry(key) else { return .missed(key.hash) }
             guard acceptsAbsence || !entry.freshness.negative else { return .found(entry, key.hash) }
             let freshness = entry.freshness
@@ -159,6 +161,8 @@ enum LoaderProbe: Sendable {
     case found(StoredEntry, UInt64)
     /// Not in memory; the key's hash.
     case missed(UInt64)
+    /// Not probed (a cache with a remote tier); the key's hash.
+    case unprobed(UInt64)
     /// The key is too long or the cache closed: the full protocol throws the error.
     case refused
 
@@ -166,7 +170,7 @@ enum LoaderProbe: Sendable {
     var found: (StoredEntry?, UInt64?) {
         switch self {
         case .found(let entry, let hash): (entry, hash)
-        case .missed(let hash): (nil, hash)
+        case .missed(let hash), .unprobed(let hash): (nil, hash)
         case .served, .refused: (nil, nil)
         }
     }

@@ -19,7 +19,8 @@ extension Cache {
     /// `value(forKey:)` for a key of arbitrary bytes.
     @inlinable
     public func value(forKey key: some Sequence<UInt8>) throws(MagpieError) -> [UInt8]? {
-        try read(key, memory: { key in memory.copyValue(key) }, disk: { key throws(MagpieError) in try valueAfterMemoryMiss(key) })
+        if hasRemote { return try withHashedKey(key) { key throws(MagpieError) in try fleetValue(key) } }
+        return try read(key, memory: { key in memory.copyValue(key) }, disk: { key throws(MagpieError) in try valueAfterMemoryMiss(key) })
     }
 
     /// The value stored for `key`, the tier that answered and whether the value is fresh or stale (see
@@ -31,7 +32,12 @@ extension Cache {
 
     /// ``lookup(_:)-(String)`` for a key of arbitrary bytes.
     public func lookup(_ key: some Sequence<UInt8>) throws(MagpieError) -> CacheHit? {
-        try read(
+        if let remote {
+            return try withHashedKey(key) { key throws(MagpieError) in
+                try fleetEntry(key, remote).flatMap { CacheHit($0.0, tier: $0.1, clock: clock) }
+            }
+        }
+        return try read(
             key, memory: { key in CacheHit(memory.entry(key), tier: .memory, clock: clock) },
             disk: { key throws(MagpieError) in try CacheHit(storedEntryAfterMemoryMiss(key), tier: .disk, clock: clock) })
     }
@@ -48,6 +54,7 @@ extension Cache {
     }
 
     private func data(_ key: HashedKey) throws(MagpieError) -> Data? {
+        if hasRemote { return try fleetValue(key).map { Data($0) } }
         if let data = memory.withValue(key, { $0.isEmpty ? Data() : Data(bytes: $0.baseAddress!, count: $0.count) }) {
             return data
         }
@@ -66,11 +73,13 @@ extension Cache {
     }
 
     private func contains(_ key: HashedKey) throws(MagpieError) -> Bool {
+        if let remote { return try fleetLocalContains(key, remote) }
         if memory.contains(key) { return true }
         return try containsAfterMemoryMiss(key)
     }
 
     func containsAfterMemoryMiss(_ key: HashedKey) throws(MagpieError) -> Bool {
+        if let remote { return try fleetLocalContains(key, remote) }
         guard let disk else { return false }
         return try logged("contains") { () throws(MagpieError) in try disk.contains(key) }
     }

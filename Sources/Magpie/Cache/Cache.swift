@@ -73,6 +73,12 @@ public final class Cache: Sendable {
     let metrics: MetricsReporter?
     /// The task that writes the disk write buffers every ``Configuration/diskBufferWriteInterval``.
     let bufferWriter = Locked<Task<Void, Never>?>(nil)
+    /// The remote tier (``Configuration/remote``), and the thread that applies the changes its store
+    /// reports, in order (Cache+Remote.swift).
+    let remote: RemoteTier?
+    /// Whether ``remote`` is set (for the inlined read paths, which take the remote tier's path then).
+    @usableFromInline let hasRemote: Bool
+    let coherencePool: IOThreadPool?
 
     final class Counters: Sendable {
         let promotions = Atomic<UInt64>(0)
@@ -139,14 +145,38 @@ public final class Cache: Sendable {
         self.configuration = resolved
         self.logger = configuration.logger
         stripes = LockStripes(count: 1024)
-        pool = IOThreadPool(threadCount: disk == nil ? 1 : configuration.ioThreadCount, name: "magpie-io")
+        // A remote tier's calls from the async API block an I/O thread for a round trip: a memory-only
+        // cache with one gets the full count too.
+        let ioThreads = disk == nil && configuration.remote == nil ? 1 : configuration.ioThreadCount
+        pool = IOThreadPool(threadCount: ioThreads, name: "magpie-io")
         loaderPool = IOThreadPool(threadCount: configuration.loaderThreadCount, name: "magpie-load")
         defaultLoaderOptions = configuration.defaultLoaderOptions
+        if let options = configuration.remote {
+            let remote = RemoteTier(options, clock: configuration.clock)
+            let applier = IOThreadPool(threadCount: 1, name: "magpie-coherence")
+            self.remote = remote
+            hasRemote = true
+            coherencePool = applier
+        } else {
+            remote = nil
+            hasRemote = false
+            coherencePool = nil
+        }
         metrics = configuration.metrics.map { MetricsReporter($0) }
         if let interval = configuration.metrics?.interval { startReporting(every: interval) }
         if let disk, disk.configuration.writeBufferSize > 0, let interval = configuration.diskBufferWriteInterval {
             startWritingBuffers(every: interval)
         }
+        startReportingRemoteChanges()
+    }
+
+    /// Asks the remote store (if any) to report its changes, which the coherence thread applies in order.
+    private func startReportingRemoteChanges() {
+        guard let remote, let applier = coherencePool else { return }
+        remote.store.startReporting(to: RemoteChanges(clock: clock) { [weak self] change in
+            guard let cache = self else { return }
+            _ = applier.submit { cache.apply(change, remote) }
+        })
     }
 
     /// A memory-only cache with the given budget (the other settings default).
@@ -158,6 +188,8 @@ public final class Cache: Sendable {
         bufferWriter.withLock { $0?.cancel() }
         pool.shutdown()
         loaderPool.shutdown()
+        coherencePool?.shutdown()
+        remote?.stopReplay()
         metrics?.stop()
     }
 
@@ -199,24 +231,37 @@ public final class Cache: Sendable {
     /// A store's writes to both tiers, with its deadlines computed (`stamp`); the key's running load, if
     /// any, is the caller's business (a user's store supersedes it, the load's own landing does not).
     func write(_ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions, stamp: StoreStamp) throws(MagpieError) {
+        if let remote { return try fleetWrite(value, for: key, options: options, stamp: stamp, remote) }
+        guard disk != nil else {
+            return try writeTiers(value, for: key, options: options, memoryPolicy: 0, stamp: stamp)
+        }
+        try stripes.withLock(for: key.hash) { () throws(MagpieError) in
+            try writeTiers(value, for: key, options: options, memoryPolicy: options.encodedMemoryPolicy, stamp: stamp)
+        }
+    }
+
+    /// A store's writes to the local tiers, the key's stripe held by the caller when there is a disk
+    /// tier. `memoryPolicy`: the memory expiry kept beside the disk record (a promotion's is its record's).
+    func writeTiers(_ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions, memoryPolicy: Int64, stamp: StoreStamp)
+        throws(MagpieError)
+    {
         guard let disk else {
             _ = try memory.set(value, for: key, deadline: stamp.memory, group: options.group, freshness: stamp.freshness).get()
             return
         }
-        try stripes.withLock(for: key.hash) { () throws(MagpieError) in
+        do {
             try logged("store") { () throws(MagpieError) in
                 let diskExpiry = stamp.disk == 0 ? Expiry.never : .at(millisecondsSince1970: stamp.disk)
                 switch options.tiers {
                 case .memoryAndDisk:
-                    let placement = DiskPlacement(memoryPolicy: options.encodedMemoryPolicy, freshness: stamp.freshness)
+                    let placement = DiskPlacement(memoryPolicy: memoryPolicy, freshness: stamp.freshness)
                     try disk.store(value, for: key, expiry: diskExpiry, group: options.group, placement: placement)
                     _ = try memory.set(value, for: key, deadline: stamp.memory, group: options.group, freshness: stamp.freshness).get()
                 case .memoryOnly:
                     _ = try disk.removeIfPresent(key)
                     _ = try memory.set(value, for: key, deadline: stamp.memory, group: options.group, freshness: stamp.freshness).get()
                 case .diskOnly:
-                    let placement = DiskPlacement(
-                        memoryPolicy: options.encodedMemoryPolicy, diskOnly: true, freshness: stamp.freshness)
+                    let placement = DiskPlacement(memoryPolicy: memoryPolicy, diskOnly: true, freshness: stamp.freshness)
                     try disk.store(value, for: key, expiry: diskExpiry, group: options.group, placement: placement)
                     _ = memory.remove(key)
                 }
@@ -265,6 +310,7 @@ public final class Cache: Sendable {
 
     /// A removal from both tiers (a load that found nothing lands through this).
     func removeWithoutSuperseding(_ key: HashedKey) throws(MagpieError) -> Bool {
+        if let remote { return try fleetRemove(key, remote) }
         guard let disk else { return memory.remove(key) }
         return try stripes.withLock(for: key.hash) { () throws(MagpieError) -> Bool in
             let onDisk = try logged("remove") { () throws(MagpieError) in try disk.remove(key) }
@@ -281,6 +327,7 @@ public final class Cache: Sendable {
             defer { memory.removeAll() }
             if let disk { try logged("remove all") { () throws(MagpieError) in try disk.removeAll() } }
         }
+        if let remote { fleetRemoveAll(remote) }
     }
 
     /// Removes every entry stored with `group` from both tiers; on disk durably (a group tombstone), so
@@ -293,7 +340,14 @@ public final class Cache: Sendable {
         try checkOpen()
         guard !group.isEmpty else { return RemovedEntries() }
         supersedeAllLoads()
-        return try stripes.withAllLocked { () throws(MagpieError) -> RemovedEntries in
+        let removed = try removeAllLocally(inGroup: group)
+        if let remote { fleetRemoveGroup(group, remote) }
+        return removed
+    }
+
+    /// `removeAll(inGroup:)` in the local tiers only (a group removal reported by the remote store).
+    func removeAllLocally(inGroup group: String) throws(MagpieError) -> RemovedEntries {
+        try stripes.withAllLocked { () throws(MagpieError) -> RemovedEntries in
             var removed = RemovedEntries()
             if let disk {
                 removed.disk = try logged("remove group") { () throws(MagpieError) in try disk.removeAll(inGroup: group) }
@@ -325,11 +379,25 @@ public final class Cache: Sendable {
     /// ``MagpieError/Code/closed`` (the subscript, which cannot throw, reads nil and counts a
     /// ``CacheStatistics/subscriptFailures``), whether or not the cache has a disk tier. Closing twice is
     /// harmless.
+    ///
+    /// With a remote tier, its store's connections close in the background (``shutdown(replayingFor:)``
+    /// waits for them, and for the removals owed to the store).
     public func close() throws(MagpieError) {
+        try close(waitingForRemote: true)
+    }
+
+    /// `close()`; `waitingForRemote: false` leaves the remote store open (the caller closes it).
+    func close(waitingForRemote: Bool) throws(MagpieError) {
         guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
         bufferWriter.withLock { $0?.cancel() }
         pool.shutdown()
         loaderPool.shutdown()
+        coherencePool?.shutdown()
+        if let remote {
+            remote.stopReplay()
+            let store = remote.store
+            if waitingForRemote { Task { await store.shutdown() } }
+        }
         metrics?.stop()
         reportMetrics()
         defer { memory.removeAll() }

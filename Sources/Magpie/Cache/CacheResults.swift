@@ -6,6 +6,8 @@ public struct CacheHit: Sendable, Hashable {
         case memory
         /// The disk tier (the value was promoted into memory unless stored disk-only).
         case disk
+        /// The remote tier (``Cache/Configuration/remote``); the value was kept locally when it could be.
+        case remote
     }
 
     /// The value.

@@ -40,6 +40,8 @@ public struct CacheStatistics: Sendable, Hashable {
     /// Subscript reads and stores (``Cache`` and ``TypedCache``) that failed: a subscript cannot throw,
     /// so it logs the error, counts it here and reads nil.
     public var subscriptFailures: UInt64 = 0
+    /// The remote tier's figures; nil without one.
+    public var remote: RemoteTierStatistics? = nil
 
     /// Reads answered by either tier.
     public var hits: UInt64 { memory.hits + (disk?.hits ?? 0) }
@@ -85,6 +87,7 @@ extension Cache {
         statistics.softTimeouts = counters.softTimeouts.load(ordering: .relaxed)
         statistics.hardTimeouts = counters.hardTimeouts.load(ordering: .relaxed)
         statistics.loadsSuperseded = counters.loadsSuperseded.load(ordering: .relaxed)
+        statistics.remote = remote?.statistics
         return statistics
     }
 }

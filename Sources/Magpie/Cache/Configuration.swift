@@ -45,6 +45,10 @@ extension Cache {
         /// Threads that run the synchronous loader API's loads when they must not run on the caller's
         /// thread (background refreshes, and loads a caller may stop waiting for). Default 4.
         public var loaderThreadCount = 4
+        /// A remote tier shared with other instances (`MagpieRedis`'s `RedisRemoteStore`), after disk: reads
+        /// go memory → disk → remote, stores and removals go through to it, and local copies are kept
+        /// coherent with it (see <doc:RunningAFleet>). Nil (the default): none.
+        public var remote: RemoteTierOptions? = nil
 
         /// A configuration with the defaults; pass a directory for a two-tier cache.
         public init(

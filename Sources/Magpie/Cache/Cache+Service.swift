@@ -1,0 +1,47 @@
+import ServiceLifecycle
+
+// `Cache` as a swift-service-lifecycle `Service`: add it to a `ServiceGroup` and the group's graceful
+// shutdown flushes and closes it.
+
+extension Cache: Service {
+    /// Runs until the service group shuts down gracefully (or the task is cancelled), then shuts the
+    /// cache down: ``shutdown(replayingFor:)``.
+    public func run() async throws {
+        // Returns on graceful shutdown; throws on cancellation, which shuts down the same way.
+        try? await gracefulShutdown()
+        try await shutdown()
+    }
+
+    /// Shuts the cache down in order: waits up to `replayTime` for the removals owed to the remote tier
+    /// to reach it (see ``RemoteTierOptions/maxPendingRemovals``), makes every store and removal durable
+    /// (``flush()``), closes the cache (``close()``), and closes the remote store's connections. What is
+    /// still owed after `replayTime` is logged with its count: it is lost with the process.
+    /// - Throws: the disk tier's flush and close errors (the cache is closed either way).
+    public func shutdown(replayingFor replayTime: Duration = .seconds(2)) async throws {
+        if let remote {
+            let owed = await remote.waitForReplay(upTo: replayTime)
+            if owed > 0 {
+                logger.error("magpie: removals owed to the remote tier are lost at shutdown", metadata: ["owed": "\(owed)"])
+            }
+        }
+        var failure: MagpieError? = nil
+        if !closed.load(ordering: .relaxed) {
+            do { try flush() } catch { failure = error }
+        }
+        do { try close(waitingForRemote: false) } catch { failure = failure ?? error }
+        if let remote { await remote.store.shutdown() }
+        if let failure { throw failure }
+    }
+}
+
+extension RemoteTier {
+    /// Waits until nothing is owed to the store, or `limit` passes; returns what is still owed.
+    func waitForReplay(upTo limit: Duration) async -> Int {
+        let deadline = ContinuousClock.now + limit
+        while owedRemovals > 0 && ContinuousClock.now < deadline {
+            startReplay()
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+        return owedRemovals
+    }
+}

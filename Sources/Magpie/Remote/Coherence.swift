@@ -1,0 +1,109 @@
+import Synchronization
+
+// When a local copy may be served, in a cache with a remote tier.
+//
+// Every value the cache keeps locally (memory or disk) starts with an 8-byte stamp: the instant (ms,
+// cache clock) from which the copy is known to match the store — its own store, or the start of the
+// fetch that brought it. A copy stamped `s` is served at `now` only while
+//
+//     s > floor   and   now − max(s, confirmed) < bound
+//
+// `confirmed` is the latest instant through which the store has confirmed that every change was
+// reported (and applied here: confirmations are applied in order after the invalidations before them).
+// `floor` moves to `now` whenever changes may have been missed (the feed was re-established, or
+// everything changed): every older copy is then a miss, lazily, without a scan. `bound` is
+// ``RemoteTierOptions/maxDisconnectedStaleness``.
+//
+// A fetch races the invalidation of the key it fetches: the reply may carry the old value while the
+// invalidation has already been applied. So each key hash maps to one of 4,096 change counters, bumped
+// by an invalidation (and by this cache's own writes) before the local copies go; a fetched value is
+// kept locally only if its counter did not move during the fetch (checked under the key's stripe).
+
+final class Coherence: Sendable {
+    let bound: Int64
+    let floor = Atomic<Int64>(0)
+    let confirmed = Atomic<Int64>(0)
+    /// Bumped whenever a cached token may have changed ("g" or "a" invalidated, or everything).
+    let tokenGeneration = Atomic<UInt64>(0)
+    private let counters: Locked<[UInt32]>
+    static let counterCount = 4096
+
+    // Statistics.
+    let invalidations = Atomic<UInt64>(0)
+    let epochBumps = Atomic<UInt64>(0)
+    let lastLag = Atomic<Int64>(0)
+    let maxLag = Atomic<Int64>(0)
+    let confirmations = Atomic<UInt64>(0)
+
+    static let stampSize = 8
+
+    init(bound: Duration) {
+        self.bound = max(1, bound.wholeMilliseconds)
+        counters = Locked([UInt32](repeating: 0, count: Self.counterCount))
+    }
+
+    /// Whether a copy stamped `stamp` may be served at `now`.
+    @inline(__always)
+    func servable(stamp: Int64, now: Int64) -> Bool {
+        stamp > floor.load(ordering: .acquiring) && now - max(stamp, confirmed.load(ordering: .acquiring)) < bound
+    }
+
+    /// Whether the feed is confirmed recently enough that a fetched value may be kept locally.
+    func confirmedRecently(now: Int64) -> Bool {
+        now - confirmed.load(ordering: .acquiring) < bound
+    }
+
+    func counter(_ hash: UInt64) -> UInt32 {
+        counters.withLock { $0[Int(truncatingIfNeeded: hash & UInt64(Self.counterCount - 1))] }
+    }
+
+    func bump(_ hash: UInt64) {
+        counters.withLock { $0[Int(truncatingIfNeeded: hash & UInt64(Self.counterCount - 1))] &+= 1 }
+    }
+
+    /// Every local copy stamped up to `now` is a miss from now on.
+    func raiseFloor(to now: Int64) {
+        var current = floor.load(ordering: .relaxed)
+        while current < now {
+            let (exchanged, original) = floor.compareExchange(expected: current, desired: now, ordering: .acquiringAndReleasing)
+            if exchanged { break }
+            current = original
+        }
+        tokenGeneration.add(1, ordering: .acquiringAndReleasing)
+        epochBumps.add(1, ordering: .relaxed)
+    }
+
+    func confirm(through instant: Int64, now: Int64) {
+        var current = confirmed.load(ordering: .relaxed)
+        while current < instant {
+            let (exchanged, original) = confirmed.compareExchange(
+                expected: current, desired: instant, ordering: .acquiringAndReleasing)
+            if exchanged { break }
+            current = original
+        }
+        let lag = max(0, now - instant)
+        lastLag.store(lag, ordering: .relaxed)
+        if lag > maxLag.load(ordering: .relaxed) { maxLag.store(lag, ordering: .relaxed) }
+        confirmations.add(1, ordering: .relaxed)
+    }
+}
+
+/// The 8-byte stamp in front of every local value of a cache with a remote tier.
+enum LocalStamp {
+    /// `value` with `stamp` in front.
+    static func stamped(_ value: UnsafeRawBufferPointer, _ stamp: Int64) -> [UInt8] {
+        var bytes = [UInt8]()
+        bytes.reserveCapacity(value.count + Coherence.stampSize)
+        withUnsafeBytes(of: stamp.littleEndian) { bytes.append(contentsOf: $0) }
+        bytes.append(contentsOf: value)
+        return bytes
+    }
+
+    /// The stamp of a stored local value, nil if it is too short to carry one (never served).
+    static func stamp(of bytes: [UInt8]) -> Int64? {
+        guard bytes.count >= Coherence.stampSize else { return nil }
+        return bytes.withUnsafeBytes { Int64(littleEndian: $0.loadUnaligned(as: Int64.self)) }
+    }
+
+    static func value(of bytes: [UInt8]) -> [UInt8] { Array(bytes[Coherence.stampSize...]) }
+}

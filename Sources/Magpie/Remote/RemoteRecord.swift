@@ -1,0 +1,146 @@
+import CXXHash
+
+// What the cache keeps in its remote tier, byte by byte.
+//
+// Logical keys (the store puts its namespace in front): one tag byte, then the rest.
+//   "k" + key         a record (below)
+//   "g" + group name  the group's token: 8 bytes, little endian, never 0
+//   "a"               the namespace's token: 8 bytes, little endian, never 0
+//   "h" + …           the store's own (MagpieRedis: its change-feed heartbeats); the cache ignores them
+//
+// A record, little endian:
+//    0  "MR" (2 bytes), format version (1 byte, = 1), flags (1 byte: bit 0 negative, bits 1-2 tiers)
+//    4  group length (u16), reserved (u16, 0)
+//    8  value length (u32)
+//   12  hard expiry (i64, ms since 1970, 0 none)      20  memory expiry policy (i64, as on disk)
+//   28  fresh until (i64)                              36  loaded at (i64)
+//   44  namespace token (u64)                          52  group token (u64, 0 without a group)
+//   60  group bytes, then value bytes
+//  end  checksum (u64): XXH3-64 of the record's bytes before it, seeded with XXH3-64 of the logical key
+//
+// The checksum covers the key, so a record copied under another key is as foreign as a torn or
+// corrupt one: every such record is a miss (counted), never a value. A record is current only while
+// both tokens equal the ones stored under "a" and "g" + group: replacing a token removes every record
+// written under the old one, in one write (see Cache+Remote.swift).
+
+enum RemoteKey {
+    static let record: UInt8 = 0x6B  // "k"
+    static let group: UInt8 = 0x67  // "g"
+    static let namespace: UInt8 = 0x61  // "a"
+    static let storeOwn: UInt8 = 0x68  // "h"
+
+    static func tagged(_ tag: UInt8, _ bytes: UnsafeRawBufferPointer) -> [UInt8] {
+        var key = [UInt8]()
+        key.reserveCapacity(bytes.count + 1)
+        key.append(tag)
+        key.append(contentsOf: bytes)
+        return key
+    }
+
+    static func group(_ name: String) -> [UInt8] { [group] + Array(name.utf8) }
+    static let namespaceKey: [UInt8] = [namespace]
+}
+
+struct RemoteRecord: Sendable, Equatable {
+    var value: [UInt8]
+    var expiresAt: Int64 = 0
+    var memoryPolicy: Int64 = 0
+    var freshness = Freshness.none
+    var tiers: Tiers = .memoryAndDisk
+    var group: String? = nil
+    var namespaceToken: UInt64 = 0
+    var groupToken: UInt64 = 0
+
+    static let headerSize = 60
+    static let version: UInt8 = 1
+
+    /// The record's bytes for `key` (the logical key it is stored under).
+    func encoded(key: [UInt8]) -> [UInt8] {
+        let groupBytes = Array((group ?? "").utf8)
+        var bytes = [UInt8]()
+        bytes.reserveCapacity(Self.headerSize + groupBytes.count + value.count + 8)
+        bytes += [0x4D, 0x52, Self.version, (freshness.negative ? 1 : 0) | (Self.code(tiers) << 1)]
+        Self.append(UInt16(truncatingIfNeeded: groupBytes.count), to: &bytes)
+        Self.append(UInt16(0), to: &bytes)
+        Self.append(UInt32(truncatingIfNeeded: value.count), to: &bytes)
+        for field in [expiresAt, memoryPolicy, freshness.freshUntil, freshness.loadedAt] { Self.append(field, to: &bytes) }
+        Self.append(namespaceToken, to: &bytes)
+        Self.append(groupToken, to: &bytes)
+        bytes += groupBytes
+        bytes += value
+        Self.append(Self.checksum(bytes, key: key), to: &bytes)
+        return bytes
+    }
+
+    /// The record in `bytes` stored under `key`, or nil when they are not one: too short or long, another
+    /// format or version, unknown flags, lengths that do not add up, a group name that is not UTF-8, or
+    /// a checksum that does not match (torn, corrupt, or copied from another key).
+    static func decode(_ bytes: [UInt8], key: [UInt8]) -> RemoteRecord? {
+        guard bytes.count >= headerSize + 8, bytes[0] == 0x4D, bytes[1] == 0x52, bytes[2] == version,
+            bytes[3] & ~0x07 == 0, bytes[3] >> 1 != 3
+        else { return nil }
+        let groupLength = Int(load(UInt16.self, bytes, 4))
+        let valueLength = Int(load(UInt32.self, bytes, 8))
+        guard load(UInt16.self, bytes, 6) == 0, headerSize + groupLength + valueLength + 8 == bytes.count else { return nil }
+        let end = bytes.count - 8
+        guard load(UInt64.self, bytes, end) == bytes.withUnsafeBytes({ checksum(UnsafeRawBufferPointer(rebasing: $0[..<end]), key: key) })
+        else { return nil }
+        var record = RemoteRecord(value: Array(bytes[(headerSize + groupLength)..<end]))
+        if groupLength > 0 {
+            guard let name = String(validating: bytes[headerSize..<(headerSize + groupLength)], as: UTF8.self) else { return nil }
+            record.group = name
+        }
+        record.tiers = tiers(bytes[3] >> 1)
+        record.expiresAt = load(Int64.self, bytes, 12)
+        record.memoryPolicy = load(Int64.self, bytes, 20)
+        record.freshness = Freshness(
+            freshUntil: load(Int64.self, bytes, 28), loadedAt: load(Int64.self, bytes, 36), negative: bytes[3] & 1 == 1)
+        record.namespaceToken = load(UInt64.self, bytes, 44)
+        record.groupToken = load(UInt64.self, bytes, 52)
+        return record
+    }
+
+    /// A token stored under "a" or "g" + name: exactly 8 bytes, never 0 (anything else: no token).
+    static func token(_ bytes: [UInt8]?) -> UInt64 {
+        guard let bytes, bytes.count == 8 else { return 0 }
+        return load(UInt64.self, bytes, 0)
+    }
+
+    static func tokenBytes(_ token: UInt64) -> [UInt8] {
+        var bytes = [UInt8]()
+        append(token, to: &bytes)
+        return bytes
+    }
+
+    /// A fresh token: random, never 0.
+    static func newToken() -> UInt64 { UInt64.random(in: 1...UInt64.max) }
+
+    private static func code(_ tiers: Tiers) -> UInt8 {
+        switch tiers {
+        case .memoryAndDisk: 0
+        case .memoryOnly: 1
+        case .diskOnly: 2
+        }
+    }
+
+    private static func tiers(_ code: UInt8) -> Tiers {
+        code == 1 ? .memoryOnly : code == 2 ? .diskOnly : .memoryAndDisk
+    }
+
+    private static func checksum(_ bytes: [UInt8], key: [UInt8]) -> UInt64 {
+        bytes.withUnsafeBytes { checksum($0, key: key) }
+    }
+
+    private static func checksum(_ body: UnsafeRawBufferPointer, key: [UInt8]) -> UInt64 {
+        key.withUnsafeBytes { KeyHash.checksum(header: $0, body: body) }
+    }
+
+    private static func append<T: FixedWidthInteger>(_ value: T, to bytes: inout [UInt8]) {
+        withUnsafeBytes(of: value.littleEndian) { bytes.append(contentsOf: $0) }
+    }
+
+    /// The integer at `offset` (the caller checked that `bytes` holds it).
+    private static func load<T: FixedWidthInteger>(_ type: T.Type, _ bytes: [UInt8], _ offset: Int) -> T {
+        bytes.withUnsafeBytes { T(littleEndian: $0.loadUnaligned(fromByteOffset: offset, as: T.self)) }
+    }
+}

@@ -1,0 +1,112 @@
+/// A key-value store shared by many caches: the remote tier a ``Cache`` composes after disk (reads
+/// memory → disk → remote → loader). `MagpieRedis` provides one for Redis and Valkey
+/// (`RedisRemoteStore`); this protocol has no network dependency.
+///
+/// The cache owns the layout of what it stores here: the keys it passes are *logical* keys (a one-byte
+/// tag, then a key or a group name; see <doc:RunningAFleet>), which the store keeps under its own
+/// namespace, and the values are self-checking records. A store only moves bytes, and reports changes.
+///
+/// **Changes.** After ``startReporting(to:)`` the store tells the cache about every change to any of
+/// its keys, made by any client, including the store's own expiries and evictions
+/// (``RemoteChanges/invalidate(keys:)``), and about everything it can no longer vouch for
+/// (``RemoteChanges/invalidateAll()``: its change feed was interrupted, or the store was emptied). It
+/// also confirms, regularly, that every change made before an instant has been reported
+/// (``RemoteChanges/confirm(through:)``): the cache serves its local copies only while confirmations
+/// keep coming (see ``RemoteTierOptions/maxDisconnectedStaleness``).
+///
+/// **Errors.** Every call throws ``MagpieError`` (``MagpieError/Code/remoteUnavailable`` for a store
+/// that is down or whose breaker is open); the cache turns them into misses and counted errors, never
+/// into a caller's failure.
+public protocol RemoteStore: AnyObject, Sendable {
+    /// The values of `keys` (nil for an absent key), in one round trip where the store can.
+    func values(forKeys keys: [[UInt8]]) async throws(MagpieError) -> [[UInt8]?]
+
+    /// Stores `value` for `key`, expiring at `expiresAt` (ms since 1970; 0: never). With `onlyIfAbsent`
+    /// only when the key has no value. Returns whether it stored.
+    func store(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, onlyIfAbsent: Bool) async throws(MagpieError)
+        -> Bool
+
+    /// Removes `keys` (absent ones are no error).
+    func remove(keys: [[UInt8]]) async throws(MagpieError)
+
+    /// Starts reporting changes to `changes` (called once, by the cache that composes the store).
+    func startReporting(to changes: RemoteChanges)
+
+    /// Whether calls fail fast now (the store's circuit breaker is open).
+    var failsFast: Bool { get }
+
+    /// Runs `operation` and blocks the calling thread until it ends: how the cache's synchronous API
+    /// reaches the store. An implementation runs `operation` off Swift's cooperative pool (so that
+    /// blocking a pool thread cannot starve it) and throws ``MagpieError/Code/remoteUnavailable`` at
+    /// once when the calling thread is one `operation` needs (an event loop of its own).
+    func runBlocking<R: Sendable>(_ operation: @escaping @Sendable () async throws(MagpieError) -> R) throws(MagpieError) -> R
+
+    /// Stops reporting and closes the store's connections (the cache calls it from its shutdown).
+    func shutdown() async
+}
+
+/// How a ``Cache`` uses its remote tier.
+public struct RemoteTierOptions: Sendable {
+    /// The shared store.
+    public var store: any RemoteStore
+    /// How long a local copy stays servable without word from the store's change feed.
+    ///
+    /// A local entry (memory or disk) is served only while the cache can vouch that no change to its key
+    /// in the store went unreported: the store confirms its feed regularly (every
+    /// ``RemoteTierOptions/maxDisconnectedStaleness`` / 10 for `MagpieRedis`). When confirmations stop
+    /// (the store is down, paused, or unreachable), an entry is served until `maxDisconnectedStaleness`
+    /// after the later of the last confirmation and the entry's own store or fetch; after that it is a
+    /// miss (lazily: nothing is scanned). When the feed is re-established after an interruption, every
+    /// local entry from before is a miss. Default 1 s.
+    public var maxDisconnectedStaleness: Duration
+    /// The most removals (keys, groups) kept for replay while the store cannot be reached. Beyond it the
+    /// cache stops keeping keys and, when the store is back, removes *everything* it stored (one write
+    /// that invalidates every record in the namespace, see <doc:RunningAFleet>): a removal is never lost.
+    /// Default 100,000.
+    public var maxPendingRemovals: Int
+
+    /// Options for `store`.
+    public init(store: any RemoteStore, maxDisconnectedStaleness: Duration = .seconds(1), maxPendingRemovals: Int = 100_000) {
+        self.store = store
+        self.maxDisconnectedStaleness = maxDisconnectedStaleness
+        self.maxPendingRemovals = maxPendingRemovals
+    }
+}
+
+/// Where a ``RemoteStore`` reports changes: given to it by the cache (``RemoteStore/startReporting(to:)``).
+/// Every method returns at once (the cache applies the changes in order on a thread of its own).
+public final class RemoteChanges: Sendable {
+    let sink: @Sendable (RemoteChange) -> Void
+    let clock: CacheClock
+
+    init(clock: CacheClock, sink: @escaping @Sendable (RemoteChange) -> Void) {
+        self.clock = clock
+        self.sink = sink
+    }
+
+    /// The cache's clock (ms since 1970): the instants given to ``confirm(through:)`` come from it.
+    public func now() -> Int64 { clock.now() }
+
+    /// `keys` (logical keys, as the cache passed them to the store) changed or went away.
+    public func invalidate(keys: [[UInt8]]) {
+        guard !keys.isEmpty else { return }
+        sink(.keys(keys))
+    }
+
+    /// Anything may have changed: the change feed was interrupted and is back, or the store was emptied.
+    /// Every local entry stored or fetched before this call is a miss from now on.
+    public func invalidateAll() {
+        sink(.all)
+    }
+
+    /// Every change made in the store before `instant` (from ``now()``) has been reported.
+    public func confirm(through instant: Int64) {
+        sink(.confirmed(instant))
+    }
+}
+
+enum RemoteChange: Sendable {
+    case keys([[UInt8]])
+    case all
+    case confirmed(Int64)
+}

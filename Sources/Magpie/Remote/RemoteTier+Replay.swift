@@ -1,0 +1,179 @@
+import Synchronization
+
+// Removals the store could not take (it was down, its breaker open, a call timed out) are owed to it
+// and replayed when it answers again, so a removed value never comes back from the remote tier. A
+// failed *store* owes a removal too: the store may still hold the value the failed store replaced.
+//
+// Until a key's removal is replayed, reads of it are remote misses here. The queue holds at most
+// `maxPendingRemovals` keys and groups; past that it keeps one flag instead (`all`), and the replay
+// replaces the namespace token: every record in the store is then outdated, for every instance. The
+// queue is in memory: owed removals die with the process (see <doc:RunningAFleet>).
+
+extension RemoteTier {
+    func owe(key: [UInt8]) {
+        pending.withLock { pending in
+            guard !pending.all else { return }
+            pending.sequence += 1
+            pending.keys[key] = pending.sequence
+            overflowIfNeeded(&pending)
+        }
+        counters.queuedRemovals.add(1, ordering: .relaxed)
+        startReplay()
+    }
+
+    func owe(group: String) {
+        pending.withLock { pending in
+            guard !pending.all else { return }
+            pending.sequence += 1
+            pending.groups[group] = pending.sequence
+            overflowIfNeeded(&pending)
+        }
+        counters.queuedRemovals.add(1, ordering: .relaxed)
+        startReplay()
+    }
+
+    private func overflowIfNeeded(_ pending: inout PendingRemovals) {
+        guard pending.keys.count + pending.groups.count > maxPendingRemovals else { return }
+        pending = PendingRemovals(all: true)
+        counters.pendingOverflows.add(1, ordering: .relaxed)
+    }
+
+    /// How many removals are owed (keys and groups; 1 for the whole namespace).
+    var owedRemovals: Int {
+        pending.withLock { $0.all ? 1 : $0.keys.count + $0.groups.count }
+    }
+
+    /// Starts the replay loop unless it runs.
+    func startReplay() {
+        replay.withLock { task in
+            guard task == nil else { return }
+            task = Task { [weak self] in await self?.replayOwedRemovals() }
+        }
+    }
+
+    func stopReplay() {
+        replay.withLock { task in
+            task?.cancel()
+            task = nil
+        }
+    }
+
+    /// Replays until nothing is owed: waits while the store fails fast, backs off after a failure
+    /// (100 ms doubling to 2 s).
+    private func replayOwedRemovals() async {
+        var delay = Duration.milliseconds(100)
+        while !Task.isCancelled {
+            let owed = pending.withLock { pending -> PendingRemovals? in
+                if pending.isEmpty {
+                    replay.withLock { $0 = nil }
+                    return nil
+                }
+                return pending
+            }
+            guard let owed else { return }
+            if store.failsFast {
+                try? await Task.sleep(for: delay)
+                continue
+            }
+            do {
+                try await send(owed)
+                pending.withLock { pending in
+                    if owed.all { pending.all = false }
+                    for (key, sequence) in owed.keys where pending.keys[key] == sequence { pending.keys[key] = nil }
+                    for (group, sequence) in owed.groups where pending.groups[group] == sequence { pending.groups[group] = nil }
+                }
+                counters.replayedRemovals.add(UInt64(owed.all ? 1 : owed.keys.count + owed.groups.count), ordering: .relaxed)
+                delay = .milliseconds(100)
+            } catch {
+                counters.errors.add(1, ordering: .relaxed)
+                try? await Task.sleep(for: delay)
+                delay = min(delay * 2, .seconds(2))
+            }
+        }
+    }
+
+    private func send(_ owed: PendingRemovals) async throws(MagpieError) {
+        if owed.all {
+            tokens.withLock { $0 = TokenCache() }
+            _ = try await store.store(
+                RemoteRecord.tokenBytes(RemoteRecord.newToken()), forKey: RemoteKey.namespaceKey, expiresAt: 0, onlyIfAbsent: false)
+            return
+        }
+        for group in owed.groups.keys {
+            tokens.withLock { _ = $0.groups.removeValue(forKey: group) }
+            _ = try await store.store(
+                RemoteRecord.tokenBytes(RemoteRecord.newToken()), forKey: RemoteKey.group(group), expiresAt: 0, onlyIfAbsent: false)
+        }
+        let keys = Array(owed.keys.keys)
+        var start = 0
+        while start < keys.count {
+            let end = min(start + 512, keys.count)
+            try await store.remove(keys: keys[start..<end].map { [RemoteKey.record] + $0 })
+            start = end
+        }
+    }
+}
+
+/// What a cache's remote tier did (``CacheStatistics/remote``).
+public struct RemoteTierStatistics: Sendable, Hashable {
+    /// Reads the store answered with a current record.
+    public var hits: UInt64 = 0
+    /// Reads that found nothing, or a key owed a removal.
+    public var misses: UInt64 = 0
+    /// Records that were not current: their namespace or group was removed, or they expired.
+    public var outdated: UInt64 = 0
+    /// Values that were not records of this key: corrupt, torn, foreign, or copied from another key.
+    public var corrupt: UInt64 = 0
+    /// Failed calls to the store (down, breaker open, timed out): each a miss or an owed removal, never
+    /// a caller's error.
+    public var errors: UInt64 = 0
+    /// Records written, and removals (keys, groups, everything) the store took.
+    public var stores: UInt64 = 0
+    public var removals: UInt64 = 0
+    /// Removals owed to the store (queued on a failure), replayed, and owed now.
+    public var queuedRemovals: UInt64 = 0
+    public var replayedRemovals: UInt64 = 0
+    public var owedRemovals: Int = 0
+    /// Times the owed removals outgrew ``RemoteTierOptions/maxPendingRemovals`` (the namespace is then
+    /// replaced on replay).
+    public var pendingOverflows: UInt64 = 0
+    /// Keys the store reported changed (each drops the local copies).
+    public var invalidations: UInt64 = 0
+    /// Times every older local copy became a miss (the feed was re-established, or everything changed).
+    public var epochBumps: UInt64 = 0
+    /// Confirmations of the change feed, the lag of the latest and the largest (ms: from the
+    /// confirmed instant to its application here), and how long ago the latest confirmed instant was.
+    public var confirmations: UInt64 = 0
+    public var lastLagMilliseconds: Int64 = 0
+    public var maxLagMilliseconds: Int64 = 0
+    public var unconfirmedMilliseconds: Int64 = 0
+    /// Whether the store fails fast now (its breaker is open).
+    public var failsFast = false
+
+    public init() {}
+}
+
+extension RemoteTier {
+    var statistics: RemoteTierStatistics {
+        var s = RemoteTierStatistics()
+        s.hits = counters.hits.load(ordering: .relaxed)
+        s.misses = counters.misses.load(ordering: .relaxed)
+        s.outdated = counters.outdated.load(ordering: .relaxed)
+        s.corrupt = counters.corrupt.load(ordering: .relaxed)
+        s.errors = counters.errors.load(ordering: .relaxed)
+        s.stores = counters.stores.load(ordering: .relaxed)
+        s.removals = counters.removals.load(ordering: .relaxed)
+        s.queuedRemovals = counters.queuedRemovals.load(ordering: .relaxed)
+        s.replayedRemovals = counters.replayedRemovals.load(ordering: .relaxed)
+        s.owedRemovals = owedRemovals
+        s.pendingOverflows = counters.pendingOverflows.load(ordering: .relaxed)
+        s.invalidations = coherence.invalidations.load(ordering: .relaxed)
+        s.epochBumps = coherence.epochBumps.load(ordering: .relaxed)
+        s.confirmations = coherence.confirmations.load(ordering: .relaxed)
+        s.lastLagMilliseconds = coherence.lastLag.load(ordering: .relaxed)
+        s.maxLagMilliseconds = coherence.maxLag.load(ordering: .relaxed)
+        s.unconfirmedMilliseconds = max(0, clock.now() - coherence.confirmed.load(ordering: .relaxed))
+        s.failsFast = store.failsFast
+        return s
+    }
+}

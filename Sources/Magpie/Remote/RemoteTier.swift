@@ -1,0 +1,222 @@
+import Synchronization
+
+/// What a cache with a remote tier knows about it: the store, the coherence state, the tokens it
+/// checks records against, and the removals it owes the store.
+final class RemoteTier: Sendable {
+    let store: any RemoteStore
+    let coherence: Coherence
+    let maxPendingRemovals: Int
+    let clock: CacheClock
+    /// Held (by key hash) across a local write and its remote write, and by a fetch that keeps its value
+    /// locally: so a fetch that overlapped a write of its key never lands over it (see Cache+Remote.swift).
+    let writeStripes = LockStripes(count: 1024)
+    let tokens = Locked(TokenCache())
+    let pending = Locked(PendingRemovals())
+    let replay = Locked<Task<Void, Never>?>(nil)
+    let counters = Counters()
+
+    final class Counters: Sendable {
+        let hits = Atomic<UInt64>(0)
+        let misses = Atomic<UInt64>(0)
+        let errors = Atomic<UInt64>(0)
+        let corrupt = Atomic<UInt64>(0)
+        let outdated = Atomic<UInt64>(0)
+        let stores = Atomic<UInt64>(0)
+        let removals = Atomic<UInt64>(0)
+        let queuedRemovals = Atomic<UInt64>(0)
+        let replayedRemovals = Atomic<UInt64>(0)
+        let pendingOverflows = Atomic<UInt64>(0)
+    }
+
+    struct TokenCache {
+        var namespace: (token: UInt64, stamp: Int64)? = nil
+        var groups: [String: (token: UInt64, stamp: Int64)] = [:]
+    }
+
+    /// Removals the store has not acknowledged. `all`: more than ``RemoteTierOptions/maxPendingRemovals``
+    /// were owed, so the whole namespace is replaced when the store is back.
+    struct PendingRemovals {
+        /// Each owed key and group with the sequence number of its latest failure: a replay clears only
+        /// what it sent (a failure after the snapshot stays owed).
+        var keys: [[UInt8]: UInt64] = [:]
+        var groups: [String: UInt64] = [:]
+        var all = false
+        var sequence: UInt64 = 0
+        var isEmpty: Bool { keys.isEmpty && groups.isEmpty && !all }
+    }
+
+    init(_ options: RemoteTierOptions, clock: CacheClock) {
+        store = options.store
+        coherence = Coherence(bound: options.maxDisconnectedStaleness)
+        maxPendingRemovals = max(0, options.maxPendingRemovals)
+        self.clock = clock
+    }
+
+    // MARK: Reads
+
+    /// The current record of `key` (a user key), or nil: absent, outdated (its namespace or group was
+    /// removed, or it expired), owed a removal, corrupt or foreign (counted), or the store failed
+    /// (counted).
+    func fetch(_ key: [UInt8]) async -> RemoteRecord? {
+        let owed = pending.withLock { $0.all || $0.keys[key] != nil }
+        if owed {
+            counters.misses.add(1, ordering: .relaxed)
+            return nil
+        }
+        let recordKey = [RemoteKey.record] + key
+        let generation = coherence.tokenGeneration.load(ordering: .acquiring)
+        let started = clock.now()
+        let cachedNamespace = cachedToken(group: nil, now: started)
+        do {
+            let values = try await store.values(forKeys: cachedNamespace == nil ? [recordKey, RemoteKey.namespaceKey] : [recordKey])
+            guard values.count == (cachedNamespace == nil ? 2 : 1) else {
+                counters.errors.add(1, ordering: .relaxed)
+                return nil
+            }
+            let namespace: UInt64
+            if let cachedNamespace {
+                namespace = cachedNamespace
+            } else {
+                namespace = RemoteRecord.token(values[1])
+                if namespace != 0 { remember(namespace, group: nil, stamp: started, generation: generation) }
+            }
+            guard let bytes = values[0] else {
+                counters.misses.add(1, ordering: .relaxed)
+                return nil
+            }
+            guard let record = RemoteRecord.decode(bytes, key: recordKey) else {
+                counters.corrupt.add(1, ordering: .relaxed)
+                return nil
+            }
+            var current = namespace != 0 && record.namespaceToken == namespace
+            if current, let group = record.group {
+                let owedGroup = pending.withLock { $0.groups[group] != nil }
+                if owedGroup {
+                    current = false
+                } else {
+                    current = try await token(group: group, create: false) == record.groupToken
+                }
+            }
+            let now = clock.now()
+            if current && record.expiresAt != 0 && record.expiresAt <= now { current = false }
+            guard current else {
+                counters.outdated.add(1, ordering: .relaxed)
+                return nil
+            }
+            counters.hits.add(1, ordering: .relaxed)
+            return record
+        } catch {
+            counters.errors.add(1, ordering: .relaxed)
+            return nil
+        }
+    }
+
+    // MARK: Writes
+
+    /// Stores `record` for `key` (a user key), with the current tokens. A failure is counted and owes the
+    /// key a removal: the store may still hold an older value, which must not be served once it is back.
+    func write(_ record: RemoteRecord, forKey key: [UInt8]) async {
+        var record = record
+        do {
+            record.namespaceToken = try await token(group: nil, create: true)
+            if let group = record.group { record.groupToken = try await token(group: group, create: true) }
+            let recordKey = [RemoteKey.record] + key
+            _ = try await store.store(record.encoded(key: recordKey), forKey: recordKey, expiresAt: record.expiresAt, onlyIfAbsent: false)
+            counters.stores.add(1, ordering: .relaxed)
+        } catch {
+            counters.errors.add(1, ordering: .relaxed)
+            owe(key: key)
+        }
+    }
+
+    /// Removes `key` (a user key) from the store, or owes it the removal.
+    func remove(_ key: [UInt8]) async {
+        do {
+            try await store.remove(keys: [[RemoteKey.record] + key])
+            counters.removals.add(1, ordering: .relaxed)
+        } catch {
+            counters.errors.add(1, ordering: .relaxed)
+            owe(key: key)
+        }
+    }
+
+    /// Replaces the group's token (every record of the group is then outdated), or owes it.
+    func removeGroup(_ group: String) async {
+        tokens.withLock { _ = $0.groups.removeValue(forKey: group) }
+        do {
+            _ = try await store.store(
+                RemoteRecord.tokenBytes(RemoteRecord.newToken()), forKey: RemoteKey.group(group), expiresAt: 0, onlyIfAbsent: false)
+            counters.removals.add(1, ordering: .relaxed)
+        } catch {
+            counters.errors.add(1, ordering: .relaxed)
+            owe(group: group)
+        }
+    }
+
+    /// Replaces the namespace's token (every record is then outdated), or owes it.
+    func removeAll() async {
+        tokens.withLock { $0 = TokenCache() }
+        do {
+            _ = try await store.store(
+                RemoteRecord.tokenBytes(RemoteRecord.newToken()), forKey: RemoteKey.namespaceKey, expiresAt: 0, onlyIfAbsent: false)
+            counters.removals.add(1, ordering: .relaxed)
+        } catch {
+            counters.errors.add(1, ordering: .relaxed)
+            pending.withLock { $0 = PendingRemovals(all: true) }
+            counters.queuedRemovals.add(1, ordering: .relaxed)
+            startReplay()
+        }
+    }
+
+    // MARK: Tokens
+
+    private func cachedToken(group: String?, now: Int64) -> UInt64? {
+        let cached = tokens.withLock { tokens in group.map { tokens.groups[$0] } ?? tokens.namespace }
+        guard let cached, coherence.servable(stamp: cached.stamp, now: now) else { return nil }
+        return cached.token
+    }
+
+    private func remember(_ token: UInt64, group: String?, stamp: Int64, generation: UInt64) {
+        tokens.withLock { tokens in
+            // A token invalidated while it was being read is not kept (it may be the old one).
+            guard coherence.tokenGeneration.load(ordering: .acquiring) == generation else { return }
+            if let group {
+                if tokens.groups.count >= 10_000 { tokens.groups.removeAll() }
+                tokens.groups[group] = (token, stamp)
+            } else {
+                tokens.namespace = (token, stamp)
+            }
+        }
+    }
+
+    /// The token of `group` (nil: the namespace's); with `create`, one is stored when there is none (so
+    /// every record carries a token that is never 0). Throws the store's errors.
+    func token(group: String?, create: Bool) async throws(MagpieError) -> UInt64 {
+        let started = clock.now()
+        if let cached = cachedToken(group: group, now: started) { return cached }
+        let generation = coherence.tokenGeneration.load(ordering: .acquiring)
+        let key = group.map { RemoteKey.group($0) } ?? RemoteKey.namespaceKey
+        for _ in 0..<3 {
+            var token = RemoteRecord.token(try await store.values(forKeys: [key]).first ?? nil)
+            if token == 0 && create {
+                let fresh = RemoteRecord.newToken()
+                if try await store.store(RemoteRecord.tokenBytes(fresh), forKey: key, expiresAt: 0, onlyIfAbsent: true) {
+                    token = fresh
+                } else {
+                    continue  // another writer created it: read theirs
+                }
+            }
+            if token != 0 { remember(token, group: group, stamp: started, generation: generation) }
+            return token
+        }
+        throw MagpieError(.remoteUnavailable, "the token of \(group.map { "group \($0)" } ?? "the namespace") keeps changing")
+    }
+
+    /// Forgets cached tokens after "g" + group or "a" changed.
+    func forgetToken(group: String?) {
+        coherence.tokenGeneration.add(1, ordering: .acquiringAndReleasing)
+        tokens.withLock { tokens in
+            if let group { tokens.groups[group] = nil } else { tokens = TokenCache() }
+        }
+    }
+}

@@ -1,0 +1,250 @@
+import Dispatch
+import Glibc
+import Logging
+import Magpie
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+
+/// Redis or Valkey (a single server or a cluster) as the remote tier of a ``Magpie/Cache``: shared by
+/// every instance, and the source of the invalidations that keep their local tiers coherent.
+///
+/// ```swift
+/// let store = try RedisRemoteStore(.init(url: "redis://cache.internal:6379", namespace: "thumbs:"))
+/// var configuration = Cache.Configuration(directory: "/var/cache/thumbs")
+/// configuration.remote = RemoteTierOptions(store: store)
+/// let cache = try Cache(configuration)
+/// ```
+///
+/// **Keys.** Everything the cache stores lives under ``Configuration/namespace``: records, group and
+/// namespace tokens, and this store's heartbeats. Nothing else under that prefix should be written by
+/// other programs, except to change or remove a cached key (which every instance then drops).
+///
+/// **Coherence.** One connection per master runs `CLIENT TRACKING ON BCAST PREFIX <namespace>` (RESP3):
+/// Redis then reports every change to a key under the namespace — a write by any client, an expiry, an
+/// eviction, a flush — and the store passes them to the cache. Every
+/// ``Configuration/heartbeatInterval`` the store writes a heartbeat key of its own on each master;
+/// its invalidation arriving on the tracking connection proves that every change made before it was
+/// reported, which is what the cache's staleness bound is measured against. A tracking connection
+/// lost and re-established (or one that fell behind) invalidates every local copy.
+public final class RedisRemoteStore: RemoteStore {
+    /// How to reach Redis and where to keep the cache's keys.
+    public struct Configuration: Sendable {
+        /// Endpoints, credentials, TLS, timeouts, pool and breaker.
+        public var redis: RedisConfiguration
+        /// The prefix of every key (a non-empty string, e.g. `"myapp:cache:"`). Instances that share a
+        /// namespace share their entries.
+        public var namespace: String
+        /// Whether ``redis``'s endpoints are seeds of a Redis Cluster.
+        public var cluster: Bool
+        /// How often each master's change feed is confirmed (default 100 ms): a tenth of the cache's
+        /// ``Magpie/RemoteTierOptions/maxDisconnectedStaleness`` or less, or local copies lapse while
+        /// Redis is healthy.
+        public var heartbeatInterval: Duration
+
+        public init(redis: RedisConfiguration, namespace: String, cluster: Bool = false,
+                    heartbeatInterval: Duration = .milliseconds(100)) {
+            self.redis = redis
+            self.namespace = namespace
+            self.cluster = cluster
+            self.heartbeatInterval = heartbeatInterval
+        }
+
+        /// A configuration from a URL (``RedisConfiguration/init(url:)``).
+        public init(url: String, namespace: String, cluster: Bool = false) throws {
+            self.init(redis: try RedisConfiguration(url: url), namespace: namespace, cluster: cluster)
+        }
+    }
+
+    public let configuration: Configuration
+    let sender: any RedisCommandSender
+    let single: RedisClient?
+    let cluster: RedisClusterClient?
+    let prefix: [UInt8]
+    let instance: String
+    let executor: RedisEventLoopExecutor
+    let logger: Logger
+    let state = RedisLock(State())
+
+    struct State {
+        var changes: RemoteChanges?
+        var supervisor: Task<Void, Never>?
+        var feeds: [RedisEndpoint: Feed] = [:]
+        var delivered: Int64 = 0
+        var sequence: UInt64 = 0
+        var shutDown = false
+    }
+
+    /// One master's change feed: its subscriber, the task that reads it, and its heartbeats.
+    final class Feed: Sendable {
+        let endpoint: RedisEndpoint
+        let subscriber: RedisSubscriber
+        let progress = RedisLock(Progress())
+
+        struct Progress {
+            var reader: Task<Void, Never>?
+            /// Heartbeats sent and not yet seen, by sequence number: the instant each was sent.
+            var outstanding: [UInt64: Int64] = [:]
+            /// The send instant of the latest heartbeat seen: every change before it was reported.
+            var confirmed: Int64 = 0
+            var ended = false
+        }
+
+        init(endpoint: RedisEndpoint, subscriber: RedisSubscriber) {
+            self.endpoint = endpoint
+            self.subscriber = subscriber
+        }
+    }
+
+    /// A store for `configuration`; connects in the background (calls fail fast until it can).
+    public init(_ configuration: Configuration, eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
+                logger: Logger = Logger(label: "magpie.redis.remote")) throws {
+        guard !configuration.namespace.isEmpty else {
+            throw RedisError(.invalidConfiguration, "the namespace must not be empty (it is every key's prefix)")
+        }
+        guard configuration.heartbeatInterval > .zero else {
+            throw RedisError(.invalidConfiguration, "heartbeatInterval must be positive")
+        }
+        self.configuration = configuration
+        if configuration.cluster {
+            let client = try RedisClusterClient(configuration.redis, eventLoopGroup: eventLoopGroup, logger: logger)
+            cluster = client
+            single = nil
+            sender = client
+        } else {
+            let client = try RedisClient(configuration.redis, eventLoopGroup: eventLoopGroup, logger: logger)
+            single = client
+            cluster = nil
+            sender = client
+        }
+        prefix = Array(configuration.namespace.utf8)
+        instance = String(UInt64.random(in: 0...UInt64.max), radix: 36)
+        executor = RedisEventLoopExecutor(eventLoopGroup.next())
+        self.logger = logger
+    }
+
+    // MARK: RemoteStore
+
+    public func values(forKeys keys: [[UInt8]]) async throws(MagpieError) -> [[UInt8]?] {
+        do {
+            if keys.count == 1 {
+                return [try Self.bytes(await sender.send(.get(prefix + keys[0])))]
+            }
+            let replies = try await sender.send(batch: keys.map { .get(prefix + $0) })
+            return try replies.map { reply throws -> [UInt8]? in try Self.bytes(reply.get()) }
+        } catch {
+            throw Self.unavailable(error)
+        }
+    }
+
+    public func store(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, onlyIfAbsent: Bool) async throws(MagpieError)
+        -> Bool
+    {
+        var lifetime: Duration? = nil
+        if expiresAt != 0 {
+            let remaining = expiresAt - now()
+            guard remaining > 0 else {
+                try await remove(keys: [key])
+                return true
+            }
+            lifetime = .milliseconds(remaining)
+        }
+        do {
+            let reply = try await sender.send(
+                .set(prefix + key, value, expiration: lifetime, condition: onlyIfAbsent ? .ifNotExists : .always))
+            switch reply {
+            case .simpleString: return true
+            case .null: return false
+            default: throw RedisError(.unexpectedReply, "SET answered \(reply)")
+            }
+        } catch {
+            throw Self.unavailable(error)
+        }
+    }
+
+    public func remove(keys: [[UInt8]]) async throws(MagpieError) {
+        guard !keys.isEmpty else { return }
+        do {
+            if cluster == nil {
+                _ = try await sender.send(RedisCommand("DEL", keys.map { .bytes(prefix + $0) }, keyIndices: Array(keys.indices)))
+            } else {
+                // One DEL per key: a cluster refuses keys of different slots in one command.
+                for reply in try await sender.send(batch: keys.map { RedisCommand("DEL", [.bytes(prefix + $0)], keyIndices: [0]) }) {
+                    _ = try reply.get()
+                }
+            }
+        } catch {
+            throw Self.unavailable(error)
+        }
+    }
+
+    public var failsFast: Bool { single?.isBreakerOpen ?? false }
+
+    public func runBlocking<R: Sendable>(_ operation: @escaping @Sendable () async throws(MagpieError) -> R) throws(MagpieError) -> R {
+        if MultiThreadedEventLoopGroup.currentEventLoop != nil {
+            throw MagpieError(.remoteUnavailable, "a synchronous cache call on an event loop thread cannot wait for Redis")
+        }
+        let outcome = NIOLockedValueBox<Result<R, MagpieError>?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        Task(executorPreference: executor) {
+            let result: Result<R, MagpieError>
+            do throws(MagpieError) { result = .success(try await operation()) } catch { result = .failure(error) }
+            outcome.withLockedValue { $0 = result }
+            done.signal()
+        }
+        done.wait()
+        // Set before the signal the wait saw.
+        guard let result = outcome.withLockedValue({ $0 }) else {
+            throw MagpieError(.remoteUnavailable, "the remote call ended without a result")
+        }
+        return try result.get()
+    }
+
+    public func startReporting(to changes: RemoteChanges) {
+        state.withLock { state in
+            guard state.changes == nil, !state.shutDown else { return }
+            state.changes = changes
+            state.supervisor = Task { [weak self] in await self?.supervise() }
+        }
+    }
+
+    public func shutdown() async {
+        let (supervisor, feeds) = state.withLock { state -> (Task<Void, Never>?, [Feed]) in
+            state.shutDown = true
+            defer {
+                state.supervisor = nil
+                state.feeds = [:]
+            }
+            return (state.supervisor, Array(state.feeds.values))
+        }
+        supervisor?.cancel()
+        for feed in feeds {
+            feed.progress.withLock { $0.reader?.cancel() }
+            await feed.subscriber.close()
+        }
+        if let single { await single.shutdown() }
+        if let cluster { await cluster.shutdown() }
+    }
+
+    // MARK: Support
+
+    func now() -> Int64 {
+        if let changes = state.withLock({ $0.changes }) { return changes.now() }
+        var time = timespec()
+        clock_gettime(CLOCK_REALTIME, &time)
+        return Int64(time.tv_sec) * 1000 + Int64(time.tv_nsec) / 1_000_000
+    }
+
+    static func bytes(_ reply: RESPValue) throws -> [UInt8]? {
+        switch reply {
+        case .bulkString(let buffer): return Array(buffer.readableBytesView)
+        case .null: return nil
+        default: throw RedisError(.unexpectedReply, "GET answered \(reply)")
+        }
+    }
+
+    static func unavailable(_ error: any Error) -> MagpieError {
+        if let error = error as? MagpieError { return error }
+        return MagpieError(.remoteUnavailable, "\(error)")
+    }
+}

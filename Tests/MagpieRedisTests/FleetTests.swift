@@ -1,0 +1,239 @@
+import Glibc
+import Logging
+import Magpie
+import MagpieTestSupport
+import NIOCore
+import ServiceLifecycle
+import Synchronization
+import Testing
+
+@testable import MagpieRedis
+
+/// A cache instance of a fleet: memory (and, with `directory`, disk) in front of `server`'s namespace.
+func fleetCache(
+    port: Int, namespace: String = "fleet:", directory: String? = nil, bound: Duration = .seconds(1),
+    heartbeat: Duration = .milliseconds(20), adjust: (inout RedisConfiguration) -> Void = { _ in }
+) throws -> (Cache, RedisRemoteStore) {
+    let redis = testConfiguration(port: port) {
+        $0.commandTimeout = .milliseconds(300)
+        $0.reconnect.maximum = .milliseconds(200)
+        adjust(&$0)
+    }
+    let store = try RedisRemoteStore(.init(redis: redis, namespace: namespace, heartbeatInterval: heartbeat))
+    var configuration = Cache.Configuration(directory: directory, memoryBudget: 8 << 20, diskBudget: 64 << 20)
+    configuration.metrics = nil
+    configuration.remote = RemoteTierOptions(store: store, maxDisconnectedStaleness: bound)
+    return (try Cache(configuration), store)
+}
+
+/// Polls `condition` every 5 ms until it holds or `timeout` passes; returns whether it held and when.
+func pollUntil(timeout: Duration = .seconds(5), _ condition: () throws -> Bool) rethrows -> Duration? {
+    let start = ContinuousClock.now
+    while ContinuousClock.now - start < timeout {
+        if try condition() { return ContinuousClock.now - start }
+        usleep(5_000)
+    }
+    return nil
+}
+
+/// Waits until `cache`'s change feed is confirmed (its local copies are then kept).
+func waitConfirmed(_ cache: Cache) throws {
+    let confirmed = pollUntil { (cache.statistics.remote?.confirmations ?? 0) > 0 }
+    try #require(confirmed != nil, "the change feed was never confirmed")
+}
+
+func text(_ bytes: [UInt8]?) -> String? { bytes.map { String(decoding: $0, as: UTF8.self) } }
+
+@Suite("Fleet: caches sharing a Redis namespace", .serialized, .timeLimit(.minutes(2)))
+struct FleetTests {
+    @Test("a store on one instance reaches the others; a change drops their copies within milliseconds")
+    func coherence() async throws {
+        try await withRedisServer { server in
+            try await offloaded {
+                let (a, _) = try fleetCache(port: server.port)
+                let (b, _) = try fleetCache(port: server.port)
+                defer { try? a.close(); try? b.close() }
+                try waitConfirmed(a)
+                try waitConfirmed(b)
+                try a.set(Array("v1".utf8), forKey: "user:1")
+                #expect(text(try b.value(forKey: "user:1")) == "v1")  // a remote hit
+                // Kept locally, unless the change's own invalidation arrived during the fetch (then the
+                // next read keeps it).
+                #expect(try pollUntil { try b.lookup("user:1")?.tier == .memory } != nil)
+                try a.set(Array("v2".utf8), forKey: "user:1")
+                let lag = try pollUntil { text(try b.value(forKey: "user:1")) == "v2" }
+                #expect(lag != nil && lag! < .milliseconds(500))
+                try a.removeValue(forKey: "user:1")
+                #expect(try pollUntil { try b.value(forKey: "user:1") == nil } != nil)
+                let stats = try #require(b.statistics.remote)
+                #expect(stats.hits >= 2)
+                #expect(stats.invalidations >= 2)
+                #expect(stats.errors == 0)
+            }
+        }
+    }
+
+    @Test("a write by another program (redis-cli) drops local copies; what it wrote is a counted miss")
+    func foreignWrites() async throws {
+        try await withRedisServer { server in
+            try await offloaded {
+                let (a, _) = try fleetCache(port: server.port)
+                defer { try? a.close() }
+                try waitConfirmed(a)
+                try a.set(Array("value".utf8), forKey: "k")
+                #expect(text(try a.value(forKey: "k")) == "value")
+                _ = try server.cli("SET", "fleet:kk", "not a record")
+                #expect(try pollUntil { try a.value(forKey: "k") == nil } != nil)
+                #expect((a.statistics.remote?.corrupt ?? 0) >= 1)
+                // A record copied under another key, and a truncated one: foreign, both counted misses.
+                try a.set(Array("other".utf8), forKey: "src")
+                _ = try server.cli("COPY", "fleet:ksrc", "fleet:kdst")
+                #expect(try a.value(forKey: "dst") == nil)
+                #expect(text(try a.value(forKey: "src")) == "other")
+                let corruptBefore = a.statistics.remote?.corrupt ?? 0
+                _ = try server.cli("SETRANGE", "fleet:ksrc", "70", "x")
+                #expect(try pollUntil { try a.value(forKey: "src") == nil } != nil)
+                #expect((a.statistics.remote?.corrupt ?? 0) > corruptBefore)
+            }
+        }
+    }
+
+    @Test("removeAll(inGroup:) on one instance removes the group everywhere, in the store too")
+    func groups() async throws {
+        try await withRedisServer { server in
+            try await offloaded {
+                let (a, _) = try fleetCache(port: server.port)
+                let (b, _) = try fleetCache(port: server.port)
+                defer { try? a.close(); try? b.close() }
+                try waitConfirmed(a)
+                try waitConfirmed(b)
+                for i in 0..<20 {
+                    try a.set(Array("g\(i)".utf8), forKey: "member:\(i)", options: EntryOptions(group: "tenant-7"))
+                }
+                try a.set(Array("stays".utf8), forKey: "other")
+                for i in 0..<20 { #expect(text(try b.value(forKey: "member:\(i)")) == "g\(i)") }
+                try a.removeAll(inGroup: "tenant-7")
+                #expect(try pollUntil { try (0..<20).allSatisfy { try b.value(forKey: "member:\($0)") == nil } } != nil)
+                #expect(text(try b.value(forKey: "other")) == "stays")
+                // A new instance finds the records outdated.
+                let (c, _) = try fleetCache(port: server.port)
+                defer { try? c.close() }
+                try waitConfirmed(c)
+                for i in 0..<20 { #expect(try c.value(forKey: "member:\(i)") == nil) }
+                #expect((c.statistics.remote?.outdated ?? 0) == 20)
+                #expect(text(try c.value(forKey: "other")) == "stays")
+                // removeAll() likewise, for everything.
+                try a.removeAll()
+                #expect(try pollUntil { try b.value(forKey: "other") == nil } != nil)
+                #expect(try c.value(forKey: "other") == nil)
+            }
+        }
+    }
+
+    @Test("Redis paused: local copies served (no errors) until the bound, then misses; back after resume")
+    func pausedServer() async throws {
+        try await withRedisServer { server in
+            try await offloaded {
+                let (a, _) = try fleetCache(port: server.port, bound: .milliseconds(600))
+                defer { try? a.close() }
+                try waitConfirmed(a)
+                try a.set(Array("local".utf8), forKey: "p")
+                // Redis reports every change, the writer's own too: the writer's copy goes, and the next
+                // read fetches and keeps it.
+                #expect(try pollUntil { try a.lookup("p")?.tier == .memory } != nil)
+                server.pause()
+                let paused = ContinuousClock.now
+                #expect(text(try a.value(forKey: "p")) == "local")  // within the bound
+                var lapsed: Duration? = nil
+                while ContinuousClock.now - paused < .seconds(3) {
+                    if try a.value(forKey: "p") == nil {
+                        lapsed = ContinuousClock.now - paused
+                        break
+                    }
+                    usleep(5_000)
+                }
+                server.resume()
+                let after = try #require(lapsed)
+                #expect(after >= .milliseconds(300))  // not dropped at once
+                #expect(ContinuousClock.now - paused < .seconds(3))
+                // Back: the store answers again and the feed is confirmed again.
+                #expect(try pollUntil { text(try a.value(forKey: "p")) == "local" } != nil)
+            }
+        }
+    }
+
+    @Test("removals made while Redis is down are replayed when it is back: no resurrection")
+    func removalsReplayed() async throws {
+        try await withRedisServer(.init(extraConfig: ["appendonly yes", "appendfsync always"])) { server in
+            try await offloaded {
+                let (a, _) = try fleetCache(port: server.port)
+                let (b, _) = try fleetCache(port: server.port)
+                defer { try? a.close(); try? b.close() }
+                try waitConfirmed(a)
+                try waitConfirmed(b)
+                for key in ["r1", "r2", "kept"] { try a.set(Array(key.utf8), forKey: key) }
+                try a.set(Array("g".utf8), forKey: "grouped", options: EntryOptions(group: "gone"))
+                server.kill()
+                try a.removeValue(forKey: "r1")
+                try a.set(Array("new".utf8), forKey: "r2")  // a failed store owes a removal too
+                try a.removeAll(inGroup: "gone")
+                #expect((a.statistics.remote?.owedRemovals ?? 0) >= 3)
+                #expect(try a.value(forKey: "r1") == nil)
+                try server.restart()
+                #expect(pollUntil { a.statistics.remote?.owedRemovals == 0 } != nil)
+                // b lost its feed: everything it held is re-read from the store.
+                #expect(try pollUntil { try b.value(forKey: "r1") == nil && b.value(forKey: "r2") == nil } != nil)
+                #expect(try b.value(forKey: "grouped") == nil)
+                #expect(text(try b.value(forKey: "kept")) == "kept")
+                #expect(try server.cli("EXISTS", "fleet:kr1") == "0")
+            }
+        }
+    }
+
+    @Test("the loader runs once for the fleet when the value is in the store; AUTH end to end")
+    func loaderAndAuth() async throws {
+        try await withRedisServer(.init(requirePassword: "s3cret")) { server in
+            let (a, _) = try fleetCache(port: server.port) { $0.password = "s3cret" }
+            let (b, _) = try fleetCache(port: server.port) { $0.password = "s3cret" }
+            defer { try? a.close(); try? b.close() }
+            try await offloaded { try waitConfirmed(a); try waitConfirmed(b) }
+            let runs = Atomic<Int>(0)
+            let first = try await a.value(forKey: "loaded") {
+                runs.add(1, ordering: .relaxed)
+                return Array("from origin".utf8)
+            }
+            let second = try await b.value(forKey: "loaded") {
+                runs.add(1, ordering: .relaxed)
+                return Array("again".utf8)
+            }
+            #expect(text(first) == "from origin")
+            #expect(text(second) == "from origin")
+            #expect(runs.load(ordering: .relaxed) == 1)
+        }
+    }
+}
+
+@Suite("Fleet: service lifecycle", .timeLimit(.minutes(1)))
+struct FleetServiceTests {
+    @Test("a ServiceGroup's graceful shutdown replays owed removals, flushes and closes the cache")
+    func gracefulShutdown() async throws {
+        try await withRedisServer(.init(extraConfig: ["appendonly yes", "appendfsync always"])) { server in
+            let directory = TemporaryDirectory("magpie-fleet-service")
+            let (a, _) = try fleetCache(port: server.port, directory: directory.path)
+            try await offloaded {
+                try waitConfirmed(a)
+                try a.set(Array("v".utf8), forKey: "doomed")
+                server.kill()
+                try a.removeValue(forKey: "doomed")  // owed
+            }
+            #expect(a.statistics.remote?.owedRemovals == 1)
+            let group = ServiceGroup(services: [a], logger: Logger(label: "magpie.test"))
+            let running = Task { try await group.run() }
+            try await offloaded { try server.restart() }
+            await group.triggerGracefulShutdown()
+            try await running.value
+            #expect(throws: MagpieError.self) { try a.value(forKey: "doomed") }  // closed
+            #expect(try server.cli("EXISTS", "fleet:kdoomed") == "0")  // the removal reached Redis first
+        }
+    }
+}
