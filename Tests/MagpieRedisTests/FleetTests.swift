@@ -213,6 +213,42 @@ struct FleetTests {
     }
 }
 
+final class LoaderRuns: Sendable {
+    let count = Atomic<Int>(0)
+}
+
+@Suite("Fleet: single flight", .timeLimit(.minutes(1)))
+struct FleetSingleFlightTests {
+    @Test("4 instances × 25 concurrent callers of a missing key: the loader runs once for the fleet")
+    func singleFlight() async throws {
+        try await withRedisServer { server in
+            let caches = try (0..<4).map { _ in try fleetCache(port: server.port).0 }
+            defer { for cache in caches { try? cache.close() } }
+            try await offloaded { for cache in caches { try waitConfirmed(cache) } }
+            let runs = LoaderRuns()
+            try await withThrowingTaskGroup(of: [UInt8].self) { group in
+                for cache in caches {
+                    for _ in 0..<25 {
+                        group.addTask {
+                            try await cache.value(forKey: "hot") {
+                                runs.count.add(1, ordering: .relaxed)
+                                try await Task.sleep(for: .milliseconds(200))
+                                return Array("origin".utf8)
+                            }
+                        }
+                    }
+                }
+                for try await value in group { #expect(text(value) == "origin") }
+            }
+            #expect(runs.count.load(ordering: .relaxed) == 1)
+            let stats = caches.compactMap { $0.statistics.remote }
+            #expect(stats.map(\.leasesAcquired).reduce(0, +) == 1)
+            #expect(stats.map(\.sharedLoads).reduce(0, +) == 3)
+            #expect(caches.map { $0.statistics.loaderRuns }.reduce(0, +) == 4)  // one flight per instance
+        }
+    }
+}
+
 @Suite("Fleet: service lifecycle", .timeLimit(.minutes(1)))
 struct FleetServiceTests {
     @Test("a ServiceGroup's graceful shutdown replays owed removals, flushes and closes the cache")

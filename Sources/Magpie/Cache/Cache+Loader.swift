@@ -251,7 +251,8 @@ extension Cache {
 
     /// Whether memory holds a value of the key that a call would serve without a load (fresh).
     private func servableInMemory(_ call: LoaderCall) -> Bool {
-        call.name.withUnsafeBytes { bytes in
+        if let remote { return fleetServableInMemory(call, remote) }
+        return call.name.withUnsafeBytes { bytes in
             guard let (_, freshness) = memory.metadata(HashedKey(bytes, hash: call.hash)) else { return false }
             guard call.acceptsAbsence || !freshness.negative else { return false }
             return freshness.freshUntil == 0 || freshness.isFresh(at: clock.now())
@@ -263,7 +264,7 @@ extension Cache {
     }
 
     /// Takes an abandoned flight out of the map (its last caller was cancelled).
-    private func leave(_ flight: Flight, hash: UInt64) {
+    func leave(_ flight: Flight, hash: UInt64) {
         flights.withLock { flights in
             if flights[hash] === flight {
                 flights[hash] = nil
@@ -278,11 +279,25 @@ extension Cache {
         case .async(let load):
             flight.start(
                 Task { [self] in
+                    // A cache with a remote tier loads once for the fleet: the lease's holder loads, the
+                    // others wait for its value (Cache+Lease.swift).
+                    var taken = LeaseOutcome.load(holding: false)
+                    if let remote {
+                        taken = (try? await onDisk { [self] () throws(MagpieError) -> LeaseOutcome in leaseOrShared(call, remote) })
+                            ?? .load(holding: false)
+                    }
+                    let lease = taken
+                    if case .shared(let value) = lease {
+                        leave(flight, hash: call.hash)
+                        flight.finish(.success(value))
+                        return
+                    }
                     let started = clock.now()
                     let result: Result<[UInt8]?, any Error>
                     do { result = .success(try await load()) } catch { result = .failure(error) }
                     let landed: Bool? = try? await onDisk { [self] () throws(MagpieError) -> Bool in
                         land(flight, call, result, started: started)
+                        if case .load(holding: true) = lease, let remote { releaseLease(call, remote) }
                         return true
                     }
                     if landed == nil { leave(flight, hash: call.hash) }  // cancelled or closed before it could land
@@ -299,6 +314,14 @@ extension Cache {
 
     /// Runs a synchronous load on this thread, lands it and ends the flight.
     private func runBlocking(_ flight: Flight, _ call: LoaderCall, _ load: @Sendable () throws -> [UInt8]?) {
+        var lease = LeaseOutcome.load(holding: false)
+        if let remote { lease = leaseOrShared(call, remote) }
+        if case .shared(let value) = lease {
+            leave(flight, hash: call.hash)
+            flight.finish(.success(value))
+            return
+        }
+        defer { if case .load(holding: true) = lease, let remote { releaseLease(call, remote) } }
         let started = clock.now()
         let result: Result<[UInt8]?, any Error>
         do { result = .success(try load()) } catch { result = .failure(error) }

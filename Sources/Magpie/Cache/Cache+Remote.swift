@@ -54,7 +54,7 @@ extension Cache {
     }
 
     /// The store's current record of `key`, kept locally when it may be; nil on a miss or a failure.
-    private func remoteEntry(_ key: HashedKey, _ remote: RemoteTier) -> StoredEntry? {
+    func remoteEntry(_ key: HashedKey, _ remote: RemoteTier) -> StoredEntry? {
         let started = clock.now()
         let counter = remote.coherence.counter(key.hash)
         let name = Array(key.bytes)

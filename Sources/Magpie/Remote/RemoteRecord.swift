@@ -6,6 +6,7 @@ import CXXHash
 //   "k" + key         a record (below)
 //   "g" + group name  the group's token: 8 bytes, little endian, never 0
 //   "a"               the namespace's token: 8 bytes, little endian, never 0
+//   "l" + key         the key's load lease (Cache+Lease.swift): a token, with an expiry
 //   "h" + …           the store's own (MagpieRedis: its change-feed heartbeats); the cache ignores them
 //
 // A record, little endian:
@@ -28,6 +29,7 @@ enum RemoteKey {
     static let group: UInt8 = 0x67  // "g"
     static let namespace: UInt8 = 0x61  // "a"
     static let storeOwn: UInt8 = 0x68  // "h"
+    static let lease: UInt8 = 0x6C  // "l"
 
     static func tagged(_ tag: UInt8, _ bytes: UnsafeRawBufferPointer) -> [UInt8] {
         var key = [UInt8]()

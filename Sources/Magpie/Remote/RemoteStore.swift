@@ -64,12 +64,21 @@ public struct RemoteTierOptions: Sendable {
     /// that invalidates every record in the namespace, see <doc:RunningAFleet>): a removal is never lost.
     /// Default 100,000.
     public var maxPendingRemovals: Int
+    /// Fleet-wide single flight for the loader API: a load first takes the key's lease in the store,
+    /// for this long; an instance that finds it taken waits for the holder's value instead of loading
+    /// (until the lease is released or expires). Longer than the slowest load you want coalesced.
+    /// Nil: every instance loads on its own. Default 10 s.
+    public var loadLease: Duration?
 
     /// Options for `store`.
-    public init(store: any RemoteStore, maxDisconnectedStaleness: Duration = .seconds(1), maxPendingRemovals: Int = 100_000) {
+    public init(
+        store: any RemoteStore, maxDisconnectedStaleness: Duration = .seconds(1), maxPendingRemovals: Int = 100_000,
+        loadLease: Duration? = .seconds(10)
+    ) {
         self.store = store
         self.maxDisconnectedStaleness = maxDisconnectedStaleness
         self.maxPendingRemovals = maxPendingRemovals
+        self.loadLease = loadLease
     }
 }
 

@@ -149,6 +149,11 @@ public struct RemoteTierStatistics: Sendable, Hashable {
     public var unconfirmedMilliseconds: Int64 = 0
     /// Whether the store fails fast now (its breaker is open).
     public var failsFast = false
+    /// Load leases taken (this instance ran the loader for the fleet), loads that found the lease taken
+    /// and waited, and those that got the holder's value instead of loading.
+    public var leasesAcquired: UInt64 = 0
+    public var leaseWaits: UInt64 = 0
+    public var sharedLoads: UInt64 = 0
 
     public init() {}
 }
@@ -174,6 +179,9 @@ extension RemoteTier {
         s.maxLagMilliseconds = coherence.maxLag.load(ordering: .relaxed)
         s.unconfirmedMilliseconds = max(0, clock.now() - coherence.confirmed.load(ordering: .relaxed))
         s.failsFast = store.failsFast
+        s.leasesAcquired = counters.leasesAcquired.load(ordering: .relaxed)
+        s.leaseWaits = counters.leaseWaits.load(ordering: .relaxed)
+        s.sharedLoads = counters.sharedLoads.load(ordering: .relaxed)
         return s
     }
 }

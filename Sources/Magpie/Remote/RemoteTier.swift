@@ -6,6 +6,8 @@ final class RemoteTier: Sendable {
     let store: any RemoteStore
     let coherence: Coherence
     let maxPendingRemovals: Int
+    /// The load lease's lifetime in ms (nil: no fleet-wide single flight).
+    let leaseTime: Int64?
     let clock: CacheClock
     /// Held (by key hash) across a local write and its remote write, and by a fetch that keeps its value
     /// locally: so a fetch that overlapped a write of its key never lands over it (see Cache+Remote.swift).
@@ -26,6 +28,9 @@ final class RemoteTier: Sendable {
         let queuedRemovals = Atomic<UInt64>(0)
         let replayedRemovals = Atomic<UInt64>(0)
         let pendingOverflows = Atomic<UInt64>(0)
+        let leasesAcquired = Atomic<UInt64>(0)
+        let leaseWaits = Atomic<UInt64>(0)
+        let sharedLoads = Atomic<UInt64>(0)
     }
 
     struct TokenCache {
@@ -49,6 +54,7 @@ final class RemoteTier: Sendable {
         store = options.store
         coherence = Coherence(bound: options.maxDisconnectedStaleness)
         maxPendingRemovals = max(0, options.maxPendingRemovals)
+        leaseTime = options.loadLease.map { max(1, $0.wholeMilliseconds) }
         self.clock = clock
     }
 
