@@ -255,6 +255,7 @@ struct FleetServiceTests {
     func gracefulShutdown() async throws {
         try await withRedisServer(.init(extraConfig: ["appendonly yes", "appendfsync always"])) { server in
             let directory = TemporaryDirectory("magpie-fleet-service")
+            defer { directory.cleanup() }
             let (a, _) = try fleetCache(port: server.port, directory: directory.path)
             try await offloaded {
                 try waitConfirmed(a)

@@ -167,7 +167,9 @@ extension Cache {
                 let rest = key.dropFirst()
                 switch tag {
                 case RemoteKey.record:
-                    dropLocal(Array(rest), remote)
+                    let name = Array(rest)
+                    dropLocal(name, remote)
+                    remote.onInvalidation?(name)
                 case RemoteKey.group:
                     guard let group = String(validating: rest, as: UTF8.self) else { continue }
                     remote.forgetToken(group: group)

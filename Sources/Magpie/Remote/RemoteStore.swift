@@ -69,6 +69,10 @@ public struct RemoteTierOptions: Sendable {
     /// (until the lease is released or expires). Longer than the slowest load you want coalesced.
     /// Nil: every instance loads on its own. Default 10 s.
     public var loadLease: Duration?
+    /// Called with a key (as the cache's callers gave it) after its local copies were dropped because
+    /// the store reported it changed: on the cache's coherence thread, in order; keep it short. For
+    /// metrics and for measuring invalidation lag (`magpie-bench fleet`). Default nil.
+    public var onInvalidation: (@Sendable ([UInt8]) -> Void)? = nil
 
     /// Options for `store`.
     public init(

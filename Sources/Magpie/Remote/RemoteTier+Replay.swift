@@ -58,10 +58,11 @@ extension RemoteTier {
         }
     }
 
-    /// Replays until nothing is owed: waits while the store fails fast, backs off after a failure
-    /// (100 ms doubling to 2 s).
+    /// Replays until nothing is owed: looks every 20 ms while the store fails fast (so the replay
+    /// follows the store's return closely: until it lands, other instances may read what the store
+    /// holds), backs off after a failed attempt (20 ms doubling to 250 ms).
     private func replayOwedRemovals() async {
-        var delay = Duration.milliseconds(100)
+        var delay = Duration.milliseconds(20)
         while !Task.isCancelled {
             let owed = pending.withLock { pending -> PendingRemovals? in
                 if pending.isEmpty {
@@ -72,7 +73,7 @@ extension RemoteTier {
             }
             guard let owed else { return }
             if store.failsFast {
-                try? await Task.sleep(for: delay)
+                try? await Task.sleep(for: .milliseconds(20))
                 continue
             }
             do {
@@ -83,11 +84,11 @@ extension RemoteTier {
                     for (group, sequence) in owed.groups where pending.groups[group] == sequence { pending.groups[group] = nil }
                 }
                 counters.replayedRemovals.add(UInt64(owed.all ? 1 : owed.keys.count + owed.groups.count), ordering: .relaxed)
-                delay = .milliseconds(100)
+                delay = .milliseconds(20)
             } catch {
                 counters.errors.add(1, ordering: .relaxed)
                 try? await Task.sleep(for: delay)
-                delay = min(delay * 2, .seconds(2))
+                delay = min(delay * 2, .milliseconds(250))
             }
         }
     }

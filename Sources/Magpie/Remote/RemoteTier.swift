@@ -8,6 +8,7 @@ final class RemoteTier: Sendable {
     let maxPendingRemovals: Int
     /// The load lease's lifetime in ms (nil: no fleet-wide single flight).
     let leaseTime: Int64?
+    let onInvalidation: (@Sendable ([UInt8]) -> Void)?
     let clock: CacheClock
     /// Held (by key hash) across a local write and its remote write, and by a fetch that keeps its value
     /// locally: so a fetch that overlapped a write of its key never lands over it (see Cache+Remote.swift).
@@ -55,6 +56,7 @@ final class RemoteTier: Sendable {
         coherence = Coherence(bound: options.maxDisconnectedStaleness)
         maxPendingRemovals = max(0, options.maxPendingRemovals)
         leaseTime = options.loadLease.map { max(1, $0.wholeMilliseconds) }
+        onInvalidation = options.onInvalidation
         self.clock = clock
     }
 

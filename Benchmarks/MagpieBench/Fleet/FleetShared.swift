@@ -1,0 +1,177 @@
+import Foundation
+import Glibc
+import Synchronization
+
+/// The memory the fleet benchmark's processes share (a file each maps): the ground truth of every key,
+/// the invalidation-lag probes, and the run's control words.
+///
+/// Layout (8-byte words, all atomics; the file starts zeroed, a valid state for every word):
+///   control   16 words: 0 workers ready, 1 the measurement's start (ns), 2 its end, 3 stop, 4 loader
+///             runs (single flight), 5 the warm-up's start (0 = not yet; written last)
+///   status    16 words per worker: 0 the last instant its change feed was seen confirmed
+///   keys      8 words per key: 0 lock, 1 next version, 2 latest version, 3 latest returned at,
+///             4 latest was a removal, 5 previous version, 6 previous returned at
+///   probes    (1 + workers) words per probe: 0 the write returned at, 1 + w dropped on worker w
+///
+/// Writes of one key (sets, removals, an origin load's fill) hold the key's lock across the system's
+/// write, so versions reach Redis in version order and "latest" is what a coherent reader must see.
+/// Instants are CLOCK_MONOTONIC nanoseconds: one clock for every process on the machine.
+final class FleetShared: @unchecked Sendable {
+    // @unchecked Sendable invariant: `base` maps `size` bytes shared with the other processes for the
+    // object's lifetime; every access goes through atomics on 8-byte aligned words.
+    let keys: Int
+    let probes: Int
+    let workers: Int
+    private let base: UnsafeMutableRawPointer
+    private let size: Int
+
+    static let controlWords = 16
+    static let statusWords = 16
+    static let keyWords = 8
+
+    static func size(keys: Int, probes: Int, workers: Int) -> Int {
+        8 * (controlWords + statusWords * workers + keyWords * keys + (1 + workers) * probes)
+    }
+
+    /// Maps `path` (created with `create`, sized and zeroed).
+    init(path: String, keys: Int, probes: Int, workers: Int, create: Bool) throws {
+        (self.keys, self.probes, self.workers) = (keys, probes, workers)
+        size = Self.size(keys: keys, probes: probes, workers: workers)
+        let fd = open(path, create ? O_RDWR | O_CREAT | O_TRUNC : O_RDWR, 0o600)
+        guard fd >= 0 else { throw BenchError("cannot open \(path): errno \(errno)") }
+        defer { close(fd) }
+        if create, ftruncate(fd, off_t(size)) != 0 { throw BenchError("cannot size \(path): errno \(errno)") }
+        guard let mapped = mmap(nil, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), mapped != MAP_FAILED else {
+            throw BenchError("cannot map \(path): errno \(errno)")
+        }
+        base = mapped
+    }
+
+    deinit { munmap(base, size) }
+
+    /// The atomic word at index `word` (in bounds by construction of every caller's index).
+    private func cell(_ word: Int) -> UnsafeMutablePointer<Atomic<Int64>> {
+        (base + 8 * word).assumingMemoryBound(to: Atomic<Int64>.self)
+    }
+
+    func load(_ word: Int) -> Int64 { cell(word).pointee.load(ordering: .acquiring) }
+    func store(_ word: Int, _ value: Int64) { cell(word).pointee.store(value, ordering: .releasing) }
+    func add(_ word: Int, _ value: Int64) -> Int64 { cell(word).pointee.add(value, ordering: .acquiringAndReleasing).oldValue }
+
+    // Control.
+    var readyWord: Int { 0 }
+    var startWord: Int { 1 }
+    var endWord: Int { 2 }
+    var stopWord: Int { 3 }
+    /// Word 4 counts the single-flight phase's loader runs; word 5 is the warm-up's start (set last).
+    var warmupWord: Int { 5 }
+    func statusWord(worker: Int) -> Int { Self.controlWords + Self.statusWords * worker }
+
+    // Keys.
+    private func keyWord(_ key: Int, _ field: Int) -> Int {
+        Self.controlWords + Self.statusWords * workers + Self.keyWords * key + field
+    }
+
+    func lock(_ key: Int) {
+        let word = cell(keyWord(key, 0))
+        var spins = 0
+        while !word.pointee.compareExchange(expected: 0, desired: 1, ordering: .acquiring).exchanged {
+            // A holder waits for a round trip: yield a little, then sleep, so waiters do not take the
+            // CPU the holder's I/O threads and Redis need.
+            spins += 1
+            if spins < 16 { sched_yield() } else { usleep(20) }
+        }
+    }
+
+    func unlock(_ key: Int) { cell(keyWord(key, 0)).pointee.store(0, ordering: .releasing) }
+
+    /// A new version of `key` (the caller holds its lock).
+    func nextVersion(_ key: Int) -> Int64 { add(keyWord(key, 1), 1) + 1 }
+
+    /// Records that the write of `version` returned at `now` (the caller holds the key's lock).
+    func recordWrite(_ key: Int, version: Int64, removal: Bool, now: Int64) {
+        store(keyWord(key, 5), load(keyWord(key, 2)))
+        store(keyWord(key, 6), load(keyWord(key, 3)))
+        store(keyWord(key, 2), version)
+        store(keyWord(key, 3), now)
+        store(keyWord(key, 4), removal ? 1 : 0)
+    }
+
+    struct Truth {
+        var latest: Int64
+        var latestAt: Int64
+        var removal: Bool
+        var previous: Int64
+        var previousAt: Int64
+    }
+
+    func truth(_ key: Int) -> Truth {
+        Truth(latest: load(keyWord(key, 2)), latestAt: load(keyWord(key, 3)), removal: load(keyWord(key, 4)) != 0,
+              previous: load(keyWord(key, 5)), previousAt: load(keyWord(key, 6)))
+    }
+
+    // Probes.
+    func probeWord(_ probe: Int, _ field: Int) -> Int {
+        Self.controlWords + Self.statusWords * workers + Self.keyWords * keys + (1 + workers) * probe + field
+    }
+}
+
+/// The monotonic clock every fleet process shares, in ns.
+func monotonicNanoseconds() -> Int64 {
+    var time = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &time)
+    return Int64(time.tv_sec) * 1_000_000_000 + Int64(time.tv_nsec)
+}
+
+struct BenchError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// A log-linear histogram (32 sub-buckets per power of two, about 3 % resolution) that merges across
+/// processes: counts travel as an array.
+struct LogHistogram: Sendable {
+    var counts = [Int](repeating: 0, count: 64 + 58 * 32)
+
+    static func index(_ value: Int64) -> Int {
+        let v = UInt64(max(0, value))
+        if v < 64 { return Int(v) }
+        let msb = 63 - v.leadingZeroBitCount
+        let shift = msb - 5
+        return shift * 32 + Int(v >> UInt64(shift))
+    }
+
+    static func value(at index: Int) -> Int64 {
+        if index < 64 { return Int64(index) }
+        let shift = index / 32 - 1
+        let mantissa = index - shift * 32
+        return Int64(mantissa) << Int64(shift)
+    }
+
+    mutating func record(_ value: Int64) { counts[min(Self.index(value), counts.count - 1)] += 1 }
+
+    mutating func merge(_ other: [Int]) {
+        for (i, c) in other.enumerated() where i < counts.count { counts[i] += c }
+    }
+
+    var total: Int { counts.reduce(0, +) }
+
+    func percentile(_ p: Double) -> Int64 {
+        let total = self.total
+        guard total > 0 else { return 0 }
+        let rank = max(1, Int((p / 100 * Double(total)).rounded(.up)))
+        var seen = 0
+        for (i, c) in counts.enumerated() {
+            seen += c
+            if seen >= rank { return Self.value(at: i) }
+        }
+        return Self.value(at: counts.count - 1)
+    }
+
+    var percentiles: Percentiles {
+        let max = counts.lastIndex { $0 > 0 }.map { Self.value(at: $0) } ?? 0
+        return Percentiles(
+            p50: UInt64(percentile(50)), p90: UInt64(percentile(90)), p99: UInt64(percentile(99)),
+            p999: UInt64(percentile(99.9)), max: UInt64(max))
+    }
+}
