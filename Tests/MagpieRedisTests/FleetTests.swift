@@ -1,7 +1,8 @@
 import Glibc
 import Logging
-import Magpie
+@testable import Magpie
 import MagpieTestSupport
+import MetricsTestKit
 import NIOCore
 import ServiceLifecycle
 import Synchronization
@@ -69,6 +70,7 @@ struct FleetTests {
                 #expect(stats.hits >= 2)
                 #expect(stats.invalidations >= 2)
                 #expect(stats.errors == 0)
+                #expect(stats.confirmations > 0 && stats.unconfirmedMilliseconds < 1000)
             }
         }
     }
@@ -245,6 +247,98 @@ struct FleetSingleFlightTests {
             #expect(stats.map(\.leasesAcquired).reduce(0, +) == 1)
             #expect(stats.map(\.sharedLoads).reduce(0, +) == 3)
             #expect(caches.map { $0.statistics.loaderRuns }.reduce(0, +) == 4)  // one flight per instance
+        }
+    }
+}
+
+@Suite("Fleet: metrics", .timeLimit(.minutes(1)))
+struct FleetMetricsTests {
+    @Test("the remote tier's counters and gauges reach swift-metrics")
+    func metrics() async throws {
+        try await withRedisServer { server in
+            try await offloaded {
+                let metrics = TestMetrics()
+                let store = try RedisRemoteStore(.init(redis: testConfiguration(port: server.port), namespace: "fleet:",
+                                                       heartbeatInterval: .milliseconds(20)))
+                var configuration = Cache.Configuration(memoryBudget: 1 << 20)
+                configuration.metrics = Cache.MetricsOptions(interval: nil, factory: metrics)
+                configuration.remote = RemoteTierOptions(store: store)
+                let cache = try Cache(configuration)
+                defer { try? cache.close() }
+                try waitConfirmed(cache)
+                try cache.set([1, 2, 3], forKey: "k")
+                _ = pollUntil { (cache.statistics.remote?.invalidations ?? 0) > 0 }  // its own write's report
+                #expect(try cache.value(forKey: "k") == [1, 2, 3])  // re-fetched from Redis
+                #expect(try cache.value(forKey: "absent") == nil)
+                cache.reportMetrics()
+                #expect(metrics.counterTotal(label: "magpie_hits", dimensions: [("tier", "remote")]) == 1)
+                #expect(metrics.counterTotal(label: "magpie_misses", dimensions: [("tier", "remote")]) == 1)
+                #expect(metrics.counterTotal(label: "magpie_writes", dimensions: [("tier", "remote")]) == 1)
+                #expect(metrics.counterTotal(label: "magpie_invalidations", dimensions: [("tier", "remote")]) >= 1)
+                let breaker = try metrics.expectGauge("magpie_breaker_open", [("tier", "remote")])
+                #expect(breaker.lastValue == 0)
+            }
+        }
+    }
+}
+
+@Suite("Fleet: restarts", .timeLimit(.minutes(1)))
+struct FleetRestartTests {
+    @Test("instances and Redis restarted: a disk copy changed meanwhile is never served; group removal still reaches all")
+    func restarts() async throws {
+        let directoryA = TemporaryDirectory("magpie-fleet-a")
+        let directoryB = TemporaryDirectory("magpie-fleet-b")
+        defer { directoryA.cleanup(); directoryB.cleanup() }
+        try await withRedisServer(.init(extraConfig: ["appendonly yes", "appendfsync always"])) { server in
+            try await offloaded {
+                do {
+                    let (a, _) = try fleetCache(port: server.port, directory: directoryA.path)
+                    let (b, _) = try fleetCache(port: server.port, directory: directoryB.path)
+                    try waitConfirmed(a)
+                    try waitConfirmed(b)
+                    for i in 0..<10 { try a.set(Array("old-\(i)".utf8), forKey: "m\(i)", options: EntryOptions(group: "team")) }
+                    for i in 0..<10 { #expect(text(try b.value(forKey: "m\(i)")) == "old-\(i)") }  // on b's disk too
+                    try b.close()
+                    // While b is down, a changes half the keys.
+                    for i in 0..<5 { try a.set(Array("new-\(i)".utf8), forKey: "m\(i)", options: EntryOptions(group: "team")) }
+                    try a.close()
+                }
+                try server.restart()
+                let (a, _) = try fleetCache(port: server.port, directory: directoryA.path)
+                let (b, _) = try fleetCache(port: server.port, directory: directoryB.path)
+                defer { try? a.close(); try? b.close() }
+                try waitConfirmed(a)
+                try waitConfirmed(b)
+                for i in 0..<10 { #expect(text(try b.value(forKey: "m\(i)")) == (i < 5 ? "new-\(i)" : "old-\(i)")) }
+                try a.removeAll(inGroup: "team")
+                #expect(try pollUntil { try (0..<10).allSatisfy { try b.value(forKey: "m\($0)") == nil } } != nil)
+            }
+        }
+    }
+}
+
+@Suite("Fleet: TLS", .timeLimit(.minutes(1)))
+struct FleetTLSTests {
+    @Test("TLS end to end: records, tracking and heartbeats over verified TLS")
+    func tls() async throws {
+        let directory = TemporaryDirectory("magpie-fleet-tls")
+        defer { directory.cleanup() }
+        let material = try TLSMaterial.make(in: directory.path)
+        try await withRedisServer(.init(tls: material)) { server in
+            let port = try #require(server.tlsPort)
+            let configure: (inout RedisConfiguration) -> Void = { $0.tls = try? RedisTLS.trusting(caFile: material.caCertPath) }
+            let (a, _) = try fleetCache(port: port, adjust: configure)
+            let (b, _) = try fleetCache(port: port, adjust: configure)
+            defer { try? a.close(); try? b.close() }
+            try await offloaded {
+                try waitConfirmed(a)
+                try waitConfirmed(b)
+                try a.set(Array("secret".utf8), forKey: "t")
+                #expect(text(try b.value(forKey: "t")) == "secret")
+                try a.set(Array("changed".utf8), forKey: "t")
+                #expect(try pollUntil { text(try b.value(forKey: "t")) == "changed" } != nil)
+                #expect(b.statistics.remote?.errors == 0)
+            }
         }
     }
 }

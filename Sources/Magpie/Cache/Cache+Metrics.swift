@@ -59,6 +59,22 @@ final class MetricsReporter: Sendable {
                     ("corrupt_records", "disk", disk.corruptRecords, before.corruptRecords),
                 ]
             }
+            if let remote = now.remote {
+                let before = previous.remote ?? RemoteTierStatistics()
+                counts += [
+                    ("hits", "remote", remote.hits, before.hits), ("misses", "remote", remote.misses, before.misses),
+                    ("outdated", "remote", remote.outdated, before.outdated),
+                    ("corrupt_records", "remote", remote.corrupt, before.corrupt),
+                    ("errors", "remote", remote.errors, before.errors), ("writes", "remote", remote.stores, before.stores),
+                    ("removals", "remote", remote.removals, before.removals),
+                    ("invalidations", "remote", remote.invalidations, before.invalidations),
+                    ("epoch_bumps", "remote", remote.epochBumps, before.epochBumps),
+                    ("queued_removals", "remote", remote.queuedRemovals, before.queuedRemovals),
+                    ("replayed_removals", "remote", remote.replayedRemovals, before.replayedRemovals),
+                    ("leases", "remote", remote.leasesAcquired, before.leasesAcquired),
+                    ("shared_loads", "remote", remote.sharedLoads, before.sharedLoads),
+                ]
+            }
             for (name, tier, value, old) in counts where value > old {
                 counter(name, tier: tier, in: &state.0).increment(by: Int64(clamping: value - old))
             }
@@ -67,6 +83,12 @@ final class MetricsReporter: Sendable {
             if let disk = now.disk {
                 gauge("entries", tier: "disk", in: &state.0).record(disk.entries)
                 gauge("bytes", tier: "disk", in: &state.0).record(disk.bytesOnDisk)
+            }
+            if let remote = now.remote {
+                gauge("owed_removals", tier: "remote", in: &state.0).record(remote.owedRemovals)
+                gauge("invalidation_lag_ms", tier: "remote", in: &state.0).record(remote.lastLagMilliseconds)
+                gauge("unconfirmed_ms", tier: "remote", in: &state.0).record(remote.unconfirmedMilliseconds)
+                gauge("breaker_open", tier: "remote", in: &state.0).record(remote.failsFast ? 1 : 0)
             }
             state.1 = now
         }
