@@ -41,6 +41,10 @@ struct Suite: AsyncParsableCommand {
         // 2 rounds of 5 s), on a private redis-server that `make bench` installs.
         let redis = try RedisBenchOptions.parse(["--seconds", "2", "--rounds", "1", "--keys", "20000"])
         results += try await RedisScenario(options: redis).run(progress: progressLine)
+        // The fleet: 4 worker processes on one private Redis, 4 s per system after 2 s of warm-up
+        // (`magpie-bench fleet`: 10 s after 3 s; `--fault` for the outage run).
+        let fleet = try FleetOptions.parse(["--seconds", "4", "--warmup-seconds", "2"])
+        results += try await FleetScenario(options: fleet).run(progress: progressLine)
         // Short tuning curves for the report: hit ratio vs budget, throughput vs shards.
         let sweep = try Sweep.parse(["--curves", "budget", "shards", "--keys", "200000", "--ops", "300000"])
         let (curves, curveTables) = try sweep.measure()
@@ -50,16 +54,20 @@ struct Suite: AsyncParsableCommand {
             date: stamp, machine: .current(),
             config: [
                 "memory": .object(memory.config), "disk": .object(disk.config), "tiered": .object(tiered.config),
-                "loader": .object(loader.config), "redis": .object(redis.config), "sweep": .object(sweep.config),
+                "loader": .object(loader.config), "redis": .object(redis.config), "fleet": .object(fleet.config),
+                "sweep": .object(sweep.config),
             ],
             results: results)
         print()
         // The curves and the Redis rows get their own tables.
-        printTable(results.filter { $0.extra["sweep_parameter"] == nil && !$0.scenario.hasPrefix("redis-") })
+        printTable(results.filter {
+            $0.extra["sweep_parameter"] == nil && !$0.scenario.hasPrefix("redis-") && !$0.scenario.hasPrefix("fleet")
+        })
         printMemorySummary(results)
         printTieredSummary(results)
         printLoaderSummary(results)
         printRedisSummary(results)
+        printFleetSummary(results)
         for (title, rows) in curveTables {
             print("\n\(title)")
             printAligned(rows)

@@ -44,7 +44,7 @@ struct FleetOptions: ParsableArguments {
             "set_share": .double(setShare), "remove_share": .double(removeShare), "origin_us": .int(originUs),
             "bound_ms": .int(boundMs), "probe_interval_us": .int(probeIntervalUs),
             "single_flight_callers": .int(singleFlightCallers), "fault": .bool(fault),
-            "server": .string(url.map(RedisBenchOptions.redacted) ?? "private redis-server (appendonly yes, appendfsync always)"),
+            "server": .string(url.map(RedisBenchOptions.redacted) ?? (fault ? "private redis-server (appendonly yes, appendfsync always)" : "private redis-server (no persistence)")),
             "systems": .array(systems.map { .string($0) }),
         ]
     }

@@ -189,7 +189,12 @@ public final class Cache: Sendable {
         pool.shutdown()
         loaderPool.shutdown()
         coherencePool?.shutdown()
-        remote?.stopReplay()
+        if let remote, !closed.load(ordering: .relaxed) {
+            // Dropped without close(): the store's connections would outlive it.
+            remote.stopReplay()
+            let store = remote.store
+            Task { await store.shutdown() }
+        }
         metrics?.stop()
     }
 
