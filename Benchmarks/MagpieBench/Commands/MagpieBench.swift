@@ -31,7 +31,8 @@ struct Suite: AsyncParsableCommand {
         // file-per-key stores about 1,000 values/s here: 20,000 of them keep the suite short.
         let disk = try DiskOptions.parse(["--fileperkey-keys", "20000"])
         var results = try MemoryScenario(options: memory).run(progress: progressLine)
-        results += try DiskScenario(options: disk).run(progress: progressLine)
+        let diskResults = try DiskScenario(options: disk).run(progress: progressLine)
+        results += diskResults
         let tiered = try TieredOptions.parse([])
         results += try TieredScenario(options: tiered).run(progress: progressLine)
         // The loader scenario at 12 s per system (20 s with `magpie-bench loader`).
@@ -49,7 +50,8 @@ struct Suite: AsyncParsableCommand {
         let report = Report(
             date: stamp, machine: .current(),
             config: [
-                "memory": .object(memory.config), "disk": .object(disk.config), "tiered": .object(tiered.config),
+                "memory": .object(memory.config),
+                "disk": .object(disk.config.merging(["system_configurations": diskConfigurations(diskResults)]) { $1 }), "tiered": .object(tiered.config),
                 "loader": .object(loader.config), "redis": .object(redis.config), "sweep": .object(sweep.config),
             ],
             results: results)
@@ -57,6 +59,7 @@ struct Suite: AsyncParsableCommand {
         // The curves and the Redis rows get their own tables.
         printTable(results.filter { $0.extra["sweep_parameter"] == nil && !$0.scenario.hasPrefix("redis-") })
         printMemorySummary(results)
+        printDiskSummary(results)
         printTieredSummary(results)
         printLoaderSummary(results)
         printRedisSummary(results)

@@ -37,7 +37,7 @@ final class LMDBDisk: DiskSystem {
     var slackBytes: Int { 64 << 10 }
 
     var configuration: String {
-        "LMDB \(String(cString: mdb_version(nil, nil, nil))): mapsize=\(budget), MDB_WRITEMAP|MDB_NOSYNC|MDB_NOMETASYNC, "
+        "\(String(cString: mdb_version(nil, nil, nil))): mapsize=\(budget), MDB_WRITEMAP|MDB_NOSYNC|MDB_NOMETASYNC, "
             + "a write txn per set, a reused read txn for gets; no eviction in LMDB: the bench deletes oldest-stored "
             + "entries (a sequence-number index), 1/20 of the map at a time, when pages in use pass 9/10 of the map; timed within the set"
     }
