@@ -28,8 +28,10 @@ struct Suite: AsyncParsableCommand {
     func run() async throws {
         // The hot-key workload at 16 keys only (1 and 256 with `magpie-bench memory`), to keep the suite short.
         let memory = try MemoryOptions.parse(["--hot-keys", "16"])
-        // file-per-key stores about 1,000 values/s here: 20,000 of them keep the suite short.
-        let disk = try DiskOptions.parse(["--fileperkey-keys", "20000"])
+        // file-per-key stores about 1,000 values/s here: 20,000 of them keep the suite short; the
+        // eviction-heavy workload at 100,000 operations (200,000 with `magpie-bench disk`), as SQLite
+        // takes about 10 s per 100,000 there.
+        let disk = try DiskOptions.parse(["--fileperkey-keys", "20000", "--evict-ops", "100000"])
         var results = try MemoryScenario(options: memory).run(progress: progressLine)
         let diskResults = try DiskScenario(options: disk).run(progress: progressLine)
         results += diskResults
