@@ -4,7 +4,7 @@ import Histogram
 import Magpie
 
 /// The disk scenario: Magpie's disk tier beside RocksDB, LMDB, SQLite, one-file-per-key and URLCache in
-/// one process, on the same values: the floors of a get (`DiskFloors`), set / page-cache-hot get /
+/// one process, on the same values: the floors of a get (`Peers/DiskFloors.swift`), set / page-cache-hot get /
 /// reopen (`plain`, and `mixed` with sizes of 1–256 KiB), and an eviction-heavy workload
 /// (`DiskScenario+Evict.swift`).
 struct DiskScenario {

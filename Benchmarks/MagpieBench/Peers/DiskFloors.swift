@@ -3,7 +3,7 @@ import CZstd
 import Foundation
 import Histogram
 
-/// The floors of a disk get, measured in the same run as the systems, each timed one sample at a time
+/// The floors of a disk get (the `disk-floor` rows: a peer that does only the unavoidable work), measured in the same run as the systems, each timed one sample at a time
 /// exactly as the gets are (so the timer's own cost is in both):
 ///
 /// - `pread-4k`: one `pread` of a block from a page-cache-hot file into a reused buffer;
@@ -46,6 +46,11 @@ struct DiskFloors {
         }
         if offset < fileBytes { _ = ftruncate(fd, off_t(fileBytes)) }
         // The floors are measured page-cache hot: one read of the whole file first.
+        // Invariants of the pointer code below: `buffer` holds at least one block (and 1 MiB, the warm-up
+        // read's size), lives until this function returns, and every write into it (pread, memcpy, zstd's
+        // output bounded by `buffer.count`) stays within it; every block offset `nextBlock()` returns is
+        // a multiple of `blockSize` below `fileBytes`, so `map + at ..< map + at + blockSize` lies inside
+        // the mapping, which covers the whole file until the `munmap` at the end.
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(blockSize, 1 << 20), alignment: 4096)
         defer { buffer.deallocate() }
         for start in stride(from: 0, to: fileBytes, by: buffer.count) { _ = pread(fd, buffer.baseAddress, buffer.count, off_t(start)) }
