@@ -97,7 +97,12 @@ final class SQLiteDisk: DiskSystem {
                 sqlite3_bind_blob(insert, 1, k.baseAddress, Int32(k.count), nil)
                 sqlite3_bind_double(insert, 2, Date().timeIntervalSince1970)
                 sqlite3_bind_int64(insert, 3, Int64(v.count))
-                sqlite3_bind_blob(insert, 4, v.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32(v.count), nil)
+                // An empty value is an empty blob, not NULL (which a nil pointer would bind).
+                if let base = v.baseAddress, v.count > 0 {
+                    sqlite3_bind_blob(insert, 4, base, Int32(v.count), nil)
+                } else {
+                    sqlite3_bind_zeroblob(insert, 4, 0)
+                }
                 defer {
                     sqlite3_reset(insert)
                     sqlite3_clear_bindings(insert)
