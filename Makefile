@@ -8,6 +8,9 @@ APT_PACKAGES := libxxhash-dev libzstd-dev pkg-config
 # The Redis client's tests start their own redis-server processes (single servers, TLS, clusters) with
 # redis-cli and openssl; the benchmarks also run redis-benchmark.
 REDIS_APT_PACKAGES := redis-server redis-tools openssl
+# The disk peers of `magpie-bench disk` (RocksDB, LMDB, SQLite through their C APIs): linked by the
+# benchmark target, and so by its tests, never by the Magpie library.
+DISK_PEER_APT_PACKAGES := librocksdb-dev liblmdb-dev libsqlite3-dev
 
 .PHONY: deps peers bench test unit build docs tsan asan fuzz fuzz-build release-check format clean
 
@@ -18,6 +21,10 @@ deps:
 	@if ! pkg-config --exists libxxhash libzstd 2>/dev/null; then \
 	  echo "installing $(APT_PACKAGES)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); \
+	fi
+	@if ! pkg-config --exists rocksdb lmdb sqlite3 2>/dev/null; then \
+	  echo "installing $(DISK_PEER_APT_PACKAGES)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DISK_PEER_APT_PACKAGES) pkg-config || exit 1; \
 	fi
 	@if ! { command -v redis-server && command -v redis-cli && command -v redis-benchmark && command -v openssl; } >/dev/null 2>&1; then \
 	  echo "installing $(REDIS_APT_PACKAGES)"; \

@@ -38,6 +38,26 @@ let package = Package(
             pkgConfig: "libzstd",
             providers: [.apt(["libzstd-dev"])]
         ),
+        // The disk peers of `magpie-bench disk` (RocksDB, LMDB, SQLite): linked by the MagpieBench target
+        // alone, never by the Magpie library.
+        .systemLibrary(
+            name: "CRocksDB",
+            path: "CModules/CRocksDB",
+            pkgConfig: "rocksdb",
+            providers: [.apt(["librocksdb-dev"])]
+        ),
+        .systemLibrary(
+            name: "CLMDB",
+            path: "CModules/CLMDB",
+            pkgConfig: "lmdb",
+            providers: [.apt(["liblmdb-dev"])]
+        ),
+        .systemLibrary(
+            name: "CSQLite",
+            path: "CModules/CSQLite",
+            pkgConfig: "sqlite3",
+            providers: [.apt(["libsqlite3-dev"])]
+        ),
         .target(
             name: "CMagpieGuard",
             path: "CModules/CMagpieGuard"
@@ -76,9 +96,7 @@ let package = Package(
         .executableTarget(
             name: "MagpieBench",
             dependencies: [
-                "Magpie", "MagpieRedis", "MagpieTestSupport",
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-                .product(name: "Logging", package: "swift-log"),
+                "Magpie", "MagpieRedis", "MagpieTestSupport", "CRocksDB", "CLMDB", "CSQLite", "CZstd", "CXXHash",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
                 .product(name: "NIOCore", package: "swift-nio"),

@@ -6,7 +6,7 @@ import Magpie
 /// The disk scenario alone.
 struct Disk: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Disk tier vs one-file-per-key and URLCache: set, page-cache-hot get, and reopen.")
+        abstract: "Disk tier vs RocksDB, LMDB, SQLite, one-file-per-key and URLCache: floors, set, page-cache-hot get, reopen, eviction-heavy, mixed sizes.")
 
     @OptionGroup var options: DiskOptions
     @OptionGroup var outputOptions: OutputOptions
@@ -15,9 +15,11 @@ struct Disk: ParsableCommand {
         let results = try DiskScenario(options: options).run(progress: progressLine)
         print()
         printTable(results)
+        printDiskSummary(results)
         if let json = outputOptions.json {
-            let report = Report(
-                date: timestamp(), machine: .current(), config: ["disk": .object(options.config)], results: results)
+            var config = options.config
+            config["system_configurations"] = diskConfigurations(results)
+            let report = Report(date: timestamp(), machine: .current(), config: ["disk": .object(config)], results: results)
             try report.write(to: json)
             print("\nwrote \(json)")
         }

@@ -28,10 +28,13 @@ struct Suite: AsyncParsableCommand {
     func run() async throws {
         // The hot-key workload at 16 keys only (1 and 256 with `magpie-bench memory`), to keep the suite short.
         let memory = try MemoryOptions.parse(["--hot-keys", "16"])
-        // file-per-key stores about 1,000 values/s here: 20,000 of them keep the suite short.
-        let disk = try DiskOptions.parse(["--fileperkey-keys", "20000"])
+        // file-per-key stores about 1,000 values/s here: 20,000 of them keep the suite short; the
+        // eviction-heavy workload at 100,000 operations (200,000 with `magpie-bench disk`), as SQLite
+        // takes about 10 s per 100,000 there.
+        let disk = try DiskOptions.parse(["--fileperkey-keys", "20000", "--evict-ops", "100000"])
         var results = try MemoryScenario(options: memory).run(progress: progressLine)
-        results += try DiskScenario(options: disk).run(progress: progressLine)
+        let diskResults = try DiskScenario(options: disk).run(progress: progressLine)
+        results += diskResults
         let tiered = try TieredOptions.parse([])
         results += try TieredScenario(options: tiered).run(progress: progressLine)
         // The loader scenario at 12 s per system (20 s with `magpie-bench loader`).
@@ -53,9 +56,10 @@ struct Suite: AsyncParsableCommand {
         let report = Report(
             date: stamp, machine: .current(),
             config: [
-                "memory": .object(memory.config), "disk": .object(disk.config), "tiered": .object(tiered.config),
-                "loader": .object(loader.config), "redis": .object(redis.config), "fleet": .object(fleet.config),
-                "sweep": .object(sweep.config),
+                "memory": .object(memory.config),
+                "disk": .object(disk.config.merging(["system_configurations": diskConfigurations(diskResults)]) { $1 }),
+                "tiered": .object(tiered.config), "loader": .object(loader.config), "redis": .object(redis.config),
+                "fleet": .object(fleet.config), "sweep": .object(sweep.config),
             ],
             results: results)
         print()
@@ -64,6 +68,7 @@ struct Suite: AsyncParsableCommand {
             $0.extra["sweep_parameter"] == nil && !$0.scenario.hasPrefix("redis-") && !$0.scenario.hasPrefix("fleet")
         })
         printMemorySummary(results)
+        printDiskSummary(results)
         printTieredSummary(results)
         printLoaderSummary(results)
         printRedisSummary(results)

@@ -103,6 +103,7 @@ struct Sweep: ParsableCommand {
             for level in levels {
                 let options = try DiskOptions.parse([
                     "--keys", "\(diskKeys)", "--gets", "\(diskKeys * 4)", "--level", "\(level)", "--systems", "magpie",
+                    "--workloads", "plain",
                 ])
                 progressLine("sweep level: \(level)")
                 var points = try DiskScenario(options: options).run(progress: { _ in })

@@ -15,15 +15,37 @@ protocol DiskSystem {
     func close()
     /// Extra figures for the report.
     func extra() -> [String: JSONValue]
+    /// How the system is configured, for the report (the `config` JSON and the text).
+    var configuration: String { get }
+    /// Bytes the system's directory may hold above the budget (its documented or stated bound).
+    var slackBytes: Int { get }
+}
+
+extension DiskSystem {
+    var configuration: String { name }
+    var slackBytes: Int { 0 }
 }
 
 /// Magpie's disk tier.
 final class MagpieDisk: DiskSystem {
     let tier: DiskTier
+    let budget: Int
+    let level: Int?
     var name: String { "magpie" }
 
     init(directory: String, budget: Int, level: Int?, buckets: Int?) throws {
         tier = try DiskTier(.init(directory: directory, budget: budget, bucketCount: buckets, compressionLevel: level))
+        self.budget = budget
+        self.level = level
+    }
+
+    /// None: everything in the directory (bucket files, index snapshots, the compaction's temporary
+    /// file, MANIFEST, LOCK) stays within the budget, Magpie's documented bound since #14 (DiskBudgetTests).
+    var slackBytes: Int { 0 }
+
+    var configuration: String {
+        "Magpie DiskTier: budget=\(budget), \(tier.bucketCount) buckets, zstd \(level.map { "-\($0)" } ?? "off") where it pays, "
+            + "64 KiB write buffer per bucket, mapped reads, clock eviction + compaction, no fsync"
     }
 
     func set(_ value: [UInt8], key: String) -> Bool { (try? tier.set(value, forKey: key)) != nil }

@@ -3,71 +3,10 @@ import Foundation
 import Histogram
 import Magpie
 
-/// Options of the disk scenario.
-struct DiskOptions: ParsableArguments {
-    @Option(help: "Distinct keys written in the set phase.") var keys = 100_000
-    @Option(help: "Value size in bytes (half the values JSON-like text, half random bytes).") var valueSize = 4096
-    @Option(help: "Disk budget in bytes; default: room for every value, uncompressed, plus 25 %.") var budget: Int?
-    @Option(help: "Random gets in the get phase (uniform over the keys, page-cache hot).") var gets = 200_000
-    @Option(help: "Seed of the values and the get sequence.") var seed: UInt64 = 42
-    @Option(help: "zstd level for Magpie; 0 stores raw.") var level = 1
-    @Option(help: "Magpie bucket count; default: from the budget.") var buckets: Int?
-    @Option(parsing: .upToNextOption, help: "Systems to run.") var systems = ["magpie", "file-per-key", "URLCache"]
-    @Option(help: "Operations per phase for URLCache (each store costs more as it fills: 500 take about 20 s).")
-    var urlcacheOps = 500
-    @Option(help: "Keys for file-per-key (about 1,000 stores/s here); default: all of --keys.")
-    var fileperkeyKeys: Int?
-    @Option(help: "Parent directory for the cache directories (removed afterwards).") var workDirectory: String?
-
-    var effectiveBudget: Int { budget ?? keys * (valueSize + 256) * 5 / 4 }
-
-    func validate() throws {
-        guard keys > 0, valueSize >= 0, gets >= 0 else { throw ValidationError("--keys, --value-size, --gets must be positive") }
-        let known = Set(["magpie", "file-per-key", "URLCache"])
-        for s in systems where !known.contains(s) { throw ValidationError("unknown system \(s); known: \(known.sorted())") }
-    }
-
-    var config: [String: JSONValue] {
-        [
-            "scenario": .string("disk"), "keys": .int(keys), "value_size": .int(valueSize),
-            "budget_bytes": .int(effectiveBudget), "gets": .int(gets), "seed": .int(Int(seed)), "zstd_level": .int(level),
-            "buckets": buckets.map { .int($0) } ?? .string("default"), "urlcache_ops": .int(urlcacheOps),
-            "fileperkey_keys": .int(min(fileperkeyKeys ?? keys, keys)),
-            "systems": .array(systems.map { .string($0) }),
-            "values": .string("even keys JSON-like text, odd keys random bytes"),
-        ]
-    }
-}
-
-/// Deterministic values: even keys are JSON-like records (compressible), odd keys random bytes.
-struct DiskValues {
-    let size: Int
-    let seed: UInt64
-
-    func key(_ i: Int) -> String { "user:\(i):profile" }
-
-    func value(_ i: Int) -> [UInt8] {
-        var state = splitmix64(seed &+ UInt64(i))
-        var bytes: [UInt8] = []
-        bytes.reserveCapacity(size + 200)
-        if i % 2 == 1 {
-            while bytes.count < size {
-                state = splitmix64(state)
-                withUnsafeBytes(of: state) { bytes.append(contentsOf: $0) }
-            }
-        } else {
-            var line = 0
-            while bytes.count < size {
-                state = splitmix64(state)
-                let record = #"{"id":\#(i),"line":\#(line),"user":"user\#(state % 5000)","email":"u\#(state % 5000)@example.com","score":\#(state % 100_000),"active":\#(state % 2 == 0),"tags":["cache","swift","linux"]},"#
-                bytes.append(contentsOf: record.utf8)
-                line += 1
-            }
-        }
-        return Array(bytes.prefix(size))
-    }
-}
-
+/// The disk scenario: Magpie's disk tier beside RocksDB, LMDB, SQLite, one-file-per-key and URLCache in
+/// one process, on the same values: the floors of a get (`Peers/DiskFloors.swift`), set / page-cache-hot get /
+/// reopen (`plain`, and `mixed` with sizes of 1–256 KiB), and an eviction-heavy workload
+/// (`DiskScenario+Evict.swift`).
 struct DiskScenario {
     let options: DiskOptions
 
@@ -77,24 +16,74 @@ struct DiskScenario {
         let root = work + "/magpie-bench-disk-\(getpid())"
         try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: root) }
-        progress("disk: zstd -1 reference ratio over the same values")
-        let reference = try zstdReference(values)
         var results: [BenchResult] = []
-        for name in options.systems {
-            let directory = root + "/" + name
-            progress("disk: \(name)")
-            results += try measure(name, directory: directory, values: values, reference: reference)
-            try? FileManager.default.removeItem(atPath: directory)
+        if options.workloads.contains("floor") {
+            progress("disk: floors (pread, mapped copy, ZSTD_decompress, XXH3 of 4 KiB)")
+            results += try DiskFloors(directory: root, samples: options.floorSamples, seed: options.seed).measure(values: values)
+        }
+        if options.workloads.contains("plain") {
+            progress("disk: zstd -1 reference ratio over the same values")
+            let reference = try zstdReference(values, keys: options.keys)
+            for name in options.systems {
+                let directory = root + "/" + name
+                progress("disk: \(name)")
+                results += try measure(
+                    name, directory: directory, values: values, plan: plainPlan(name), reference: reference)
+                try? FileManager.default.removeItem(atPath: directory)
+            }
+        }
+        if options.workloads.contains("evict") {
+            for name in options.systems where Self.evictionSystems.contains(name) {
+                let directory = root + "/" + name
+                progress("disk: eviction-heavy, \(name)")
+                results.append(try measureEviction(name, directory: directory, values: values))
+                try? FileManager.default.removeItem(atPath: directory)
+            }
+        }
+        if options.workloads.contains("mixed") {
+            let mixed = DiskValues(size: options.mixedMin, maxSize: options.mixedMax, seed: options.seed)
+            let reference = try zstdReference(mixed, keys: options.mixedKeys)
+            for name in options.systems where Self.evictionSystems.contains(name) {
+                let directory = root + "/" + name
+                progress("disk: mixed sizes, \(name)")
+                let plan = Plan(
+                    keys: options.mixedKeys, gets: options.mixedKeys * 5, budget: options.mixedBudget, prefix: "disk-mixed")
+                results += try measure(name, directory: directory, values: mixed, plan: plan, reference: reference)
+                try? FileManager.default.removeItem(atPath: directory)
+            }
         }
         return results
     }
 
+    /// The systems of the eviction-heavy and mixed workloads: the stores a user would choose among
+    /// (file-per-key and URLCache are too slow to run them in a useful time).
+    static let evictionSystems: Set = ["magpie", "rocksdb", "lmdb", "sqlite"]
+
+    /// Sizes of one set / get / reopen measurement.
+    struct Plan {
+        var keys: Int
+        var gets: Int
+        var budget: Int
+        var prefix = "disk"
+    }
+
+    private func plainPlan(_ name: String) -> Plan {
+        var plan = Plan(keys: options.keys, gets: options.gets, budget: options.effectiveBudget)
+        if name == "URLCache" {
+            plan.keys = min(plan.keys, options.urlcacheOps)
+            plan.gets = min(plan.gets, options.urlcacheOps)
+        } else if name == "file-per-key" {
+            plan.keys = min(plan.keys, options.fileperkeyKeys ?? plan.keys)
+        }
+        return plan
+    }
+
     /// zstd level 1 on each value on its own (what a per-blob compressor can reach), as original / compressed.
-    private func zstdReference(_ values: DiskValues) throws -> Double {
+    private func zstdReference(_ values: DiskValues, keys: Int) throws -> Double {
         let compressor = try ZstdCompressor(level: 1)
         var original = 0
         var compressed = 0
-        for i in 0..<min(options.keys, 2000) {
+        for i in 0..<min(keys, 2000) {
             let value = values.value(i)
             original += value.count
             compressed += try compressor.compress(value).count
@@ -102,34 +91,34 @@ struct DiskScenario {
         return compressed == 0 ? 1 : Double(original) / Double(compressed)
     }
 
-    private func open(_ name: String, _ directory: String) throws -> any DiskSystem {
+    func open(_ name: String, _ directory: String, budget: Int) throws -> any DiskSystem {
         switch name {
         case "magpie":
             return try MagpieDisk(
-                directory: directory, budget: options.effectiveBudget, level: options.level == 0 ? nil : options.level,
+                directory: directory, budget: budget, level: options.level == 0 ? nil : options.level,
                 buckets: options.buckets)
-        case "file-per-key":
-            return FilePerKey(directory: directory, budget: options.effectiveBudget)
-        default:
-            return URLCacheDisk(directory: directory, budget: options.effectiveBudget)
+        case "rocksdb": return try RocksDBDisk(directory: directory, budget: budget)
+        case "lmdb": return try LMDBDisk(directory: directory, budget: budget)
+        case "sqlite": return try SQLiteDisk(directory: directory, budget: budget)
+        case "file-per-key": return FilePerKey(directory: directory, budget: budget)
+        default: return URLCacheDisk(directory: directory, budget: budget)
         }
     }
 
-    private func measure(_ name: String, directory: String, values: DiskValues, reference: Double) throws -> [BenchResult] {
-        var keys = options.keys
-        var gets = options.gets
-        if name == "URLCache" {
-            keys = min(keys, options.urlcacheOps)
-            gets = min(gets, options.urlcacheOps)
-        } else if name == "file-per-key" {
-            keys = min(keys, options.fileperkeyKeys ?? keys)
-        }
-        var system = try open(name, directory)
+    private func measure(
+        _ name: String, directory: String, values: DiskValues, plan: Plan, reference: Double
+    ) throws -> [BenchResult] {
+        let keys = plan.keys
+        let gets = plan.gets
+        var system = try open(name, directory, budget: plan.budget)
 
-        // Set phase: every key once, in order.
+        // Set phase: every key once, in order. Device writes counted from here to the close below.
+        let writesBefore = ProcessIO.current()
+        let cpuBefore = processCPUSeconds()
         var setLatency = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
         var failures = 0
         var setNanoseconds: UInt64 = 0
+        var storedBytes = 0
         // Each value's XXH3 digest, to verify reads without regenerating values between timed reads.
         let digest = KeyHash(seed: 0)
         var digests = [UInt64](repeating: 0, count: keys)
@@ -138,6 +127,7 @@ struct DiskScenario {
             let key = names[i]
             let value = values.value(i)
             digests[i] = digest.hash(value)
+            storedBytes += key.utf8.count + value.count
             let start = nowNanoseconds()
             if !system.set(value, key: key) { failures += 1 }
             let elapsed = nowNanoseconds() - start
@@ -145,11 +135,17 @@ struct DiskScenario {
             _ = setLatency.record(elapsed)
         }
         let setSeconds = Double(setNanoseconds) / 1e9
+        // CPU of every thread of the process (background flushes and compactions too) over the set phase.
+        let setCPU = processCPUSeconds() - cpuBefore
 
         // Get phase: uniform random keys, page-cache hot; JSON (even) and random (odd) values apart.
         var textLatency = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
         var randomLatency = textLatency
         var allLatency = textLatency
+        // Hits alone: a store that evicted part of the keys (LMDB's pages hold less than the budget's
+        // worth) answers its misses faster, which would flatter its percentiles.
+        var textHitLatency = textLatency
+        var randomHitLatency = textLatency
         var hits = 0
         var wrong = 0
         var getNanoseconds: UInt64 = 0
@@ -166,26 +162,43 @@ struct DiskScenario {
             if i % 2 == 0 { _ = textLatency.record(elapsed) } else { _ = randomLatency.record(elapsed) }
             if let got {
                 hits += 1
+                if i % 2 == 0 { _ = textHitLatency.record(elapsed) } else { _ = randomHitLatency.record(elapsed) }
                 if digest.hash(got) != digests[i] { wrong += 1 }
             }
         }
         let getSeconds = Double(getNanoseconds) / 1e9
         var extra = system.extra()
+        extra["configuration"] = .string(system.configuration)
         extra["du_bytes"] = .int(directoryBytes(directory))
-        extra["budget_bytes"] = .int(options.effectiveBudget)
+        extra["budget_bytes"] = .int(plan.budget)
+        extra["slack_bytes"] = .int(system.slackBytes)
         extra["zstd1_reference_ratio"] = .double(reference)
         extra["set_failures"] = .int(failures)
+        if let maxSize = values.maxSize { extra["value_sizes"] = .string("\(values.size)-\(maxSize) log-uniform") }
 
         // Reopen phase: close, open again, first get.
         system.close()
+        let written = ProcessIO.current().deviceWrites(since: writesBefore)
+        var setExtra = extra
+        setExtra["device_write_bytes"] = .int(written)
+        setExtra["stored_bytes"] = .int(storedBytes)
+        setExtra["process_cpu_seconds"] = .double(setCPU)
+        setExtra["process_cpu_us_per_op"] = .double(setCPU * 1e6 / Double(max(keys, 1)))
+        setExtra["write_amplification"] = .double(Double(written) / Double(max(storedBytes, 1)))
         let reopenStart = nowNanoseconds()
-        system = try open(name, directory)
-        let reopenSeconds = Double(nowNanoseconds() - reopenStart) / 1e9
+        system = try open(name, directory, budget: plan.budget)
+        let reopenNanoseconds = nowNanoseconds() - reopenStart
         let firstStart = nowNanoseconds()
         let first = system.get(values.key(keys / 2))
         let firstGet = nowNanoseconds() - firstStart
+        var reopenExtra: [String: JSONValue] = [
+            "configuration": .string(system.configuration), "entries_stored": .int(keys),
+            "open_seconds": .double(Double(reopenNanoseconds) / 1e9), "first_get_ns": .int(Int(firstGet)),
+            "first_get_hit": .bool(first == values.value(keys / 2)),
+        ]
         if let magpie = system as? MagpieDisk {
             extra["buckets_opened_from_snapshot"] = .int(magpie.tier.statistics.bucketsOpenedFromSnapshot)
+            reopenExtra["buckets_opened_from_snapshot"] = extra["buckets_opened_from_snapshot"]
         }
         system.close()
         if name == "magpie" {
@@ -195,26 +208,37 @@ struct DiskScenario {
                 try? FileManager.default.removeItem(atPath: buckets + "/" + file)
             }
             let scanStart = nowNanoseconds()
-            let scanned = try open(name, directory)
+            let scanned = try open(name, directory, budget: plan.budget)
             extra["reopen_scan_seconds"] = .double(Double(nowNanoseconds() - scanStart) / 1e9)
+            reopenExtra["reopen_scan_seconds"] = extra["reopen_scan_seconds"]
             scanned.close()
         }
 
         var getExtra = extra
         getExtra["get_text_latency_ns"] = Percentiles(textLatency).json
         getExtra["get_random_latency_ns"] = Percentiles(randomLatency).json
+        getExtra["get_text_hit_latency_ns"] = Percentiles(textHitLatency).json
+        getExtra["get_random_hit_latency_ns"] = Percentiles(randomHitLatency).json
         getExtra["wrong_values"] = .int(wrong)
-        getExtra["reopen_seconds"] = .double(reopenSeconds)
+        getExtra["reopen_seconds"] = .double(Double(reopenNanoseconds) / 1e9)
         getExtra["first_get_after_reopen_ns"] = .int(Int(firstGet))
-        getExtra["first_get_after_reopen_hit"] = .bool(first == values.value(keys / 2))
+        getExtra["first_get_after_reopen_hit"] = reopenExtra["first_get_hit"]
+        let reopenSeconds = Double(reopenNanoseconds + firstGet) / 1e9
+        let reopenLatency = Percentiles(
+            p50: reopenNanoseconds + firstGet, p90: reopenNanoseconds + firstGet, p99: reopenNanoseconds + firstGet,
+            p999: reopenNanoseconds + firstGet, max: reopenNanoseconds + firstGet)
         return [
             BenchResult(
-                scenario: "disk-set", system: name, threads: 1, operations: keys, seconds: setSeconds,
-                ops_per_sec: Double(keys) / setSeconds, latency_ns: Percentiles(setLatency), hit_ratio: 0, extra: extra),
+                scenario: plan.prefix + "-set", system: name, threads: 1, operations: keys, seconds: setSeconds,
+                ops_per_sec: Double(keys) / setSeconds, latency_ns: Percentiles(setLatency), hit_ratio: 0, extra: setExtra),
             BenchResult(
-                scenario: "disk-get", system: name, threads: 1, operations: gets, seconds: getSeconds,
+                scenario: plan.prefix + "-get", system: name, threads: 1, operations: gets, seconds: getSeconds,
                 ops_per_sec: gets == 0 ? 0 : Double(gets) / getSeconds, latency_ns: Percentiles(allLatency),
                 hit_ratio: gets == 0 ? 0 : Double(hits) / Double(gets), extra: getExtra),
+            BenchResult(
+                scenario: plan.prefix + "-reopen", system: name, threads: 1, operations: 1, seconds: reopenSeconds,
+                ops_per_sec: 1 / max(reopenSeconds, 1e-9), latency_ns: reopenLatency,
+                hit_ratio: first == nil ? 0 : 1, extra: reopenExtra),
         ]
     }
 }
@@ -226,5 +250,38 @@ func directoryBytes(_ path: String) -> Int {
         let attributes = try? FileManager.default.attributesOfItem(atPath: path + "/" + name)
         guard (attributes?[.type] as? FileAttributeType) == .typeRegular else { return total }
         return total + ((attributes?[.size] as? Int) ?? 0)
+    }
+}
+
+/// User + system CPU seconds of the whole process (all threads), from `getrusage`.
+func processCPUSeconds() -> Double {
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    let user = Double(usage.ru_utime.tv_sec) + Double(usage.ru_utime.tv_usec) / 1e6
+    return user + Double(usage.ru_stime.tv_sec) + Double(usage.ru_stime.tv_usec) / 1e6
+}
+
+/// The process's I/O counters from `/proc/self/io` (all its threads): `write_bytes` is what it caused to
+/// be sent to the storage layer (counted when a page cache page turns dirty), `cancelled_write_bytes`
+/// what it then truncated or deleted before writeback.
+struct ProcessIO {
+    var writeBytes = 0
+    var cancelledWriteBytes = 0
+
+    static func current() -> ProcessIO {
+        var io = ProcessIO()
+        guard let text = try? String(contentsOfFile: "/proc/self/io", encoding: .utf8) else { return io }
+        for line in text.split(separator: "\n") {
+            let fields = line.split(separator: ":").map { $0.trimmingCharacters(in: .whitespaces) }
+            guard fields.count == 2, let value = Int(fields[1]) else { continue }
+            if fields[0] == "write_bytes" { io.writeBytes = value }
+            if fields[0] == "cancelled_write_bytes" { io.cancelledWriteBytes = value }
+        }
+        return io
+    }
+
+    /// Bytes written to the device since `earlier`: write_bytes less cancelled_write_bytes.
+    func deviceWrites(since earlier: ProcessIO) -> Int {
+        max(0, (writeBytes - earlier.writeBytes) - (cancelledWriteBytes - earlier.cancelledWriteBytes))
     }
 }

@@ -1,0 +1,102 @@
+import Foundation
+
+/// The disk scenario's bars (issue #20), computed from the rows of this run alone: Magpie against the
+/// fastest peer (RocksDB, LMDB, SQLite, and file-per-key / URLCache when they ran) and against the
+/// floors measured in the same run. Prints one line per bar with the figures and "met" or "NOT met",
+/// then each system's configuration.
+func printDiskSummary(_ results: [BenchResult]) {
+    let disk = results.filter { $0.scenario.hasPrefix("disk-") && $0.extra["sweep_parameter"] == nil }
+    guard disk.contains(where: { $0.system == "magpie" }) else { return }
+    func row(_ scenario: String, _ system: String) -> BenchResult? {
+        disk.first { $0.scenario == scenario && $0.system == system }
+    }
+    func peers(_ scenario: String) -> [BenchResult] { disk.filter { $0.scenario == scenario && $0.system != "magpie" } }
+    func number(_ r: BenchResult?, _ key: String) -> Double? {
+        switch r?.extra[key] {
+        case .int(let v): Double(v)
+        case .double(let v): v
+        default: nil
+        }
+    }
+    func p50(_ r: BenchResult?, _ key: String) -> Double? {
+        if case .object(let p) = r?.extra[key], case .int(let v) = p["p50"] { return Double(v) }
+        return nil
+    }
+    func ns(_ v: Double) -> String { v >= 10_000 ? String(format: "%.1f µs", v / 1000) : String(format: "%.0f ns", v) }
+    var table = [["bar", "magpie", "target (this run)", "result"]]
+    func bar(_ name: String, _ value: Double?, _ target: Double?, _ show: (Double) -> String, lowerIsBetter: Bool, _ note: String) {
+        guard let value, let target else { return }
+        let met = lowerIsBetter ? value <= target : value >= target
+        table.append([name, show(value), "\(lowerIsBetter ? "≤" : "≥") \(show(target)) \(note)", met ? "met" : "NOT met"])
+    }
+    let rate = { (v: Double) in formatRate(v) }
+
+    // Sets: plain and eviction-heavy.
+    if let fastest = peers("disk-set").max(by: { $0.ops_per_sec < $1.ops_per_sec }) {
+        bar("set ops/s", row("disk-set", "magpie")?.ops_per_sec, fastest.ops_per_sec, rate, lowerIsBetter: false, "(\(fastest.system))")
+    }
+    let evictPeers = peers("disk-evict")
+    if let fastest = evictPeers.max(by: { (number($0, "set_ops_per_sec") ?? 0) < (number($1, "set_ops_per_sec") ?? 0) }) {
+        bar(
+            "eviction-heavy set ops/s", number(row("disk-evict", "magpie"), "set_ops_per_sec"), number(fastest, "set_ops_per_sec"),
+            rate, lowerIsBetter: false, "(\(fastest.system))")
+    }
+    if let fastest = evictPeers.max(by: { $0.ops_per_sec < $1.ops_per_sec }) {
+        bar("eviction-heavy ops/s (get + set on miss)", row("disk-evict", "magpie")?.ops_per_sec, fastest.ops_per_sec, rate, lowerIsBetter: false, "(\(fastest.system))")
+    }
+
+    // Gets, page-cache hot (hits only), against the fastest peer and the floors.
+    let get = row("disk-get", "magpie")
+    let raw = p50(get, "get_random_hit_latency_ns")
+    let text = p50(get, "get_text_hit_latency_ns")
+    let peerRaw = peers("disk-get").compactMap { r in p50(r, "get_random_hit_latency_ns").map { (r.system, $0) } }.min { $0.1 < $1.1 }
+    if let peerRaw { bar("raw get p50", raw, peerRaw.1, ns, lowerIsBetter: true, "(\(peerRaw.0))") }
+    let copyFloor = row("disk-floor", "mmap-copy-4k")?.latency_ns.p50
+    if let copyFloor { bar("raw get p50", raw, Double(copyFloor) + 600, ns, lowerIsBetter: true, "(mmap-copy floor \(copyFloor) ns + 0.6 µs)") }
+    let zstdFloor = row("disk-floor", "zstd-decompress-4k")?.latency_ns.p50
+    if let zstdFloor { bar("compressed get p50", text, Double(zstdFloor) + 800, ns, lowerIsBetter: true, "(ZSTD_decompress floor \(zstdFloor) ns + 0.8 µs)") }
+    let peerText = peers("disk-get").compactMap { r in p50(r, "get_text_hit_latency_ns").map { (r.system, $0) } }.min { $0.1 < $1.1 }
+    if let peerText { bar("compressible (JSON) get p50", text, peerText.1, ns, lowerIsBetter: true, "(\(peerText.0), informative)") }
+
+    // Eviction-heavy: budget, write amplification, hit ratio.
+    if let evict = row("disk-evict", "magpie"), let budget = number(evict, "budget_bytes"), let slack = number(evict, "slack_bytes") {
+        bar("eviction-heavy bytes on disk (max)", number(evict, "du_bytes"), budget + slack, { String(format: "%.1f MB", $0 / 1e6) }, lowerIsBetter: true, "(budget + \(Int(slack)) B)")
+        if let lowest = evictPeers.min(by: { (number($0, "write_amplification") ?? .infinity) < (number($1, "write_amplification") ?? .infinity) }) {
+            bar("write amplification", number(evict, "write_amplification"), number(lowest, "write_amplification"), { String(format: "%.2f", $0) }, lowerIsBetter: true, "(\(lowest.system))")
+        }
+        if let best = evictPeers.max(by: { $0.hit_ratio < $1.hit_ratio }) {
+            bar("eviction-heavy hit ratio", evict.hit_ratio, best.hit_ratio, { String(format: "%.4f", $0) }, lowerIsBetter: false, "(\(best.system))")
+        }
+    }
+
+    // Reopen: open + first get.
+    if let fastest = peers("disk-reopen").min(by: { $0.seconds < $1.seconds }), let keys = number(row("disk-reopen", "magpie"), "entries_stored") {
+        bar("reopen + first get (\(Int(keys)) entries)", row("disk-reopen", "magpie")?.seconds, fastest.seconds, { String(format: "%.2f ms", $0 * 1e3) }, lowerIsBetter: true, "(\(fastest.system))")
+    }
+
+    print("\nDisk: the issue #20 bars, from this run alone (gets: hits only)")
+    printAligned(table)
+    if let raw, let copyFloor, let text, let zstdFloor {
+        print(String(format: "magpie raw get p50 = mapped-copy floor %d ns + %.0f ns; compressed get p50 = ZSTD_decompress floor %d ns + %.0f ns",
+            copyFloor, raw - Double(copyFloor), zstdFloor, text - Double(zstdFloor)))
+    }
+    print("\nDisk systems as configured:")
+    var seen: Set<String> = []
+    for r in disk where r.scenario != "disk-floor" && !seen.contains(r.system) {
+        seen.insert(r.system)
+        if case .string(let configuration) = r.extra["configuration"] { print("  \(r.system): \(configuration)") }
+    }
+}
+
+/// Each disk system's configuration as its rows report it (per workload: the budgets differ), for the
+/// report's `config`.
+func diskConfigurations(_ results: [BenchResult]) -> JSONValue {
+    var configurations: [String: JSONValue] = [:]
+    for r in results where r.scenario.hasPrefix("disk-") && r.scenario != "disk-floor" {
+        if case .string(let configuration) = r.extra["configuration"] {
+            let workload = r.scenario.hasPrefix("disk-mixed") ? "mixed" : r.scenario == "disk-evict" ? "evict" : "plain"
+            configurations["\(r.system) (\(workload))"] = .string(configuration)
+        }
+    }
+    return .object(configurations)
+}

@@ -1,0 +1,123 @@
+import Foundation
+import MagpieTestSupport
+import Testing
+
+@testable import MagpieBench
+
+/// The disk peers of `magpie-bench disk` (RocksDB, LMDB, SQLite, and Magpie through the same adapter
+/// protocol): each round-trips values across a reopen and holds its budget, within the slack it states,
+/// while far more than the budget is stored; the floors are measured, not constants; the command writes
+/// the rows the report contract names.
+@Suite("magpie-bench disk peers")
+struct BenchDiskPeerTests {
+    static let systems = ["magpie", "rocksdb", "lmdb", "sqlite"]
+
+    private func open(_ name: String, _ directory: String, budget: Int) throws -> any DiskSystem {
+        let options = try DiskOptions.parse(["--systems", name])
+        return try DiskScenario(options: options).open(name, directory, budget: budget)
+    }
+
+    @Test("round-trips values of 0 B to 256 KiB, and keeps them across a close and reopen", arguments: systems)
+    func roundTrip(system: String) throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let values = DiskValues(size: 1, maxSize: 256 << 10, seed: 7)
+        let path = directory.child(system)
+        var store = try open(system, path, budget: 64 << 20)
+        for i in 0..<200 { #expect(store.set(values.value(i), key: values.key(i)), "set \(i)") }
+        #expect(store.set([], key: "empty"))
+        #expect(store.set(Array("replaced".utf8), key: values.key(3)))
+        for i in 0..<200 where i != 3 { #expect(store.get(values.key(i)) == values.value(i), "get \(i)") }
+        #expect(store.get(values.key(3)) == Array("replaced".utf8))
+        #expect(store.get("missing") == nil)
+        store.close()
+        store = try open(system, path, budget: 64 << 20)
+        defer { store.close() }
+        for i in stride(from: 0, to: 200, by: 7) where i != 3 {
+            #expect(store.get(values.key(i)) == values.value(i), "get \(i) after reopen")
+        }
+        #expect(store.get(values.key(3)) == Array("replaced".utf8))
+        #expect(store.get("empty") == [])
+    }
+
+    @Test("holds its budget (+ its stated slack) while 5 × the budget is stored, and serves only exact values", arguments: systems)
+    func budget(system: String) throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let budget = 4 << 20
+        let values = DiskValues(size: 4096, seed: 11)
+        let path = directory.child(system)
+        let store = try open(system, path, budget: budget)
+        var largest = 0
+        let count = 5 * budget / 4096
+        for i in 0..<count {
+            #expect(store.set(values.value(i), key: values.key(i)), "set \(i)")
+            if i % 128 == 127 { largest = max(largest, MagpieTestSupport.directoryBytes(path)) }
+        }
+        largest = max(largest, MagpieTestSupport.directoryBytes(path))
+        #expect(largest <= budget + store.slackBytes, "\(system): \(largest) B on disk, budget \(budget) + slack \(store.slackBytes)")
+        // Something was evicted, what is left is exact, and the newest entries are mostly there.
+        var hits = 0
+        var newest = 0
+        for i in 0..<count {
+            guard let got = store.get(values.key(i)) else { continue }
+            #expect(got == values.value(i), "key \(i)")
+            hits += 1
+            if i >= count - 100 { newest += 1 }
+        }
+        #expect(hits < count, "\(system) evicted nothing")
+        #expect(newest >= 50, "\(system): \(newest) of the 100 newest entries kept")
+        store.close()
+        #expect(MagpieTestSupport.directoryBytes(path) <= budget + store.slackBytes, "\(system) after close")
+    }
+
+    @Test("the floors are measured: a 256 KiB block costs more than a 4 KiB one to read, copy, decompress and hash")
+    func floors() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        func p50s(_ blockSize: Int) throws -> [String: UInt64] {
+            let floors = DiskFloors(directory: directory.path, samples: 3000, seed: 3, blockSize: blockSize, blocks: 64)
+            let rows = try floors.measure(values: DiskValues(size: blockSize, seed: 3))
+            #expect(rows.allSatisfy { $0.scenario == "disk-floor" && $0.operations == 3000 && $0.latency_ns.p50 > 0 })
+            return Dictionary(uniqueKeysWithValues: rows.map { (String($0.system.prefix { $0 != "-" }), $0.latency_ns.p50) })
+        }
+        let small = try p50s(4096)
+        let large = try p50s(256 << 10)
+        #expect(Set(small.keys) == ["pread", "mmap", "zstd", "xxh3"])
+        for (name, p50) in small { #expect((large[name] ?? 0) > p50, "\(name): 4 KiB \(p50) ns, 256 KiB \(large[name] ?? 0) ns") }
+    }
+
+    @Test("`magpie-bench disk` writes the floor, set, get, reopen and evict rows of every peer, with their figures")
+    func command() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let status = try runBench([
+            "disk", "--keys", "400", "--gets", "800", "--evict-budget", "1000000", "--evict-ops", "3000", "--mixed-keys", "40",
+            "--floor-samples", "500", "--systems", "magpie", "rocksdb", "lmdb", "sqlite", "--work-directory", directory.path,
+            "--json", directory.child("disk.json"),
+        ])
+        #expect(status == 0)
+        let data = try Data(contentsOf: URL(fileURLWithPath: directory.child("disk.json")))
+        let report = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+        let rows = try #require(report["results"] as? [[String: Any]])
+        func row(_ scenario: String, _ system: String) -> [String: Any]? {
+            rows.first { $0["scenario"] as? String == scenario && $0["system"] as? String == system }
+        }
+        for floor in ["pread-4k", "mmap-copy-4k", "zstd-decompress-4k", "xxh3-4k"] {
+            #expect(row("disk-floor", floor) != nil, "\(floor)")
+        }
+        for system in Self.systems {
+            for scenario in ["disk-set", "disk-get", "disk-reopen", "disk-evict", "disk-mixed-set", "disk-mixed-get"] {
+                #expect(row(scenario, system) != nil, "\(scenario) \(system)")
+            }
+            let get = (row("disk-get", system)?["extra"] as? [String: Any]) ?? [:]
+            #expect(get["get_random_latency_ns"] != nil && get["get_text_latency_ns"] != nil, "\(system)")
+            #expect(get["wrong_values"] as? Int == 0, "\(system)")
+            #expect((get["configuration"] as? String)?.isEmpty == false, "\(system)")
+            let evict = (row("disk-evict", system)?["extra"] as? [String: Any]) ?? [:]
+            for key in ["write_amplification", "du_bytes", "budget_bytes"] { #expect(evict[key] != nil, "\(system) \(key)") }
+            #expect(evict["wrong_values"] as? Int == 0, "\(system)")
+            #expect(evict["within_budget_and_slack"] as? Bool == true, "\(system)")
+        }
+    }
+}
