@@ -39,11 +39,36 @@ func pollUntil(timeout: Duration = .seconds(5), _ condition: () throws -> Bool) 
 
 /// Waits until `cache`'s change feed is confirmed (its local copies are then kept).
 func waitConfirmed(_ cache: Cache) throws {
-    let confirmed = pollUntil { (cache.statistics.remote?.confirmations ?? 0) > 0 }
+    let confirmed = pollUntil(timeout: .seconds(20)) { (cache.statistics.remote?.confirmations ?? 0) > 0 }
     try #require(confirmed != nil, "the change feed was never confirmed")
 }
 
+/// Two instances on `port`'s namespace, each with its change feed confirmed.
+func confirmedPair(port: Int) throws -> (Cache, Cache) {
+    let (a, _) = try fleetCache(port: port)
+    let (b, _) = try fleetCache(port: port)
+    try waitConfirmed(a)
+    try waitConfirmed(b)
+    return (a, b)
+}
+
 func text(_ bytes: [UInt8]?) -> String? { bytes.map { String(decoding: $0, as: UTF8.self) } }
+
+@Suite("Fleet: test helpers")
+struct FleetHelperTests {
+    @Test("pollUntil waits out its timeout for a condition that never holds, and returns at once for one that does")
+    func polling() {
+        let start = ContinuousClock.now
+        #expect(pollUntil(timeout: .milliseconds(60)) { false } == nil)
+        #expect(ContinuousClock.now - start >= .milliseconds(60))
+        var calls = 0
+        let held = pollUntil(timeout: .seconds(5)) {
+            calls += 1
+            return calls == 3
+        }
+        #expect(held != nil && calls == 3)
+    }
+}
 
 @Suite("Fleet: caches sharing a Redis namespace", .serialized, .timeLimit(.minutes(2)))
 struct FleetTests {
@@ -51,11 +76,8 @@ struct FleetTests {
     func coherence() async throws {
         try await withRedisServer { server in
             try await offloaded {
-                let (a, _) = try fleetCache(port: server.port)
-                let (b, _) = try fleetCache(port: server.port)
+                let (a, b) = try confirmedPair(port: server.port)
                 defer { try? a.close(); try? b.close() }
-                try waitConfirmed(a)
-                try waitConfirmed(b)
                 try a.set(Array("v1".utf8), forKey: "user:1")
                 #expect(text(try b.value(forKey: "user:1")) == "v1")  // a remote hit
                 // Kept locally, unless the change's own invalidation arrived during the fetch (then the
@@ -104,11 +126,8 @@ struct FleetTests {
     func groups() async throws {
         try await withRedisServer { server in
             try await offloaded {
-                let (a, _) = try fleetCache(port: server.port)
-                let (b, _) = try fleetCache(port: server.port)
+                let (a, b) = try confirmedPair(port: server.port)
                 defer { try? a.close(); try? b.close() }
-                try waitConfirmed(a)
-                try waitConfirmed(b)
                 for i in 0..<20 {
                     try a.set(Array("g\(i)".utf8), forKey: "member:\(i)", options: EntryOptions(group: "tenant-7"))
                 }
@@ -164,15 +183,41 @@ struct FleetTests {
         }
     }
 
+    @Test("Redis paused past the bound and the origin failing: fail-safe still serves the stale value, nothing else does")
+    func failSafeWhileRedisIsDown() async throws {
+        try await withRedisServer { server in
+            let (a, _) = try fleetCache(port: server.port, bound: .milliseconds(400))
+            defer { try? a.close() }
+            try await offloaded { try waitConfirmed(a) }
+            let failSafe = LoaderOptions(failSafeMaxAge: .seconds(60))
+            // Fail-safe measures a value's age from its load: values with a fresh lifetime have one.
+            let fresh = EntryOptions.fresh(for: .seconds(30), staleUntil: .never)
+            for key in ["f", "g"] {
+                #expect(text(try await a.value(forKey: key, options: fresh, loader: failSafe) { Array("loaded".utf8) }) == "loaded")
+                // Kept locally once the write's own report has been applied.
+                _ = try await offloaded { try pollUntil { try a.lookup(key)?.tier == .memory } }
+            }
+            server.pause()
+            defer { server.resume() }
+            try await Task.sleep(for: .milliseconds(700))  // past the bound: a plain read misses
+            #expect(try await offloaded { try a.value(forKey: "f") } == nil)
+            struct OriginDown: Error {}
+            let served = try await a.value(forKey: "f", options: fresh, loader: failSafe) { throw OriginDown() }
+            #expect(text(served) == "loaded")
+            #expect(a.statistics.failSafeActivations == 1)
+            // Without fail-safe the failure is the caller's (another key: "f" is throttled now).
+            await #expect(throws: OriginDown.self) {
+                _ = try await a.value(forKey: "g", options: fresh, loader: LoaderOptions()) { throw OriginDown() }
+            }
+        }
+    }
+
     @Test("removals made while Redis is down are replayed when it is back: no resurrection")
     func removalsReplayed() async throws {
         try await withRedisServer(.init(extraConfig: ["appendonly yes", "appendfsync always"])) { server in
             try await offloaded {
-                let (a, _) = try fleetCache(port: server.port)
-                let (b, _) = try fleetCache(port: server.port)
+                let (a, b) = try confirmedPair(port: server.port)
                 defer { try? a.close(); try? b.close() }
-                try waitConfirmed(a)
-                try waitConfirmed(b)
                 for key in ["r1", "r2", "kept"] { try a.set(Array(key.utf8), forKey: key) }
                 try a.set(Array("g".utf8), forKey: "grouped", options: EntryOptions(group: "gone"))
                 server.kill()

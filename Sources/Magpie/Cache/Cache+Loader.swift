@@ -101,7 +101,7 @@ extension Cache {
         while true {
             defer { memoryChecked = false }  // later rounds read again
             let entry = try first.take() ?? withHashedKey(call.name, hash: call.hash) { key throws(MagpieError) -> StoredEntry? in
-                if let remote { return try fleetEntry(key, remote)?.0 }
+                if let remote { return try fleetEntry(key, remote, unverifiedFallback: true)?.0 }
                 if !memoryChecked, let entry = memory.entry(key) { return entry }
                 return try storedEntryAfterMemoryMiss(key)
             }
@@ -139,7 +139,7 @@ extension Cache {
             return try await onDisk { [self] () throws(MagpieError) -> StoredEntry? in
                 try withHashedKey(name, hash: hash) { key throws(MagpieError) -> StoredEntry? in
                     guard let remote else { return nil }
-                    return try fleetEntry(key, remote)?.0
+                    return try fleetEntry(key, remote, unverifiedFallback: true)?.0
                 }
             }
         }
@@ -160,6 +160,13 @@ extension Cache {
     private func judge(_ entry: StoredEntry?, _ call: LoaderCall) -> LoaderVerdict {
         guard let entry, call.acceptsAbsence || !entry.freshness.negative else { return .load(fallback: nil) }
         let now = clock.now()
+        if entry.unverified {
+            // Past the remote tier's staleness bound: only fail-safe may serve it (a failed load, or
+            // the throttle a failed load left).
+            guard call.name.withUnsafeBytes({ isThrottled(call.hash, $0, now: now) }) else { return .load(fallback: entry) }
+            counters.staleHits.add(1, ordering: .relaxed)
+            return .serve(entry.value)
+        }
         let freshness = entry.freshness
         if freshness.isFresh(at: now) {
             if freshness.negative {
@@ -260,7 +267,9 @@ extension Cache {
     }
 
     private func timers(_ call: LoaderCall, fallback: StoredEntry?) -> LoadTimers {
-        LoadTimers(soft: fallback == nil ? nil : call.loader.softTimeout, hard: call.loader.hardTimeout)
+        // A soft timeout serves the stale value while the load goes on: not one past the remote tier's
+        // staleness bound (fail-safe alone may).
+        LoadTimers(soft: fallback == nil || fallback?.unverified == true ? nil : call.loader.softTimeout, hard: call.loader.hardTimeout)
     }
 
     /// Takes an abandoned flight out of the map (its last caller was cancelled).

@@ -36,13 +36,33 @@ extension Cache {
 
     /// The key's entry for a read of a cache with a remote tier, and the tier that answered: a servable
     /// local copy (its stamp removed), else the store's record, kept locally.
-    func fleetEntry(_ key: HashedKey, _ remote: RemoteTier) throws(MagpieError) -> (StoredEntry, CacheHit.Tier)? {
+    ///
+    /// With `unverifiedFallback` (the loader API), a local copy past its staleness bound is returned,
+    /// marked ``StoredEntry/unverified``, when the store has nothing (or cannot be reached): fail-safe may
+    /// serve it, nothing else does.
+    func fleetEntry(_ key: HashedKey, _ remote: RemoteTier, unverifiedFallback: Bool = false) throws(MagpieError)
+        -> (StoredEntry, CacheHit.Tier)?
+    {
         let now = clock.now()
-        if let entry = memory.entry(key), let local = servable(entry, remote, now: now) { return (local, .memory) }
-        if disk != nil, let entry = try storedEntryAfterMemoryMiss(key), let local = servable(entry, remote, now: now) {
-            return (local, .disk)
+        var unverified: (StoredEntry, CacheHit.Tier)? = nil
+        if let entry = memory.entry(key) {
+            if let local = servable(entry, remote, now: now) { return (local, .memory) }
+            if unverifiedFallback { unverified = stripped(entry).map { ($0, .memory) } }
         }
-        return remoteEntry(key, remote).map { ($0, .remote) }
+        if disk != nil, unverified == nil, let entry = try storedEntryAfterMemoryMiss(key) {
+            if let local = servable(entry, remote, now: now) { return (local, .disk) }
+            if unverifiedFallback { unverified = stripped(entry).map { ($0, .disk) } }
+        }
+        return remoteEntry(key, remote).map { ($0, .remote) } ?? unverified
+    }
+
+    /// `entry` without its stamp, marked unverified (nil if it carries none).
+    private func stripped(_ entry: StoredEntry) -> StoredEntry? {
+        guard LocalStamp.stamp(of: entry.value) != nil else { return nil }
+        var local = entry
+        local.value = LocalStamp.value(of: entry.value)
+        local.unverified = true
+        return local
     }
 
     /// `entry` without its stamp, if it may be served at `now`.

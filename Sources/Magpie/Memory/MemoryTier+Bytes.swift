@@ -192,6 +192,9 @@ package struct StoredEntry: Sendable {
     /// The expiry in this tier (ms since 1970), 0 for none.
     package var deadline: Int64
     package var freshness: Freshness
+    /// A cache with a remote tier: a local copy past its staleness bound, given to the loader API only,
+    /// which may serve it through fail-safe and nothing else.
+    package var unverified = false
 
     package init(value: [UInt8], deadline: Int64, freshness: Freshness) {
         self.value = value

@@ -11,21 +11,20 @@ import Synchronization
 
 extension RemoteTier {
     func owe(key: [UInt8]) {
-        pending.withLock { pending in
-            guard !pending.all else { return }
-            pending.sequence += 1
-            pending.keys[key] = pending.sequence
-            overflowIfNeeded(&pending)
-        }
-        counters.queuedRemovals.add(1, ordering: .relaxed)
-        startReplay()
+        owe { pending in pending.keys[key] = pending.sequence }
     }
 
     func owe(group: String) {
+        owe { pending in pending.groups[group] = pending.sequence }
+    }
+
+    /// Records a removal owed (`record` files it under the next sequence number), unless everything is
+    /// owed already; starts the replay.
+    private func owe(_ record: (inout PendingRemovals) -> Void) {
         pending.withLock { pending in
             guard !pending.all else { return }
             pending.sequence += 1
-            pending.groups[group] = pending.sequence
+            record(&pending)
             overflowIfNeeded(&pending)
         }
         counters.queuedRemovals.add(1, ordering: .relaxed)

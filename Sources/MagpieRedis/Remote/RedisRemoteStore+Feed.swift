@@ -65,7 +65,9 @@ extension RedisRemoteStore {
             }
             // Changes made before this feed started were never reported here.
             changes.invalidateAll()
-            let reader = Task { [weak self] in
+            // On the store's event loop, like the supervisor: a busy or blocked cooperative pool must not
+            // hold up the feed (the cache's local copies would lapse).
+            let reader = Task(executorPreference: executor) { [weak self] in
                 for await event in stream {
                     guard let self else { return }
                     self.handle(event, from: feed, changes: changes)

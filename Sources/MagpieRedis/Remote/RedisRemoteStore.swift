@@ -204,7 +204,9 @@ public final class RedisRemoteStore: RemoteStore {
         state.withLock { state in
             guard state.changes == nil, !state.shutDown else { return }
             state.changes = changes
-            state.supervisor = Task { [weak self] in await self?.supervise() }
+            // The heartbeats and feeds run on the store's event loop, not on Swift's cooperative pool:
+            // callers that block pool threads (synchronous code, tests) must not stall confirmations.
+            state.supervisor = Task(executorPreference: executor) { [weak self] in await self?.supervise() }
         }
     }
 
