@@ -127,12 +127,15 @@ public struct RemoteTierStatistics: Sendable, Hashable {
     /// Failed calls to the store (down, breaker open, timed out): each a miss or an owed removal, never
     /// a caller's error.
     public var errors: UInt64 = 0
-    /// Records written, and removals (keys, groups, everything) the store took.
+    /// Records written.
     public var stores: UInt64 = 0
+    /// Removals (keys, groups, everything) the store took.
     public var removals: UInt64 = 0
-    /// Removals owed to the store (queued on a failure), replayed, and owed now.
+    /// Removals owed to the store (queued on a failure).
     public var queuedRemovals: UInt64 = 0
+    /// Owed removals replayed once the store answered.
     public var replayedRemovals: UInt64 = 0
+    /// Removals owed now (keys and groups; 1 for the whole namespace).
     public var owedRemovals: Int = 0
     /// Times the owed removals outgrew ``RemoteTierOptions/maxPendingRemovals`` (the namespace is then
     /// replaced on replay).
@@ -141,20 +144,25 @@ public struct RemoteTierStatistics: Sendable, Hashable {
     public var invalidations: UInt64 = 0
     /// Times every older local copy became a miss (the feed was re-established, or everything changed).
     public var epochBumps: UInt64 = 0
-    /// Confirmations of the change feed, the lag of the latest and the largest (ms: from the
-    /// confirmed instant to its application here), and how long ago the latest confirmed instant was.
+    /// Confirmations of the change feed.
     public var confirmations: UInt64 = 0
+    /// The latest confirmation's lag (ms): from the confirmed instant to its application here.
     public var lastLagMilliseconds: Int64 = 0
+    /// The largest confirmation lag seen (ms).
     public var maxLagMilliseconds: Int64 = 0
+    /// How long ago (ms) the latest confirmed instant was: past ``RemoteTierOptions/maxDisconnectedStaleness``,
+    /// local copies are misses.
     public var unconfirmedMilliseconds: Int64 = 0
     /// Whether the store fails fast now (its breaker is open).
     public var failsFast = false
-    /// Load leases taken (this instance ran the loader for the fleet), loads that found the lease taken
-    /// and waited, and those that got the holder's value instead of loading.
+    /// Load leases taken (this instance ran the loader for the fleet).
     public var leasesAcquired: UInt64 = 0
+    /// Loads that found the lease taken and waited.
     public var leaseWaits: UInt64 = 0
+    /// Loads that got the lease holder's value instead of loading.
     public var sharedLoads: UInt64 = 0
 
+    /// All zero.
     public init() {}
 }
 
