@@ -42,6 +42,7 @@ public final class RedisRemoteStore: RemoteStore {
         /// Redis is healthy.
         public var heartbeatInterval: Duration
 
+        /// A configuration: how to reach Redis, the namespace, and whether it is a cluster.
         public init(redis: RedisConfiguration, namespace: String, cluster: Bool = false,
                     heartbeatInterval: Duration = .milliseconds(100)) {
             self.redis = redis
@@ -56,6 +57,7 @@ public final class RedisRemoteStore: RemoteStore {
         }
     }
 
+    /// The configuration the store was made with.
     public let configuration: Configuration
     let sender: any RedisCommandSender
     let single: RedisClient?
