@@ -259,6 +259,36 @@ struct FleetTests {
         }
     }
 
+    @Test("more removals owed than the queue holds: everything is owed, and replaced in one write when Redis is back")
+    func overflowingRemovals() async throws {
+        try await withRedisServer(.init(extraConfig: ["appendonly yes", "appendfsync always"])) { server in
+            try await offloaded {
+                let store = try RedisRemoteStore(.init(redis: testConfiguration(port: server.port) {
+                    $0.commandTimeout = .milliseconds(300)
+                    $0.reconnect.maximum = .milliseconds(200)
+                }, namespace: "fleet:", heartbeatInterval: .milliseconds(20)))
+                var configuration = Cache.Configuration(memoryBudget: 8 << 20)
+                configuration.metrics = nil
+                configuration.remote = RemoteTierOptions(store: store, maxPendingRemovals: 2)
+                let a = try Cache(configuration)
+                let (b, _) = try fleetCache(port: server.port)
+                defer { try? a.close(); try? b.close() }
+                try waitConfirmed(a)
+                try waitConfirmed(b)
+                for i in 0..<5 { try a.set(Array("v\(i)".utf8), forKey: "o\(i)") }
+                server.kill()
+                for i in 0..<3 { try a.removeValue(forKey: "o\(i)") }
+                let owed = try #require(a.statistics.remote)
+                #expect(owed.pendingOverflows == 1 && owed.owedRemovals == 1)  // everything
+                try server.restart()
+                #expect(pollUntil(timeout: .seconds(20)) { a.statistics.remote?.owedRemovals == 0 } != nil)
+                // Every record of the namespace is outdated now, the ones never removed included.
+                #expect(try pollUntil(timeout: .seconds(20)) { (try b.value(forKey: "o4")) == nil && (b.statistics.remote?.outdated ?? 0) > 0 } != nil)
+                for i in 0..<5 { #expect(try b.value(forKey: "o\(i)") == nil) }
+            }
+        }
+    }
+
     @Test("the loader runs once for the fleet when the value is in the store; AUTH end to end")
     func loaderAndAuth() async throws {
         try await withRedisServer(.init(requirePassword: "s3cret")) { server in

@@ -33,7 +33,7 @@ extension RemoteTier {
 
     private func overflowIfNeeded(_ pending: inout PendingRemovals) {
         guard pending.keys.count + pending.groups.count > maxPendingRemovals else { return }
-        pending = PendingRemovals(all: true)
+        pending.oweEverything()
         counters.pendingOverflows.add(1, ordering: .relaxed)
     }
 
@@ -78,7 +78,7 @@ extension RemoteTier {
             do {
                 try await send(owed)
                 pending.withLock { pending in
-                    if owed.all { pending.all = false }
+                    if owed.all && pending.allSequence == owed.allSequence { pending.all = false }
                     for (key, sequence) in owed.keys where pending.keys[key] == sequence { pending.keys[key] = nil }
                     for (group, sequence) in owed.groups where pending.groups[group] == sequence { pending.groups[group] = nil }
                 }

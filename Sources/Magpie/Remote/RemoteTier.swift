@@ -48,7 +48,18 @@ final class RemoteTier: Sendable {
         var groups: [String: UInt64] = [:]
         var all = false
         var sequence: UInt64 = 0
+        /// The sequence number at which `all` was last set: a replay clears it only if it is unchanged.
+        var allSequence: UInt64 = 0
         var isEmpty: Bool { keys.isEmpty && groups.isEmpty && !all }
+
+        /// Everything is owed: the keys and groups are dropped (replacing the namespace covers them).
+        mutating func oweEverything() {
+            sequence += 1
+            keys = [:]
+            groups = [:]
+            all = true
+            allSequence = sequence
+        }
     }
 
     init(_ options: RemoteTierOptions, clock: CacheClock) {
@@ -170,7 +181,7 @@ final class RemoteTier: Sendable {
             counters.removals.add(1, ordering: .relaxed)
         } catch {
             counters.errors.add(1, ordering: .relaxed)
-            pending.withLock { $0 = PendingRemovals(all: true) }
+            pending.withLock { $0.oweEverything() }
             counters.queuedRemovals.add(1, ordering: .relaxed)
             startReplay()
         }
