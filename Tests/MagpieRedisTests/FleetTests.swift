@@ -16,7 +16,9 @@ func fleetCache(
     heartbeat: Duration = .milliseconds(20), lease: Duration = .seconds(10), adjust: (inout RedisConfiguration) -> Void = { _ in }
 ) throws -> (Cache, RedisRemoteStore) {
     let redis = testConfiguration(port: port) {
-        $0.commandTimeout = .milliseconds(300)
+        // Long enough that a loaded CI machine does not turn a slow reply into a miss, short enough
+        // that the outage tests (a paused server) stay short.
+        $0.commandTimeout = .seconds(2)
         $0.reconnect.maximum = .milliseconds(200)
         adjust(&$0)
     }
@@ -264,7 +266,7 @@ struct FleetTests {
         try await withRedisServer(.init(extraConfig: ["appendonly yes", "appendfsync always"])) { server in
             try await offloaded {
                 let store = try RedisRemoteStore(.init(redis: testConfiguration(port: server.port) {
-                    $0.commandTimeout = .milliseconds(300)
+                    $0.commandTimeout = .seconds(2)
                     $0.reconnect.maximum = .milliseconds(200)
                 }, namespace: "fleet:", heartbeatInterval: .milliseconds(20)))
                 var configuration = Cache.Configuration(memoryBudget: 8 << 20)
