@@ -1,4 +1,3 @@
-import CXXHash
 
 // What the cache keeps in its remote tier, byte by byte.
 //
