@@ -156,7 +156,7 @@ final class FleetInstance: @unchecked Sendable {
 
     func close() {
         try? cache?.close()
-        if let store { _ = try? store.runBlocking { () async throws(MagpieError) in await store.shutdown() } }
+        if let store { _ = try? Self.blocking { await store.shutdown() } }
     }
 
     static func name(_ key: Int) -> String { "key:\(key)" }
@@ -191,7 +191,7 @@ final class FleetInstance: @unchecked Sendable {
         }
         guard let store else { return nil }
         let name = Array(Self.name(key).utf8)
-        let found = try store.runBlocking { () async throws(MagpieError) -> [UInt8]? in try await store.values(forKeys: [name])[0] }
+        let found = try Self.blocking { try await store.values(forKeys: [name])[0] }
         return found.map { ($0, .remote) }
     }
 
@@ -199,9 +199,7 @@ final class FleetInstance: @unchecked Sendable {
         if let cache { return try cache.set(value, forKey: Self.name(key)) }
         guard let store else { return }
         let name = Array(Self.name(key).utf8)
-        _ = try store.runBlocking { () async throws(MagpieError) -> Bool in
-            try await store.store(value, forKey: name, expiresAt: 0, onlyIfAbsent: false)
-        }
+        _ = try Self.blocking { try await store.store(value, forKey: name, expiresAt: 0, onlyIfAbsent: false) }
     }
 
     func remove(_ key: Int) throws {
@@ -211,6 +209,31 @@ final class FleetInstance: @unchecked Sendable {
         }
         guard let store else { return }
         let name = Array(Self.name(key).utf8)
-        try store.runBlocking { () async throws(MagpieError) in try await store.remove(keys: [name]) }
+        try Self.blocking { try await store.remove(keys: [name]) }
+    }
+
+    /// Runs `operation` as a task and blocks this thread (one of the benchmark's own, never a thread of
+    /// Swift's cooperative pool) until it ends.
+    static func blocking<R: Sendable>(_ operation: @escaping @Sendable () async throws -> R) throws -> R {
+        let outcome = Outcome<R>()
+        let done = DispatchSemaphore(value: 0)
+        Task {
+            let result: Result<R, any Error>
+            do { result = .success(try await operation()) } catch { result = .failure(error) }
+            outcome.set(result)
+            done.signal()
+        }
+        done.wait()
+        return try outcome.get()
+    }
+
+    final class Outcome<R: Sendable>: @unchecked Sendable {
+        private let lock = NSLock()
+        private var result: Result<R, any Error>? = nil
+        func set(_ value: Result<R, any Error>) { lock.withLock { result = value } }
+        func get() throws -> R {
+            guard let result = lock.withLock({ result }) else { throw BenchError("the operation ended without a result") }
+            return try result.get()
+        }
     }
 }

@@ -13,7 +13,8 @@ import Foundation
 // distinct names, `syncShutdownGracefully()` beside `shutdownGracefully()`.)
 //
 // `nonisolated(nonsending)` keeps each call on its caller's executor, so a memory hit returns without a
-// hop; only a disk access moves to an I/O thread and back.
+// hop, whatever the tiers; only a disk access moves to an I/O thread and back, and a remote call is
+// awaited on the caller's task (the store's event loop does the I/O; no thread waits for it).
 
 extension Cache {
     /// The asynchronous forms of the cache's operations: disk I/O runs on the cache's I/O threads
@@ -43,9 +44,15 @@ public struct AsyncCache: Sendable {
     /// ``value(forKey:)-(String)`` for a key of arbitrary bytes.
     nonisolated(nonsending)
     public func value(forKey key: some Sequence<UInt8>) async throws -> [UInt8]? {
-        if cache.hasRemote {
-            let key = Array(key)
-            return try await cache.onDisk { [cache] () throws(MagpieError) -> [UInt8]? in try cache.value(forKey: key) }
+        if let remote = cache.remote {
+            // A servable memory copy returns here, on the caller's executor; the rest awaits disk (on
+            // an I/O thread) and the store (no thread blocked).
+            let (value, hash) = try cache.withHashedKey(key) { key throws(MagpieError) in (cache.fleetMemoryValue(key, remote), key.hash) }
+            if let value { return value }
+            guard let (entry, _) = try await cache.fleetEntry(Array(key), hash: hash, remote, memoryChecked: true),
+                !entry.freshness.negative
+            else { return nil }
+            return entry.value
         }
         // The key is hashed once, here; the hash travels with a copy of its bytes to the I/O thread.
         let (value, hash) = try cache.withHashedKey(key) { key throws(MagpieError) in (cache.memory.copyValue(key), key.hash) }
@@ -65,6 +72,50 @@ public struct AsyncCache: Sendable {
         try await value(forKey: key).map { Data($0) }
     }
 
+    /// The value for `key` decoded as `type` by `coder`; see ``Cache/value(forKey:as:coder:)-(String,_,_)``.
+    nonisolated(nonsending)
+    public func value<Value: Codable & Sendable>(forKey key: String, as type: Value.Type, coder: any CacheCoder = JSONCacheCoder())
+        async throws -> Value?
+    {
+        try await TypedCache<Value>(cache, coder: coder).async.value(forKey: key)
+    }
+
+    /// ``value(forKey:as:coder:)-(String,_,_)`` for a key of arbitrary bytes.
+    nonisolated(nonsending)
+    public func value<Value: Codable & Sendable>(
+        forKey key: some Sequence<UInt8>, as type: Value.Type, coder: any CacheCoder = JSONCacheCoder()
+    ) async throws -> Value? {
+        try await TypedCache<Value>(cache, coder: coder).async.value(forKey: key)
+    }
+
+    /// The value stored for `key` with the tier that answered and its freshness; see
+    /// ``Cache/lookup(_:)-(String)``.
+    nonisolated(nonsending)
+    public func lookup(_ key: String) async throws -> CacheHit? {
+        try await lookup(key.utf8)
+    }
+
+    /// ``lookup(_:)-(String)`` for a key of arbitrary bytes.
+    nonisolated(nonsending)
+    public func lookup(_ key: some Sequence<UInt8>) async throws -> CacheHit? {
+        let clock = cache.clock
+        if let remote = cache.remote {
+            let hash = try cache.withHashedKey(key) { key throws(MagpieError) in key.hash }
+            return try await cache.fleetEntry(Array(key), hash: hash, remote).flatMap { CacheHit($0.0, tier: $0.1, clock: clock) }
+        }
+        let (hit, hash) = try cache.withHashedKey(key) { key throws(MagpieError) in
+            (CacheHit(cache.memory.entry(key), tier: .memory, clock: clock), key.hash)
+        }
+        if let hit { return hit }
+        guard cache.disk != nil else { return nil }
+        let name = Array(key)
+        return try await cache.onDisk { [cache] () throws(MagpieError) -> CacheHit? in
+            try cache.withHashedKey(name, hash: hash) { key throws(MagpieError) in
+                CacheHit(try cache.storedEntryAfterMemoryMiss(key), tier: .disk, clock: clock)
+            }
+        }
+    }
+
     /// Whether `key` has a live value in either tier; see ``Cache/contains(_:)-(String)``.
     nonisolated(nonsending)
     public func contains(_ key: String) async throws -> Bool {
@@ -74,9 +125,14 @@ public struct AsyncCache: Sendable {
     /// ``contains(_:)-(String)`` for a key of arbitrary bytes.
     nonisolated(nonsending)
     public func contains(_ key: some Sequence<UInt8>) async throws -> Bool {
-        if cache.hasRemote {
-            let key = Array(key)
-            return try await cache.onDisk { [cache] () throws(MagpieError) -> Bool in try cache.contains(key) }
+        if let remote = cache.remote {
+            let (found, hash) = try cache.withHashedKey(key) { key throws(MagpieError) in (cache.fleetMemoryValue(key, remote) != nil, key.hash) }
+            if found { return true }
+            guard cache.disk != nil else { return false }
+            let (key, now) = (Array(key), cache.clock.now())
+            return try await cache.onDisk { [cache] () throws(MagpieError) -> Bool in
+                try cache.withHashedKey(key, hash: hash) { key throws(MagpieError) in try cache.fleetDiskContains(key, remote, now: now) }
+            }
         }
         let (found, hash) = try cache.withHashedKey(key) { key throws(MagpieError) in (cache.memory.contains(key), key.hash) }
         if found { return true }
@@ -86,10 +142,12 @@ public struct AsyncCache: Sendable {
         }
     }
 
-    /// Stores `value` for `key`; see ``Cache/set(_:forKey:options:)-(_,String,_)``.
+    /// Stores `value` for `key`; see ``Cache/set(_:forKey:options:)-(_,String,_)``. With a remote tier,
+    /// returns once the store answered (or failed, which owes the key a removal; never thrown), having
+    /// awaited it with no thread blocked.
     nonisolated(nonsending)
     public func set(_ value: some Sequence<UInt8> & Sendable, forKey key: String, options: EntryOptions? = nil) async throws {
-        try await cache.onDisk { [cache] () throws(MagpieError) in try cache.set(value, forKey: key, options: options) }
+        try await set(value, forKey: key.utf8, options: options)
     }
 
     /// ``set(_:forKey:options:)-(_,String,_)`` for a key of arbitrary bytes.
@@ -98,32 +156,62 @@ public struct AsyncCache: Sendable {
         _ value: some Sequence<UInt8> & Sendable, forKey key: some Sequence<UInt8>, options: EntryOptions? = nil
     ) async throws {
         let key = Array(key)
-        try await cache.onDisk { [cache] () throws(MagpieError) in try cache.set(value, forKey: key, options: options) }
+        guard cache.remote != nil else {
+            return try await cache.onDisk { [cache] () throws(MagpieError) in try cache.set(value, forKey: key, options: options) }
+        }
+        let value = Array(value)
+        let send = try await cache.onDisk { [cache] () throws(MagpieError) -> RemoteSend? in
+            try cache.withHashedKey(key) { key throws(MagpieError) -> RemoteSend? in
+                cache.supersedeLoads(of: key)
+                let options = options ?? cache.defaultOptions
+                let stamp = options.stamp(now: cache.clock.now(), hash: key.hash)
+                return try value.withUnsafeBytes { bytes in
+                    Result { () throws(MagpieError) in try cache.writeLocally(bytes, for: key, options: options, stamp: stamp) }
+                }.get()
+            }
+        }
+        if let send { await cache.send(send) }
     }
 
     /// Removes `key` from both tiers; see ``Cache/removeValue(forKey:)-(String)``.
     @discardableResult nonisolated(nonsending)
     public func removeValue(forKey key: String) async throws -> Bool {
-        try await cache.onDisk { [cache] () throws(MagpieError) -> Bool in try cache.removeValue(forKey: key) }
+        try await removeValue(forKey: key.utf8)
     }
 
     /// ``removeValue(forKey:)-(String)`` for a key of arbitrary bytes.
     @discardableResult nonisolated(nonsending)
     public func removeValue(forKey key: some Sequence<UInt8>) async throws -> Bool {
         let key = Array(key)
-        return try await cache.onDisk { [cache] () throws(MagpieError) -> Bool in try cache.removeValue(forKey: key) }
+        let (removed, send) = try await cache.onDisk { [cache] () throws(MagpieError) -> (Bool, RemoteSend?) in
+            try cache.withHashedKey(key) { key throws(MagpieError) -> (Bool, RemoteSend?) in
+                cache.supersedeLoads(of: key)
+                return try cache.removeLocally(key)
+            }
+        }
+        if let send { await cache.send(send) }
+        return removed
     }
 
     /// Removes every entry; see ``Cache/removeAll()``.
     nonisolated(nonsending)
     public func removeAll() async throws {
-        try await cache.onDisk { [cache] () throws(MagpieError) in try cache.removeAll() }
+        try await cache.onDisk { [cache] () throws(MagpieError) in try cache.removeAllLocally() }
+        if let remote = cache.remote {
+            remote.coherence.raiseFloor(to: cache.clock.now())
+            await remote.removeAll()
+        }
     }
 
     /// Removes a group's entries from both tiers; see ``Cache/removeAll(inGroup:)``.
     @discardableResult nonisolated(nonsending)
     public func removeAll(inGroup group: String) async throws -> RemovedEntries {
-        try await cache.onDisk { [cache] () throws(MagpieError) -> RemovedEntries in try cache.removeAll(inGroup: group) }
+        try cache.checkOpen()
+        guard !group.isEmpty else { return RemovedEntries() }
+        cache.supersedeAllLoads()
+        let removed = try await cache.onDisk { [cache] () throws(MagpieError) -> RemovedEntries in try cache.removeAllLocally(inGroup: group) }
+        if let remote = cache.remote { await remote.removeGroup(group) }
+        return removed
     }
 
     /// Removes expired entries from both tiers; see ``Cache/removeExpired()``.
@@ -140,10 +228,13 @@ public struct AsyncCache: Sendable {
 }
 
 extension Cache {
-    /// An async read of a key whose hash is known: memory, then disk on an I/O thread.
+    /// An async read of a key whose hash is known: memory, then disk on an I/O thread (and the store).
     nonisolated(nonsending)
     func value(_ key: [UInt8], hash: UInt64) async throws -> [UInt8]? {
-        if hasRemote { return try await onDisk { [self] () throws(MagpieError) -> [UInt8]? in try value(forKey: key) } }
+        if let remote {
+            guard let (entry, _) = try await fleetEntry(key, hash: hash, remote), !entry.freshness.negative else { return nil }
+            return entry.value
+        }
         if let value = try withHashedKey(key, hash: hash, { key throws(MagpieError) in memory.copyValue(key) }) { return value }
         return try await diskValue(key, hash: hash)
     }
@@ -156,10 +247,11 @@ extension Cache {
         }
     }
 
-    /// Runs `work` on an I/O thread when there is a disk tier, else right here (memory work never blocks).
+    /// Runs `work` on an I/O thread when there is a disk tier, else right here (memory work never
+    /// blocks; the remote tier is awaited by the callers, never run here).
     nonisolated(nonsending)
     func onDisk<R: Sendable>(_ work: @escaping @Sendable () throws(MagpieError) -> R) async throws -> R {
-        guard disk != nil || remote != nil else { return try work() }
+        guard disk != nil else { return try work() }
         try checkOpen()
         return try await pool.run(work)
     }

@@ -134,14 +134,8 @@ extension Cache {
     /// The key's entry with its freshness: memory (unless `memoryChecked`), then disk on an I/O thread.
     nonisolated(nonsending)
     private func storedEntry(_ call: LoaderCall, memoryChecked: Bool) async throws -> StoredEntry? {
-        if remote != nil {
-            let (name, hash) = (call.name, call.hash)
-            return try await onDisk { [self] () throws(MagpieError) -> StoredEntry? in
-                try withHashedKey(name, hash: hash) { key throws(MagpieError) -> StoredEntry? in
-                    guard let remote else { return nil }
-                    return try fleetEntry(key, remote, unverifiedFallback: true)?.0
-                }
-            }
+        if let remote {
+            return try await fleetEntry(call.name, hash: call.hash, remote, unverifiedFallback: true, memoryChecked: memoryChecked)?.0
         }
         if !memoryChecked,
             let entry = try withHashedKey(call.name, hash: call.hash, { key throws(MagpieError) in memory.entry(key) })
@@ -290,12 +284,8 @@ extension Cache {
                 Task { [self] in
                     // A cache with a remote tier loads once for the fleet: the lease's holder loads, the
                     // others wait for its value (Cache+Lease.swift).
-                    var taken = LeaseOutcome.load(holding: false)
-                    if let remote {
-                        taken = (try? await onDisk { [self] () throws(MagpieError) -> LeaseOutcome in leaseOrShared(call, remote) })
-                            ?? .load(holding: false)
-                    }
-                    let lease = taken
+                    var lease = LeaseOutcome.load(token: nil)
+                    if let remote { lease = await leaseOrShared(call, remote) }
                     if case .shared(let value) = lease {
                         leave(flight, hash: call.hash)
                         flight.finish(.success(value))
@@ -304,12 +294,14 @@ extension Cache {
                     let started = clock.now()
                     let result: Result<[UInt8]?, any Error>
                     do { result = .success(try await load()) } catch { result = .failure(error) }
-                    let landed: Bool? = try? await onDisk { [self] () throws(MagpieError) -> Bool in
+                    let landed: RemoteSend?? = try? await onDisk { [self] () throws(MagpieError) -> RemoteSend? in
                         land(flight, call, result, started: started)
-                        if case .load(holding: true) = lease, let remote { releaseLease(call, remote) }
-                        return true
                     }
                     if landed == nil { leave(flight, hash: call.hash) }  // cancelled or closed before it could land
+                    // The value goes through to the store before the lease is released (a waiter that
+                    // then takes the lease finds it), and before the callers hear of it.
+                    if let write = landed ?? nil { await send(write) }
+                    if case .load(let token?) = lease, let remote { await releaseLease(call, token: token, remote) }
                     flight.finish(result)
                 })
         case .blocking(let load):
@@ -323,26 +315,33 @@ extension Cache {
 
     /// Runs a synchronous load on this thread, lands it and ends the flight.
     private func runBlocking(_ flight: Flight, _ call: LoaderCall, _ load: @Sendable () throws -> [UInt8]?) {
-        var lease = LeaseOutcome.load(holding: false)
-        if let remote { lease = leaseOrShared(call, remote) }
+        var lease = LeaseOutcome.load(token: nil)
+        if let remote {
+            lease = (try? remote.bridge.wait(remote.store) { [self] in await leaseOrShared(call, remote) }) ?? .load(token: nil)
+        }
         if case .shared(let value) = lease {
             leave(flight, hash: call.hash)
             flight.finish(.success(value))
             return
         }
-        defer { if case .load(holding: true) = lease, let remote { releaseLease(call, remote) } }
         let started = clock.now()
         let result: Result<[UInt8]?, any Error>
         do { result = .success(try load()) } catch { result = .failure(error) }
-        land(flight, call, result, started: started)
+        if let send = land(flight, call, result, started: started) { sendWaiting(send) }
+        if case .load(let token?) = lease, let remote {
+            _ = try? remote.bridge.wait(remote.store) { [self] in await releaseLease(call, token: token, remote) }
+        }
         flight.finish(result)
     }
 
     /// A load's end, before its callers hear of it: the value stored (unless superseded), the absence
     /// remembered or the stale value removed, or, for a failure, the error counted and logged and the
     /// key throttled when fail-safe can serve its stale value; then the flight leaves the map.
-    private func land(_ flight: Flight, _ call: LoaderCall, _ result: Result<[UInt8]?, any Error>, started: Int64) {
+    /// With a remote tier, the landing's remote write is returned, for the caller to send with no lock
+    /// held.
+    private func land(_ flight: Flight, _ call: LoaderCall, _ result: Result<[UInt8]?, any Error>, started: Int64) -> RemoteSend? {
         defer { leave(flight, hash: call.hash) }
+        var remoteWrite: RemoteSend? = nil
         switch result {
         case .success(let value):
             if throttleCount.load(ordering: .relaxed) != 0 {
@@ -358,18 +357,18 @@ extension Cache {
                     return
                 }
                 do {
-                    try withHashedKey(call.name, hash: call.hash) { key throws(MagpieError) in
+                    remoteWrite = try withHashedKey(call.name, hash: call.hash) { key throws(MagpieError) -> RemoteSend? in
                         if let value {
                             let stamp = call.options.stamp(now: started, hash: call.hash)
-                            try value.withUnsafeBytes { bytes in
-                                Result { () throws(MagpieError) in try write(bytes, for: key, options: call.options, stamp: stamp) }
+                            return try value.withUnsafeBytes { bytes in
+                                Result { () throws(MagpieError) in try writeLocally(bytes, for: key, options: call.options, stamp: stamp) }
                             }.get()
                         } else if let lifetime = call.loader.negativeLifetime {
                             let deadline = Expiry.after(lifetime).deadline(now: started)
                             let stamp = StoreStamp(memory: deadline, disk: deadline, freshness: Freshness(negative: true))
-                            try write(UnsafeRawBufferPointer(start: nil, count: 0), for: key, options: call.options, stamp: stamp)
+                            return try writeLocally(UnsafeRawBufferPointer(start: nil, count: 0), for: key, options: call.options, stamp: stamp)
                         } else {
-                            _ = try removeWithoutSuperseding(key)
+                            return try removeLocally(key).1
                         }
                     }
                 } catch {
@@ -396,6 +395,7 @@ extension Cache {
             }
             logger.warning("magpie: a load failed", metadata: metadata)
         }
+        return remoteWrite
     }
 
     /// Whether fail-safe may serve `entry` at `now`: not expired, loaded at most its maximum age ago.

@@ -3,17 +3,39 @@ import Logging
 // A cache with a remote tier (``Cache/Configuration/remote``): reads memory → disk → remote, writes
 // and removals through to the store, and local copies kept coherent with it (see Coherence.swift).
 //
-// Writes. A store or removal holds the key's write stripe (`RemoteTier.writeStripes`) across its local
-// writes and its remote one, and bumps the key's change counter before and after: so two writes of one
-// key in this process reach the store in the order they reach the local tiers, and a fetch that
-// overlapped either never keeps its (older) value locally.
+// Every remote operation is async and awaited where it is needed: the async API awaits the store on
+// the caller's task (a memory hit never leaves the caller's executor; disk work goes to the I/O
+// threads); the synchronous API waits for it in one place, `RemoteTier.bridge`. No lock is held across
+// a round trip.
+//
+// Writes. A store or removal has two halves. The local half (`writeLocally`, `removeLocally`), under
+// the key's stripe: it marks a write of the key under way (Coherence.beginWrite), changes the local
+// tiers and gives the remote write its version (HybridClock), so one instance's writes of a key get
+// versions in the order they changed the local tiers. The remote half (`send`) then writes the record,
+// or a removal's tombstone, with no lock held; the store applies it only if no newer version of the key
+// is there (RemoteStore.storeIfNewer), so writes of one key take effect in version order however they
+// overtake each other on the way, and a write that ran late (after a timeout, or a paused server) never
+// undoes a later removal. When it ends the write is no longer under way (Coherence.endWrite).
 //
 // Reads. A local copy is served only while `Coherence.servable` says so; the value's first 8 bytes are
 // its stamp. A remote hit is kept locally (memory, disk, as the record's tiers say) only while the
-// change feed is confirmed and the key's change counter did not move during the fetch.
+// change feed is confirmed, the key's change counter did not move during the fetch, and no write of the
+// key is under way (Coherence.keepable).
+
+/// The remote half of a write, sent after the local half (and its locks) are done.
+struct RemoteSend: Sendable {
+    enum Operation: Sendable {
+        case store(RemoteRecord)
+        case remove(version: UInt64)
+    }
+
+    let name: [UInt8]
+    let hash: UInt64
+    let operation: Operation
+}
 
 extension Cache {
-    // MARK: Reads
+    // MARK: Reads (synchronous API)
 
     /// A plain read of a cache with a remote tier: the value, nil on a miss (or a remembered absence).
     @usableFromInline
@@ -26,6 +48,11 @@ extension Cache {
     func fleetLocalContains(_ key: HashedKey, _ remote: RemoteTier) throws(MagpieError) -> Bool {
         let now = clock.now()
         if let entry = memory.entry(key), !entry.freshness.negative, servable(entry, remote, now: now) != nil { return true }
+        return try fleetDiskContains(key, remote, now: now)
+    }
+
+    /// The disk half of ``fleetLocalContains(_:_:)``.
+    func fleetDiskContains(_ key: HashedKey, _ remote: RemoteTier, now: Int64) throws(MagpieError) -> Bool {
         guard let disk else { return false }
         let entry = try stripes.withLock(for: key.hash) { () throws(MagpieError) -> DiskEntry? in
             try logged("contains") { () throws(MagpieError) in try disk.entry(key) }
@@ -56,6 +83,115 @@ extension Cache {
         return remoteEntry(key, remote).map { ($0, .remote) } ?? unverified
     }
 
+    /// The store's current record of `key`, kept locally when it may be; nil on a miss or a failure.
+    /// Blocks for the round trip (the synchronous API).
+    func remoteEntry(_ key: HashedKey, _ remote: RemoteTier) -> StoredEntry? {
+        let started = clock.now()
+        let counter = remote.coherence.counter(key.hash)
+        let name = Array(key.bytes)
+        let fetched: RemoteRecord?
+        do {
+            fetched = try remote.bridge.wait(remote.store) { await remote.fetch(name) }
+        } catch {
+            remote.counters.errors.add(1, ordering: .relaxed)
+            return nil
+        }
+        guard let record = fetched else { return nil }
+        return keep(record, for: key, fetchedAt: started, counter: counter, remote)
+    }
+
+    // MARK: Reads (async API)
+
+    /// A servable local copy of `key` in memory, without its stamp (one copy of the value, no lock: the
+    /// async API's memory hit, on the caller's executor).
+    @inline(__always)
+    func fleetMemoryValue(_ key: HashedKey, _ remote: RemoteTier) -> [UInt8]? {
+        let now = clock.now()
+        let found = memory.withValue(key) { bytes -> [UInt8]? in
+            guard bytes.count >= Coherence.stampSize,
+                remote.coherence.servable(stamp: Int64(littleEndian: bytes.loadUnaligned(as: Int64.self)), now: now)
+            else { return nil }
+            return [UInt8](UnsafeRawBufferPointer(rebasing: bytes[Coherence.stampSize...]))
+        }
+        return found ?? nil
+    }
+
+    /// ``fleetEntry(_:_:unverifiedFallback:)`` for the async API: memory here, disk on an I/O thread, the
+    /// store awaited (no thread blocked), a remote hit kept locally (on an I/O thread when there is a
+    /// disk tier). `memoryChecked`: the caller found no servable copy in memory already.
+    nonisolated(nonsending)
+    func fleetEntry(
+        _ name: [UInt8], hash: UInt64, _ remote: RemoteTier, unverifiedFallback: Bool = false, memoryChecked: Bool = false
+    ) async throws -> (StoredEntry, CacheHit.Tier)? {
+        let now = clock.now()
+        var unverified: (StoredEntry, CacheHit.Tier)? = nil
+        if !memoryChecked || unverifiedFallback,
+            let entry = try withHashedKey(name, hash: hash, { key throws(MagpieError) in memory.entry(key) })
+        {
+            if let local = servable(entry, remote, now: now) { return (local, .memory) }
+            if unverifiedFallback { unverified = stripped(entry).map { ($0, .memory) } }
+        }
+        if disk != nil, unverified == nil {
+            let found = try await onDisk { [self] () throws(MagpieError) -> StoredEntry? in
+                try withHashedKey(name, hash: hash) { key throws(MagpieError) in try storedEntryAfterMemoryMiss(key) }
+            }
+            if let entry = found {
+                if let local = servable(entry, remote, now: now) { return (local, .disk) }
+                if unverifiedFallback { unverified = stripped(entry).map { ($0, .disk) } }
+            }
+        }
+        if let entry = await remoteEntry(name, hash: hash, remote) { return (entry, .remote) }
+        return unverified
+    }
+
+    /// The store's current record of `name`, awaited, and kept locally when it may be.
+    nonisolated(nonsending)
+    func remoteEntry(_ name: [UInt8], hash: UInt64, _ remote: RemoteTier) async -> StoredEntry? {
+        let started = clock.now()
+        let counter = remote.coherence.counter(hash)
+        guard let record = await remote.fetch(name) else { return nil }
+        guard disk != nil else {
+            return name.withUnsafeBytes { keep(record, for: HashedKey($0, hash: hash), fetchedAt: started, counter: counter, remote) }
+        }
+        let kept = try? await onDisk { [self] () -> StoredEntry in
+            name.withUnsafeBytes { keep(record, for: HashedKey($0, hash: hash), fetchedAt: started, counter: counter, remote) }
+        }
+        return kept ?? storedEntry(of: record)
+    }
+
+    /// A fetched record as an entry (its memory deadline from its policy).
+    private func storedEntry(of record: RemoteRecord) -> StoredEntry {
+        StoredEntry(
+            value: record.value,
+            deadline: EntryOptions.promotedDeadline(policy: record.memoryPolicy, diskDeadline: record.expiresAt, now: clock.now()),
+            freshness: record.freshness)
+    }
+
+    /// Keeps a fetched record locally (stamped with the fetch's start) when it may be, and returns it
+    /// as an entry. Takes the key's stripe; disk I/O when there is a disk tier.
+    private func keep(_ record: RemoteRecord, for key: HashedKey, fetchedAt started: Int64, counter: UInt32, _ remote: RemoteTier)
+        -> StoredEntry
+    {
+        let entry = storedEntry(of: record)
+        guard remote.coherence.confirmedRecently(now: clock.now()), !closed.load(ordering: .relaxed) else { return entry }
+        stripes.withLock(for: key.hash) {
+            guard remote.coherence.keepable(key.hash, since: counter) else { return }
+            let options = EntryOptions(group: record.group, tiers: record.tiers)
+            let stamp = StoreStamp(memory: entry.deadline, disk: record.expiresAt, freshness: record.freshness)
+            let stamped = record.value.withUnsafeBytes { LocalStamp.stamped($0, started) }
+            do {
+                try stamped.withUnsafeBytes { bytes in
+                    Result { () throws(MagpieError) in
+                        try writeTiers(bytes, for: key, options: options, memoryPolicy: record.memoryPolicy, stamp: stamp)
+                    }
+                }.get()
+            } catch {
+                logger.debug("magpie: a remote hit could not be kept locally", metadata: ["error": "\(error)"])
+            }
+        }
+        return entry
+    }
+
     /// `entry` without its stamp, marked unverified (nil if it carries none).
     private func stripped(_ entry: StoredEntry) -> StoredEntry? {
         guard LocalStamp.stamp(of: entry.value) != nil else { return nil }
@@ -73,93 +209,83 @@ extension Cache {
         return local
     }
 
-    /// The store's current record of `key`, kept locally when it may be; nil on a miss or a failure.
-    func remoteEntry(_ key: HashedKey, _ remote: RemoteTier) -> StoredEntry? {
-        let started = clock.now()
-        let counter = remote.coherence.counter(key.hash)
-        let name = Array(key.bytes)
-        let fetched: RemoteRecord?
-        do {
-            fetched = try remote.store.runBlocking { await remote.fetch(name) }
-        } catch {
-            remote.counters.errors.add(1, ordering: .relaxed)
-            return nil
-        }
-        guard let record = fetched else { return nil }
-        let now = clock.now()
-        let entry = StoredEntry(
-            value: record.value,
-            deadline: EntryOptions.promotedDeadline(policy: record.memoryPolicy, diskDeadline: record.expiresAt, now: now),
-            freshness: record.freshness)
-        guard remote.coherence.confirmedRecently(now: now), !closed.load(ordering: .relaxed) else { return entry }
-        remote.writeStripes.withLock(for: key.hash) {
-            stripes.withLock(for: key.hash) {
-                guard remote.coherence.counter(key.hash) == counter else { return }
-                let options = EntryOptions(group: record.group, tiers: record.tiers)
-                let stamp = StoreStamp(memory: entry.deadline, disk: record.expiresAt, freshness: record.freshness)
-                let stamped = record.value.withUnsafeBytes { LocalStamp.stamped($0, started) }
-                do {
-                    try stamped.withUnsafeBytes { bytes in
-                        Result { () throws(MagpieError) in
-                            try writeTiers(bytes, for: key, options: options, memoryPolicy: record.memoryPolicy, stamp: stamp)
-                        }
-                    }.get()
-                } catch {
-                    logger.debug("magpie: a remote hit could not be kept locally", metadata: ["error": "\(error)"])
-                }
-            }
-        }
-        return entry
-    }
-
     // MARK: Writes
 
-    /// A store through to the store: the local tiers (stamped), then the record, under the key's write
-    /// stripe. A remote failure is counted (and owes the key a removal), never thrown.
-    func fleetWrite(_ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions, stamp: StoreStamp, _ remote: RemoteTier)
-        throws(MagpieError)
-    {
-        try remote.writeStripes.withLock(for: key.hash) { () throws(MagpieError) in
-            remote.coherence.bump(key.hash)
-            defer { remote.coherence.bump(key.hash) }
+    /// The local half of a store through to the store, under the key's stripe: the write marked under
+    /// way, the stamped value in the local tiers, and the record with its version. The caller sends it
+    /// (``send(_:)`` or ``sendWaiting(_:)``), which ends the write.
+    func fleetWriteLocally(
+        _ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions, stamp: StoreStamp, _ remote: RemoteTier
+    ) throws(MagpieError) -> RemoteSend {
+        remote.coherence.beginWrite(key.hash)
+        do {
             let stamped = LocalStamp.stamped(value, clock.now())
-            try stamped.withUnsafeBytes { bytes in
-                Result { () throws(MagpieError) in
-                    try stripes.withLock(for: key.hash) { () throws(MagpieError) in
+            let version = try stamped.withUnsafeBytes { bytes in
+                Result { () throws(MagpieError) -> UInt64 in
+                    try stripes.withLock(for: key.hash) { () throws(MagpieError) -> UInt64 in
                         try writeTiers(bytes, for: key, options: options, memoryPolicy: options.encodedMemoryPolicy, stamp: stamp)
+                        return remote.versions.next()
                     }
                 }
             }.get()
-            let name = Array(key.bytes)
             var expiry = stamp.disk
             if disk == nil || options.tiers == .memoryOnly { expiry = stamp.memory }
-            let record = RemoteRecord(
+            var record = RemoteRecord(
                 value: Array(value), expiresAt: expiry, memoryPolicy: options.encodedMemoryPolicy, freshness: stamp.freshness,
                 tiers: options.tiers, group: options.group.flatMap { $0.isEmpty ? nil : $0 })
-            runRemote(remote, "store") { await remote.write(record, forKey: name) }
+            record.version = version
+            return RemoteSend(name: Array(key.bytes), hash: key.hash, operation: .store(record))
+        } catch {
+            remote.coherence.endWrite(key.hash)
+            throw error
         }
     }
 
-    /// A removal through to the store. Returns whether a local tier held the key.
-    func fleetRemove(_ key: HashedKey, _ remote: RemoteTier) throws(MagpieError) -> Bool {
-        try remote.writeStripes.withLock(for: key.hash) { () throws(MagpieError) -> Bool in
-            remote.coherence.bump(key.hash)
-            defer { remote.coherence.bump(key.hash) }
-            let removed = try stripes.withLock(for: key.hash) { () throws(MagpieError) -> Bool in
+    /// The local half of a removal through to the store (see ``fleetWriteLocally(_:for:options:stamp:_:)``):
+    /// whether a local tier held the key, and the tombstone to send.
+    func fleetRemoveLocally(_ key: HashedKey, _ remote: RemoteTier) throws(MagpieError) -> (Bool, RemoteSend) {
+        remote.coherence.beginWrite(key.hash)
+        do {
+            let (removed, version) = try stripes.withLock(for: key.hash) { () throws(MagpieError) -> (Bool, UInt64) in
                 let onDisk = try disk.map { disk throws(MagpieError) in try logged("remove") { () throws(MagpieError) in try disk.remove(key) } }
-                return memory.remove(key) || onDisk == true
+                return (memory.remove(key) || onDisk == true, remote.versions.next())
             }
-            let name = Array(key.bytes)
-            runRemote(remote, "remove") { await remote.remove(name) }
-            return removed
+            return (removed, RemoteSend(name: Array(key.bytes), hash: key.hash, operation: .remove(version: version)))
+        } catch {
+            remote.coherence.endWrite(key.hash)
+            throw error
         }
     }
 
-    /// Runs a remote write from the synchronous API; a failure to reach the store at all owes nothing
+    /// Sends a write's remote half and ends the write. A failure is counted and owes the key a removal
+    /// (`RemoteTier`), never thrown.
+    nonisolated(nonsending)
+    func send(_ write: RemoteSend) async {
+        guard let remote else { return }
+        switch write.operation {
+        case .store(let record): await remote.write(record, forKey: write.name)
+        case .remove(let version): await remote.remove(write.name, version: version)
+        }
+        remote.coherence.endWrite(write.hash)
+    }
+
+    /// ``send(_:)`` from the synchronous API: blocks until the store answered.
+    func sendWaiting(_ write: RemoteSend) {
+        guard let remote else { return }
+        runRemote(remote, "write") { [self] in await send(write) }
+        // A call that could not wait never ran: the write is still owed, and ends here.
+        if !remote.store.callerMayWait {
+            if case .store = write.operation { remote.owe(key: write.name, version: remote.versions.next()) }
+            if case .remove(let version) = write.operation { remote.owe(key: write.name, version: version) }
+            remote.coherence.endWrite(write.hash)
+        }
+    }
+
+    /// Runs a remote operation from the synchronous API; a failure to reach the store at all owes nothing
     /// more than the operation itself records (`RemoteTier` owes removals on its own failures).
     private func runRemote(_ remote: RemoteTier, _ operation: String, _ body: @escaping @Sendable () async -> Void) {
         do {
-            try remote.store.runBlocking(body)
+            try remote.bridge.wait(remote.store, body)
         } catch {
             remote.counters.errors.add(1, ordering: .relaxed)
             logger.debug("magpie: remote \(operation) not run", metadata: ["error": "\(error)"])
@@ -167,6 +293,7 @@ extension Cache {
     }
 
     func fleetRemoveGroup(_ group: String, _ remote: RemoteTier) {
+        guard remote.store.callerMayWait else { return remote.owe(group: group) }
         runRemote(remote, "group removal") { await remote.removeGroup(group) }
     }
 

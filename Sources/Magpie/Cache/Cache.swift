@@ -145,9 +145,7 @@ public final class Cache: Sendable {
         self.configuration = resolved
         self.logger = configuration.logger
         stripes = LockStripes(count: 1024)
-        // A remote tier's calls from the async API block an I/O thread for a round trip: a memory-only
-        // cache with one gets the full count too.
-        let ioThreads = disk == nil && configuration.remote == nil ? 1 : configuration.ioThreadCount
+        let ioThreads = disk == nil ? 1 : configuration.ioThreadCount
         pool = IOThreadPool(threadCount: ioThreads, name: "magpie-io")
         loaderPool = IOThreadPool(threadCount: configuration.loaderThreadCount, name: "magpie-load")
         defaultLoaderOptions = configuration.defaultLoaderOptions
@@ -189,6 +187,7 @@ public final class Cache: Sendable {
         pool.shutdown()
         loaderPool.shutdown()
         coherencePool?.shutdown()
+        remote?.bridge.shutdown()
         if let remote, !closed.load(ordering: .relaxed) {
             // Dropped without close(): the store's connections would outlive it.
             remote.stopReplay()
@@ -236,13 +235,23 @@ public final class Cache: Sendable {
     /// A store's writes to both tiers, with its deadlines computed (`stamp`); the key's running load, if
     /// any, is the caller's business (a user's store supersedes it, the load's own landing does not).
     func write(_ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions, stamp: StoreStamp) throws(MagpieError) {
-        if let remote { return try fleetWrite(value, for: key, options: options, stamp: stamp, remote) }
+        if let send = try writeLocally(value, for: key, options: options, stamp: stamp) { sendWaiting(send) }
+    }
+
+    /// A store's local half: the whole store for a cache without a remote tier; with one, the local
+    /// tiers and the remote write still to send (Cache+Remote.swift).
+    func writeLocally(_ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions, stamp: StoreStamp)
+        throws(MagpieError) -> RemoteSend?
+    {
+        if let remote { return try fleetWriteLocally(value, for: key, options: options, stamp: stamp, remote) }
         guard disk != nil else {
-            return try writeTiers(value, for: key, options: options, memoryPolicy: 0, stamp: stamp)
+            try writeTiers(value, for: key, options: options, memoryPolicy: 0, stamp: stamp)
+            return nil
         }
         try stripes.withLock(for: key.hash) { () throws(MagpieError) in
             try writeTiers(value, for: key, options: options, memoryPolicy: options.encodedMemoryPolicy, stamp: stamp)
         }
+        return nil
     }
 
     /// A store's writes to the local tiers, the key's stripe held by the caller when there is a disk
@@ -315,24 +324,40 @@ public final class Cache: Sendable {
 
     /// A removal from both tiers (a load that found nothing lands through this).
     func removeWithoutSuperseding(_ key: HashedKey) throws(MagpieError) -> Bool {
-        if let remote { return try fleetRemove(key, remote) }
-        guard let disk else { return memory.remove(key) }
-        return try stripes.withLock(for: key.hash) { () throws(MagpieError) -> Bool in
+        let (removed, send) = try removeLocally(key)
+        if let send { sendWaiting(send) }
+        return removed
+    }
+
+    /// A removal's local half: whether either local tier held the key, and, with a remote tier, the
+    /// removal still to send (Cache+Remote.swift).
+    func removeLocally(_ key: HashedKey) throws(MagpieError) -> (Bool, RemoteSend?) {
+        if let remote {
+            let (removed, send) = try fleetRemoveLocally(key, remote)
+            return (removed, send)
+        }
+        guard let disk else { return (memory.remove(key), nil) }
+        return try stripes.withLock(for: key.hash) { () throws(MagpieError) -> (Bool, RemoteSend?) in
             let onDisk = try logged("remove") { () throws(MagpieError) in try disk.remove(key) }
-            return memory.remove(key) || onDisk
+            return (memory.remove(key) || onDisk, nil)
         }
     }
 
     /// Removes every entry from both tiers. On disk, bucket after bucket: if it throws, the buckets not
     /// yet emptied keep their entries (memory is emptied regardless).
     public func removeAll() throws(MagpieError) {
+        try removeAllLocally()
+        if let remote { fleetRemoveAll(remote) }
+    }
+
+    /// `removeAll()` in the local tiers.
+    func removeAllLocally() throws(MagpieError) {
         try checkOpen()
         supersedeAllLoads()
         try stripes.withAllLocked { () throws(MagpieError) in
             defer { memory.removeAll() }
             if let disk { try logged("remove all") { () throws(MagpieError) in try disk.removeAll() } }
         }
-        if let remote { fleetRemoveAll(remote) }
     }
 
     /// Removes every entry stored with `group` from both tiers; on disk durably (a group tombstone), so

@@ -18,6 +18,12 @@ import Synchronization
 // invalidation has already been applied. So each key hash maps to one of 4,096 change counters, bumped
 // by an invalidation (and by this cache's own writes) before the local copies go; a fetched value is
 // kept locally only if its counter did not move during the fetch (checked under the key's stripe).
+//
+// A fetch also races this cache's own writes, which hold no lock across their round trip: a fetch that
+// starts after a write's local store, but before the write reaches the store, reads the older value.
+// So each slot also counts the writes of its keys under way (from before the local store until the
+// store answered); a fetched value is kept only while none is, and each write bumps the change counter
+// at its start and at its end, so a fetch that overlapped either end is not kept either.
 
 final class Coherence: Sendable {
     let bound: Int64
@@ -25,7 +31,7 @@ final class Coherence: Sendable {
     let confirmed = Atomic<Int64>(0)
     /// Bumped whenever a cached token may have changed ("g" or "a" invalidated, or everything).
     let tokenGeneration = Atomic<UInt64>(0)
-    private let counters: Locked<[UInt32]>
+    private let counters: Locked<Slots>
     static let counterCount = 4096
 
     // Statistics.
@@ -39,7 +45,7 @@ final class Coherence: Sendable {
 
     init(bound: Duration) {
         self.bound = max(1, bound.wholeMilliseconds)
-        counters = Locked([UInt32](repeating: 0, count: Self.counterCount))
+        counters = Locked(Slots(changes: [UInt32](repeating: 0, count: Self.counterCount), writing: [UInt32](repeating: 0, count: Self.counterCount)))
     }
 
     /// Whether a copy stamped `stamp` may be served at `now`.
@@ -53,12 +59,44 @@ final class Coherence: Sendable {
         now - confirmed.load(ordering: .acquiring) < bound
     }
 
+    struct Slots {
+        /// Changes of the slot's keys (invalidations, and this cache's writes at their start and end).
+        var changes: [UInt32]
+        /// Writes of the slot's keys under way.
+        var writing: [UInt32]
+    }
+
+    @inline(__always)
+    private static func slot(_ hash: UInt64) -> Int { Int(truncatingIfNeeded: hash & UInt64(counterCount - 1)) }
+
     func counter(_ hash: UInt64) -> UInt32 {
-        counters.withLock { $0[Int(truncatingIfNeeded: hash & UInt64(Self.counterCount - 1))] }
+        counters.withLock { $0.changes[Self.slot(hash)] }
     }
 
     func bump(_ hash: UInt64) {
-        counters.withLock { $0[Int(truncatingIfNeeded: hash & UInt64(Self.counterCount - 1))] &+= 1 }
+        counters.withLock { $0.changes[Self.slot(hash)] &+= 1 }
+    }
+
+    /// A write of a key with this hash starts (before its local store).
+    func beginWrite(_ hash: UInt64) {
+        counters.withLock { slots in
+            slots.changes[Self.slot(hash)] &+= 1
+            slots.writing[Self.slot(hash)] &+= 1
+        }
+    }
+
+    /// The write ended (the store answered, or the call failed).
+    func endWrite(_ hash: UInt64) {
+        counters.withLock { slots in
+            slots.changes[Self.slot(hash)] &+= 1
+            slots.writing[Self.slot(hash)] &-= 1
+        }
+    }
+
+    /// Whether a value fetched when the counter read `counter` may be kept locally now: nothing changed
+    /// the slot since, and no write of its keys is under way.
+    func keepable(_ hash: UInt64, since counter: UInt32) -> Bool {
+        counters.withLock { $0.changes[Self.slot(hash)] == counter && $0.writing[Self.slot(hash)] == 0 }
     }
 
     /// Every local copy stamped up to `now` is a miss from now on.

@@ -8,15 +8,23 @@
 //   "l" + key         the key's load lease (Cache+Lease.swift): a token, with an expiry
 //   "h" + …           the store's own (MagpieRedis: its change-feed heartbeats); the cache ignores them
 //
-// A record, little endian:
-//    0  "MR" (2 bytes), format version (1 byte, = 1), flags (1 byte: bit 0 negative, bits 1-2 tiers)
-//    4  group length (u16), reserved (u16, 0)
-//    8  value length (u32)
-//   12  hard expiry (i64, ms since 1970, 0 none)      20  memory expiry policy (i64, as on disk)
-//   28  fresh until (i64)                              36  loaded at (i64)
-//   44  namespace token (u64)                          52  group token (u64, 0 without a group)
-//   60  group bytes, then value bytes
-//  end  checksum (u64): XXH3-64 of the record's bytes before it, seeded with XXH3-64 of the logical key
+// Every value the cache writes under "k" + key is *versioned*: it starts with the 10-byte fence the
+// store compares (RemoteStore.storeIfNewer): "MV", then the version, 8 bytes big endian (a hybrid
+// logical clock: wall ms in the top 48 bits, a counter in the low 16; see HybridClock.swift).
+//
+// A record (after the fence; integers little endian, offsets from the value's start):
+//   10  "MR" (2 bytes), format version (1 byte, = 2), flags (1 byte: bit 0 negative, bits 1-2 tiers)
+//   14  group length (u16), reserved (u16, 0)
+//   18  value length (u32)
+//   22  hard expiry (i64, ms since 1970, 0 none)      30  memory expiry policy (i64, as on disk)
+//   38  fresh until (i64)                              46  loaded at (i64)
+//   54  namespace token (u64)                          62  group token (u64, 0 without a group)
+//   70  group bytes, then value bytes
+//  end  checksum (u64): XXH3-64 of the value's bytes before it (fence included), seeded with XXH3-64
+//       of the logical key
+//
+// A tombstone (a removal, kept for RemoteTierOptions.tombstoneLifetime): the fence, then "MT". It
+// reads as a miss; its only job is to make every older write of the key refused.
 //
 // The checksum covers the key, so a record copied under another key is as foreign as a torn or
 // corrupt one: every such record is a miss (counted), never a value. A record is current only while
@@ -51,15 +59,27 @@ struct RemoteRecord: Sendable, Equatable {
     var group: String? = nil
     var namespaceToken: UInt64 = 0
     var groupToken: UInt64 = 0
+    /// The write's version (the fence the store compares); 0 until the write is given one.
+    var version: UInt64 = 0
 
-    static let headerSize = 60
-    static let version: UInt8 = 1
+    /// The fence: "MV" and the version.
+    static let fenceSize = 10
+    static let headerSize = fenceSize + 60
+    static let version: UInt8 = 2
 
-    /// The record's bytes for `key` (the logical key it is stored under).
+    /// What a versioned value under "k" + key holds.
+    enum Decoded: Equatable {
+        case record(RemoteRecord)
+        /// A removal's tombstone, with its version.
+        case tombstone(UInt64)
+    }
+
+    /// The record's bytes for `key` (the logical key it is stored under), its fence first.
     func encoded(key: [UInt8]) -> [UInt8] {
         let groupBytes = Array((group ?? "").utf8)
         var bytes = [UInt8]()
         bytes.reserveCapacity(Self.headerSize + groupBytes.count + value.count + 8)
+        Self.appendFence(version, to: &bytes)
         bytes += [0x4D, 0x52, Self.version, (freshness.negative ? 1 : 0) | (Self.code(tiers) << 1)]
         Self.append(UInt16(truncatingIfNeeded: groupBytes.count), to: &bytes)
         Self.append(UInt16(0), to: &bytes)
@@ -73,16 +93,36 @@ struct RemoteRecord: Sendable, Equatable {
         return bytes
     }
 
-    /// The record in `bytes` stored under `key`, or nil when they are not one: too short or long, another
-    /// format or version, unknown flags, lengths that do not add up, a group name that is not UTF-8, or
-    /// a checksum that does not match (torn, corrupt, or copied from another key).
-    static func decode(_ bytes: [UInt8], key: [UInt8]) -> RemoteRecord? {
-        guard bytes.count >= headerSize + 8, bytes[0] == 0x4D, bytes[1] == 0x52, bytes[2] == version,
-            bytes[3] & ~0x07 == 0, bytes[3] >> 1 != 3
+    /// A tombstone of version `version`.
+    static func tombstone(version: UInt64) -> [UInt8] {
+        var bytes = [UInt8]()
+        bytes.reserveCapacity(fenceSize + 2)
+        appendFence(version, to: &bytes)
+        bytes += [0x4D, 0x54]
+        return bytes
+    }
+
+    /// The version in a versioned value's fence, nil for bytes that carry none.
+    static func fenceVersion(_ bytes: [UInt8]) -> UInt64? {
+        guard bytes.count >= fenceSize, bytes[0] == 0x4D, bytes[1] == 0x56 else { return nil }
+        return bytes.withUnsafeBytes { UInt64(bigEndian: $0.loadUnaligned(fromByteOffset: 2, as: UInt64.self)) }
+    }
+
+    /// What `bytes` stored under `key` hold, or nil when they are neither a record nor a tombstone: too
+    /// short or long, another format or version, unknown flags, lengths that do not add up, a group name
+    /// that is not UTF-8, or a checksum that does not match (torn, corrupt, or copied from another key).
+    static func decode(_ bytes: [UInt8], key: [UInt8]) -> Decoded? {
+        guard let version = fenceVersion(bytes) else { return nil }
+        if bytes.count == fenceSize + 2 {
+            return bytes[fenceSize] == 0x4D && bytes[fenceSize + 1] == 0x54 ? .tombstone(version) : nil
+        }
+        let base = fenceSize
+        guard bytes.count >= headerSize + 8, bytes[base] == 0x4D, bytes[base + 1] == 0x52, bytes[base + 2] == Self.version,
+            bytes[base + 3] & ~0x07 == 0, bytes[base + 3] >> 1 != 3
         else { return nil }
-        let groupLength = Int(load(UInt16.self, bytes, 4))
-        let valueLength = Int(load(UInt32.self, bytes, 8))
-        guard load(UInt16.self, bytes, 6) == 0, headerSize + groupLength + valueLength + 8 == bytes.count else { return nil }
+        let groupLength = Int(load(UInt16.self, bytes, base + 4))
+        let valueLength = Int(load(UInt32.self, bytes, base + 8))
+        guard load(UInt16.self, bytes, base + 6) == 0, headerSize + groupLength + valueLength + 8 == bytes.count else { return nil }
         let end = bytes.count - 8
         guard load(UInt64.self, bytes, end) == bytes.withUnsafeBytes({ checksum(UnsafeRawBufferPointer(rebasing: $0[..<end]), key: key) })
         else { return nil }
@@ -91,14 +131,21 @@ struct RemoteRecord: Sendable, Equatable {
             guard let name = String(validating: bytes[headerSize..<(headerSize + groupLength)], as: UTF8.self) else { return nil }
             record.group = name
         }
-        record.tiers = tiers(bytes[3] >> 1)
-        record.expiresAt = load(Int64.self, bytes, 12)
-        record.memoryPolicy = load(Int64.self, bytes, 20)
+        record.version = version
+        record.tiers = tiers(bytes[base + 3] >> 1)
+        record.expiresAt = load(Int64.self, bytes, base + 12)
+        record.memoryPolicy = load(Int64.self, bytes, base + 20)
         record.freshness = Freshness(
-            freshUntil: load(Int64.self, bytes, 28), loadedAt: load(Int64.self, bytes, 36), negative: bytes[3] & 1 == 1)
-        record.namespaceToken = load(UInt64.self, bytes, 44)
-        record.groupToken = load(UInt64.self, bytes, 52)
-        return record
+            freshUntil: load(Int64.self, bytes, base + 28), loadedAt: load(Int64.self, bytes, base + 36),
+            negative: bytes[base + 3] & 1 == 1)
+        record.namespaceToken = load(UInt64.self, bytes, base + 44)
+        record.groupToken = load(UInt64.self, bytes, base + 52)
+        return .record(record)
+    }
+
+    private static func appendFence(_ version: UInt64, to bytes: inout [UInt8]) {
+        bytes += [0x4D, 0x56]
+        withUnsafeBytes(of: version.bigEndian) { bytes.append(contentsOf: $0) }
     }
 
     /// A token stored under "a" or "g" + name: exactly 8 bytes, never 0 (anything else: no token).

@@ -14,6 +14,10 @@
 /// (``RemoteChanges/confirm(through:)``): the cache serves its local copies only while confirmations
 /// keep coming (see ``RemoteTierOptions/maxDisconnectedStaleness``).
 ///
+/// **Async only.** Every call is awaited where the cache runs it: from the async API on the caller's
+/// task, with no thread blocked and no lock held across the round trip. The cache's synchronous API
+/// waits for these calls in one place of its own (a dedicated thread runs them while the caller blocks).
+///
 /// **Errors.** Every call throws ``MagpieError`` (``MagpieError/Code/remoteUnavailable`` for a store
 /// that is down or whose breaker is open); the cache turns them into misses and counted errors, never
 /// into a caller's failure.
@@ -26,8 +30,26 @@ public protocol RemoteStore: AnyObject, Sendable {
     func store(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, onlyIfAbsent: Bool) async throws(MagpieError)
         -> Bool
 
+    /// Stores a *versioned* value for `key` only if it is newer than what the key holds: the write that
+    /// keeps a late command (one that timed out, then ran when the store resumed) from bringing back a
+    /// removed value or overwriting a newer one. Returns whether it stored.
+    ///
+    /// A versioned value starts with `"MV"` and its version, 8 bytes big endian (the top 48 bits a wall
+    /// clock in ms, the low 16 a counter). The store compares the version with the one at the start of
+    /// the key's current value, atomically on the server (MagpieRedis: a script on the one key, so a
+    /// cluster is fine and change tracking reports it), and stores only when the current value is
+    /// absent, not versioned, or older. It also refuses (returns false) when its own clock is past
+    /// `notAfter` (ms since 1970; 0: no deadline), so that a write delayed longer than the tombstones
+    /// that fence it live is dropped, never applied. `expiresAt` as in
+    /// ``store(_:forKey:expiresAt:onlyIfAbsent:)``.
+    func storeIfNewer(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, notAfter: Int64) async throws(MagpieError) -> Bool
+
     /// Removes `keys` (absent ones are no error).
     func remove(keys: [[UInt8]]) async throws(MagpieError)
+
+    /// Removes `key` only while it holds exactly `value` (atomically on the server); returns whether it
+    /// removed. How a load lease is released by its holder only, never by a later holder's token.
+    func remove(_ key: [UInt8], ifValue value: [UInt8]) async throws(MagpieError) -> Bool
 
     /// Starts reporting changes to `changes` (called once, by the cache that composes the store).
     func startReporting(to changes: RemoteChanges)
@@ -35,11 +57,10 @@ public protocol RemoteStore: AnyObject, Sendable {
     /// Whether calls fail fast now (the store's circuit breaker is open).
     var failsFast: Bool { get }
 
-    /// Runs `operation` and blocks the calling thread until it ends: how the cache's synchronous API
-    /// reaches the store. An implementation runs `operation` off Swift's cooperative pool (so that
-    /// blocking a pool thread cannot starve it) and throws ``MagpieError/Code/remoteUnavailable`` at
-    /// once when the calling thread is one `operation` needs (an event loop of its own).
-    func runBlocking<R: Sendable>(_ operation: @escaping @Sendable () async throws(MagpieError) -> R) throws(MagpieError) -> R
+    /// Whether the calling thread may block until a call to the store ends: false on a thread the
+    /// store's own calls need (an event loop of its own), where the cache's *synchronous* API then
+    /// treats the remote tier as unreachable rather than deadlock. The async API never blocks.
+    var callerMayWait: Bool { get }
 
     /// Stops reporting and closes the store's connections (the cache calls it from its shutdown).
     func shutdown() async
@@ -69,6 +90,13 @@ public struct RemoteTierOptions: Sendable {
     /// (until the lease is released or expires). Longer than the slowest load you want coalesced.
     /// Nil: every instance loads on its own. Default 10 s.
     public var loadLease: Duration?
+    /// How long a removal's tombstone stays in the store (default 60 s). A removal leaves a versioned
+    /// tombstone instead of deleting the key, so that a write issued before it, delayed in the network
+    /// or in a paused server, is refused when it finally runs; and every versioned write carries a
+    /// deadline of half this lifetime, after which the store refuses it whatever it holds. Together they
+    /// fence a late write as long as the instances' clocks differ by less than half of it. Longer costs
+    /// the store one small key per removed key for longer.
+    public var tombstoneLifetime: Duration = .seconds(60)
     /// Called with a key (as the cache's callers gave it) after its local copies were dropped because
     /// the store reported it changed: on the cache's coherence thread, in order; keep it short. For
     /// metrics and for measuring invalidation lag (`magpie-bench fleet`). Default nil.

@@ -10,8 +10,12 @@ import Synchronization
 // queue is in memory: owed removals die with the process (see <doc:RunningAFleet>).
 
 extension RemoteTier {
-    func owe(key: [UInt8]) {
-        owe { pending in pending.keys[key] = pending.sequence }
+    /// Owes `key`'s removal as of `version` (a later owed removal of the key supersedes it).
+    func owe(key: [UInt8], version: UInt64) {
+        owe { pending in
+            let previous = pending.keys[key]?.version ?? 0
+            pending.keys[key] = (pending.sequence, max(previous, version))
+        }
     }
 
     func owe(group: String) {
@@ -79,7 +83,7 @@ extension RemoteTier {
                 try await send(owed)
                 pending.withLock { pending in
                     if owed.all && pending.allSequence == owed.allSequence { pending.all = false }
-                    for (key, sequence) in owed.keys where pending.keys[key] == sequence { pending.keys[key] = nil }
+                    for (key, owedKey) in owed.keys where pending.keys[key]?.sequence == owedKey.sequence { pending.keys[key] = nil }
                     for (group, sequence) in owed.groups where pending.groups[group] == sequence { pending.groups[group] = nil }
                 }
                 counters.replayedRemovals.add(UInt64(owed.all ? 1 : owed.keys.count + owed.groups.count), ordering: .relaxed)
@@ -104,11 +108,21 @@ extension RemoteTier {
             _ = try await store.store(
                 RemoteRecord.tokenBytes(RemoteRecord.newToken()), forKey: RemoteKey.group(group), expiresAt: 0, onlyIfAbsent: false)
         }
-        let keys = Array(owed.keys.keys)
+        // Each key's tombstone carries its removal's version: a write made since, by anyone, still wins.
+        // Sent 64 at a time, concurrently (each is one round trip of its own).
+        let keys = Array(owed.keys)
         var start = 0
         while start < keys.count {
-            let end = min(start + 512, keys.count)
-            try await store.remove(keys: keys[start..<end].map { [RemoteKey.record] + $0 })
+            let end = min(start + 64, keys.count)
+            let failed = await withTaskGroup(of: Bool.self) { group -> Bool in
+                for (key, owedKey) in keys[start..<end] {
+                    group.addTask { [self] in (try? await sendTombstone(key, version: owedKey.version)) == nil }
+                }
+                var failed = false
+                for await result in group where result { failed = true }
+                return failed
+            }
+            if failed { throw MagpieError(.remoteUnavailable, "an owed removal was not taken") }
             start = end
         }
     }
@@ -155,6 +169,9 @@ public struct RemoteTierStatistics: Sendable, Hashable {
     public var unconfirmedMilliseconds: Int64 = 0
     /// Whether the store fails fast now (its breaker is open).
     public var failsFast = false
+    /// Versioned writes and removals the store refused because it held a newer version of the key (a
+    /// later write from another instance, or this one's own later write that got there first).
+    public var fenced: UInt64 = 0
     /// Load leases taken (this instance ran the loader for the fleet).
     public var leasesAcquired: UInt64 = 0
     /// Loads that found the lease taken and waited.
@@ -187,6 +204,7 @@ extension RemoteTier {
         s.maxLagMilliseconds = coherence.maxLag.load(ordering: .relaxed)
         s.unconfirmedMilliseconds = max(0, clock.now() - coherence.confirmed.load(ordering: .relaxed))
         s.failsFast = store.failsFast
+        s.fenced = counters.fenced.load(ordering: .relaxed)
         s.leasesAcquired = counters.leasesAcquired.load(ordering: .relaxed)
         s.leaseWaits = counters.leaseWaits.load(ordering: .relaxed)
         s.sharedLoads = counters.sharedLoads.load(ordering: .relaxed)

@@ -10,9 +10,13 @@ final class RemoteTier: Sendable {
     let leaseTime: Int64?
     let onInvalidation: (@Sendable ([UInt8]) -> Void)?
     let clock: CacheClock
-    /// Held (by key hash) across a local write and its remote write, and by a fetch that keeps its value
-    /// locally: so a fetch that overlapped a write of its key never lands over it (see Cache+Remote.swift).
-    let writeStripes = LockStripes(count: 1024)
+    /// The versions of this cache's writes (the fences the store compares).
+    let versions: HybridClock
+    /// How long a removal's tombstone lives in the store (ms); a versioned write is refused by the store
+    /// past half of it after it was sent.
+    let tombstoneLifetime: Int64
+    /// Where the synchronous API waits for the store.
+    let bridge = RemoteBridge()
     let tokens = Locked(TokenCache())
     let pending = Locked(PendingRemovals())
     let replay = Locked<Task<Void, Never>?>(nil)
@@ -32,6 +36,7 @@ final class RemoteTier: Sendable {
         let leasesAcquired = Atomic<UInt64>(0)
         let leaseWaits = Atomic<UInt64>(0)
         let sharedLoads = Atomic<UInt64>(0)
+        let fenced = Atomic<UInt64>(0)
     }
 
     struct TokenCache {
@@ -42,9 +47,11 @@ final class RemoteTier: Sendable {
     /// Removals the store has not acknowledged. `all`: more than ``RemoteTierOptions/maxPendingRemovals``
     /// were owed, so the whole namespace is replaced when the store is back.
     struct PendingRemovals {
-        /// Each owed key and group with the sequence number of its latest failure: a replay clears only
-        /// what it sent (a failure after the snapshot stays owed).
-        var keys: [[UInt8]: UInt64] = [:]
+        /// Each owed key with the sequence number of its latest failure (a replay clears only what it
+        /// sent: a failure after the snapshot stays owed) and the version its tombstone carries (the
+        /// removal's own, or one above the failed store's: a later write by anyone still wins).
+        var keys: [[UInt8]: (sequence: UInt64, version: UInt64)] = [:]
+        /// Each owed group with the sequence number of its latest failure.
         var groups: [String: UInt64] = [:]
         var all = false
         var sequence: UInt64 = 0
@@ -69,6 +76,8 @@ final class RemoteTier: Sendable {
         leaseTime = options.loadLease.map { max(1, $0.wholeMilliseconds) }
         onInvalidation = options.onInvalidation
         self.clock = clock
+        versions = HybridClock(clock: clock)
+        tombstoneLifetime = max(2, options.tombstoneLifetime.wholeMilliseconds)
     }
 
     // MARK: Reads
@@ -103,7 +112,16 @@ final class RemoteTier: Sendable {
                 counters.misses.add(1, ordering: .relaxed)
                 return nil
             }
-            guard let record = RemoteRecord.decode(bytes, key: recordKey) else {
+            let record: RemoteRecord
+            switch RemoteRecord.decode(bytes, key: recordKey) {
+            case .record(let found):
+                versions.observe(found.version)
+                record = found
+            case .tombstone(let version):
+                versions.observe(version)
+                counters.misses.add(1, ordering: .relaxed)
+                return nil
+            case nil:
                 counters.corrupt.add(1, ordering: .relaxed)
                 return nil
             }
@@ -132,32 +150,59 @@ final class RemoteTier: Sendable {
 
     // MARK: Writes
 
-    /// Stores `record` for `key` (a user key), with the current tokens. A failure is counted and owes the
-    /// key a removal: the store may still hold an older value, which must not be served once it is back.
+    /// Stores `record` (its version given) for `key` (a user key), with the current tokens, unless the
+    /// store holds a newer version (counted in `fenced`). A failure is counted and owes the key a
+    /// removal: the store may still hold an older value, or take this one late, and neither may be
+    /// served once it is back.
     func write(_ record: RemoteRecord, forKey key: [UInt8]) async {
         var record = record
+        if record.expiresAt != 0 && record.expiresAt <= clock.now() {
+            // Expired already: an expiry in the past removes the key (the store's older value too).
+            return await remove(key, version: record.version)
+        }
         do {
             record.namespaceToken = try await token(group: nil, create: true)
             if let group = record.group { record.groupToken = try await token(group: group, create: true) }
             let recordKey = [RemoteKey.record] + key
-            _ = try await store.store(record.encoded(key: recordKey), forKey: recordKey, expiresAt: record.expiresAt, onlyIfAbsent: false)
-            counters.stores.add(1, ordering: .relaxed)
+            let stored = try await store.storeIfNewer(
+                record.encoded(key: recordKey), forKey: recordKey, expiresAt: record.expiresAt, notAfter: notAfter())
+            if stored {
+                counters.stores.add(1, ordering: .relaxed)
+            } else {
+                counters.fenced.add(1, ordering: .relaxed)
+            }
         } catch {
             counters.errors.add(1, ordering: .relaxed)
-            owe(key: key)
+            owe(key: key, version: versions.next())
         }
     }
 
-    /// Removes `key` (a user key) from the store, or owes it the removal.
-    func remove(_ key: [UInt8]) async {
+    /// Removes `key` (a user key) from the store as of `version`: a tombstone that refuses every older
+    /// write for ``RemoteTierOptions/tombstoneLifetime``; or owes the removal.
+    func remove(_ key: [UInt8], version: UInt64) async {
         do {
-            try await store.remove(keys: [[RemoteKey.record] + key])
-            counters.removals.add(1, ordering: .relaxed)
+            if try await sendTombstone(key, version: version) {
+                counters.removals.add(1, ordering: .relaxed)
+            } else {
+                counters.fenced.add(1, ordering: .relaxed)
+            }
         } catch {
             counters.errors.add(1, ordering: .relaxed)
-            owe(key: key)
+            owe(key: key, version: version)
         }
     }
+
+    /// Writes `key`'s tombstone of `version`; whether the store took it (false: it holds a newer write).
+    func sendTombstone(_ key: [UInt8], version: UInt64) async throws(MagpieError) -> Bool {
+        let recordKey = [RemoteKey.record] + key
+        let now = clock.now()
+        return try await store.storeIfNewer(
+            RemoteRecord.tombstone(version: version), forKey: recordKey, expiresAt: now.saturatingAdd(tombstoneLifetime),
+            notAfter: now.saturatingAdd(tombstoneLifetime / 2))
+    }
+
+    /// The deadline of a versioned write sent now: half the tombstones' lifetime away.
+    private func notAfter() -> Int64 { clock.now().saturatingAdd(tombstoneLifetime / 2) }
 
     /// Replaces the group's token (every record of the group is then outdated), or owes it.
     func removeGroup(_ group: String) async {

@@ -182,26 +182,6 @@ public final class RedisRemoteStore: RemoteStore {
 
     public var failsFast: Bool { single?.isBreakerOpen ?? false }
 
-    public func runBlocking<R: Sendable>(_ operation: @escaping @Sendable () async throws(MagpieError) -> R) throws(MagpieError) -> R {
-        if MultiThreadedEventLoopGroup.currentEventLoop != nil {
-            throw MagpieError(.remoteUnavailable, "a synchronous cache call on an event loop thread cannot wait for Redis")
-        }
-        let outcome = NIOLockedValueBox<Result<R, MagpieError>?>(nil)
-        let done = DispatchSemaphore(value: 0)
-        Task(executorPreference: executor) {
-            let result: Result<R, MagpieError>
-            do throws(MagpieError) { result = .success(try await operation()) } catch { result = .failure(error) }
-            outcome.withLockedValue { $0 = result }
-            done.signal()
-        }
-        done.wait()
-        // Set before the signal the wait saw.
-        guard let result = outcome.withLockedValue({ $0 }) else {
-            throw MagpieError(.remoteUnavailable, "the remote call ended without a result")
-        }
-        return try result.get()
-    }
-
     public func startReporting(to changes: RemoteChanges) {
         state.withLock { state in
             guard state.changes == nil, !state.shutDown else { return }

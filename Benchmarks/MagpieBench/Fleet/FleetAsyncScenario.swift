@@ -1,0 +1,237 @@
+import ArgumentParser
+import Foundation
+import Histogram
+import Magpie
+import MagpieRedis
+
+// `magpie-bench fleet-async`: the remote tier called the way services call it, from N concurrent tasks
+// on Swift's global executor, beside the best plain alternative at the same concurrency (the same
+// RedisClient configuration, called from the same kind of tasks), on one private redis-server.
+//
+// Per concurrency (default 1, 16 and 256 tasks), in one run:
+//   set      RedisClient SET            vs  cache.async.set through to Redis (each key once)
+//   get      RedisClient GET            vs  cache.async.value of keys only Redis holds (a fresh
+//                                           instance reads each key once: every read a remote hit)
+//   hit      cache.async.value memory hits of a cache without a remote tier  vs  the same hits of
+//            the fleet cache (its local copies confirmed by the feed)
+// Each row is timed over a fixed number of operations; latency per operation, from its caller.
+
+struct FleetAsyncBench: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "fleet-async",
+        abstract: "The remote tier from 1, 16 and 256 async tasks: cache.async set/get/memory hits beside RedisClient SET/GET.")
+
+    @Option(parsing: .upToNextOption, help: "Concurrent tasks per measurement.") var tasks: [Int] = [1, 16, 256]
+    @Option(help: "Operations per set/get row (a quarter of it at 1 task).") var operations = 40_000
+    @Option(help: "Memory hits per hit row.") var hits = 400_000
+    @Option(help: "Value size in bytes.") var valueSize = 100
+    @OptionGroup var outputOptions: OutputOptions
+
+    func run() async throws {
+        let results = try await FleetAsyncScenario(options: self).run(progress: progressLine)
+        printFleetAsyncSummary(results)
+        if let json = outputOptions.json {
+            let config: [String: JSONValue] = [
+                "tasks": .array(tasks.map { .int($0) }), "operations": .int(operations), "hits": .int(hits),
+                "value_size": .int(valueSize),
+            ]
+            try Report(date: timestamp(), machine: .current(), config: ["fleet-async": .object(config)], results: results)
+                .write(to: json)
+            print("\nwrote \(json)")
+        }
+    }
+}
+
+struct FleetAsyncScenario {
+    let options: FleetAsyncBench
+
+    func run(progress: (String) -> Void) async throws -> [BenchResult] {
+        let target = try await RedisTarget.open(nil)
+        do {
+            let results = try await measure(target, progress: progress)
+            try await target.close()
+            return results
+        } catch {
+            try? await target.close()
+            throw error
+        }
+    }
+
+    private func measure(_ target: RedisTarget, progress: (String) -> Void) async throws -> [BenchResult] {
+        let value = (0..<options.valueSize).map { UInt8(ascii: "a") + UInt8($0 % 26) }
+        var results: [BenchResult] = []
+        let client = try RedisClient(target.configuration)
+        defer { Task { await client.shutdown() } }
+        for (round, tasks) in options.tasks.enumerated() {
+            let count = tasks == 1 ? options.operations / 4 : options.operations
+            let namespace = "fa\(round):"
+            // set: the plain client, then the fleet cache (its local copies kept, its store answered).
+            progress("fleet-async: \(tasks) task(s), SET ×\(count)")
+            results.append(
+                try await timed("set", system: "redis-client", tasks: tasks, count: count) { i in
+                    _ = try await client.set("\(namespace)c:\(i)", value)
+                    return true
+                })
+            let writer = try FleetAsyncCache(target, namespace: namespace)
+            try await writer.confirmed()
+            progress("fleet-async: \(tasks) task(s), cache.async.set ×\(count)")
+            results.append(
+                try await timed("set", system: "magpie-fleet", tasks: tasks, count: count) { i in
+                    try await writer.cache.async.set(value, forKey: "m:\(i)")
+                    return true
+                })
+            // get: the plain client, then a fresh instance whose every read is a remote hit.
+            progress("fleet-async: \(tasks) task(s), GET ×\(count)")
+            results.append(
+                try await timed("get", system: "redis-client", tasks: tasks, count: count) { i in
+                    try await client.get("\(namespace)c:\(i)") != nil
+                })
+            let reader = try FleetAsyncCache(target, namespace: namespace)
+            try await reader.confirmed()
+            progress("fleet-async: \(tasks) task(s), cache.async.value (remote hits) ×\(count)")
+            var remote = try await timed("get", system: "magpie-fleet", tasks: tasks, count: count) { i in
+                try await reader.cache.async.value(forKey: "m:\(i)") != nil
+            }
+            remote.extra["remote_hits"] = .int(Int(reader.cache.statistics.remote?.hits ?? 0))
+            results.append(remote)
+            // hit: memory hits of a plain cache, then of the fleet cache (the reader's kept copies).
+            var plainConfiguration = Cache.Configuration(memoryBudget: 64 << 20)
+            plainConfiguration.metrics = nil
+            let plain = try Cache(plainConfiguration)
+            let hot = 1_000
+            for i in 0..<hot { try plain.set(value, forKey: "m:\(i)") }
+            progress("fleet-async: \(tasks) task(s), memory hits ×\(options.hits), cache without and with a remote tier")
+            results.append(
+                try await timed("hit", system: "magpie-local", tasks: tasks, count: options.hits) { i in
+                    try await plain.async.value(forKey: "m:\(i % hot)") != nil
+                })
+            for i in 0..<hot { _ = try await reader.cache.async.value(forKey: "m:\(i)") }  // kept locally
+            let before = reader.cache.statistics.remote?.hits ?? 0
+            var fleetHits = try await timed("hit", system: "magpie-fleet", tasks: tasks, count: options.hits) { i in
+                try await reader.cache.async.value(forKey: "m:\(i % hot)") != nil
+            }
+            fleetHits.extra["remote_hits_during"] = .int(Int((reader.cache.statistics.remote?.hits ?? 0) - before))
+            results.append(fleetHits)
+            try plain.close()
+            await writer.close()
+            await reader.close()
+        }
+        return results
+    }
+
+    /// Runs `operation(i)` for i in 0..<count from `tasks` concurrent tasks (each takes the next i), on
+    /// the global executor; a row with the rate, each operation's latency, and the share that found
+    /// something.
+    private func timed(
+        _ workload: String, system: String, tasks: Int, count: Int, _ operation: @escaping @Sendable (Int) async throws -> Bool
+    ) async throws -> BenchResult {
+        let next = FleetAsyncCounter()
+        let start = ContinuousClock.now
+        let tallies = await withTaskGroup(of: FleetAsyncTally.self) { group -> [FleetAsyncTally] in
+            for _ in 0..<tasks {
+                group.addTask {
+                    var tally = FleetAsyncTally()
+                    while true {
+                        let i = next.take()
+                        guard i < count else { break }
+                        let began = ContinuousClock.now
+                        do {
+                            if try await operation(i) { tally.found += 1 }
+                        } catch {
+                            tally.errors += 1
+                        }
+                        let elapsed = ContinuousClock.now - began
+                        tally.latency.record(UInt64(max(1, elapsed.components.attoseconds / 1_000_000_000 + elapsed.components.seconds * 1_000_000_000)))
+                    }
+                    return tally
+                }
+            }
+            var all: [FleetAsyncTally] = []
+            for await tally in group { all.append(tally) }
+            return all
+        }
+        let elapsed = ContinuousClock.now - start
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        var total = FleetAsyncTally()
+        for tally in tallies { total.merge(tally) }
+        return BenchResult(
+            scenario: "fleet-async", system: system, threads: tasks, operations: count, seconds: seconds,
+            ops_per_sec: Double(count) / seconds, latency_ns: Percentiles(total.latency),
+            hit_ratio: Double(total.found) / Double(max(1, count)),
+            extra: ["workload": .string(workload), "tasks": .int(tasks), "errors": .int(total.errors)])
+    }
+}
+
+/// One instance of the fleet cache: memory only, in front of the private server's `namespace`.
+struct FleetAsyncCache {
+    let cache: Cache
+    let store: RedisRemoteStore
+
+    init(_ target: RedisTarget, namespace: String) throws {
+        store = try RedisRemoteStore(.init(redis: target.configuration, namespace: namespace))
+        var configuration = Cache.Configuration(memoryBudget: 64 << 20)
+        configuration.metrics = nil
+        configuration.remote = RemoteTierOptions(store: store)
+        cache = try Cache(configuration)
+    }
+
+    /// Waits (up to 10 s) until the change feed is confirmed: local copies are kept from then on.
+    func confirmed() async throws {
+        let start = ContinuousClock.now
+        while (cache.statistics.remote?.confirmations ?? 0) == 0 {
+            guard ContinuousClock.now - start < .seconds(10) else { throw BenchError("the change feed was never confirmed") }
+            try await Task.sleep(for: .milliseconds(5))
+        }
+    }
+
+    func close() async {
+        try? await cache.shutdown(replayingFor: .seconds(1))
+    }
+}
+
+final class FleetAsyncCounter: Sendable {
+    private let value = NSLockedInt()
+    func take() -> Int { value.next() }
+}
+
+final class NSLockedInt: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value = 0
+    func next() -> Int {
+        lock.lock()
+        defer { lock.unlock() }
+        value += 1
+        return value - 1
+    }
+}
+
+struct FleetAsyncTally: Sendable {
+    var latency = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+    var found = 0
+    var errors = 0
+
+    mutating func merge(_ other: FleetAsyncTally) {
+        latency.add(other.latency)
+        found += other.found
+        errors += other.errors
+    }
+}
+
+/// The table: per concurrency and workload, the plain alternative and Magpie side by side.
+func printFleetAsyncSummary(_ results: [BenchResult]) {
+    print("\nfleet-async: the remote tier from async tasks (one private redis-server, one run)")
+    print("workload  tasks  system          ops/s        p50 µs    p99 µs    found   ratio")
+    var baseline: [String: Double] = [:]
+    for row in results {
+        guard case .string(let workload) = row.extra["workload"] else { continue }
+        let key = "\(workload)/\(row.threads)"
+        var ratio = ""
+        if row.system == "magpie-fleet", let base = baseline[key] { ratio = String(format: "%.2f ×", row.ops_per_sec / base) }
+        if row.system != "magpie-fleet" { baseline[key] = row.ops_per_sec }
+        print(
+            String(
+                format: "%-8@  %5d  %-14@  %10.0f  %9.1f %9.1f   %5.3f   %@", workload as NSString, row.threads,
+                row.system as NSString, row.ops_per_sec, Double(row.latency_ns.p50) / 1000, Double(row.latency_ns.p99) / 1000,
+                row.hit_ratio, ratio as NSString))
+    }
+}

@@ -1,0 +1,41 @@
+import Synchronization
+
+/// The versions a cache gives its remote writes: a hybrid logical clock. A version is the wall clock in
+/// ms (the cache's ``CacheClock``) in its top 48 bits and a counter in its low 16, and never moves
+/// backwards: each new version is above every version this cache gave or saw (a fetched record's
+/// version is observed, so an instance whose clock lags still writes above what it read).
+///
+/// The store applies a write only when its version is above the key's current one
+/// (``RemoteStore/storeIfNewer(_:forKey:expiresAt:notAfter:)``), so one instance's writes of a key take
+/// effect in the order their versions were given (under the key's stripe, with the local write), and
+/// across instances the later write wins as far as their clocks agree.
+final class HybridClock: Sendable {
+    private let last = Atomic<UInt64>(0)
+    private let clock: CacheClock
+
+    init(clock: CacheClock) {
+        self.clock = clock
+    }
+
+    /// A version above every one given or observed so far.
+    func next() -> UInt64 {
+        let wall = UInt64(clamping: max(0, clock.now())) << 16
+        var current = last.load(ordering: .relaxed)
+        while true {
+            let candidate = max(current &+ 1, wall)
+            let (exchanged, original) = last.compareExchange(expected: current, desired: candidate, ordering: .relaxed)
+            if exchanged { return candidate }
+            current = original
+        }
+    }
+
+    /// Notes a version seen in the store: later ones given here are above it.
+    func observe(_ version: UInt64) {
+        var current = last.load(ordering: .relaxed)
+        while current < version {
+            let (exchanged, original) = last.compareExchange(expected: current, desired: version, ordering: .relaxed)
+            if exchanged { return }
+            current = original
+        }
+    }
+}
