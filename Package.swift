@@ -133,7 +133,9 @@ let package = Package(
         ),
         .executableTarget(
             name: "MagpieTestChild",
-            dependencies: ["Magpie", "MagpieTestSupport", .product(name: "ArgumentParser", package: "swift-argument-parser")],
+            dependencies: [
+                "Magpie", "MagpieRedis", "MagpieTestSupport", .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
             path: "Tests/MagpieTestChild"
         ),
         .testTarget(

@@ -1,3 +1,4 @@
+import Foundation
 import Glibc
 @testable import Magpie
 import MagpieTestSupport
@@ -217,5 +218,69 @@ struct SplitMix {
         z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
         z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
         return z ^ (z >> 31)
+    }
+}
+
+@Suite("Fleet: owed removals across a crash", .timeLimit(.minutes(1)))
+struct FleetJournalTests {
+    @Test("a process killed while Redis is down replays its owed removals (keys and a group) when the directory opens again")
+    func killedDuringOutage() async throws {
+        guard let executable = builtExecutable("magpie-test-child") else {
+            Issue.record("\(NotBuilt(name: "magpie-test-child"))")
+            return
+        }
+        let directory = TemporaryDirectory("magpie-fleet-journal")
+        defer { directory.cleanup() }
+        let cachePath = directory.child("cache")
+        try await withRedisServer(.init(extraConfig: ["appendonly yes", "appendfsync always"])) { server in
+            try await offloaded {
+                do {
+                    let (a, _) = try fleetCache(port: server.port)
+                    defer { try? a.close() }
+                    try waitConfirmed(a)
+                    for i in 0..<4 { try a.set(Array("doomed \(i)".utf8), forKey: "doomed:\(i)") }
+                    try a.set(Array("kept".utf8), forKey: "kept")
+                    for i in 0..<3 { try a.set(Array("team \(i)".utf8), forKey: "team:\(i)", options: EntryOptions(group: "team")) }
+                }
+                server.kill()
+                // The child owes the removals to the dead server, journals them, and is killed.
+                let child = Process()
+                child.executableURL = URL(fileURLWithPath: executable)
+                child.arguments =
+                    ["fleet-owe-child", "--directory", cachePath, "--port", "\(server.port)", "--group", "team", "--keys"]
+                    + (0..<4).map { "doomed:\($0)" }
+                let output = Pipe()
+                child.standardOutput = output
+                try child.run()
+                var said = Data()
+                while !String(decoding: said, as: UTF8.self).contains("\n") {
+                    let chunk = output.fileHandleForReading.availableData
+                    if chunk.isEmpty { break }
+                    said += chunk
+                }
+                kill(child.processIdentifier, SIGKILL)
+                child.waitUntilExit()
+                #expect(String(decoding: said, as: UTF8.self) == "owed 5\n")
+                #expect(child.terminationReason == .uncaughtSignal)
+                try server.restart()
+                // Nothing replayed yet: the records are still in Redis.
+                #expect(try !removedInStore(server, "fleet:kdoomed:0"))
+                // The directory opens again (another process of the same service): the journal is replayed.
+                let (reopened, _) = try fleetCache(port: server.port, directory: cachePath)
+                defer { try? reopened.close() }
+                #expect(reopened.statistics.remote?.restoredRemovals == 5)
+                #expect(pollUntil(timeout: .seconds(20)) { reopened.statistics.remote?.owedRemovals == 0 } != nil)
+                for i in 0..<4 { #expect(try removedInStore(server, "fleet:kdoomed:\(i)")) }
+                #expect(try !removedInStore(server, "fleet:kkept"))
+                let (b, _) = try fleetCache(port: server.port)
+                defer { try? b.close() }
+                try waitConfirmed(b)
+                #expect(text(try b.value(forKey: "kept")) == "kept")
+                for i in 0..<3 { #expect(try b.value(forKey: "team:\(i)") == nil) }  // the group's token was replaced
+                for i in 0..<4 { #expect(try b.value(forKey: "doomed:\(i)") == nil) }
+                // Replayed: the journal is gone from the directory.
+                #expect(!FileManager.default.fileExists(atPath: cachePath + "/OWED"))
+            }
+        }
     }
 }

@@ -15,13 +15,18 @@ extension Cache: Service {
     /// Shuts the cache down in order: waits up to `replayTime` for the removals owed to the remote tier
     /// to reach it (see ``RemoteTierOptions/maxPendingRemovals``), makes every store and removal durable
     /// (``flush()``), closes the cache (``close()``), and closes the remote store's connections. What is
-    /// still owed after `replayTime` is logged with its count: it is lost with the process.
+    /// still owed after `replayTime` is logged with its count: with a disk tier it stays in the directory's
+    /// journal and is replayed when the directory is opened again; without one it is lost.
     /// - Throws: the disk tier's flush and close errors (the cache is closed either way).
     public func shutdown(replayingFor replayTime: Duration = .seconds(2)) async throws {
         if let remote {
             let owed = await remote.waitForReplay(upTo: replayTime)
-            if owed > 0 {
+            if owed > 0 && disk == nil {
                 logger.error("magpie: removals owed to the remote tier are lost at shutdown", metadata: ["owed": "\(owed)"])
+            } else if owed > 0 {
+                logger.warning(
+                    "magpie: removals still owed to the remote tier at shutdown; journaled, replayed at the next open",
+                    metadata: ["owed": "\(owed)"])
             }
         }
         var failure: MagpieError? = nil

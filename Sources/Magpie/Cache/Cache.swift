@@ -150,7 +150,12 @@ public final class Cache: Sendable {
         loaderPool = IOThreadPool(threadCount: configuration.loaderThreadCount, name: "magpie-load")
         defaultLoaderOptions = configuration.defaultLoaderOptions
         if let options = configuration.remote {
-            let remote = RemoteTier(options, clock: configuration.clock)
+            let journal = disk.map { disk in
+                OwedJournal(
+                    append: { (entry) throws(MagpieError) -> Bool in try disk.appendToJournal(entry) },
+                    replace: { (entries) throws(MagpieError) -> Bool in try disk.replaceJournal(with: entries) })
+            }
+            let remote = RemoteTier(options, clock: configuration.clock, journal: journal)
             let applier = IOThreadPool(threadCount: 1, name: "magpie-coherence")
             self.remote = remote
             hasRemote = true
@@ -166,6 +171,14 @@ public final class Cache: Sendable {
             startWritingBuffers(every: interval)
         }
         startReportingRemoteChanges()
+        // Removals owed by an earlier run that was killed (journaled in the directory): replayed now.
+        if let remote, let disk {
+            do {
+                remote.restoreOwed(try disk.journalEntries())
+            } catch {
+                logger.error("magpie: the journal of owed removals could not be read", metadata: ["error": "\(error)"])
+            }
+        }
     }
 
     /// Asks the remote store (if any) to report its changes, which the coherence thread applies in order.

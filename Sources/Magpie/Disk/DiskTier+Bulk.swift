@@ -72,6 +72,7 @@ extension DiskTier {
         for bucket in buckets {
             try bucket.withLock { (state: inout BucketState) throws(MagpieError) in try state.flush() }
         }
+        try syncJournal()
         try directory.sync(.buckets)
         try directory.sync(.root)
     }
@@ -107,7 +108,8 @@ extension DiskTier {
             do { try flush() } catch { failure = error }
         }
         // Snapshots only while the bucket files and the snapshots fit the budget (DiskLedger.swift).
-        var room = configuration.budget - DiskLedger.manifestAllowance
+        var room = configuration.budget - DiskLedger.manifestAllowance - journalSize
+        closeJournal()
         for bucket in buckets { room -= bucket.withLock { $0.isOpen ? $0.size : 0 } }
         for bucket in buckets {
             bucket.withLock { state in

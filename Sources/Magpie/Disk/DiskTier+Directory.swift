@@ -179,7 +179,7 @@ extension DiskTier {
         } else {
             try FileIO.unlinkAt(root.fd, "buckets", path: bucketsPath)  // a link or a file: removed, not followed
         }
-        for name in ["MANIFEST", "MANIFEST.tmp", "LOCK"] {
+        for name in ["MANIFEST", "MANIFEST.tmp", journalName, journalName + ".tmp", "LOCK"] {
             try FileIO.unlinkAt(root.fd, name, path: path + "/" + name)
         }
     }

@@ -213,7 +213,7 @@ extension DiskTier {
 
     /// Asks the buckets other than `number`, one at a time, to lend up to `bytes` into the pool (see
     /// `BucketState.lend`). Returns what they lent.
-    private func gatherRoom(_ bytes: Int, for number: Int, evicting: Bool, now: Int64) throws(MagpieError) -> Int {
+    func gatherRoom(_ bytes: Int, for number: Int, evicting: Bool, now: Int64) throws(MagpieError) -> Int {
         var gathered = 0
         defer { ledger.pool.give(gathered) }
         var step = 1

@@ -85,6 +85,8 @@ public final class DiskTier: Sendable {
     let directory: CacheDirectory
     /// The budget beyond the buckets' limits (see `Disk/DiskLedger.swift`).
     let ledger: DiskLedger
+    /// The remote tier's journal of owed removals (DiskTier+Journal.swift).
+    let journal: Locked<JournalState>
     /// Set once the directory was found removed or replaced; every call then throws its error.
     let health: TierHealth
     /// ``Configuration/directoryCheckInterval`` in ms; nil: writes never check.
@@ -147,6 +149,8 @@ public final class DiskTier: Sendable {
             let now = configuration.clock.now()
             var buckets: [Locked<BucketState>] = []
             var missing = 0
+            var journalReserved = 0
+            var journalSize = 0
             var held = 0
             do throws(MagpieError) {
                 for number in 0..<count {
@@ -177,7 +181,10 @@ public final class DiskTier: Sendable {
                 }
                 // Whatever the buckets do not hold is the pool (below zero if the files hold more than
                 // this budget allows: buckets then repay as they compact).
-                ledger.pool.give(configuration.budget - DiskLedger.manifestAllowance - share - held)
+                // A journal of owed removals left in the directory is charged at once (DiskTier+Journal.swift).
+                journalSize = Self.leftJournalSize(directory)
+                journalReserved = Self.rounded(journalSize)
+                ledger.pool.give(configuration.budget - DiskLedger.manifestAllowance - share - held - journalReserved)
             } catch {
                 for bucket in buckets { bucket.withLock { $0.close() } }
                 throw error
@@ -195,6 +202,7 @@ public final class DiskTier: Sendable {
             self.directory = directory
             self.health = health
             self.ledger = ledger
+            self.journal = Locked(JournalState(size: journalSize, reserved: journalReserved))
             self.checkInterval = configuration.directoryCheckInterval.map { Self.milliseconds($0) }
         } catch {
             Glibc.close(lockFD)  // releases the flock

@@ -6,39 +6,155 @@ import Synchronization
 //
 // Until a key's removal is replayed, reads of it are remote misses here. The queue holds at most
 // `maxPendingRemovals` keys and groups; past that it keeps one flag instead (`all`), and the replay
-// replaces the namespace token: every record in the store is then outdated, for every instance. The
-// queue is in memory: owed removals die with the process (see <doc:RunningAFleet>).
+// replaces the namespace token: every record in the store is then outdated, for every instance.
+//
+// With a disk tier the queue is also journaled in the cache directory (DiskTier+Journal.swift), under
+// the same lock as the queue: an entry per owed key (with its tombstone's version) or group, or one for
+// everything; rewritten whole when the queue overflows or the cache opens, removed when nothing is owed.
+// A process killed while it owes removals replays them when it opens the directory again. Without a
+// disk tier owed removals die with the process (see <doc:RunningAFleet>).
+
+/// Where a remote tier journals its owed removals (the disk tier, when there is one).
+struct OwedJournal: Sendable {
+    /// Appends an entry; false when it does not fit (the tier then owes everything).
+    let append: @Sendable ([UInt8]) throws(MagpieError) -> Bool
+    /// Replaces every entry (none: removes the journal); false when they do not fit.
+    let replace: @Sendable ([[UInt8]]) throws(MagpieError) -> Bool
+}
+
+/// One journal entry: kind (1 byte: 1 a key, 2 a group, 3 everything), the version of a key's tombstone
+/// (u64 LE; 0 otherwise), then the key's or group's bytes.
+enum OwedEntry: Equatable {
+    case key([UInt8], version: UInt64)
+    case group(String)
+    case everything
+
+    var encoded: [UInt8] {
+        var bytes = [UInt8]()
+        let (kind, version, name): (UInt8, UInt64, [UInt8]) =
+            switch self {
+            case .key(let key, let version): (1, version, key)
+            case .group(let group): (2, 0, Array(group.utf8))
+            case .everything: (3, 0, [])
+            }
+        bytes.reserveCapacity(9 + name.count)
+        bytes.append(kind)
+        withUnsafeBytes(of: version.littleEndian) { bytes.append(contentsOf: $0) }
+        bytes += name
+        return bytes
+    }
+
+    init?(_ bytes: [UInt8]) {
+        guard bytes.count >= 9 else { return nil }
+        let version = bytes.withUnsafeBytes { UInt64(littleEndian: $0.loadUnaligned(fromByteOffset: 1, as: UInt64.self)) }
+        let name = Array(bytes[9...])
+        switch bytes[0] {
+        case 1 where name.count <= HashedKey.maximumLength: self = .key(name, version: version)
+        case 2:
+            guard let group = String(validating: name, as: UTF8.self), !group.isEmpty else { return nil }
+            self = .group(group)
+        case 3 where name.isEmpty: self = .everything
+        default: return nil
+        }
+    }
+
+    init(_ key: [UInt8], version: UInt64) { self = .key(key, version: version) }
+}
 
 extension RemoteTier {
     /// Owes `key`'s removal as of `version` (a later owed removal of the key supersedes it).
     func owe(key: [UInt8], version: UInt64) {
-        owe { pending in
+        owe(.key(key, version: version)) { pending in
             let previous = pending.keys[key]?.version ?? 0
             pending.keys[key] = (pending.sequence, max(previous, version))
         }
     }
 
     func owe(group: String) {
-        owe { pending in pending.groups[group] = pending.sequence }
+        owe(.group(group)) { pending in pending.groups[group] = pending.sequence }
     }
 
-    /// Records a removal owed (`record` files it under the next sequence number), unless everything is
-    /// owed already; starts the replay.
-    private func owe(_ record: (inout PendingRemovals) -> Void) {
+    /// Owes everything: the namespace is replaced on replay.
+    func oweEverything() {
         pending.withLock { pending in
-            guard !pending.all else { return }
-            pending.sequence += 1
-            record(&pending)
-            overflowIfNeeded(&pending)
+            pending.oweEverything()
+            journal(replacingWith: [.everything])
         }
         counters.queuedRemovals.add(1, ordering: .relaxed)
         startReplay()
     }
 
-    private func overflowIfNeeded(_ pending: inout PendingRemovals) {
-        guard pending.keys.count + pending.groups.count > maxPendingRemovals else { return }
+    /// Records a removal owed (`record` files it under the next sequence number) and journals `entry`,
+    /// unless everything is owed already; starts the replay.
+    private func owe(_ entry: OwedEntry, _ record: (inout PendingRemovals) -> Void) {
+        pending.withLock { pending in
+            guard !pending.all else { return }
+            pending.sequence += 1
+            record(&pending)
+            if !overflowIfNeeded(&pending), let hooks = journalHooks {
+                let appended: Bool
+                do { appended = try hooks.append(entry.encoded) } catch {
+                    counters.journalFailures.add(1, ordering: .relaxed)
+                    appended = true  // kept in memory; the journal may miss it
+                }
+                if !appended {
+                    // No room for another entry: one entry says it all.
+                    pending.oweEverything()
+                    counters.pendingOverflows.add(1, ordering: .relaxed)
+                    journal(replacingWith: [.everything])
+                }
+            }
+        }
+        counters.queuedRemovals.add(1, ordering: .relaxed)
+        startReplay()
+    }
+
+    /// Rewrites the journal (the caller holds `pending`'s lock); a failure is counted.
+    func journal(replacingWith entries: [OwedEntry]) {
+        guard let journal = journalHooks else { return }
+        do {
+            if try !journal.replace(entries.map(\.encoded)) {
+                // Too many entries for the journal: everything, which always fits.
+                _ = try journal.replace([OwedEntry.everything.encoded])
+            }
+        } catch {
+            counters.journalFailures.add(1, ordering: .relaxed)
+        }
+    }
+
+    /// Takes in the removals a journal left from an earlier run (the cache opened its directory again),
+    /// rewrites the journal compacted, and starts their replay.
+    func restoreOwed(_ entries: [[UInt8]]) {
+        guard !entries.isEmpty else { return }
+        pending.withLock { pending in
+            for bytes in entries {
+                guard let entry = OwedEntry(bytes) else { continue }
+                pending.sequence += 1
+                switch entry {
+                case .key(let key, let version):
+                    pending.keys[key] = (pending.sequence, max(pending.keys[key]?.version ?? 0, version))
+                case .group(let group): pending.groups[group] = pending.sequence
+                case .everything: pending.oweEverything()
+                }
+            }
+            _ = overflowIfNeeded(&pending)
+            if pending.all {
+                journal(replacingWith: [.everything])
+            } else {
+                journal(replacingWith: pending.keys.map { OwedEntry($0.key, version: $0.value.version) } + pending.groups.keys.map { .group($0) })
+            }
+            counters.restoredRemovals.add(UInt64(pending.all ? 1 : pending.keys.count + pending.groups.count), ordering: .relaxed)
+        }
+        startReplay()
+    }
+
+    /// Owes everything instead when the queue outgrew its bound (journaled); whether it did.
+    private func overflowIfNeeded(_ pending: inout PendingRemovals) -> Bool {
+        guard pending.keys.count + pending.groups.count > maxPendingRemovals else { return false }
         pending.oweEverything()
         counters.pendingOverflows.add(1, ordering: .relaxed)
+        journal(replacingWith: [.everything])
+        return true
     }
 
     /// How many removals are owed (keys and groups; 1 for the whole namespace).
@@ -85,6 +201,10 @@ extension RemoteTier {
                     if owed.all && pending.allSequence == owed.allSequence { pending.all = false }
                     for (key, owedKey) in owed.keys where pending.keys[key]?.sequence == owedKey.sequence { pending.keys[key] = nil }
                     for (group, sequence) in owed.groups where pending.groups[group] == sequence { pending.groups[group] = nil }
+                    // Nothing owed any more: the journal goes. (Otherwise it keeps entries already replayed
+                    // beside the rest: replaying one again after a restart changes nothing, its version
+                    // being fenced like any.)
+                    if pending.isEmpty { journal(replacingWith: []) }
                 }
                 counters.replayedRemovals.add(UInt64(owed.all ? 1 : owed.keys.count + owed.groups.count), ordering: .relaxed)
                 delay = .milliseconds(20)
@@ -151,8 +271,8 @@ public struct RemoteTierStatistics: Sendable, Hashable {
     public var replayedRemovals: UInt64 = 0
     /// Removals owed now (keys and groups; 1 for the whole namespace).
     public var owedRemovals: Int = 0
-    /// Times the owed removals outgrew ``RemoteTierOptions/maxPendingRemovals`` (the namespace is then
-    /// replaced on replay).
+    /// Times the owed removals outgrew ``RemoteTierOptions/maxPendingRemovals`` or the journal's room
+    /// (the namespace is then replaced on replay).
     public var pendingOverflows: UInt64 = 0
     /// Keys the store reported changed (each drops the local copies).
     public var invalidations: UInt64 = 0
@@ -169,6 +289,10 @@ public struct RemoteTierStatistics: Sendable, Hashable {
     public var unconfirmedMilliseconds: Int64 = 0
     /// Whether the store fails fast now (its breaker is open).
     public var failsFast = false
+    /// Owed removals taken in from the journal a killed process left in the cache directory.
+    public var restoredRemovals: UInt64 = 0
+    /// Failed writes of that journal (the removals stay owed in memory).
+    public var journalFailures: UInt64 = 0
     /// Versioned writes and removals the store refused because it held a newer version of the key (a
     /// later write from another instance, or this one's own later write that got there first).
     public var fenced: UInt64 = 0
@@ -205,6 +329,8 @@ extension RemoteTier {
         s.unconfirmedMilliseconds = max(0, clock.now() - coherence.confirmed.load(ordering: .relaxed))
         s.failsFast = store.failsFast
         s.fenced = counters.fenced.load(ordering: .relaxed)
+        s.restoredRemovals = counters.restoredRemovals.load(ordering: .relaxed)
+        s.journalFailures = counters.journalFailures.load(ordering: .relaxed)
         s.leasesAcquired = counters.leasesAcquired.load(ordering: .relaxed)
         s.leaseWaits = counters.leaseWaits.load(ordering: .relaxed)
         s.sharedLoads = counters.sharedLoads.load(ordering: .relaxed)

@@ -17,6 +17,8 @@ final class RemoteTier: Sendable {
     let tombstoneLifetime: Int64
     /// Where the synchronous API waits for the store.
     let bridge = RemoteBridge()
+    /// Where owed removals are journaled (a cache with a disk tier), else nil.
+    let journalHooks: OwedJournal?
     let tokens = Locked(TokenCache())
     let pending = Locked(PendingRemovals())
     let replay = Locked<Task<Void, Never>?>(nil)
@@ -37,6 +39,8 @@ final class RemoteTier: Sendable {
         let leaseWaits = Atomic<UInt64>(0)
         let sharedLoads = Atomic<UInt64>(0)
         let fenced = Atomic<UInt64>(0)
+        let restoredRemovals = Atomic<UInt64>(0)
+        let journalFailures = Atomic<UInt64>(0)
     }
 
     struct TokenCache {
@@ -69,7 +73,8 @@ final class RemoteTier: Sendable {
         }
     }
 
-    init(_ options: RemoteTierOptions, clock: CacheClock) {
+    init(_ options: RemoteTierOptions, clock: CacheClock, journal: OwedJournal?) {
+        journalHooks = journal
         store = options.store
         coherence = Coherence(bound: options.maxDisconnectedStaleness)
         maxPendingRemovals = max(0, options.maxPendingRemovals)
@@ -226,9 +231,7 @@ final class RemoteTier: Sendable {
             counters.removals.add(1, ordering: .relaxed)
         } catch {
             counters.errors.add(1, ordering: .relaxed)
-            pending.withLock { $0.oweEverything() }
-            counters.queuedRemovals.add(1, ordering: .relaxed)
-            startReplay()
+            oweEverything()
         }
     }
 
