@@ -126,6 +126,27 @@ struct FleetAsyncTests {
         }
     }
 
+    @Test("with writeWait, a store returns within it while Redis is paused, and lands when Redis resumes")
+    func softWriteWait() async throws {
+        try await withRedisServer { server in
+            let (a, _) = try fleetCache(port: server.port, writeWait: .milliseconds(20))
+            let (b, _) = try fleetCache(port: server.port)
+            defer { try? a.close(); try? b.close() }
+            try await offloaded { try waitConfirmed(a); try waitConfirmed(b) }
+            try await a.async.set(Array("before".utf8), forKey: "soft")
+            server.pause()
+            let started = ContinuousClock.now
+            try await a.async.set(Array("during".utf8), forKey: "soft")
+            let took = ContinuousClock.now - started
+            #expect(took < .milliseconds(500), "the store waited \(took) for a paused Redis")
+            #expect(text(try await a.async.value(forKey: "soft")) == "during")  // its own copy, at once
+            try await Task.sleep(for: .milliseconds(800))  // longer than the store was allowed to take
+            server.resume()  // before the command timeout (2 s): the write lands
+            #expect(try await pollAsync { text(try await b.async.value(forKey: "soft")) == "during" })
+            #expect(a.statistics.remote?.errors == 0)
+        }
+    }
+
     @Test("the store applies a versioned write only over an older one, and refuses one past its deadline")
     func fencedStore() async throws {
         try await withRedisServer { server in

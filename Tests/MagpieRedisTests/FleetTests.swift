@@ -13,7 +13,8 @@ import Testing
 /// A cache instance of a fleet: memory (and, with `directory`, disk) in front of `server`'s namespace.
 func fleetCache(
     port: Int, namespace: String = "fleet:", directory: String? = nil, bound: Duration = .seconds(1),
-    heartbeat: Duration = .milliseconds(20), lease: Duration = .seconds(10), adjust: (inout RedisConfiguration) -> Void = { _ in }
+    heartbeat: Duration = .milliseconds(20), lease: Duration = .seconds(10), writeWait: Duration? = nil,
+    adjust: (inout RedisConfiguration) -> Void = { _ in }
 ) throws -> (Cache, RedisRemoteStore) {
     let redis = testConfiguration(port: port) {
         // Long enough that a loaded CI machine does not turn a slow reply into a miss, short enough
@@ -26,6 +27,7 @@ func fleetCache(
     var configuration = Cache.Configuration(directory: directory, memoryBudget: 8 << 20, diskBudget: 64 << 20)
     configuration.metrics = nil
     configuration.remote = RemoteTierOptions(store: store, maxDisconnectedStaleness: bound, loadLease: lease)
+    configuration.remote?.writeWait = writeWait
     return (try Cache(configuration), store)
 }
 

@@ -258,10 +258,23 @@ extension Cache {
     }
 
     /// Sends a write's remote half and ends the write. A failure is counted and owes the key a removal
-    /// (`RemoteTier`), never thrown.
+    /// (`RemoteTier`), never thrown. With ``RemoteTierOptions/writeWait``, returns when the store
+    /// answered or the wait passed, whichever is first (the write then goes on in a task of its own).
     nonisolated(nonsending)
     func send(_ write: RemoteSend) async {
         guard let remote else { return }
+        guard let wait = remote.writeWait else { return await perform(write, remote) }
+        let waiter = WriteWaiter()
+        remote.backgroundWrites.add(1, ordering: .relaxed)
+        Task {
+            await perform(write, remote)
+            remote.backgroundWrites.subtract(1, ordering: .relaxed)
+            waiter.finish()
+        }
+        await waiter.wait(upTo: wait)
+    }
+
+    private func perform(_ write: RemoteSend, _ remote: RemoteTier) async {
         switch write.operation {
         case .store(let record): await remote.write(record, forKey: write.name)
         case .remove(let version): await remote.remove(write.name, version: version)
@@ -347,5 +360,44 @@ extension Cache {
                 if let disk { _ = try? logged("drop") { () throws(MagpieError) in try disk.remove(key) } }
             }
         }
+    }
+}
+
+/// A caller waiting for a write that may outlast its wait: resumed once, by the write's end or by the
+/// wait's timer, whichever comes first.
+final class WriteWaiter: Sendable {
+    private enum Phase {
+        case running
+        case waiting(CheckedContinuation<Void, Never>)
+        case done
+    }
+
+    private let phase = Locked(Phase.running)
+
+    /// The write ended.
+    func finish() {
+        let waiting = phase.withLock { phase -> CheckedContinuation<Void, Never>? in
+            defer { phase = .done }
+            if case .waiting(let continuation) = phase { return continuation }
+            return nil
+        }
+        waiting?.resume()
+    }
+
+    /// Returns when the write ended or `limit` passed.
+    func wait(upTo limit: Duration) async {
+        let timer = Task { [self] in
+            try? await Task.sleep(for: limit)
+            finish()
+        }
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let resumeNow = phase.withLock { phase -> Bool in
+                if case .done = phase { return true }
+                phase = .waiting(continuation)
+                return false
+            }
+            if resumeNow { continuation.resume() }
+        }
+        timer.cancel()
     }
 }

@@ -97,6 +97,14 @@ public struct RemoteTierOptions: Sendable {
     /// fence a late write as long as the instances' clocks differ by less than half of it. Longer costs
     /// the store one small key per removed key for longer.
     public var tombstoneLifetime: Duration = .seconds(60)
+    /// How long a store or removal waits for the remote store's answer before it returns (a soft
+    /// timeout, as FusionCache's distributed-cache soft timeout): past it the write goes on in the
+    /// background, in order with the key's other writes (its version fences it), and a failure still
+    /// owes the key a removal. Nil (the default): until the store answered or the command failed (the
+    /// command timeout, or at once with the breaker open). A short wait keeps stores fast while the
+    /// store is slow or paused, at the price of other instances seeing the write a little later than the
+    /// call's return.
+    public var writeWait: Duration? = nil
     /// Called with a key (as the cache's callers gave it) after its local copies were dropped because
     /// the store reported it changed: on the cache's coherence thread, in order; keep it short. For
     /// metrics and for measuring invalidation lag (`magpie-bench fleet`). Default nil.

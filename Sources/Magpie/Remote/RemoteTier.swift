@@ -17,6 +17,10 @@ final class RemoteTier: Sendable {
     let tombstoneLifetime: Int64
     /// Where the synchronous API waits for the store.
     let bridge = RemoteBridge()
+    /// ``RemoteTierOptions/writeWait``.
+    let writeWait: Duration?
+    /// Writes running in the background past their wait.
+    let backgroundWrites = Atomic<Int>(0)
     /// Where owed removals are journaled (a cache with a disk tier), else nil.
     let journalHooks: OwedJournal?
     let tokens = Locked(TokenCache())
@@ -75,6 +79,7 @@ final class RemoteTier: Sendable {
 
     init(_ options: RemoteTierOptions, clock: CacheClock, journal: OwedJournal?) {
         journalHooks = journal
+        writeWait = options.writeWait
         store = options.store
         coherence = Coherence(bound: options.maxDisconnectedStaleness)
         maxPendingRemovals = max(0, options.maxPendingRemovals)
