@@ -101,24 +101,13 @@ final class Coherence: Sendable {
 
     /// Every local copy stamped up to `now` is a miss from now on.
     func raiseFloor(to now: Int64) {
-        var current = floor.load(ordering: .relaxed)
-        while current < now {
-            let (exchanged, original) = floor.compareExchange(expected: current, desired: now, ordering: .acquiringAndReleasing)
-            if exchanged { break }
-            current = original
-        }
+        floor.raise(to: now)
         tokenGeneration.add(1, ordering: .acquiringAndReleasing)
         epochBumps.add(1, ordering: .relaxed)
     }
 
     func confirm(through instant: Int64, now: Int64) {
-        var current = confirmed.load(ordering: .relaxed)
-        while current < instant {
-            let (exchanged, original) = confirmed.compareExchange(
-                expected: current, desired: instant, ordering: .acquiringAndReleasing)
-            if exchanged { break }
-            current = original
-        }
+        confirmed.raise(to: instant)
         let lag = max(0, now - instant)
         lastLag.store(lag, ordering: .relaxed)
         if lag > maxLag.load(ordering: .relaxed) { maxLag.store(lag, ordering: .relaxed) }

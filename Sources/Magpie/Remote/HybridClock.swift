@@ -10,7 +10,8 @@ import Synchronization
 /// effect in the order their versions were given (under the key's stripe, with the local write), and
 /// across instances the later write wins as far as their clocks agree.
 final class HybridClock: Sendable {
-    private let last = Atomic<UInt64>(0)
+    /// The latest version given or observed (versions stay below 2^63: 48 bits of ms, 16 of counter).
+    private let last = Atomic<Int64>(0)
     private let clock: CacheClock
 
     init(clock: CacheClock) {
@@ -19,23 +20,18 @@ final class HybridClock: Sendable {
 
     /// A version above every one given or observed so far.
     func next() -> UInt64 {
-        let wall = UInt64(clamping: max(0, clock.now())) << 16
+        let wall = min(max(0, clock.now()), 1 << 46) << 16
         var current = last.load(ordering: .relaxed)
         while true {
             let candidate = max(current &+ 1, wall)
             let (exchanged, original) = last.compareExchange(expected: current, desired: candidate, ordering: .relaxed)
-            if exchanged { return candidate }
+            if exchanged { return UInt64(candidate) }
             current = original
         }
     }
 
     /// Notes a version seen in the store: later ones given here are above it.
     func observe(_ version: UInt64) {
-        var current = last.load(ordering: .relaxed)
-        while current < version {
-            let (exchanged, original) = last.compareExchange(expected: current, desired: version, ordering: .relaxed)
-            if exchanged { return }
-            current = original
-        }
+        last.raise(to: Int64(clamping: version))
     }
 }
