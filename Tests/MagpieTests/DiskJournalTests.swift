@@ -74,4 +74,21 @@ struct DiskJournalTests {
         try DiskTier.destroy(directory: directory.path)
         #expect(!FileManager.default.fileExists(atPath: directory.path + "/OWED"))
     }
+
+    @Test("a link planted as OWED is never followed: what it points at is neither read nor written")
+    func plantedLink() throws {
+        let directory = TemporaryDirectory("magpie-journal")
+        let outside = TemporaryDirectory("magpie-journal-victim")
+        defer { directory.cleanup(); outside.cleanup() }
+        let victim = outside.child("victim")
+        try Data("not yours".utf8).write(to: URL(fileURLWithPath: victim))
+        let tier = try DiskTier(.init(directory: directory.path, budget: 1 << 20, bucketCount: 4))
+        #expect(symlink(victim, directory.path + "/OWED") == 0)
+        #expect(try tier.journalEntries() == [])
+        #expect(throws: MagpieError.self) { _ = try tier.appendToJournal(Array("entry".utf8)) }
+        #expect(try tier.replaceJournal(with: [Array("entry".utf8)]))  // replaces the link itself
+        #expect(try tier.journalEntries() == [Array("entry".utf8)])
+        #expect(try String(contentsOfFile: victim, encoding: .utf8) == "not yours")
+        try tier.close()
+    }
 }
