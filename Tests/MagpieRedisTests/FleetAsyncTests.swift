@@ -134,6 +134,9 @@ struct FleetAsyncTests {
             defer { try? a.close(); try? b.close() }
             try await offloaded { try waitConfirmed(a); try waitConfirmed(b) }
             try await a.async.set(Array("before".utf8), forKey: "soft")
+            // Its report comes back to a (and drops a's copy): let it arrive before the pause, or it
+            // would drop the copy of the store made during the pause.
+            try await offloaded { try settle(a) }
             server.pause()
             let started = ContinuousClock.now
             try await a.async.set(Array("during".utf8), forKey: "soft")

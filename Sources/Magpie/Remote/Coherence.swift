@@ -31,7 +31,10 @@ final class Coherence: Sendable {
     let confirmed = Atomic<Int64>(0)
     /// Bumped whenever a cached token may have changed ("g" or "a" invalidated, or everything).
     let tokenGeneration = Atomic<UInt64>(0)
-    private let counters: Locked<Slots>
+    /// Per slot: changes of its keys (invalidations, and this cache's writes at their start and end).
+    private let changes: InlineArray<4096, Atomic<UInt32>>
+    /// Per slot: writes of its keys under way.
+    private let writing: InlineArray<4096, Atomic<UInt32>>
     static let counterCount = 4096
 
     // Statistics.
@@ -45,7 +48,8 @@ final class Coherence: Sendable {
 
     init(bound: Duration) {
         self.bound = max(1, bound.wholeMilliseconds)
-        counters = Locked(Slots(changes: [UInt32](repeating: 0, count: Self.counterCount), writing: [UInt32](repeating: 0, count: Self.counterCount)))
+        changes = InlineArray { _ in Atomic(0) }
+        writing = InlineArray { _ in Atomic(0) }
     }
 
     /// Whether a copy stamped `stamp` may be served at `now`.
@@ -59,44 +63,40 @@ final class Coherence: Sendable {
         now - confirmed.load(ordering: .acquiring) < bound
     }
 
-    struct Slots {
-        /// Changes of the slot's keys (invalidations, and this cache's writes at their start and end).
-        var changes: [UInt32]
-        /// Writes of the slot's keys under way.
-        var writing: [UInt32]
-    }
-
     @inline(__always)
     private static func slot(_ hash: UInt64) -> Int { Int(truncatingIfNeeded: hash & UInt64(counterCount - 1)) }
 
+    // The slots are atomics, not a table under a lock: a fetch reads a counter before it starts and
+    // checks it again, with the key's stripe held, before it keeps its value; an invalidation bumps the
+    // counter before it takes the stripe to drop the copies; a write bumps `changes` before it moves
+    // `writing`, at its start and at its end, so a check that sees `writing` back at 0 also sees the
+    // bump. Sequentially consistent, as the checks read two slots.
+
     func counter(_ hash: UInt64) -> UInt32 {
-        counters.withLock { $0.changes[Self.slot(hash)] }
+        changes[Self.slot(hash)].load(ordering: .sequentiallyConsistent)
     }
 
     func bump(_ hash: UInt64) {
-        counters.withLock { $0.changes[Self.slot(hash)] &+= 1 }
+        changes[Self.slot(hash)].add(1, ordering: .sequentiallyConsistent)
     }
 
     /// A write of a key with this hash starts (before its local store).
     func beginWrite(_ hash: UInt64) {
-        counters.withLock { slots in
-            slots.changes[Self.slot(hash)] &+= 1
-            slots.writing[Self.slot(hash)] &+= 1
-        }
+        changes[Self.slot(hash)].add(1, ordering: .sequentiallyConsistent)
+        writing[Self.slot(hash)].add(1, ordering: .sequentiallyConsistent)
     }
 
     /// The write ended (the store answered, or the call failed).
     func endWrite(_ hash: UInt64) {
-        counters.withLock { slots in
-            slots.changes[Self.slot(hash)] &+= 1
-            slots.writing[Self.slot(hash)] &-= 1
-        }
+        changes[Self.slot(hash)].add(1, ordering: .sequentiallyConsistent)
+        writing[Self.slot(hash)].subtract(1, ordering: .sequentiallyConsistent)
     }
 
     /// Whether a value fetched when the counter read `counter` may be kept locally now: nothing changed
     /// the slot since, and no write of its keys is under way.
     func keepable(_ hash: UInt64, since counter: UInt32) -> Bool {
-        counters.withLock { $0.changes[Self.slot(hash)] == counter && $0.writing[Self.slot(hash)] == 0 }
+        writing[Self.slot(hash)].load(ordering: .sequentiallyConsistent) == 0
+            && changes[Self.slot(hash)].load(ordering: .sequentiallyConsistent) == counter
     }
 
     /// Every local copy stamped up to `now` is a miss from now on.
