@@ -24,7 +24,9 @@ struct BenchFleetTests {
     @Test("coherent across processes; one loader run per lease",
           .enabled(if: RedisTools.isInstalled, "redis-server is not installed (make deps installs it)"))
     func coherentAcrossProcesses() async throws {
-        let rows = try await run(["--seconds", "3", "--keys", "500", "--single-flight-callers", "25", "--probe-interval-us", "5000"])
+        let rows = try await run([
+            "--seconds", "3", "--keys", "500", "--single-flight-callers", "25", "--probe-interval-us", "5000", "--tasks", "16",
+        ])
         let fleet = try #require(rows.first { $0["system"] as? String == "magpie-fleet" && ($0["extra"] as? [String: Any])?["single_flight"] == nil })
         let extra = try #require(fleet["extra"] as? [String: Any])
         #expect(fleet["scenario"] as? String == "fleet")
@@ -34,6 +36,11 @@ struct BenchFleetTests {
         #expect(extra["lag_probes_never_dropped"] as? Int == 0)
         #expect((extra["lag_probes"] as? Int ?? 0) > 100)
         #expect((extra["hit_ratio_memory"] as? Double ?? 0) > 0.5)
+        #expect(extra["tasks"] as? Int == 16)  // async callers
+        // The cache-aside baseline (a plain RedisClient from the same tasks) reads only what it wrote.
+        let aside = try #require(rows.first { $0["system"] as? String == "redis-cache-aside" })
+        #expect(((aside["extra"] as? [String: Any])?["wrong_values"] as? Int) == 0)
+        #expect(((aside["extra"] as? [String: Any])?["caller_errors"] as? Int) == 0)
         let single = try #require(rows.first { ($0["extra"] as? [String: Any])?["single_flight"] != nil })
         let singleExtra = try #require(single["extra"] as? [String: Any])
         #expect(singleExtra["loader_runs"] as? Int == 1)
@@ -47,7 +54,9 @@ struct BenchFleetTests {
     @Test("Redis killed and paused under load: no caller error, no removal served again, coherence back",
           .enabled(if: RedisTools.isInstalled, "redis-server is not installed (make deps installs it)"))
     func faults() async throws {
-        let rows = try await run(["--seconds", "8", "--keys", "500", "--fault", "--systems", "magpie-fleet", "--single-flight-callers", "0"])
+        let rows = try await run([
+            "--seconds", "8", "--keys", "500", "--fault", "--systems", "magpie-fleet", "--single-flight-callers", "0", "--tasks", "16",
+        ])
         let fleet = try #require(rows.first { $0["system"] as? String == "magpie-fleet" })
         let extra = try #require(fleet["extra"] as? [String: Any])
         #expect(fleet["scenario"] as? String == "fleet-fault")
@@ -56,5 +65,8 @@ struct BenchFleetTests {
         #expect(extra["resurrected_removals"] as? Int == 0)
         #expect(extra["stale_reads_beyond_bound"] as? Int == 0)
         #expect((extra["recovery_seconds"] as? Double ?? 99) < 2)
+        // The pause rows: memory hits were served (and timed) while Redis was stopped.
+        #expect((extra["hit_latency_paused_count"] as? Int ?? 0) > 0)
+        #expect(extra["hit_latency_paused_ns"] as? [String: Any] != nil)
     }
 }

@@ -46,7 +46,8 @@ struct Suite: AsyncParsableCommand {
         results += try await RedisScenario(options: redis).run(progress: progressLine)
         // The fleet: 4 worker processes on one private Redis, 4 s per system after 2 s of warm-up
         // (`magpie-bench fleet`: 10 s after 3 s; `--fault` for the outage run).
-        let fleet = try FleetOptions.parse(["--seconds", "4", "--warmup-seconds", "2"])
+        // 16 async caller tasks per worker only (`magpie-bench fleet` runs 1, 16 and 256).
+        let fleet = try FleetOptions.parse(["--seconds", "4", "--warmup-seconds", "2", "--tasks", "16"])
         results += try await FleetScenario(options: fleet).run(progress: progressLine)
         // Short tuning curves for the report: hit ratio vs budget, throughput vs shards.
         let sweep = try Sweep.parse(["--curves", "budget", "shards", "--keys", "200000", "--ops", "300000"])

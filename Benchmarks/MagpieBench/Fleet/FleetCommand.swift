@@ -6,7 +6,9 @@ import MagpieTestSupport
 /// Options of `magpie-bench fleet`.
 struct FleetOptions: ParsableArguments {
     @Option(help: "Worker processes (cache instances).") var workers = 4
-    @Option(help: "Caller threads per worker.") var threads = 2
+    @Option(help: "Caller threads per worker (with --tasks 0).") var threads = 2
+    @Option(parsing: .upToNextOption, help: "Async caller tasks per worker, a row per value and system (0: the --threads caller threads).")
+    var tasks = [1, 16, 256]
     @Option(help: "Seconds per system, measured.") var seconds = 10
     @Option(help: "Seconds of the same workload before the measurement (not counted): caches fill.") var warmupSeconds = 3.0
     @Option(help: "Distinct keys (Zipf ranks).") var keys = 20_000
@@ -29,6 +31,7 @@ struct FleetOptions: ParsableArguments {
         guard workers >= 2, threads >= 1, seconds >= 2, keys >= 1, valueSize >= 32 else {
             throw ValidationError("need --workers ≥ 2, --threads ≥ 1, --seconds ≥ 2, --keys ≥ 1, --value-size ≥ 32")
         }
+        guard !tasks.isEmpty, tasks.allSatisfy({ $0 >= 0 && $0 <= 4096 }) else { throw ValidationError("--tasks: 0…4096 each") }
         guard setShare >= 0, removeShare >= 0, setShare + removeShare <= 1 else { throw ValidationError("bad shares") }
         if fault && url != nil { throw ValidationError("--fault needs the private redis-server (it kills and pauses it)") }
         let known = Set(["magpie-fleet", "redis-cache-aside", "local-uncoherent"])
@@ -39,7 +42,7 @@ struct FleetOptions: ParsableArguments {
 
     var config: [String: JSONValue] {
         [
-            "scenario": .string(fault ? "fleet-fault" : "fleet"), "workers": .int(workers), "threads": .int(threads),
+            "scenario": .string(fault ? "fleet-fault" : "fleet"), "workers": .int(workers), "threads": .int(threads), "tasks": .array(tasks.map { .int($0) }),
             "seconds": .int(seconds), "warmup_seconds": .double(warmupSeconds), "keys": .int(keys), "zipf": .double(zipf), "value_size": .int(valueSize),
             "set_share": .double(setShare), "remove_share": .double(removeShare), "origin_us": .int(originUs),
             "bound_ms": .int(boundMs), "probe_interval_us": .int(probeIntervalUs),
@@ -75,8 +78,14 @@ func printFleetSummary(_ results: [BenchResult]) {
     let rows = results.filter { $0.scenario.hasPrefix("fleet") }
     guard !rows.isEmpty else { return }
     print("\nFleet (\(rows[0].scenario)): ops/s summed over the workers; lag from a set returning to every other instance dropping the key")
-    var table = [["system", "ops/s", "read p50 µs", "read p99 µs", "hit ratio", "origin calls", "lag p50/p99/p999 ms",
+    var table = [["system", "tasks", "ops/s", "× aside", "read p50 µs", "read p99 µs", "hit ratio", "origin calls", "lag p50/p99/p999 ms",
                   "stale > bound", "caller errors", "resurrected", "recovery s"]]
+    var aside: [Int: Double] = [:]
+    var pauses: [[String]] = [["system", "tasks", "hit p50/p99 µs running", "hit p50/p99/max µs paused", "store p50/p99 µs running",
+                               "store p50/p99/max µs paused"]]
+    for row in rows where row.system == "redis-cache-aside" {
+        if case .int(let tasks)? = row.extra["tasks"] { aside[tasks] = row.ops_per_sec }
+    }
     for row in rows where row.extra["single_flight"] == nil {
         func int(_ key: String) -> String {
             if case .int(let v)? = row.extra[key] { return "\(v)" }
@@ -90,13 +99,34 @@ func printFleetSummary(_ results: [BenchResult]) {
         }
         var recovery = "-"
         if case .double(let r)? = row.extra["recovery_seconds"] { recovery = String(format: "%.2f", r) }
+        var tasks = 0
+        if case .int(let t)? = row.extra["tasks"] { tasks = t }
+        var ratio = "-"
+        if row.system == "magpie-fleet", let base = aside[tasks], base > 0 { ratio = String(format: "%.2f", row.ops_per_sec / base) }
+        func micros(_ key: String, max withMax: Bool = false) -> String {
+            guard case .object(let p)? = row.extra[key], case .int(let p50)? = p["p50"], case .int(let p99)? = p["p99"] else { return "-" }
+            var text = String(format: "%.1f/%.1f", Double(p50) / 1000, Double(p99) / 1000)
+            if withMax, case .int(let top)? = p["max"] { text += String(format: "/%.1f", Double(top) / 1000) }
+            return text
+        }
+        if row.extra["hit_latency_paused_ns"] != nil || row.extra["store_latency_paused_ns"] != nil {
+            pauses.append([
+                row.system, "\(tasks)", micros("hit_latency_running_ns"), micros("hit_latency_paused_ns", max: true),
+                micros("store_latency_running_ns"), micros("store_latency_paused_ns", max: true),
+            ])
+        }
         table.append([
-            row.system, String(format: "%.0f", row.ops_per_sec), String(format: "%.1f", Double(row.latency_ns.p50) / 1000),
+            row.system, tasks > 0 ? "\(tasks)" : "threads", String(format: "%.0f", row.ops_per_sec), ratio,
+            String(format: "%.1f", Double(row.latency_ns.p50) / 1000),
             String(format: "%.1f", Double(row.latency_ns.p99) / 1000), String(format: "%.3f", row.hit_ratio), int("origin_calls"),
             lag, int("stale_reads_beyond_bound"), int("caller_errors"), int("resurrected_removals"), recovery,
         ])
     }
     printAligned(table)
+    if pauses.count > 1 {
+        print("\nWhile Redis was paused (SIGSTOP) and while it ran: callers' memory hits and stores")
+        printAligned(pauses)
+    }
     if let single = rows.first(where: { $0.extra["single_flight"] != nil }), case .double(let perLease)? = single.extra["loader_runs_per_lease"] {
         print(String(format: "single flight: %@ callers, loader runs per lease %.2f", "\(single.operations)", perLease))
     }

@@ -29,10 +29,14 @@ struct FleetScenario {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: directory) }
         var results: [BenchResult] = []
-        for system in options.systems {
-            try await flush(url)
-            progress("fleet: \(system), \(options.workers) workers × \(options.threads) threads, \(options.seconds) s\(options.fault ? ", with faults" : "")")
-            results.append(try await measure(system, url: url, server: server, directory: directory))
+        // Per concurrency, every system (the ratio of Magpie to cache-aside is within a tasks value).
+        for tasks in options.tasks {
+            for system in options.systems {
+                try await flush(url)
+                let callers = tasks > 0 ? "\(tasks) async tasks" : "\(options.threads) threads"
+                progress("fleet: \(system), \(options.workers) workers × \(callers), \(options.seconds) s\(options.fault ? ", with faults" : "")")
+                results.append(try await measure(system, url: url, server: server, directory: directory, tasks: tasks))
+            }
         }
         if options.systems.contains("magpie-fleet"), options.singleFlightCallers > 0 {
             try await flush(url)
@@ -60,13 +64,14 @@ struct FleetScenario {
         }
     }
 
-    private func arguments(_ system: String, url: String, shared: String, index: Int, namespace: String) -> [String] {
+    private func arguments(_ system: String, url: String, shared: String, index: Int, namespace: String, tasks: Int = 0) -> [String] {
         [
             "fleet-worker", "--system", system, "--url", url, "--shared", shared, "--index", "\(index)",
             "--workers", "\(options.workers)", "--keys", "\(options.keys)", "--probes", "\(options.probes)",
             "--threads", "\(options.threads)", "--value-size", "\(options.valueSize)", "--zipf", "\(options.zipf)",
             "--set-share", "\(options.setShare)", "--remove-share", "\(options.removeShare)", "--bound-ms", "\(options.boundMs)",
             "--origin-us", "\(options.originUs)", "--probe-interval-us", "\(options.probeIntervalUs)", "--namespace", namespace,
+            "--tasks", "\(tasks)",
         ]
     }
 
@@ -87,11 +92,13 @@ struct FleetScenario {
         return processes
     }
 
-    private func measure(_ system: String, url: String, server: RedisServerProcess?, directory: String) async throws -> BenchResult {
+    private func measure(_ system: String, url: String, server: RedisServerProcess?, directory: String, tasks: Int) async throws
+        -> BenchResult
+    {
         let path = "\(directory)/\(system).shared"
         let table = try FleetShared(path: path, keys: options.keys, probes: options.probes, workers: options.workers, create: true)
         let processes = try spawn(
-            { arguments(system, url: url, shared: path, index: $0, namespace: "bench:\(system):") }, table: table,
+            { arguments(system, url: url, shared: path, index: $0, namespace: "bench:\(system):", tasks: tasks) }, table: table,
             directory: directory)
         let warmup = monotonicNanoseconds() + 200_000_000
         let start = warmup + Int64(options.warmupSeconds * 1e9)
@@ -104,7 +111,7 @@ struct FleetScenario {
             faults = try await injectFaults(server, table: table, start: start, duration: duration)
         }
         let outputs = try await onOwnThread { try processes.map { try $0.finish(timeout: 60) } }
-        return aggregate(system, outputs: outputs, table: table, faults: faults)
+        return aggregate(system, outputs: outputs, table: table, faults: faults, tasks: tasks)
     }
 
     /// Kills Redis at 30 % of the run (restarted 2 s later) and pauses it at 65 % (1.5 s); after each
@@ -139,19 +146,24 @@ struct FleetScenario {
         if only == "kill" { return timeline }
         try await sleep(until: start + duration * 65 / 100)
         let paused = monotonicNanoseconds()
+        table.store(table.pausedWord, 1)
         try await onOwnThread { server.pause() }
         try await Task.sleep(for: .milliseconds(1500))
         try await onOwnThread { server.resume() }
+        table.store(table.pausedWord, 0)
         let resumed = monotonicNanoseconds()
         timeline.add(down: paused, back: resumed, recovery: try await recovered(after: resumed))
         return timeline
     }
 
-    private func aggregate(_ system: String, outputs: [[String: JSONValue]], table: FleetShared, faults: FaultTimeline) -> BenchResult {
+    private func aggregate(_ system: String, outputs: [[String: JSONValue]], table: FleetShared, faults: FaultTimeline, tasks: Int)
+        -> BenchResult
+    {
         let recoveries = faults.recoveries
         var sums: [String: Int] = [:]
         var reads = LogHistogram()
         var all = LogHistogram()
+        var phases: [String: LogHistogram] = [:]  // memory hits and stores, Redis running and paused
         for output in outputs {
             for (key, value) in output {
                 switch value {
@@ -160,6 +172,8 @@ struct FleetScenario {
                     reads.merge(counts.map { if case .int(let c) = $0 { c } else { 0 } })
                 case .array(let counts) where key == "all_latency":
                     all.merge(counts.map { if case .int(let c) = $0 { c } else { 0 } })
+                case .array(let counts) where key.hasSuffix("_running") || key.hasSuffix("_paused"):
+                    phases[key, default: LogHistogram()].merge(counts.map { if case .int(let c) = $0 { c } else { 0 } })
                 default: break
                 }
             }
@@ -190,6 +204,12 @@ struct FleetScenario {
         extra["hit_ratio_disk"] = .double(Double(sums["disk_hits", default: 0]) / Double(readCount))
         extra["hit_ratio_remote"] = .double(Double(sums["remote_hits", default: 0]) / Double(readCount))
         extra["operation_latency_ns"] = all.percentiles.json
+        extra["tasks"] = .int(tasks)
+        // The pause rows: callers' memory hits and stores while Redis was SIGSTOPped, beside the rest.
+        for (key, histogram) in phases where histogram.total > 0 {
+            extra[key + "_ns"] = histogram.percentiles.json
+            extra[key + "_count"] = .int(histogram.total)
+        }
         // Recovery is the time until every worker's change feed is confirmed again: only Magpie has one.
         if system == "magpie-fleet" {
             extra["recovery_seconds"] = .double(recoveries.max() ?? 0)
@@ -204,7 +224,7 @@ struct FleetScenario {
         }
         let seconds = Double(options.seconds)
         return BenchResult(
-            scenario: scenario, system: system, threads: options.workers * options.threads, operations: operations,
+            scenario: scenario, system: system, threads: options.workers * (tasks > 0 ? tasks : options.threads), operations: operations,
             seconds: seconds, ops_per_sec: Double(operations) / seconds, latency_ns: reads.percentiles,
             hit_ratio: 1 - Double(sums["origin_calls", default: 0]) / Double(readCount), extra: extra)
     }

@@ -7,7 +7,8 @@ import Synchronization
 ///
 /// Layout (8-byte words, all atomics; the file starts zeroed, a valid state for every word):
 ///   control   16 words: 0 workers ready, 1 the measurement's start (ns), 2 its end, 3 stop, 4 loader
-///             runs (single flight), 5 the warm-up's start (0 = not yet; written last)
+///             runs (single flight), 5 the warm-up's start (0 = not yet; written last), 6 Redis paused
+///             now (1 while the fault run has it SIGSTOPped)
 ///   status    16 words per worker: 0 the last instant its change feed was seen confirmed
 ///   keys      8 words per key: 0 lock, 1 next version, 2 latest version, 3 latest returned at,
 ///             4 latest was a removal, 5 previous version, 6 previous returned at
@@ -65,6 +66,8 @@ final class FleetShared: @unchecked Sendable {
     var stopWord: Int { 3 }
     /// Word 4 counts the single-flight phase's loader runs; word 5 is the warm-up's start (set last).
     var warmupWord: Int { 5 }
+    /// 1 while the fault run has Redis paused (callers' latencies are then tallied apart).
+    var pausedWord: Int { 6 }
     func statusWord(worker: Int) -> Int { Self.controlWords + Self.statusWords * worker }
 
     // Keys.
@@ -81,6 +84,11 @@ final class FleetShared: @unchecked Sendable {
             spins += 1
             if spins < 16 { sched_yield() } else { usleep(20) }
         }
+    }
+
+    /// Takes the key's lock if it is free (the async callers, which wait by suspending, not spinning).
+    func tryLock(_ key: Int) -> Bool {
+        cell(keyWord(key, 0)).pointee.compareExchange(expected: 0, desired: 1, ordering: .acquiring).exchanged
     }
 
     func unlock(_ key: Int) { cell(keyWord(key, 0)).pointee.store(0, ordering: .releasing) }

@@ -106,7 +106,7 @@ extension FleetInstance {
     /// had replaced it more than the bound before the read began (the replacing write's return instant
     /// is known exactly when it is the latest or the one before; older ones replaced it no later than
     /// the previous write returned, so this never over-counts).
-    private func judge(_ key: Int, version: Int64, readStarted: Int64, tally: FleetTally) {
+    func judge(_ key: Int, version: Int64, readStarted: Int64, tally: FleetTally) {
         let truth = table.truth(key)
         guard version < truth.latest else { return }
         let replacedAt = version == truth.previous ? truth.latestAt : truth.previousAt
@@ -181,6 +181,10 @@ extension FleetInstance {
             "resurrected_at": .array(tally.resurrectedAt.map { .int(Int($0)) }),
             "read_latency": .array(tally.readLatency.counts.map { .int($0) }),
             "all_latency": .array(tally.allLatency.counts.map { .int($0) }),
+            "hit_latency_running": .array(tally.hitLatencyRunning.counts.map { .int($0) }),
+            "hit_latency_paused": .array(tally.hitLatencyPaused.counts.map { .int($0) }),
+            "store_latency_running": .array(tally.storeLatencyRunning.counts.map { .int($0) }),
+            "store_latency_paused": .array(tally.storeLatencyPaused.counts.map { .int($0) }),
         ]
         if let remote = cache?.statistics.remote {
             line["remote_errors"] = .int(Int(remote.errors))

@@ -25,6 +25,8 @@ struct FleetWorker: ParsableCommand {
     @Option var probeIntervalUs: Int
     @Option var namespace: String
     @Option var singleFlightCallers: Int = 0
+    /// Async caller tasks (FleetWorker+Tasks.swift); 0: `threads` caller threads.
+    @Option var tasks: Int = 0
 
     func run() throws {
         let table = try FleetShared(path: shared, keys: keys, probes: probes, workers: workers, create: false)
@@ -41,7 +43,16 @@ struct FleetWorker: ParsableCommand {
         let end = table.load(table.endWord)
         var callers: [Thread] = []
         let done = DispatchGroup()
-        for thread in 0..<threads {
+        if tasks > 0 {
+            // The callers are tasks on the global executor; this thread (not one of the pool's) waits.
+            done.enter()
+            let count = tasks
+            Task {
+                await instance.driveTasks(count, from: start, until: end, tally: tally)
+                done.leave()
+            }
+        }
+        for thread in 0..<(tasks > 0 ? 0 : threads) {
             done.enter()
             let caller = Thread {
                 instance.drive(thread: thread, from: start, until: end, tally: tally)
@@ -79,6 +90,11 @@ final class FleetTally: @unchecked Sendable {
     var callerErrors = 0, staleBeyondBound = 0, resurrected = 0, wrongValues = 0
     var readLatency = LogHistogram()
     var allLatency = LogHistogram()
+    /// Memory hits and stores, apart while Redis is paused (the fault run) and while it runs.
+    var hitLatencyRunning = LogHistogram()
+    var hitLatencyPaused = LogHistogram()
+    var storeLatencyRunning = LogHistogram()
+    var storeLatencyPaused = LogHistogram()
     /// When each stale (or resurrected) read started: the parent tells outage windows from the rest.
     var staleAt: [Int64] = []
     var resurrectedAt: [Int64] = []
@@ -94,6 +110,20 @@ final class FleetTally: @unchecked Sendable {
         staleAt += local.staleAt
         resurrectedAt += local.resurrectedAt
         allLatency.merge(local.allLatency.counts)
+        hitLatencyRunning.merge(local.hitLatencyRunning.counts)
+        hitLatencyPaused.merge(local.hitLatencyPaused.counts)
+        storeLatencyRunning.merge(local.storeLatencyRunning.counts)
+        storeLatencyPaused.merge(local.storeLatencyPaused.counts)
+    }
+
+    /// A memory hit's latency (a caller's own tally: no lock).
+    func recordHit(_ nanoseconds: Int64, paused: Bool) {
+        if paused { hitLatencyPaused.record(nanoseconds) } else { hitLatencyRunning.record(nanoseconds) }
+    }
+
+    /// A store's latency (a caller's own tally: no lock).
+    func recordStore(_ nanoseconds: Int64, paused: Bool) {
+        if paused { storeLatencyPaused.record(nanoseconds) } else { storeLatencyRunning.record(nanoseconds) }
     }
 }
 
@@ -105,6 +135,8 @@ final class FleetInstance: @unchecked Sendable {
     let table: FleetShared
     let cache: Cache?
     let store: RedisRemoteStore?
+    /// The cache-aside baseline's plain client (the async callers').
+    let client: RedisClient?
     let coherent: Bool
     let workload: ZipfWorkload
     let boundNs: Int64
@@ -138,17 +170,20 @@ final class FleetInstance: @unchecked Sendable {
             configuration.remote = remote
             cache = try Cache(configuration)
             self.store = store
+            client = nil
             coherent = true
         case "redis-cache-aside":
             store = try RedisRemoteStore(.init(redis: redis, namespace: options.namespace))
             cache = nil
             coherent = false
+            client = options.tasks > 0 ? try RedisClient(redis) : nil
         case "local-uncoherent":
             var configuration = Cache.Configuration(memoryBudget: 64 << 20)
             configuration.metrics = nil
             cache = try Cache(configuration)
             store = nil
             coherent = false
+            client = nil
         default:
             throw BenchError("unknown system \(options.system)")
         }
@@ -157,6 +192,7 @@ final class FleetInstance: @unchecked Sendable {
     func close() {
         try? cache?.close()
         if let store { _ = try? Self.blocking { await store.shutdown() } }
+        if let client { _ = try? Self.blocking { await client.shutdown() } }
     }
 
     static func name(_ key: Int) -> String { "key:\(key)" }

@@ -1,0 +1,166 @@
+import Foundation
+import Magpie
+import MagpieRedis
+import NIOCore
+
+// The worker's callers as services have them (`--tasks N`): N async tasks on Swift's global executor,
+// the same workload as the thread callers (FleetWorker+Drive.swift), through the async API —
+// `cache.async` for the caches, and for the cache-aside baseline the plain `RedisClient` a user would
+// call from the same tasks (GET; on a miss the origin, then SET; writes SET; removals DEL).
+//
+// The key's lock in the shared table is held across the write, as the thread callers hold it, so the
+// ground truth records versions in the order they reach the system. A task that finds it taken
+// suspends (yields, then sleeps 50 µs) instead of spinning: a spinning task would hold one of the
+// cooperative pool's two threads while the holder waits to be resumed on one.
+//
+// While the fault run has Redis paused (the table's paused word), the latencies of memory hits and of
+// stores are tallied apart from those while it runs: the pause rows.
+
+extension FleetInstance {
+    /// Runs `tasks` callers from the warm-up until `end`; only what happens from `start` on is counted.
+    func driveTasks(_ tasks: Int, from start: Int64, until end: Int64, tally: FleetTally) async {
+        await withTaskGroup(of: Void.self) { group in
+            for task in 0..<tasks {
+                group.addTask { await self.driveTask(task, from: start, until: end, tally: tally) }
+            }
+        }
+    }
+
+    private func driveTask(_ task: Int, from start: Int64, until end: Int64, tally: FleetTally) async {
+        let local = FleetTally()
+        let warmup = FleetTally()
+        var state = splitmix64(UInt64(options.index * 100_000 + task) &+ 0x5EED)
+        var draws = splitmix64(state ^ 0xD1CE_D1CE_D1CE_D1CE)
+        let batch = 1024
+        var ranks: [UInt32] = []
+        var next = batch
+        while true {
+            let now = monotonicNanoseconds()
+            if now >= end || table.load(table.stopWord) != 0 { break }
+            if next == batch {
+                state = splitmix64(state)
+                ranks = workload.ranks(seed: state, count: batch)
+                next = 0
+            }
+            let key = Int(ranks[next])
+            next += 1
+            draws = splitmix64(draws)
+            let draw = Double(draws >> 11) * (1.0 / 9_007_199_254_740_992.0)
+            let counted = now >= start ? local : warmup
+            if draw < options.removeShare {
+                await changeAsync(key, removal: true, tally: counted)
+            } else if draw < options.removeShare + options.setShare {
+                await changeAsync(key, removal: false, tally: counted)
+            } else {
+                await readAsync(key, tally: counted)
+            }
+            counted.allLatency.record(monotonicNanoseconds() - now)
+        }
+        tally.merge(local)
+    }
+
+    /// The key's lock, waited for by suspending.
+    private func lockAsync(_ key: Int) async {
+        var attempts = 0
+        while !table.tryLock(key) {
+            attempts += 1
+            if attempts < 8 {
+                await Task.yield()
+            } else {
+                try? await Task.sleep(for: .microseconds(50))
+            }
+        }
+    }
+
+    private func changeAsync(_ key: Int, removal: Bool, tally: FleetTally) async {
+        await lockAsync(key)
+        defer { table.unlock(key) }
+        let version = table.nextVersion(key)
+        let began = monotonicNanoseconds()
+        do {
+            if removal {
+                try await removeAsync(key)
+                tally.removes += 1
+            } else {
+                try await writeAsync(key, value(key, version: version))
+                tally.writes += 1
+            }
+        } catch {
+            tally.callerErrors += 1
+        }
+        let finished = monotonicNanoseconds()
+        if !removal { tally.recordStore(finished - began, paused: table.load(table.pausedWord) != 0) }
+        table.recordWrite(key, version: version, removal: removal, now: finished)
+    }
+
+    private func readAsync(_ key: Int, tally: FleetTally) async {
+        let started = monotonicNanoseconds()
+        tally.reads += 1
+        var found: ([UInt8], Tier)? = nil
+        do {
+            found = try await readValueAsync(key)
+        } catch {
+            tally.callerErrors += 1
+        }
+        if let (bytes, tier) = found {
+            let took = monotonicNanoseconds() - started
+            tally.readLatency.record(took)
+            switch tier {
+            case .memory:
+                tally.memoryHits += 1
+                tally.recordHit(took, paused: table.load(table.pausedWord) != 0)
+            case .disk: tally.diskHits += 1
+            case .remote: tally.remoteHits += 1
+            }
+            guard let (owner, version) = Self.parse(bytes), owner == key else {
+                tally.wrongValues += 1
+                return
+            }
+            judge(key, version: version, readStarted: started, tally: tally)
+            return
+        }
+        // A miss: the origin's current version, written under the key's lock.
+        tally.originCalls += 1
+        await lockAsync(key)
+        if options.originUs > 0 { try? await Task.sleep(for: .microseconds(options.originUs)) }
+        let version = table.truth(key).latest
+        do {
+            try await writeAsync(key, value(key, version: version))
+        } catch {
+            tally.callerErrors += 1
+        }
+        table.unlock(key)
+        tally.readLatency.record(monotonicNanoseconds() - started)
+    }
+
+    // MARK: The system's operations, async
+
+    private func readValueAsync(_ key: Int) async throws -> ([UInt8], Tier)? {
+        if let cache {
+            guard let hit = try await cache.async.lookup(Self.name(key)) else { return nil }
+            switch hit.tier {
+            case .memory: return (hit.value, .memory)
+            case .disk: return (hit.value, .disk)
+            case .remote: return (hit.value, .remote)
+            }
+        }
+        guard let client else { return nil }
+        guard let buffer = try await client.get(options.namespace + Self.name(key)) else { return nil }
+        return (Array(buffer.readableBytesView), .remote)
+    }
+
+    private func writeAsync(_ key: Int, _ value: [UInt8]) async throws {
+        if let cache { return try await cache.async.set(value, forKey: Self.name(key)) }
+        guard let client else { return }
+        _ = try await client.set(options.namespace + Self.name(key), value)
+    }
+
+    private func removeAsync(_ key: Int) async throws {
+        if let cache {
+            try await cache.async.removeValue(forKey: Self.name(key))
+            return
+        }
+        guard let client else { return }
+        _ = try await client.send(RedisCommand("DEL", [.string(options.namespace + Self.name(key))], keyIndices: [0]))
+    }
+}
