@@ -1,6 +1,7 @@
 import Foundation
 import Magpie
 import MagpieRedis
+import NIOConcurrencyHelpers
 import NIOCore
 
 // The worker's callers as services have them (`--tasks N`): N async tasks on Swift's global executor,
@@ -9,9 +10,11 @@ import NIOCore
 // call from the same tasks (GET; on a miss the origin, then SET; writes SET; removals DEL).
 //
 // The key's lock in the shared table is held across the write, as the thread callers hold it, so the
-// ground truth records versions in the order they reach the system. A task that finds it taken
-// suspends (yields, then sleeps 50 µs) instead of spinning: a spinning task would hold one of the
-// cooperative pool's two threads while the holder waits to be resumed on one.
+// ground truth records versions in the order they reach the system. The tasks of one worker first queue
+// for the key on an async lock of the process (`FleetKeyLocks`: a waiter suspends, and the releaser hands
+// the key to the next waiter), so that at most one task per process competes for the shared lock, which
+// it then takes by trying, yielding, and sleeping 20 µs between tries: a task never spins on a cooperative
+// thread while the holder waits to be resumed on one.
 //
 // While the fault run has Redis paused (the table's paused word), the latencies of memory hits and of
 // stores are tallied apart from those while it runs: the pause rows.
@@ -59,22 +62,28 @@ extension FleetInstance {
         tally.merge(local)
     }
 
-    /// The key's lock, waited for by suspending.
+    /// The key's lock, waited for by suspending: this process's turn first, then the shared lock.
     private func lockAsync(_ key: Int) async {
+        await keyLocks.acquire(key)
         var attempts = 0
         while !table.tryLock(key) {
             attempts += 1
-            if attempts < 8 {
+            if attempts < 16 {
                 await Task.yield()
             } else {
-                try? await Task.sleep(for: .microseconds(50))
+                try? await Task.sleep(for: .microseconds(20))
             }
         }
     }
 
+    private func unlockAsync(_ key: Int) {
+        table.unlock(key)
+        keyLocks.release(key)
+    }
+
     private func changeAsync(_ key: Int, removal: Bool, tally: FleetTally) async {
         await lockAsync(key)
-        defer { table.unlock(key) }
+        defer { unlockAsync(key) }
         let version = table.nextVersion(key)
         let began = monotonicNanoseconds()
         do {
@@ -129,7 +138,7 @@ extension FleetInstance {
         } catch {
             tally.callerErrors += 1
         }
-        table.unlock(key)
+        unlockAsync(key)
         tally.readLatency.record(monotonicNanoseconds() - started)
     }
 
@@ -162,5 +171,40 @@ extension FleetInstance {
         }
         guard let client else { return }
         _ = try await client.send(RedisCommand("DEL", [.string(options.namespace + Self.name(key))], keyIndices: [0]))
+    }
+}
+
+/// Per-key async locks of one worker process: a task waits for a key by suspending; the holder's
+/// release hands the key to the longest waiter.
+final class FleetKeyLocks: Sendable {
+    private struct State {
+        var held: Set<Int> = []
+        var waiters: [Int: [CheckedContinuation<Void, Never>]] = [:]
+    }
+
+    private let state = NIOLockedValueBox(State())
+
+    func acquire(_ key: Int) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let now = state.withLockedValue { state -> Bool in
+                if state.held.insert(key).inserted { return true }
+                state.waiters[key, default: []].append(continuation)
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    }
+
+    func release(_ key: Int) {
+        let next = state.withLockedValue { state -> CheckedContinuation<Void, Never>? in
+            guard var queue = state.waiters[key], !queue.isEmpty else {
+                state.held.remove(key)
+                return nil
+            }
+            let first = queue.removeFirst()
+            state.waiters[key] = queue.isEmpty ? nil : queue
+            return first  // still held: handed over
+        }
+        next?.resume()
     }
 }

@@ -137,6 +137,8 @@ final class FleetInstance: @unchecked Sendable {
     let store: RedisRemoteStore?
     /// The cache-aside baseline's plain client (the async callers').
     let client: RedisClient?
+    /// The async callers' turns at each key (FleetWorker+Tasks.swift).
+    let keyLocks = FleetKeyLocks()
     let coherent: Bool
     let workload: ZipfWorkload
     let boundNs: Int64
