@@ -11,32 +11,16 @@ extension FleetInstance {
     func drive(thread: Int, from start: Int64, until end: Int64, tally: FleetTally) {
         let local = FleetTally()
         let warmup = FleetTally()
-        var state = splitmix64(UInt64(options.index * 1000 + thread) &+ 0x5EED)
-        // The operation draws come from a generator of their own: the ranks' generator's outputs are the
-        // Zipf draws themselves (a shared stream would send every write to the hottest key).
-        var draws = splitmix64(state ^ 0xD1CE_D1CE_D1CE_D1CE)
-        let batch = 4096
-        var ranks: [UInt32] = []
-        var next = batch
+        var operations = FleetOperations(self, seed: UInt64(options.index * 1000 + thread))
         while true {
             let now = monotonicNanoseconds()
             if now >= end || table.load(table.stopWord) != 0 { break }
-            if next == batch {
-                state = splitmix64(state)
-                ranks = workload.ranks(seed: state, count: batch)
-                next = 0
-            }
-            let key = Int(ranks[next])
-            next += 1
-            draws = splitmix64(draws)
-            let draw = Double(draws >> 11) * (1.0 / 9_007_199_254_740_992.0)
+            let (key, kind) = operations.next()
             let counted = now >= start ? local : warmup
-            if draw < options.removeShare {
-                change(key, removal: true, tally: counted)
-            } else if draw < options.removeShare + options.setShare {
-                change(key, removal: false, tally: counted)
-            } else {
-                read(key, tally: counted)
+            switch kind {
+            case .remove: change(key, removal: true, tally: counted)
+            case .set: change(key, removal: false, tally: counted)
+            case .read: read(key, tally: counted)
             }
             counted.allLatency.record(monotonicNanoseconds() - now)
         }
@@ -194,5 +178,45 @@ extension FleetInstance {
             line["replayed_removals"] = .int(Int(remote.replayedRemovals))
         }
         print(String(decoding: (try? JSONEncoder().encode(line)) ?? Data(), as: UTF8.self))
+    }
+}
+
+/// One caller's operations: Zipf-ranked keys, each a read, a set or a removal by the configured shares.
+struct FleetOperations {
+    enum Kind { case read, set, remove }
+
+    private let workload: ZipfWorkload
+    private let setShare: Double
+    private let removeShare: Double
+    private var state: UInt64
+    private var draws: UInt64
+    private var ranks: [UInt32] = []
+    private var position: Int
+    private static let batch = 4096
+
+    init(_ instance: FleetInstance, seed: UInt64) {
+        workload = instance.workload
+        setShare = instance.options.setShare
+        removeShare = instance.options.removeShare
+        state = splitmix64(seed &+ 0x5EED)
+        // The operation draws come from a generator of their own: the ranks' generator's outputs are the
+        // Zipf draws themselves (a shared stream would send every write to the hottest key).
+        draws = splitmix64(state ^ 0xD1CE_D1CE_D1CE_D1CE)
+        position = Self.batch
+    }
+
+    mutating func next() -> (key: Int, kind: Kind) {
+        if position == Self.batch {
+            state = splitmix64(state)
+            ranks = workload.ranks(seed: state, count: Self.batch)
+            position = 0
+        }
+        let key = Int(ranks[position])
+        position += 1
+        draws = splitmix64(draws)
+        let draw = Double(draws >> 11) * (1.0 / 9_007_199_254_740_992.0)
+        if draw < removeShare { return (key, .remove) }
+        if draw < removeShare + setShare { return (key, .set) }
+        return (key, .read)
     }
 }

@@ -32,30 +32,21 @@ extension FleetInstance {
     private func driveTask(_ task: Int, from start: Int64, until end: Int64, tally: FleetTally) async {
         let local = FleetTally()
         let warmup = FleetTally()
-        var state = splitmix64(UInt64(options.index * 100_000 + task) &+ 0x5EED)
-        var draws = splitmix64(state ^ 0xD1CE_D1CE_D1CE_D1CE)
-        let batch = 1024
-        var ranks: [UInt32] = []
-        var next = batch
+        var operations = FleetOperations(self, seed: UInt64(options.index * 100_000 + task))
+        var count = 0
         while true {
             let now = monotonicNanoseconds()
             if now >= end || table.load(table.stopWord) != 0 { break }
-            if next == batch {
-                state = splitmix64(state)
-                ranks = workload.ranks(seed: state, count: batch)
-                next = 0
-            }
-            let key = Int(ranks[next])
-            next += 1
-            draws = splitmix64(draws)
-            let draw = Double(draws >> 11) * (1.0 / 9_007_199_254_740_992.0)
+            // A memory hit never suspends: like a request handler between its network reads, the task
+            // lets the others run now and then (every 256 operations).
+            count += 1
+            if count & 255 == 0 { await Task.yield() }
+            let (key, kind) = operations.next()
             let counted = now >= start ? local : warmup
-            if draw < options.removeShare {
-                await changeAsync(key, removal: true, tally: counted)
-            } else if draw < options.removeShare + options.setShare {
-                await changeAsync(key, removal: false, tally: counted)
-            } else {
-                await readAsync(key, tally: counted)
+            switch kind {
+            case .remove: await changeAsync(key, removal: true, tally: counted)
+            case .set: await changeAsync(key, removal: false, tally: counted)
+            case .read: await readAsync(key, tally: counted)
             }
             counted.allLatency.record(monotonicNanoseconds() - now)
         }
