@@ -58,17 +58,7 @@ extension FleetInstance {
             tally.callerErrors += 1
         }
         if let (bytes, tier) = found {
-            tally.readLatency.record(monotonicNanoseconds() - started)
-            switch tier {
-            case .memory: tally.memoryHits += 1
-            case .disk: tally.diskHits += 1
-            case .remote: tally.remoteHits += 1
-            }
-            guard let (owner, version) = Self.parse(bytes), owner == key else {
-                tally.wrongValues += 1
-                return
-            }
-            judge(key, version: version, readStarted: started, tally: tally)
+            judgeHit(key, bytes, tier, started: started, tally: tally)
             return
         }
         // A miss: the origin's current version, written into the cache under the key's lock (so it
@@ -86,11 +76,30 @@ extension FleetInstance {
         tally.readLatency.record(monotonicNanoseconds() - started)
     }
 
+    /// A read that found `bytes` in `tier`: counted, timed (a memory hit apart while Redis is paused),
+    /// and judged against the ground truth.
+    func judgeHit(_ key: Int, _ bytes: [UInt8], _ tier: Tier, started: Int64, tally: FleetTally) {
+        let took = monotonicNanoseconds() - started
+        tally.readLatency.record(took)
+        switch tier {
+        case .memory:
+            tally.memoryHits += 1
+            tally.recordHit(took, paused: table.load(table.pausedWord) != 0)
+        case .disk: tally.diskHits += 1
+        case .remote: tally.remoteHits += 1
+        }
+        guard let (owner, version) = Self.parse(bytes), owner == key else {
+            tally.wrongValues += 1
+            return
+        }
+        judge(key, version: version, readStarted: started, tally: tally)
+    }
+
     /// A read of `version` that started at `readStarted` is stale beyond the bound when a newer version
     /// had replaced it more than the bound before the read began (the replacing write's return instant
     /// is known exactly when it is the latest or the one before; older ones replaced it no later than
     /// the previous write returned, so this never over-counts).
-    func judge(_ key: Int, version: Int64, readStarted: Int64, tally: FleetTally) {
+    private func judge(_ key: Int, version: Int64, readStarted: Int64, tally: FleetTally) {
         let truth = table.truth(key)
         guard version < truth.latest else { return }
         let replacedAt = version == truth.previous ? truth.latestAt : truth.previousAt

@@ -103,20 +103,7 @@ extension FleetInstance {
             tally.callerErrors += 1
         }
         if let (bytes, tier) = found {
-            let took = monotonicNanoseconds() - started
-            tally.readLatency.record(took)
-            switch tier {
-            case .memory:
-                tally.memoryHits += 1
-                tally.recordHit(took, paused: table.load(table.pausedWord) != 0)
-            case .disk: tally.diskHits += 1
-            case .remote: tally.remoteHits += 1
-            }
-            guard let (owner, version) = Self.parse(bytes), owner == key else {
-                tally.wrongValues += 1
-                return
-            }
-            judge(key, version: version, readStarted: started, tally: tally)
+            judgeHit(key, bytes, tier, started: started, tally: tally)
             return
         }
         // A miss: the origin's current version, written under the key's lock.
