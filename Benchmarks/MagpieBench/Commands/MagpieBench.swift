@@ -49,6 +49,10 @@ struct Suite: AsyncParsableCommand {
         // 16 async caller tasks per worker only (`magpie-bench fleet` runs 1, 16 and 256).
         let fleet = try FleetOptions.parse(["--seconds", "4", "--warmup-seconds", "2", "--tasks", "16"])
         results += try await FleetScenario(options: fleet).run(progress: progressLine)
+        // The remote tier from 16 and 256 async tasks beside RedisClient (`magpie-bench fleet-async`: also
+        // 1 task, and twice the operations).
+        let fleetAsync = try FleetAsyncBench.parse(["--tasks", "16", "256", "--operations", "20000", "--hits", "200000"])
+        results += try await FleetAsyncScenario(options: fleetAsync).run(progress: progressLine)
         // Short tuning curves for the report: hit ratio vs budget, throughput vs shards.
         let sweep = try Sweep.parse(["--curves", "budget", "shards", "--keys", "200000", "--ops", "300000"])
         let (curves, curveTables) = try sweep.measure()
@@ -60,7 +64,7 @@ struct Suite: AsyncParsableCommand {
                 "memory": .object(memory.config),
                 "disk": .object(disk.config.merging(["system_configurations": diskConfigurations(diskResults)]) { $1 }),
                 "tiered": .object(tiered.config), "loader": .object(loader.config), "redis": .object(redis.config),
-                "fleet": .object(fleet.config), "sweep": .object(sweep.config),
+                "fleet": .object(fleet.config), "fleet-async": .object(fleetAsync.config), "sweep": .object(sweep.config),
             ],
             results: results)
         print()
@@ -74,6 +78,7 @@ struct Suite: AsyncParsableCommand {
         printLoaderSummary(results)
         printRedisSummary(results)
         printFleetSummary(results)
+        printFleetAsyncSummary(results.filter { $0.scenario == "fleet-async" })
         for (title, rows) in curveTables {
             print("\n\(title)")
             printAligned(rows)

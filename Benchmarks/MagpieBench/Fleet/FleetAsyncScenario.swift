@@ -31,14 +31,20 @@ struct FleetAsyncBench: AsyncParsableCommand {
         let results = try await FleetAsyncScenario(options: self).run(progress: progressLine)
         printFleetAsyncSummary(results)
         if let json = outputOptions.json {
-            let config: [String: JSONValue] = [
-                "tasks": .array(tasks.map { .int($0) }), "operations": .int(operations), "hits": .int(hits),
-                "value_size": .int(valueSize),
-            ]
             try Report(date: timestamp(), machine: .current(), config: ["fleet-async": .object(config)], results: results)
                 .write(to: json)
             print("\nwrote \(json)")
         }
+    }
+}
+
+extension FleetAsyncBench {
+    /// Every workload parameter, for the JSON report.
+    var config: [String: JSONValue] {
+        [
+            "tasks": .array(tasks.map { .int($0) }), "operations": .int(operations), "hits": .int(hits),
+            "value_size": .int(valueSize), "server": .string("private redis-server (no persistence)"),
+        ]
     }
 }
 

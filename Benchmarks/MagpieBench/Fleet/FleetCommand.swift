@@ -75,7 +75,7 @@ struct FleetBench: AsyncParsableCommand {
 }
 
 func printFleetSummary(_ results: [BenchResult]) {
-    let rows = results.filter { $0.scenario.hasPrefix("fleet") }
+    let rows = results.filter { $0.scenario == "fleet" || $0.scenario == "fleet-fault" }
     guard !rows.isEmpty else { return }
     print("\nFleet (\(rows[0].scenario)): ops/s summed over the workers; lag from a set returning to every other instance dropping the key")
     var table = [["system", "tasks", "ops/s", "× aside", "read p50 µs", "read p99 µs", "hit ratio", "origin calls", "lag p50/p99/p999 ms",
