@@ -150,6 +150,28 @@ struct FleetAsyncTests {
         }
     }
 
+    @Test("a write the store refuses as older (a clock behind) leaves no stale local copy behind")
+    func refusedWriteDropsLocalCopy() async throws {
+        try await withRedisServer { server in
+            let redis = testConfiguration(port: server.port) { $0.commandTimeout = .seconds(2) }
+            let lagging = try RedisRemoteStore(.init(redis: redis, namespace: "fleet:", heartbeatInterval: .milliseconds(20)))
+            var configuration = Cache.Configuration(memoryBudget: 8 << 20)
+            configuration.metrics = nil
+            configuration.clock = CacheClock(now: { CacheClock.system.now() - 10_000 })  // 10 s behind the fleet
+            configuration.remote = RemoteTierOptions(store: lagging)
+            let a = try Cache(configuration)
+            let (b, _) = try fleetCache(port: server.port)
+            defer { try? a.close(); try? b.close() }
+            try await offloaded { try waitConfirmed(a); try waitConfirmed(b) }
+            try await b.async.set(Array("from b".utf8), forKey: "skewed")
+            try await offloaded { try settle(a) }  // b's report reached a before a's own store
+            try await a.async.set(Array("from a".utf8), forKey: "skewed")
+            #expect(a.statistics.remote?.fenced == 1)  // its version is older than b's
+            #expect(text(try await a.async.value(forKey: "skewed")) == "from b")
+            #expect(text(try await b.async.value(forKey: "skewed")) == "from b")
+        }
+    }
+
     @Test("the store applies a versioned write only over an older one, and refuses one past its deadline")
     func fencedStore() async throws {
         try await withRedisServer { server in

@@ -276,7 +276,17 @@ extension Cache {
 
     private func perform(_ write: RemoteSend, _ remote: RemoteTier) async {
         switch write.operation {
-        case .store(let record): await remote.write(record, forKey: write.name)
+        case .store(let record):
+            if await !remote.write(record, forKey: write.name) {
+                // The store holds a newer version (another instance's write, versioned above this one):
+                // this instance's local copy is older than the store's value. The report of that write
+                // may have come before the local store, so nothing else would drop it: drop it here.
+                if disk == nil {
+                    dropLocal(write.name, remote)
+                } else {
+                    _ = try? await onDisk { [self] () throws(MagpieError) in dropLocal(write.name, remote) }
+                }
+            }
         case .remove(let version): await remote.remove(write.name, version: version)
         }
         remote.coherence.endWrite(write.hash)
@@ -350,7 +360,7 @@ extension Cache {
     }
 
     /// Drops the local copies of `name` (a change in the store made them outdated).
-    private func dropLocal(_ name: [UInt8], _ remote: RemoteTier) {
+    func dropLocal(_ name: [UInt8], _ remote: RemoteTier) {
         guard name.count <= Self.maximumKeyLength, !closed.load(ordering: .relaxed) else { return }
         name.withUnsafeBytes { bytes in
             let key = HashedKey(bytes, hasher: hasher)

@@ -164,11 +164,15 @@ final class RemoteTier: Sendable {
     /// store holds a newer version (counted in `fenced`). A failure is counted and owes the key a
     /// removal: the store may still hold an older value, or take this one late, and neither may be
     /// served once it is back.
-    func write(_ record: RemoteRecord, forKey key: [UInt8]) async {
+    /// Returns false when the store refused the record because it holds a newer version of the key
+    /// (the caller's local copy is then older than the store's value, and must go).
+    @discardableResult
+    func write(_ record: RemoteRecord, forKey key: [UInt8]) async -> Bool {
         var record = record
         if record.expiresAt != 0 && record.expiresAt <= clock.now() {
             // Expired already: an expiry in the past removes the key (the store's older value too).
-            return await remove(key, version: record.version)
+            await remove(key, version: record.version)
+            return true
         }
         do {
             record.namespaceToken = try await token(group: nil, create: true)
@@ -180,11 +184,13 @@ final class RemoteTier: Sendable {
                 counters.stores.add(1, ordering: .relaxed)
             } else {
                 counters.fenced.add(1, ordering: .relaxed)
+                return false
             }
         } catch {
             counters.errors.add(1, ordering: .relaxed)
             owe(key: key, version: versions.next())
         }
+        return true
     }
 
     /// Removes `key` (a user key) from the store as of `version`: a tombstone that refuses every older
