@@ -108,16 +108,21 @@ struct FleetScenario {
         table.store(table.warmupWord, warmup)
         var faults = FaultTimeline()
         if options.fault, let server {
-            faults = try await injectFaults(server, table: table, start: start, duration: duration)
+            faults = try await injectFaults(
+                server, table: table, start: start, duration: duration, feeds: system == "magpie-fleet")
         }
-        let outputs = try await onOwnThread { try processes.map { try $0.finish(timeout: 60) } }
+        let deadline = start + duration + 60_000_000_000
+        let outputs = try await onOwnThread { try processes.map { try $0.finish(deadline: deadline) } }
         return aggregate(system, outputs: outputs, table: table, faults: faults, tasks: tasks)
     }
 
     /// Kills Redis at 30 % of the run (restarted 2 s later) and pauses it at 65 % (1.5 s); after each
-    /// return, the time until every worker's change feed is confirmed again.
-    private func injectFaults(_ server: RedisServerProcess, table: FleetShared, start: Int64, duration: Int64) async throws
-        -> FaultTimeline
+    /// return, the time until every worker's change feed is confirmed again (`feeds`: only Magpie has
+    /// one; the other systems are not waited for, so that their pause too falls inside the run). The
+    /// instants go to the shared table too: the workers tally their memory hits and stores in the pause
+    /// apart.
+    private func injectFaults(_ server: RedisServerProcess, table: FleetShared, start: Int64, duration: Int64, feeds: Bool)
+        async throws -> FaultTimeline
     {
         var timeline = FaultTimeline()
         func sleep(until instant: Int64) async throws {
@@ -125,7 +130,10 @@ struct FleetScenario {
             if remaining > 0 { try await Task.sleep(for: .nanoseconds(remaining)) }
         }
         func recovered(after back: Int64) async throws -> Double {
-            let deadline = back + 10_000_000_000
+            guard feeds else { return 0 }
+            // 10 s at most; and not past the run's end, after which the workers no longer report (10
+            // then means: not recovered within the run).
+            let deadline = min(back + 10_000_000_000, start + duration + 100_000_000)
             while monotonicNanoseconds() < deadline {
                 let statuses = (0..<options.workers).map { table.load(table.statusWord(worker: $0)) }
                 if statuses.allSatisfy({ $0 > back }) { return Double((statuses.max() ?? back) - back) / 1e9 }
@@ -137,22 +145,25 @@ struct FleetScenario {
         if only != "pause" {
             try await sleep(until: start + duration * 3 / 10)
             let down = monotonicNanoseconds()
+            table.store(table.downBeganWord, down)
             try await onOwnThread { server.kill() }
             try await Task.sleep(for: .seconds(2))
             try await onOwnThread { try server.restart() }
             let back = monotonicNanoseconds()
+            table.store(table.downEndedWord, back)
             timeline.add(down: down, back: back, recovery: try await recovered(after: back))
         }
         if only == "kill" { return timeline }
         try await sleep(until: start + duration * 65 / 100)
         let paused = monotonicNanoseconds()
-        table.store(table.pausedWord, 1)
+        table.store(table.pauseBeganWord, paused)
         try await onOwnThread { server.pause() }
         try await Task.sleep(for: .milliseconds(1500))
         try await onOwnThread { server.resume() }
-        table.store(table.pausedWord, 0)
         let resumed = monotonicNanoseconds()
+        table.store(table.pauseEndedWord, resumed)
         timeline.add(down: paused, back: resumed, recovery: try await recovered(after: resumed))
+        timeline.pause = (paused, resumed)
         return timeline
     }
 
@@ -200,15 +211,33 @@ struct FleetScenario {
             extra[name == "stale_reads" ? "stale_reads_beyond_bound" : "resurrected_removals"] = .int(total - during)
             if options.fault { extra[name + "_during_outage"] = .int(during) }
         }
+        // The pause window's tallies: from the SIGSTOP to 2 s after the SIGCONT (a write that timed out
+        // in the pause runs when Redis resumes: what it brings back is read after the pause), as the
+        // outage's counts above. At most `FleetTally.instantsKept` instants per caller and kind.
+        if let pause = faults.pause {
+            let window = pause.began...(pause.ended + FaultTimeline.grace)
+            extra["pause_seconds"] = .double(Double(pause.ended - pause.began) / 1e9)
+            extra["pause_grace_seconds"] = .double(Double(FaultTimeline.grace) / 1e9)
+            extra["pause_caller_errors"] = .int(instants("caller_error_at").filter { window.contains($0) }.count)
+            extra["pause_stale_beyond_bound"] = .int(instants("stale_at").filter { window.contains($0) }.count)
+            extra["pause_resurrected"] = .int(instants("resurrected_at").filter { window.contains($0) }.count)
+        }
         extra["hit_ratio_memory"] = .double(Double(sums["memory_hits", default: 0]) / Double(readCount))
         extra["hit_ratio_disk"] = .double(Double(sums["disk_hits", default: 0]) / Double(readCount))
         extra["hit_ratio_remote"] = .double(Double(sums["remote_hits", default: 0]) / Double(readCount))
         extra["operation_latency_ns"] = all.percentiles.json
         extra["tasks"] = .int(tasks)
-        // The pause rows: callers' memory hits and stores while Redis was SIGSTOPped, beside the rest.
+        // The pause rows: callers' memory hits and stores that overlapped the SIGSTOP, beside those while
+        // Redis ran (neither paused nor killed); also flat (`pause_hit_p99_ns`, `running_store_p50_ns`, …).
         for (key, histogram) in phases where histogram.total > 0 {
-            extra[key + "_ns"] = histogram.percentiles.json
+            let percentiles = histogram.percentiles
+            extra[key + "_ns"] = percentiles.json
             extra[key + "_count"] = .int(histogram.total)
+            let kind = key.hasPrefix("hit") ? "hit" : "store"
+            let phase = key.hasSuffix("_paused") ? "pause" : "running"
+            for (name, value) in [("p50", percentiles.p50), ("p99", percentiles.p99), ("max", percentiles.max)] {
+                extra["\(phase)_\(kind)_\(name)_ns"] = .int(Int(value))
+            }
         }
         // Recovery is the time until every worker's change feed is confirmed again: only Magpie has one.
         if system == "magpie-fleet" {
@@ -264,7 +293,8 @@ struct FleetScenario {
             table: table, directory: directory)
         table.store(table.startWord, monotonicNanoseconds())
         table.store(table.warmupWord, monotonicNanoseconds())
-        let outputs = try await onOwnThread { try processes.map { try $0.finish(timeout: 60) } }
+        let deadline = monotonicNanoseconds() + 60_000_000_000
+        let outputs = try await onOwnThread { try processes.map { try $0.finish(deadline: deadline) } }
         let runs = Int(table.load(4))
         let leases = outputs.map { if case .int(let v)? = $0["leases"] { v } else { 0 } }.reduce(0, +)
         let errors = outputs.map { if case .int(let v)? = $0["caller_errors"] { v } else { 0 } }.reduce(0, +)
@@ -299,8 +329,14 @@ final class FleetProcess: @unchecked Sendable {
         String(((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").suffix(2000))
     }
 
-    /// Waits for the worker to exit and returns its JSON object.
-    func finish(timeout: Int) throws -> [String: JSONValue] {
+    /// Waits for the worker to exit and returns its JSON object; a worker still running at `deadline`
+    /// (monotonic ns) is terminated (and reported failed).
+    func finish(deadline: Int64) throws -> [String: JSONValue] {
+        let process = self.process
+        let watchdog = DispatchWorkItem { if process.isRunning { process.terminate() } }
+        DispatchQueue.global().asyncAfter(
+            deadline: .now() + .nanoseconds(Int(max(0, deadline - monotonicNanoseconds()))), execute: watchdog)
+        defer { watchdog.cancel() }
         let data = output.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
         guard process.terminationStatus == 0 else {
@@ -319,6 +355,8 @@ final class FleetProcess: @unchecked Sendable {
 struct FaultTimeline {
     var windows: [(down: Int64, back: Int64)] = []
     var recoveries: [Double] = []
+    /// The SIGSTOP window (one of `windows`).
+    var pause: (began: Int64, ended: Int64)? = nil
     /// How long after Redis's return reads may still see the outage's effects (the fault bar: coherence
     /// back within 2 s).
     static let grace: Int64 = 2_000_000_000

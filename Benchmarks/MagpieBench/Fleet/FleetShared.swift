@@ -7,8 +7,9 @@ import Synchronization
 ///
 /// Layout (8-byte words, all atomics; the file starts zeroed, a valid state for every word):
 ///   control   16 words: 0 workers ready, 1 the measurement's start (ns), 2 its end, 3 stop, 4 loader
-///             runs (single flight), 5 the warm-up's start (0 = not yet; written last), 6 Redis paused
-///             now (1 while the fault run has it SIGSTOPped)
+///             runs (single flight), 5 the warm-up's start (0 = not yet; written last), 6 and 7 when the
+///             fault run SIGSTOPped Redis and when it resumed it, 8 and 9 when it killed Redis and when
+///             the restarted server was up (0 = not yet)
 ///   status    16 words per worker: 0 the last instant its change feed was seen confirmed
 ///   keys      8 words per key: 0 lock, 1 next version, 2 latest version, 3 latest returned at,
 ///             4 latest was a removal, 5 previous version, 6 previous returned at
@@ -66,8 +67,32 @@ final class FleetShared: @unchecked Sendable {
     var stopWord: Int { 3 }
     /// Word 4 counts the single-flight phase's loader runs; word 5 is the warm-up's start (set last).
     var warmupWord: Int { 5 }
-    /// 1 while the fault run has Redis paused (callers' latencies are then tallied apart).
-    var pausedWord: Int { 6 }
+    /// When the fault run paused Redis (SIGSTOP) and resumed it; 0 = not (yet).
+    var pauseBeganWord: Int { 6 }
+    var pauseEndedWord: Int { 7 }
+    /// When the fault run killed Redis and when the restarted server was up; 0 = not (yet).
+    var downBeganWord: Int { 8 }
+    var downEndedWord: Int { 9 }
+
+    /// Whether `from...to` overlaps the window the words `began` and `ended` mark (one that has begun
+    /// and not yet ended reaches to now).
+    private func overlaps(_ from: Int64, _ to: Int64, began: Int, ended: Int) -> Bool {
+        let start = load(began)
+        guard start != 0, to >= start else { return false }
+        let end = load(ended)
+        return end == 0 || from <= end
+    }
+
+    /// Whether an operation from `from` to `to` overlapped the SIGSTOP window (the pause rows).
+    func overlapsPause(_ from: Int64, _ to: Int64) -> Bool {
+        overlaps(from, to, began: pauseBeganWord, ended: pauseEndedWord)
+    }
+
+    /// Whether an operation from `from` to `to` overlapped the time Redis was killed (neither paused nor
+    /// running: left out of the pause rows' two columns).
+    func overlapsDown(_ from: Int64, _ to: Int64) -> Bool {
+        overlaps(from, to, began: downBeganWord, ended: downEndedWord)
+    }
     func statusWord(worker: Int) -> Int { Self.controlWords + Self.statusWords * worker }
 
     // Keys.
@@ -75,15 +100,32 @@ final class FleetShared: @unchecked Sendable {
         Self.controlWords + Self.statusWords * workers + Self.keyWords * key + field
     }
 
+    /// How long a caller waits for a key's lock before its worker gives up (exits with an error): a
+    /// holder keeps it for one write (a command timeout at most) and the origin's work, never seconds.
+    static let lockPatience: Int64 = 30_000_000_000
+
+    /// Takes the key's lock, blocking this thread (the thread callers, `--tasks 0`; never a thread of
+    /// Swift's cooperative pool: the async callers use `tryLock` and suspend between tries).
     func lock(_ key: Int) {
         let word = cell(keyWord(key, 0))
         var spins = 0
+        var deadline: Int64 = 0
         while !word.pointee.compareExchange(expected: 0, desired: 1, ordering: .acquiring).exchanged {
             // A holder waits for a round trip: yield a little, then sleep, so waiters do not take the
             // CPU the holder's I/O threads and Redis need.
             spins += 1
             if spins < 16 { sched_yield() } else { usleep(20) }
+            if spins == 16 { deadline = monotonicNanoseconds() + Self.lockPatience }
+            if spins & 1023 == 0, monotonicNanoseconds() > deadline { Self.abandon(key) }
         }
+    }
+
+    /// Ends the worker when a key's lock was not free for `lockPatience` (its holder died or hangs): the
+    /// parent reports the failed worker with its log instead of waiting forever.
+    static func abandon(_ key: Int) -> Never {
+        let seconds = lockPatience / 1_000_000_000
+        FileHandle.standardError.write(Data("fleet worker: key \(key)'s lock not free for \(seconds) s\n".utf8))
+        exit(3)
     }
 
     /// Takes the key's lock if it is free (the async callers, which wait by suspending, not spinning).

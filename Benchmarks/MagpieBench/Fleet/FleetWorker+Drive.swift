@@ -33,6 +33,7 @@ extension FleetInstance {
         table.lock(key)
         defer { table.unlock(key) }
         let version = table.nextVersion(key)
+        let began = monotonicNanoseconds()
         do {
             if removal {
                 try remove(key)
@@ -42,10 +43,12 @@ extension FleetInstance {
                 tally.writes += 1
             }
         } catch {
-            tally.callerErrors += 1
+            tally.recordCallerError()
         }
+        let finished = monotonicNanoseconds()
+        if !removal { tally.recordPhase(store: true, began: began, finished: finished, table: table) }
         // The origin changed whether or not the cache call succeeded.
-        table.recordWrite(key, version: version, removal: removal, now: monotonicNanoseconds())
+        table.recordWrite(key, version: version, removal: removal, now: finished)
     }
 
     private func read(_ key: Int, tally: FleetTally) {
@@ -55,7 +58,7 @@ extension FleetInstance {
         do {
             found = try read(key)
         } catch {
-            tally.callerErrors += 1
+            tally.recordCallerError()
         }
         if let (bytes, tier) = found {
             judgeHit(key, bytes, tier, started: started, tally: tally)
@@ -70,21 +73,21 @@ extension FleetInstance {
         do {
             try write(key, value(key, version: version))
         } catch {
-            tally.callerErrors += 1
+            tally.recordCallerError()
         }
         table.unlock(key)
         tally.readLatency.record(monotonicNanoseconds() - started)
     }
 
-    /// A read that found `bytes` in `tier`: counted, timed (a memory hit apart while Redis is paused),
-    /// and judged against the ground truth.
+    /// A read that found `bytes` in `tier`: counted, timed (a memory hit also in the pause rows), and
+    /// judged against the ground truth.
     func judgeHit(_ key: Int, _ bytes: [UInt8], _ tier: Tier, started: Int64, tally: FleetTally) {
-        let took = monotonicNanoseconds() - started
-        tally.readLatency.record(took)
+        let finished = monotonicNanoseconds()
+        tally.readLatency.record(finished - started)
         switch tier {
         case .memory:
             tally.memoryHits += 1
-            tally.recordHit(took, paused: table.load(table.pausedWord) != 0)
+            tally.recordPhase(store: false, began: started, finished: finished, table: table)
         case .disk: tally.diskHits += 1
         case .remote: tally.remoteHits += 1
         }
@@ -105,11 +108,11 @@ extension FleetInstance {
         let replacedAt = version == truth.previous ? truth.latestAt : truth.previousAt
         guard replacedAt > 0, replacedAt < readStarted - boundNs else { return }
         tally.staleBeyondBound += 1
-        if tally.staleAt.count < 20_000 { tally.staleAt.append(readStarted) }
+        if tally.staleAt.count < FleetTally.instantsKept { tally.staleAt.append(readStarted) }
         // The value was removed (the latest change is a removal) long enough ago: served again.
         if truth.removal && truth.latestAt < readStarted - boundNs {
             tally.resurrected += 1
-            if tally.resurrectedAt.count < 20_000 { tally.resurrectedAt.append(readStarted) }
+            if tally.resurrectedAt.count < FleetTally.instantsKept { tally.resurrectedAt.append(readStarted) }
         }
     }
 
@@ -134,7 +137,7 @@ extension FleetInstance {
     func singleFlight(callers: Int) throws {
         guard let cache else { return }
         _ = table.add(table.readyWord, 1)
-        while table.load(table.warmupWord) == 0 { usleep(500) }
+        try FleetWorker.awaitWarmup(table)
         let group = DispatchGroup()
         let table = self.table
         let failures = FleetTally()
@@ -172,6 +175,7 @@ extension FleetInstance {
             "wrong_values": .int(tally.wrongValues),
             "stale_at": .array(tally.staleAt.map { .int(Int($0)) }),
             "resurrected_at": .array(tally.resurrectedAt.map { .int(Int($0)) }),
+            "caller_error_at": .array(tally.callerErrorAt.map { .int(Int($0)) }),
             "read_latency": .array(tally.readLatency.counts.map { .int($0) }),
             "all_latency": .array(tally.allLatency.counts.map { .int($0) }),
             "hit_latency_running": .array(tally.hitLatencyRunning.counts.map { .int($0) }),

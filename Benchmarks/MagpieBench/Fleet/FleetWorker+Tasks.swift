@@ -14,10 +14,13 @@ import NIOCore
 // for the key on an async lock of the process (`FleetKeyLocks`: a waiter suspends, and the releaser hands
 // the key to the next waiter), so that at most one task per process competes for the shared lock, which
 // it then takes by trying, yielding, and sleeping 20 µs between tries: a task never spins on a cooperative
-// thread while the holder waits to be resumed on one.
+// thread while the holder waits to be resumed on one. That cannot deadlock: a task holds at most one key
+// (its process's turn, then the shared word) and awaits only the system's write and the origin's sleep
+// while it holds it; every waiter is suspended (a continuation, a yield, or a sleep), so the pool's threads
+// stay free to resume the holder, in this process or another.
 //
-// While the fault run has Redis paused (the table's paused word), the latencies of memory hits and of
-// stores are tallied apart from those while it runs: the pause rows.
+// Memory hits and stores that overlapped the fault run's SIGSTOP window (the table's pause instants) are
+// tallied apart from those while Redis ran: the pause rows.
 
 extension FleetInstance {
     /// Runs `tasks` callers from the warm-up until `end`; only what happens from `start` on is counted.
@@ -53,15 +56,19 @@ extension FleetInstance {
         tally.merge(local)
     }
 
-    /// The key's lock, waited for by suspending: this process's turn first, then the shared lock.
+    /// The key's lock, waited for by suspending: this process's turn first, then the shared lock (a
+    /// worker whose shared lock stays taken for `FleetShared.lockPatience` ends with an error).
     private func lockAsync(_ key: Int) async {
         await keyLocks.acquire(key)
         var attempts = 0
+        var deadline: Int64 = 0
         while !table.tryLock(key) {
             attempts += 1
             if attempts < 16 {
                 await Task.yield()
             } else {
+                if attempts == 16 { deadline = monotonicNanoseconds() + FleetShared.lockPatience }
+                if monotonicNanoseconds() > deadline { FleetShared.abandon(key) }
                 try? await Task.sleep(for: .microseconds(20))
             }
         }
@@ -86,10 +93,10 @@ extension FleetInstance {
                 tally.writes += 1
             }
         } catch {
-            tally.callerErrors += 1
+            tally.recordCallerError()
         }
         let finished = monotonicNanoseconds()
-        if !removal { tally.recordStore(finished - began, paused: table.load(table.pausedWord) != 0) }
+        if !removal { tally.recordPhase(store: true, began: began, finished: finished, table: table) }
         table.recordWrite(key, version: version, removal: removal, now: finished)
     }
 
@@ -100,7 +107,7 @@ extension FleetInstance {
         do {
             found = try await readValueAsync(key)
         } catch {
-            tally.callerErrors += 1
+            tally.recordCallerError()
         }
         if let (bytes, tier) = found {
             judgeHit(key, bytes, tier, started: started, tally: tally)
@@ -114,7 +121,7 @@ extension FleetInstance {
         do {
             try await writeAsync(key, value(key, version: version))
         } catch {
-            tally.callerErrors += 1
+            tally.recordCallerError()
         }
         unlockAsync(key)
         tally.readLatency.record(monotonicNanoseconds() - started)

@@ -38,7 +38,7 @@ struct FleetWorker: ParsableCommand {
         }
         let tally = FleetTally()
         _ = table.add(table.readyWord, 1)
-        while table.load(table.warmupWord) == 0 { usleep(1_000) }
+        try Self.awaitWarmup(table)
         let start = table.load(table.startWord)
         let end = table.load(table.endWord)
         var callers: [Thread] = []
@@ -81,6 +81,17 @@ struct FleetWorker: ParsableCommand {
     }
 }
 
+extension FleetWorker {
+    /// Waits (this thread) until the parent starts the warm-up, at most 120 s (a parent that died).
+    static func awaitWarmup(_ table: FleetShared) throws {
+        let deadline = monotonicNanoseconds() + 120_000_000_000
+        while table.load(table.warmupWord) == 0 {
+            guard monotonicNanoseconds() < deadline else { throw BenchError("the parent did not start the run in 120 s") }
+            usleep(1_000)
+        }
+    }
+}
+
 /// What one worker's callers saw.
 final class FleetTally: @unchecked Sendable {
     // @unchecked Sendable invariant: every field is read and written with `lock` held.
@@ -90,14 +101,18 @@ final class FleetTally: @unchecked Sendable {
     var callerErrors = 0, staleBeyondBound = 0, resurrected = 0, wrongValues = 0
     var readLatency = LogHistogram()
     var allLatency = LogHistogram()
-    /// Memory hits and stores, apart while Redis is paused (the fault run) and while it runs.
+    /// Memory hits and stores that overlapped the SIGSTOP window (the fault run), and those while Redis
+    /// ran (neither paused nor killed).
     var hitLatencyRunning = LogHistogram()
     var hitLatencyPaused = LogHistogram()
     var storeLatencyRunning = LogHistogram()
     var storeLatencyPaused = LogHistogram()
-    /// When each stale (or resurrected) read started: the parent tells outage windows from the rest.
+    /// When each stale (or resurrected) read started, and when each caller error was seen (at most
+    /// `instantsKept` each per caller): the parent tells the outage windows from the rest.
     var staleAt: [Int64] = []
     var resurrectedAt: [Int64] = []
+    var callerErrorAt: [Int64] = []
+    static let instantsKept = 20_000
 
     func merge(_ local: FleetTally) {
         lock.lock()
@@ -109,6 +124,7 @@ final class FleetTally: @unchecked Sendable {
         readLatency.merge(local.readLatency.counts)
         staleAt += local.staleAt
         resurrectedAt += local.resurrectedAt
+        callerErrorAt += local.callerErrorAt
         allLatency.merge(local.allLatency.counts)
         hitLatencyRunning.merge(local.hitLatencyRunning.counts)
         hitLatencyPaused.merge(local.hitLatencyPaused.counts)
@@ -116,14 +132,22 @@ final class FleetTally: @unchecked Sendable {
         storeLatencyPaused.merge(local.storeLatencyPaused.counts)
     }
 
-    /// A memory hit's latency (a caller's own tally: no lock).
-    func recordHit(_ nanoseconds: Int64, paused: Bool) {
-        if paused { hitLatencyPaused.record(nanoseconds) } else { hitLatencyRunning.record(nanoseconds) }
+    /// A memory hit (`store` false) or a store that ran from `began` to `finished`: tallied as paused if
+    /// it overlapped the SIGSTOP window, as running if it overlapped no outage, and not at all if it
+    /// overlapped the kill (a caller's own tally: no lock).
+    func recordPhase(store: Bool, began: Int64, finished: Int64, table: FleetShared) {
+        let took = finished - began
+        if table.overlapsPause(began, finished) {
+            if store { storeLatencyPaused.record(took) } else { hitLatencyPaused.record(took) }
+        } else if !table.overlapsDown(began, finished) {
+            if store { storeLatencyRunning.record(took) } else { hitLatencyRunning.record(took) }
+        }
     }
 
-    /// A store's latency (a caller's own tally: no lock).
-    func recordStore(_ nanoseconds: Int64, paused: Bool) {
-        if paused { storeLatencyPaused.record(nanoseconds) } else { storeLatencyRunning.record(nanoseconds) }
+    /// A caller error, and when it was seen (a caller's own tally: no lock).
+    func recordCallerError() {
+        callerErrors += 1
+        if callerErrorAt.count < Self.instantsKept { callerErrorAt.append(monotonicNanoseconds()) }
     }
 }
 
@@ -175,7 +199,9 @@ final class FleetInstance: @unchecked Sendable {
             client = nil
             coherent = true
         case "redis-cache-aside":
-            store = try RedisRemoteStore(.init(redis: redis, namespace: options.namespace))
+            // Task callers: a plain RedisClient (FleetWorker+Tasks.swift); thread callers: the store's
+            // GET/SET/DEL through the blocking bridge.
+            store = options.tasks > 0 ? nil : try RedisRemoteStore(.init(redis: redis, namespace: options.namespace))
             cache = nil
             coherent = false
             client = options.tasks > 0 ? try RedisClient(redis) : nil
