@@ -126,6 +126,30 @@ struct FleetAsyncTests {
         }
     }
 
+    @Test("an owed removal the store keeps failing holds back only itself: the others are settled as they land")
+    func replaySettlesEachRemoval() async throws {
+        try await withRedisServer { server in
+            let (a, _) = try fleetCache(port: server.port) { $0.commandTimeout = .milliseconds(300) }
+            defer { try? a.close() }
+            try await offloaded { try waitConfirmed(a) }
+            let names = (0..<99).map { "owed:\($0)" }
+            for name in names { try await a.async.set(Array("v".utf8), forKey: name) }
+            // A key of another type under the namespace: the fenced write's script fails on it, every time.
+            _ = try server.cli("HSET", "fleet:kowed:bad", "field", "value")
+            server.pause()
+            await withTaskGroup(of: Void.self) { group in
+                for name in names + ["owed:bad"] { group.addTask { _ = try? await a.async.removeValue(forKey: name) } }
+            }
+            #expect(a.statistics.remote?.owedRemovals == 100)
+            server.resume()
+            // Without settling removal by removal, the one failure keeps all 100 owed.
+            #expect(await pollAsync { a.statistics.remote?.owedRemovals == 1 })
+            #expect((a.statistics.remote?.replayedRemovals ?? 0) >= 99)
+            for name in names { #expect(try removedInStore(server, "fleet:k\(name)"), "\(name)") }
+            #expect(try server.cli("TYPE", "fleet:kowed:bad") == "hash")
+        }
+    }
+
     @Test("with writeWait, a store returns within it while Redis is paused, and lands when Redis resumes")
     func softWriteWait() async throws {
         try await withRedisServer { server in

@@ -197,16 +197,6 @@ extension RemoteTier {
             }
             do {
                 try await send(owed)
-                pending.withLock { pending in
-                    if owed.all && pending.allSequence == owed.allSequence { pending.all = false }
-                    for (key, owedKey) in owed.keys where pending.keys[key]?.sequence == owedKey.sequence { pending.keys[key] = nil }
-                    for (group, sequence) in owed.groups where pending.groups[group] == sequence { pending.groups[group] = nil }
-                    // Nothing owed any more: the journal goes. (Otherwise it keeps entries already replayed
-                    // beside the rest: replaying one again after a restart changes nothing, its version
-                    // being fenced like any.)
-                    if pending.isEmpty { journal(replacingWith: []) }
-                }
-                counters.replayedRemovals.add(UInt64(owed.all ? 1 : owed.keys.count + owed.groups.count), ordering: .relaxed)
                 delay = .milliseconds(20)
             } catch {
                 counters.errors.add(1, ordering: .relaxed)
@@ -216,35 +206,73 @@ extension RemoteTier {
         }
     }
 
+    /// Sends what `owed` holds, settling each removal as soon as the store took it, so that one that
+    /// fails keeps only itself (and what was not tried yet) owed; throws at the first failed step.
     private func send(_ owed: PendingRemovals) async throws(MagpieError) {
         if owed.all {
             tokens.withLock { $0 = TokenCache() }
             _ = try await store.store(
                 RemoteRecord.tokenBytes(RemoteRecord.newToken()), forKey: RemoteKey.namespaceKey, expiresAt: 0, onlyIfAbsent: false)
+            settle { pending in
+                guard pending.all && pending.allSequence == owed.allSequence else { return 0 }
+                pending.all = false
+                return 1
+            }
             return
         }
-        for group in owed.groups.keys {
+        for (group, sequence) in owed.groups {
             tokens.withLock { _ = $0.groups.removeValue(forKey: group) }
             _ = try await store.store(
                 RemoteRecord.tokenBytes(RemoteRecord.newToken()), forKey: RemoteKey.group(group), expiresAt: 0, onlyIfAbsent: false)
+            settle { pending in
+                guard pending.groups[group] == sequence else { return 0 }
+                pending.groups[group] = nil
+                return 1
+            }
         }
         // Each key's tombstone carries its removal's version: a write made since, by anyone, still wins.
-        // Sent 64 at a time, concurrently (each is one round trip of its own).
+        // Sent 64 at a time, concurrently (each is one round trip of its own); a batch's tombstones the
+        // store took are settled even when another of the batch failed.
         let keys = Array(owed.keys)
         var start = 0
         while start < keys.count {
             let end = min(start + 64, keys.count)
-            let failed = await withTaskGroup(of: Bool.self) { group -> Bool in
-                for (key, owedKey) in keys[start..<end] {
-                    group.addTask { [self] in (try? await sendTombstone(key, version: owedKey.version)) == nil }
+            let taken = await withTaskGroup(of: Int?.self) { group -> [Int] in
+                for index in start..<end {
+                    let (key, owedKey) = keys[index]
+                    group.addTask { [self] in (try? await sendTombstone(key, version: owedKey.version)) == nil ? nil : index }
                 }
-                var failed = false
-                for await result in group where result { failed = true }
-                return failed
+                var taken: [Int] = []
+                for await index in group { if let index { taken.append(index) } }
+                return taken
             }
-            if failed { throw MagpieError(.remoteUnavailable, "an owed removal was not taken") }
+            settle { pending in
+                var settled = 0
+                for index in taken {
+                    let (key, owedKey) = keys[index]
+                    if pending.keys[key]?.sequence == owedKey.sequence {
+                        pending.keys[key] = nil
+                        settled += 1
+                    }
+                }
+                return settled
+            }
+            if taken.count < end - start { throw MagpieError(.remoteUnavailable, "an owed removal was not taken") }
             start = end
         }
+    }
+
+    /// Drops removals the store took from the queue (`drop` returns how many; one that was owed again
+    /// since stays), counts them as replayed, and removes the journal once nothing is owed. (Until then
+    /// the journal keeps entries already replayed beside the rest: replaying one again after a restart
+    /// changes nothing, its version being fenced like any.)
+    private func settle(_ drop: (inout PendingRemovals) -> Int) {
+        let settled = pending.withLock { pending -> Int in
+            let settled = drop(&pending)
+            if settled > 0 && pending.isEmpty { journal(replacingWith: []) }
+            return settled
+        }
+        counters.replayedRemovals.add(UInt64(settled), ordering: .relaxed)
     }
 }
 
