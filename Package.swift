@@ -99,6 +99,7 @@ let package = Package(
                 "Magpie", "MagpieRedis", "MagpieTestSupport", "CRocksDB", "CLMDB", "CSQLite", "CZstd", "CXXHash",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

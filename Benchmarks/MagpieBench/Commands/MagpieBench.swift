@@ -9,6 +9,23 @@ struct MagpieBench: AsyncParsableCommand {
         version: magpieBenchVersion,
         subcommands: [Suite.self, Memory.self, Disk.self, Tiered.self, Loader.self, Stress.self, Replay.self, Sweep.self, RedisBench.self, FleetBench.self, FleetAsyncBench.self, FleetWorker.self, Compare.self, RenderReport.self, TraceGen.self],
         defaultSubcommand: Suite.self)
+
+    /// Parses and runs the command, with the library's log lines sent to a file (BenchLogging.swift).
+    static func main() async {
+        BenchLogging.bootstrap()
+        do {
+            var command = try parseAsRoot()
+            if var command = command as? AsyncParsableCommand {
+                try await command.run()
+            } else {
+                try command.run()
+            }
+            // A fleet worker's standard output is its parent's protocol: nothing more there.
+            if !(command is FleetWorker), let summary = BenchLogging.summary() { print(summary) }
+        } catch {
+            exit(withError: error)
+        }
+    }
 }
 
 /// Shared output options.

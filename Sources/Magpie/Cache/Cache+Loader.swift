@@ -372,13 +372,13 @@ extension Cache {
                         }
                     }
                 } catch {
-                    logger.warning("magpie: a loaded value could not be cached", metadata: ["error": "\(error)"])
+                    logs.loadNotCached.record(key: call.hash, error: "\(error)")
                 }
             }
         case .failure(let error):
             counters.loaderFailures.add(1, ordering: .relaxed)
             let now = clock.now()
-            var metadata: Logger.Metadata = ["error": "\(error)", "key_bytes": "\(call.name.count)"]
+            var failSafeUntil: Int64? = nil
             if let fallback = flight.fallback, usableByFailSafe(fallback, flight.options, now: now) {
                 counters.failSafeActivations.add(1, ordering: .relaxed)
                 var until = now.saturatingAdd(flight.options.failSafeThrottle.wholeMilliseconds)
@@ -391,9 +391,13 @@ extension Cache {
                     throttles[call.hash] = Throttle(name: call.name, until: until)
                     throttleCount.store(throttles.count, ordering: .relaxed)
                 }
-                metadata["fail_safe"] = "serving the stale value until \(until)"
+                failSafeUntil = until
             }
-            logger.warning("magpie: a load failed", metadata: metadata)
+            logs.loadFailed.record(key: call.hash, error: "\(error)", metadata: {
+                var metadata: Logger.Metadata = ["key_bytes": "\(call.name.count)"]
+                if let failSafeUntil { metadata["fail_safe"] = "serving the stale value until \(failSafeUntil)" }
+                return metadata
+            }())
         }
         return remoteWrite
     }

@@ -31,7 +31,7 @@ extension Cache {
             return try read()
         } catch {
             counters.subscriptFailures.add(1, ordering: .relaxed)
-            logger.warning("magpie: subscript read failed", metadata: ["error": "\(error)"])
+            logs.subscriptRead.record(error: "\(error)")
             return nil
         }
     }
@@ -42,7 +42,7 @@ extension Cache {
             try write()
         } catch {
             counters.subscriptFailures.add(1, ordering: .relaxed)
-            logger.warning("magpie: subscript store failed", metadata: ["error": "\(error)"])
+            logs.subscriptWrite.record(error: "\(error)")
         }
     }
 }

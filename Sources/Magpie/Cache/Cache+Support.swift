@@ -39,9 +39,9 @@ extension Cache {
     func noteDiskFailure(_ operation: String, _ error: MagpieError) {
         guard error.code == .ioFailure || error.code == .noSpace else { return }
         counters.diskErrors.add(1, ordering: .relaxed)
-        logger.error(
-            "magpie: disk \(operation) failed",
-            metadata: ["error": "\(error)", "path": "\(error.path ?? "")", "errno": "\(error.errno.map(String.init) ?? "")"])
+        logs.diskFailed.record(
+            error: "\(error)",
+            metadata: ["operation": "\(operation)", "path": "\(error.path ?? "")", "errno": "\(error.errno.map(String.init) ?? "")"])
     }
 
     /// Runs `body` with the key hashed (the one hash of the operation), after the checks every keyed

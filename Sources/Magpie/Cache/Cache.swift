@@ -70,6 +70,8 @@ public final class Cache: Sendable {
     let counters = Counters()
     @usableFromInline let closed = Atomic<Bool>(false)
     let logger: Logger
+    /// Failures that repeat, each kind logged at most twice per ``Configuration/logInterval``.
+    let logs: CacheLogs
     let metrics: MetricsReporter?
     /// The task that writes the disk write buffers every ``Configuration/diskBufferWriteInterval``.
     let bufferWriter = Locked<Task<Void, Never>?>(nil)
@@ -122,6 +124,7 @@ public final class Cache: Sendable {
             diskConfiguration.clock = configuration.clock
             diskConfiguration.hashSeed = configuration.hashSeed
             diskConfiguration.logger = diskConfiguration.logger ?? configuration.logger
+            diskConfiguration.logInterval = configuration.logInterval
             let opened = try DiskTier(diskConfiguration)
             resolved.disk = opened.configuration
             disk = opened
@@ -144,6 +147,7 @@ public final class Cache: Sendable {
         self.disk = disk
         self.configuration = resolved
         self.logger = configuration.logger
+        logs = CacheLogs(configuration.logger, interval: configuration.logInterval)
         stripes = LockStripes(count: 1024)
         let ioThreads = disk == nil ? 1 : configuration.ioThreadCount
         pool = IOThreadPool(threadCount: ioThreads, name: "magpie-io")
@@ -444,6 +448,7 @@ public final class Cache: Sendable {
         metrics?.stop()
         reportMetrics()
         defer { memory.removeAll() }
+        defer { logs.flush() }
         if let disk { try logged("close") { () throws(MagpieError) in try disk.close() } }
     }
 

@@ -33,6 +33,11 @@ extension Cache {
         public var ioThreadCount: Int
         /// Where disk I/O errors and corruption found on disk are logged.
         public var logger: Logger
+        /// A failure that repeats (failed loads, subscript failures, disk I/O errors, corrupt records)
+        /// is logged at most twice per this interval and kind: the first at once, in full, then one line
+        /// summarising the rest ("a load failed: 412 more in the last 10 s, 3 keys", with the last
+        /// error). ``Cache/statistics`` and the metrics count every one. Default 10 s.
+        public var logInterval: Duration = .seconds(10)
         /// How statistics reach swift-metrics; nil reports nothing.
         public var metrics: MetricsOptions?
         /// How often the cache writes its disk buckets' write buffers to the kernel (on an I/O thread,

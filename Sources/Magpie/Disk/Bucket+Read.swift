@@ -147,9 +147,7 @@ extension BucketState {
     /// Counts and logs a corrupt record met by a read, drops its slot, and marks the file for healing.
     mutating func dropCorrupt(at position: Int) {
         counters.corruptRecords += 1
-        context.logger?.warning(
-            "magpie: corrupt record dropped from the index",
-            metadata: ["path": "\(context.path)", "offset": "\(index[position].offset)"])
+        context.logs.corruptRecord.record(metadata: ["path": "\(context.path)", "offset": "\(index[position].offset)"])
         drop(at: position)
         needsHealing = true
     }

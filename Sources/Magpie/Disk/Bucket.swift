@@ -35,7 +35,8 @@ struct BucketContext: Sendable {
     let ledger: DiskLedger
     /// The tier's health: once the directory was found replaced, every operation fails.
     let health: TierHealth
-    let logger: Logger?
+    /// Where damage and failures are logged (each kind at most twice per interval).
+    let logs: DiskLogs
     /// Read through a mapping of the file (``DiskTier/Configuration/mappedReads``).
     let mappedReads: Bool
     /// Bytes of appends gathered before one write to the file (Bucket+WriteBuffer.swift); 0 writes
@@ -273,8 +274,7 @@ struct BucketState {
         do {
             try compactWithinHeadroom()
         } catch {
-            context.logger?.warning(
-                "magpie: could not rewrite a damaged bucket file", metadata: ["path": "\(context.path)", "error": "\(error)"])
+            context.logs.healFailed.record(error: "\(error)", metadata: ["path": "\(context.path)"])
         }
     }
 
@@ -336,9 +336,7 @@ struct BucketState {
         let damaged = dropAll { $0.offset8 == Self.damagedOffset8 }
         if damaged > 0 {
             counters.corruptRecords += UInt64(damaged)
-            context.logger?.warning(
-                "magpie: damaged records were left out of a compacted bucket",
-                metadata: ["path": "\(context.path)", "records": "\(damaged)"])
+            context.logs.damagedLeftOut.record(metadata: ["path": "\(context.path)", "records": "\(damaged)"])
         }
         try context.directory.sync(.buckets)
     }

@@ -110,6 +110,7 @@ extension DiskTier {
         // Snapshots only while the bucket files and the snapshots fit the budget (DiskLedger.swift).
         var room = configuration.budget - DiskLedger.manifestAllowance - journalSize
         closeJournal()
+        logs.flush()
         for bucket in buckets { room -= bucket.withLock { $0.isOpen ? $0.size : 0 } }
         for bucket in buckets {
             bucket.withLock { state in

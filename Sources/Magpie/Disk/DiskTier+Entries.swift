@@ -63,7 +63,7 @@ extension DiskTier {
             return entry
         } catch {
             _ = try? withBucket(for: key.hash) { $0.counters.corruptRecords += 1 }
-            configuration.logger?.warning("magpie: a stored zstd frame did not decompress", metadata: ["error": "\(error)"])
+            logs.undecompressible.record(key: key.hash, error: "\(error)")
             return nil
         }
     }

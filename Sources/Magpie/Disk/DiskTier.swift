@@ -79,6 +79,8 @@ public final class DiskTier: Sendable {
     /// `buckets` holds them (as long as this tier lives).
     let unownedBuckets: [Unmanaged<Locked<BucketState>>]
     let compression: ZstdPool
+    /// Damage and failures, each kind logged at most twice per ``Configuration/logInterval``.
+    let logs: DiskLogs
     let compresses: Bool
     let lockFile: Locked<Int32>
     /// The open, verified directory every file is reached through (see `Disk/CacheDirectory.swift`).
@@ -114,6 +116,8 @@ public final class DiskTier: Sendable {
         if let count = configuration.bucketCount, !Self.isValidBucketCount(count) {
             throw MagpieError(.invalidConfiguration, "bucket count \(count) must be a power of two from 1 to \(Self.maximumBucketCount)")
         }
+        let logs = DiskLogs(configuration.logger, interval: configuration.logInterval)
+        self.logs = logs
         compression = try ZstdPool(level: configuration.compressionLevel ?? 1)
         compresses = configuration.compressionLevel != nil
         let root = try RootDirectory(
@@ -158,19 +162,16 @@ public final class DiskTier: Sendable {
                     let context = BucketContext(
                         number: number, name: name, path: directory.path(.buckets, name), directory: directory,
                         share: share, hasher: hasher, clock: configuration.clock, bucketCount: count, compaction: compaction, ledger: ledger, health: health,
-                        logger: configuration.logger, mappedReads: configuration.mappedReads,
+                        logs: logs, mappedReads: configuration.mappedReads,
                         writeBuffer: max(0, min(configuration.writeBufferSize, share / 8)))
                     if try Self.prepareBucketFile(context, hadManifest: hadManifest) {
                         // Deleted or replaced from outside: it is recreated empty, and its entries are lost (misses).
                         missing += 1
-                        configuration.logger?.warning(
-                            "magpie: a bucket file was missing or not a regular file; recreated empty",
-                            metadata: ["path": "\(context.path)"])
+                        logs.bucketRecreated.record(metadata: ["path": "\(context.path)"])
                     }
                     let state = try BucketState.open(context: context, now: now)
                     if state.counters.corruptRecords > 0 || state.counters.truncatedTails > 0 {
-                        configuration.logger?.warning(
-                            "magpie: recovered a damaged bucket file: corrupt records skipped, torn tail cut",
+                        logs.bucketRecovered.record(
                             metadata: [
                                 "path": "\(context.path)", "corrupt_records": "\(state.counters.corruptRecords)",
                                 "truncated_tails": "\(state.counters.truncatedTails)",
