@@ -150,6 +150,39 @@ struct FleetAsyncTests {
         }
     }
 
+    @Test("a directory shared with a plain cache: each reads exactly the bytes stored; a fleet cache never serves a copy without a stamp")
+    func directorySharedWithPlainCache() async throws {
+        try await withRedisServer { server in
+            let directory = TemporaryDirectory("magpie-fleet-plain")
+            defer { directory.cleanup() }
+            do {
+                let (a, _) = try fleetCache(port: server.port, directory: directory.path)
+                try await offloaded { try waitConfirmed(a) }
+                try await a.async.set(Array("fleet value".utf8), forKey: "k")
+                try a.close()
+            }
+            var configuration = Cache.Configuration(directory: directory.path, memoryBudget: 8 << 20, diskBudget: 64 << 20)
+            configuration.metrics = nil
+            do {
+                let plain = try Cache(configuration)
+                // The stamp is beside the value on disk, not in it (it once was: 8 bytes in front).
+                #expect(text(try plain.value(forKey: "k")) == "fleet value")
+                try plain.set(Array("plain value".utf8), forKey: "k")  // local only: Redis keeps "fleet value"
+                try plain.set(Array("only local".utf8), forKey: "local")
+                try plain.close()
+            }
+            let (b, _) = try fleetCache(port: server.port, directory: directory.path)
+            defer { try? b.close() }
+            try await offloaded { try waitConfirmed(b) }
+            // The plain cache's copies carry no stamp: never served (once, the first 8 bytes of a value were
+            // taken for one, and the rest served); the store's value is.
+            #expect(text(try await b.async.value(forKey: "k")) == "fleet value")
+            #expect(try await b.async.value(forKey: "local") == nil)
+            #expect(try b.value(forKey: "local") == nil)
+            #expect(try await b.async.contains("local") == false)
+        }
+    }
+
     @Test("with writeWait, a store returns within it while Redis is paused, and lands when Redis resumes")
     func softWriteWait() async throws {
         try await withRedisServer { server in

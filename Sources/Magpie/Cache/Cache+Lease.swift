@@ -80,8 +80,7 @@ extension Cache {
     func fleetServableInMemory(_ call: LoaderCall, _ remote: RemoteTier) -> Bool {
         call.name.withUnsafeBytes { bytes in
             let now = clock.now()
-            guard let entry = memory.entry(HashedKey(bytes, hash: call.hash)),
-                let stamp = LocalStamp.stamp(of: entry.value), remote.coherence.servable(stamp: stamp, now: now)
+            guard let entry = memory.entry(HashedKey(bytes, hash: call.hash)), remote.coherence.servable(stamp: entry.stamp, now: now)
             else { return false }
             guard call.acceptsAbsence || !entry.freshness.negative else { return false }
             return entry.freshness.isFresh(at: now)

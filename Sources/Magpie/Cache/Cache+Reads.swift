@@ -97,7 +97,9 @@ extension Cache {
     /// included, promoted like any disk hit.
     func storedEntryAfterMemoryMiss(_ key: HashedKey) throws(MagpieError) -> StoredEntry? {
         try diskEntryAfterMemoryMiss(key, promotingNegative: true).map {
-            StoredEntry(value: $0.value, deadline: $0.expiry, freshness: $0.placement.freshness)
+            var entry = StoredEntry(value: $0.value, deadline: $0.expiry, freshness: $0.placement.freshness)
+            entry.stamp = $0.placement.stamp
+            return entry
         }
     }
 
@@ -127,7 +129,7 @@ extension Cache {
         let deadline = EntryOptions.promotedDeadline(policy: entry.placement.memoryPolicy, diskDeadline: entry.expiry, now: now)
         guard deadline == 0 || deadline > now else { return }
         let stored = entry.value.withUnsafeBytes { value in
-            memory.set(value, for: key, deadline: deadline, group: entry.group, freshness: entry.placement.freshness)
+            memory.set(value, for: key, deadline: deadline, group: entry.group, freshness: entry.placement.freshness, stamp: entry.placement.stamp)
         }
         if case .success(true) = stored { counters.promotions.add(1, ordering: .relaxed) }
     }

@@ -17,8 +17,8 @@ import Logging
 // overtake each other on the way, and a write that ran late (after a timeout, or a paused server) never
 // undoes a later removal. When it ends the write is no longer under way (Coherence.endWrite).
 //
-// Reads. A local copy is served only while `Coherence.servable` says so; the value's first 8 bytes are
-// its stamp. A remote hit is kept locally (memory, disk, as the record's tiers say) only while the
+// Reads. A local copy is served only while `Coherence.servable` says so of its coherence stamp, which
+// both local tiers keep beside the value (never in it); a copy without one is never served. A remote hit is kept locally (memory, disk, as the record's tiers say) only while the
 // change feed is confirmed, the key's change counter did not move during the fetch, and no write of the
 // key is under way (Coherence.keepable).
 
@@ -57,12 +57,12 @@ extension Cache {
         let entry = try stripes.withLock(for: key.hash) { () throws(MagpieError) -> DiskEntry? in
             try logged("contains") { () throws(MagpieError) in try disk.entry(key) }
         }
-        guard let entry, !entry.placement.freshness.negative, let stamp = LocalStamp.stamp(of: entry.value) else { return false }
-        return remote.coherence.servable(stamp: stamp, now: now)
+        guard let entry, !entry.placement.freshness.negative, entry.placement.stamp != 0 else { return false }
+        return remote.coherence.servable(stamp: entry.placement.stamp, now: now)
     }
 
     /// The key's entry for a read of a cache with a remote tier, and the tier that answered: a servable
-    /// local copy (its stamp removed), else the store's record, kept locally.
+    /// local copy, else the store's record, kept locally.
     ///
     /// With `unverifiedFallback` (the loader API), a local copy past its staleness bound is returned,
     /// marked ``StoredEntry/unverified``, when the store has nothing (or cannot be reached): fail-safe may
@@ -102,16 +102,13 @@ extension Cache {
 
     // MARK: Reads (async API)
 
-    /// A servable local copy of `key` in memory, without its stamp (one copy of the value, no lock: the
-    /// async API's memory hit, on the caller's executor).
+    /// A servable local copy of `key` in memory (one copy of the value, no lock: the async API's memory
+    /// hit, on the caller's executor).
     @inline(__always)
     func fleetMemoryValue(_ key: HashedKey, _ remote: RemoteTier) -> [UInt8]? {
         let now = clock.now()
-        let found = memory.withValue(key) { bytes -> [UInt8]? in
-            guard bytes.count >= Coherence.stampSize,
-                remote.coherence.servable(stamp: Int64(littleEndian: bytes.loadUnaligned(as: Int64.self)), now: now)
-            else { return nil }
-            return [UInt8](UnsafeRawBufferPointer(rebasing: bytes[Coherence.stampSize...]))
+        let found = memory.withStampedValue(key) { stamp, bytes -> [UInt8]? in
+            remote.coherence.servable(stamp: stamp, now: now) ? [UInt8](bytes) : nil
         }
         return found ?? nil
     }
@@ -177,10 +174,10 @@ extension Cache {
         stripes.withLock(for: key.hash) {
             guard remote.coherence.keepable(key.hash, since: counter) else { return }
             let options = EntryOptions(group: record.group, tiers: record.tiers)
-            let stamp = StoreStamp(memory: entry.deadline, disk: record.expiresAt, freshness: record.freshness)
-            let stamped = record.value.withUnsafeBytes { LocalStamp.stamped($0, started) }
+            let stamp = StoreStamp(
+                memory: entry.deadline, disk: record.expiresAt, freshness: record.freshness, coherence: max(1, started))
             do {
-                try stamped.withUnsafeBytes { bytes in
+                try record.value.withUnsafeBytes { bytes in
                     Result { () throws(MagpieError) in
                         try writeTiers(bytes, for: key, options: options, memoryPolicy: record.memoryPolicy, stamp: stamp)
                     }
@@ -192,21 +189,17 @@ extension Cache {
         return entry
     }
 
-    /// `entry` without its stamp, marked unverified (nil if it carries none).
+    /// `entry` marked unverified (nil if it carries no stamp: not written by a cache with a remote tier).
     private func stripped(_ entry: StoredEntry) -> StoredEntry? {
-        guard LocalStamp.stamp(of: entry.value) != nil else { return nil }
+        guard entry.stamp != 0 else { return nil }
         var local = entry
-        local.value = LocalStamp.value(of: entry.value)
         local.unverified = true
         return local
     }
 
-    /// `entry` without its stamp, if it may be served at `now`.
+    /// `entry`, if it may be served at `now`.
     private func servable(_ entry: StoredEntry, _ remote: RemoteTier, now: Int64) -> StoredEntry? {
-        guard let stamp = LocalStamp.stamp(of: entry.value), remote.coherence.servable(stamp: stamp, now: now) else { return nil }
-        var local = entry
-        local.value = LocalStamp.value(of: entry.value)
-        return local
+        remote.coherence.servable(stamp: entry.stamp, now: now) ? entry : nil
     }
 
     // MARK: Writes
@@ -219,15 +212,12 @@ extension Cache {
     ) throws(MagpieError) -> RemoteSend {
         remote.coherence.beginWrite(key.hash)
         do {
-            let stamped = LocalStamp.stamped(value, clock.now())
-            let version = try stamped.withUnsafeBytes { bytes in
-                Result { () throws(MagpieError) -> UInt64 in
-                    try stripes.withLock(for: key.hash) { () throws(MagpieError) -> UInt64 in
-                        try writeTiers(bytes, for: key, options: options, memoryPolicy: options.encodedMemoryPolicy, stamp: stamp)
-                        return remote.versions.next()
-                    }
-                }
-            }.get()
+            var local = stamp
+            local.coherence = max(1, clock.now())
+            let version = try stripes.withLock(for: key.hash) { () throws(MagpieError) -> UInt64 in
+                try writeTiers(value, for: key, options: options, memoryPolicy: options.encodedMemoryPolicy, stamp: local)
+                return remote.versions.next()
+            }
             var expiry = stamp.disk
             if disk == nil || options.tiers == .memoryOnly { expiry = stamp.memory }
             var record = RemoteRecord(

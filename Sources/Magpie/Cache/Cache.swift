@@ -277,7 +277,9 @@ public final class Cache: Sendable {
         throws(MagpieError)
     {
         guard let disk else {
-            _ = try memory.set(value, for: key, deadline: stamp.memory, group: options.group, freshness: stamp.freshness).get()
+            _ = try memory.set(
+                value, for: key, deadline: stamp.memory, group: options.group, freshness: stamp.freshness, stamp: stamp.coherence
+            ).get()
             return
         }
         do {
@@ -285,14 +287,19 @@ public final class Cache: Sendable {
                 let diskExpiry = stamp.disk == 0 ? Expiry.never : .at(millisecondsSince1970: stamp.disk)
                 switch options.tiers {
                 case .memoryAndDisk:
-                    let placement = DiskPlacement(memoryPolicy: memoryPolicy, freshness: stamp.freshness)
+                    let placement = DiskPlacement(memoryPolicy: memoryPolicy, freshness: stamp.freshness, stamp: stamp.coherence)
                     try disk.store(value, for: key, expiry: diskExpiry, group: options.group, placement: placement)
-                    _ = try memory.set(value, for: key, deadline: stamp.memory, group: options.group, freshness: stamp.freshness).get()
+                    _ = try memory.set(
+                        value, for: key, deadline: stamp.memory, group: options.group, freshness: stamp.freshness, stamp: stamp.coherence
+                    ).get()
                 case .memoryOnly:
                     _ = try disk.removeIfPresent(key)
-                    _ = try memory.set(value, for: key, deadline: stamp.memory, group: options.group, freshness: stamp.freshness).get()
+                    _ = try memory.set(
+                        value, for: key, deadline: stamp.memory, group: options.group, freshness: stamp.freshness, stamp: stamp.coherence
+                    ).get()
                 case .diskOnly:
-                    let placement = DiskPlacement(memoryPolicy: memoryPolicy, diskOnly: true, freshness: stamp.freshness)
+                    let placement = DiskPlacement(
+                        memoryPolicy: memoryPolicy, diskOnly: true, freshness: stamp.freshness, stamp: stamp.coherence)
                     try disk.store(value, for: key, expiry: diskExpiry, group: options.group, placement: placement)
                     _ = memory.remove(key)
                 }

@@ -138,4 +138,7 @@ struct StoreStamp: Sendable {
     var memory: Int64 = 0
     var disk: Int64 = 0
     var freshness = Freshness.none
+    /// A cache with a remote tier: the coherence stamp the local copies carry (Remote/Coherence.swift),
+    /// kept beside the value in both tiers; 0 without a remote tier.
+    var coherence: Int64 = 0
 }

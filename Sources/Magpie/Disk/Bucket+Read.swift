@@ -118,10 +118,13 @@ extension BucketState {
             freshness.freshUntil = Int64(littleEndian: bytes.loadUnaligned(fromByteOffset: header.freshnessOffset, as: Int64.self))
             freshness.loadedAt = Int64(littleEndian: bytes.loadUnaligned(fromByteOffset: header.freshnessOffset + 8, as: Int64.self))
         }
+        let stamp = header.stampLength == 0 ? 0
+            : Int64(littleEndian: bytes.loadUnaligned(fromByteOffset: header.stampOffset, as: Int64.self))
         // One copy out of the verified bytes, through the specialised array initialiser.
         let payload = [UInt8](UnsafeRawBufferPointer(rebasing: bytes[header.payloadOffset..<(header.payloadOffset + header.storedLength)]))
         return DiskEntry(
-            value: payload, expiry: header.expiry, placement: DiskPlacement(memoryPolicy: policy, diskOnly: header.flags.contains(.diskOnly), freshness: freshness),
+            value: payload, expiry: header.expiry, placement: DiskPlacement(
+                memoryPolicy: policy, diskOnly: header.flags.contains(.diskOnly), freshness: freshness, stamp: stamp),
             group: group, compressedLength: header.codec == .zstd ? header.originalLength : nil)
     }
 

@@ -10,6 +10,8 @@ package struct DiskPlacement: Sendable, Equatable {
     var diskOnly = false
     /// The loader API's freshness and negative mark.
     var freshness = Freshness.none
+    /// A cache with a remote tier: when it last knew this copy current (0: none).
+    var stamp: Int64 = 0
 
     var flags: RecordFlags {
         var flags: RecordFlags = []
@@ -17,6 +19,7 @@ package struct DiskPlacement: Sendable, Equatable {
         if diskOnly { flags.insert(.diskOnly) }
         if freshness.freshUntil != 0 { flags.insert(.freshness) }
         if freshness.negative { flags.insert(.negative) }
+        if stamp != 0 { flags.insert(.stamp) }
         return flags
     }
 }
@@ -125,7 +128,7 @@ extension DiskTier {
         }
         let draft = RecordDraft(
             header: header, key: key.bytes, group: group, payload: payload, memoryPolicy: placement.memoryPolicy,
-            freshUntil: placement.freshness.freshUntil, loadedAt: placement.freshness.loadedAt)
+            freshUntil: placement.freshness.freshUntil, loadedAt: placement.freshness.loadedAt, stamp: placement.stamp)
         try withRoom(Self.bucket(of: key.hash, count: bucketCount), now: now) { (state, policy) throws(MagpieError) in
             try state.store(draft, key: key, now: now, policy: policy)
         }

@@ -48,6 +48,33 @@ extension MemoryTier {
         }
     }
 
+    /// Runs `body` over the coherence stamp (0: none) and the bytes of `key`'s value in place, or returns
+    /// nil: a cache with a remote tier's memory hit. Negative entries are misses. A hit takes no lock;
+    /// a miss is confirmed under the shard's lock.
+    @inline(__always)
+    package func withStampedValue<R>(_ key: HashedKey, _ body: (Int64, UnsafeRawBufferPointer) -> R) -> R? {
+        let hash = key.hash
+        return unownedShards[Int(truncatingIfNeeded: hash) & shardMask]._withUnsafeGuaranteedRef { shard in
+            guard let pin = epochs.pin() else {
+                return shard.withLock { storage in
+                    storage.lookupEntry(hash: hash, key: key.bytes, refusing: EntryHeader.negativeFlag).map { block, header in
+                        body(ShardStorage.stamp(of: block, header), ShardStorage.value(of: block, header))
+                    }
+                }
+            }
+            defer { epochs.unpin(pin) }
+            if let (block, header) = shard.findBlockLockFree(
+                hash: hash, key: key.bytes, clock: clock, pin: pin, hitCounts: hitCounts, refusing: EntryHeader.negativeFlag)
+            {
+                return body(ShardStorage.stamp(of: block, header), ShardStorage.value(of: block, header))
+            }
+            // Pinned before the lock was taken: the block stays valid after unlocking.
+            guard let (block, header) = shard.withLock({ $0.lookupEntry(hash: hash, key: key.bytes, refusing: EntryHeader.negativeFlag) })
+            else { return nil }
+            return body(ShardStorage.stamp(of: block, header), ShardStorage.value(of: block, header))
+        }
+    }
+
     /// The entry stored for `key` with its expiry and freshness, negative entries included (the
     /// loader API's read); nil when absent or expired. Counted as a read like ``copyValue(_:)``.
     package func entry(_ key: HashedKey) -> StoredEntry? {
@@ -89,9 +116,9 @@ extension MemoryTier {
 
     /// ``set(_:for:expiry:group:)`` with the deadline computed (ms since 1970, 0 = none; one already
     /// past removes the key: it must not keep an older value) and the loader API's freshness.
-    package func set(_ value: UnsafeRawBufferPointer, for key: HashedKey, deadline: Int64, group: String?, freshness: Freshness)
-        -> Result<Bool, MagpieError>
-    {
+    package func set(
+        _ value: UnsafeRawBufferPointer, for key: HashedKey, deadline: Int64, group: String?, freshness: Freshness, stamp: Int64 = 0
+    ) -> Result<Bool, MagpieError> {
         guard key.count <= Self.maximumKeyLength else {
             return .failure(
                 MagpieError(.keyTooLong, "key of \(key.count) bytes; the limit is \(Self.maximumKeyLength)"))
@@ -101,15 +128,16 @@ extension MemoryTier {
                 MagpieError(
                     .valueTooLarge, "value of \(value.count) bytes; the limit is \(Self.maximumValueLength)"))
         }
-        return .success(store(value, for: key, deadline: deadline, group: group, freshness: freshness))
+        return .success(store(value, for: key, deadline: deadline, group: group, freshness: freshness, stamp: stamp))
     }
 
     /// Stores `value` for `key` with a deadline already computed (ms since 1970, 0 = none; one already
     /// past removes the key) and the loader API's freshness. The caller checked the key's and the
-    /// value's lengths. Returns whether the entry was stored.
-    package func store(_ value: UnsafeRawBufferPointer, for key: HashedKey, deadline: Int64, group: String?, freshness: Freshness)
-        -> Bool
-    {
+    /// value's lengths. Returns whether the entry was stored. `stamp`: the coherence stamp of a cache
+    /// with a remote tier (0: none).
+    package func store(
+        _ value: UnsafeRawBufferPointer, for key: HashedKey, deadline: Int64, group: String?, freshness: Freshness, stamp: Int64 = 0
+    ) -> Bool {
         let hash = key.hash
         if deadline != 0 && deadline <= clock.now() {
             _ = withShard(for: hash) { $0.remove(hash: hash, key: key.bytes) }
@@ -117,10 +145,13 @@ extension MemoryTier {
         }
         let tag = group.map { $0.isEmpty ? 0 : hasher.groupTag($0) } ?? 0
         var outcome = withShard(for: hash) {
-            $0.store(hash: hash, key: key.bytes, value: value, deadline: deadline, group: tag, freshness: freshness, policy: .borrow)
+            $0.store(
+                hash: hash, key: key.bytes, value: value, deadline: deadline, group: tag, freshness: freshness, stamp: stamp,
+                policy: .borrow)
         }
         if case .short = outcome {
-            outcome = storeBorrowing(hash: hash, key: key.bytes, value: value, deadline: deadline, group: tag, freshness: freshness)
+            outcome = storeBorrowing(
+                hash: hash, key: key.bytes, value: value, deadline: deadline, group: tag, freshness: freshness, stamp: stamp)
         }
         return outcome != .refused
     }
@@ -137,12 +168,14 @@ extension MemoryTier {
     @inline(never)
     func storeBorrowing(
         hash: UInt64, key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, deadline: Int64, group: UInt64,
-        freshness: Freshness
+        freshness: Freshness, stamp: Int64
     ) -> StoreOutcome {
         let number = Int(truncatingIfNeeded: hash) & shardMask
         return withBorrowedRoom { (policy) -> RoomOutcome<StoreOutcome> in
             let outcome = withShard(for: hash) {
-                $0.store(hash: hash, key: key, value: value, deadline: deadline, group: group, freshness: freshness, policy: policy)
+                $0.store(
+                    hash: hash, key: key, value: value, deadline: deadline, group: group, freshness: freshness, stamp: stamp,
+                    policy: policy)
             }
             if case .short(let shortfall) = outcome { return .short(shortfall) }
             return .done(outcome)
@@ -192,6 +225,9 @@ package struct StoredEntry: Sendable {
     /// The expiry in this tier (ms since 1970), 0 for none.
     package var deadline: Int64
     package var freshness: Freshness
+    /// A cache with a remote tier: the instant its copy was last known current (0: none, never served
+    /// by such a cache). Kept beside the value, never in it.
+    package var stamp: Int64 = 0
     /// A cache with a remote tier: a local copy past its staleness bound, given to the loader API only,
     /// which may serve it through fail-safe and nothing else.
     package var unverified = false
@@ -206,5 +242,6 @@ package struct StoredEntry: Sendable {
     init(_ block: UnsafeMutableRawPointer, _ header: EntryHeader) {
         let (deadline, freshness) = ShardStorage.metadata(of: block, header)
         self.init(value: [UInt8](ShardStorage.value(of: block, header)), deadline: deadline, freshness: freshness)
+        stamp = ShardStorage.stamp(of: block, header)
     }
 }

@@ -56,6 +56,12 @@ extension ShardStorage {
         UnsafeRawBufferPointer(start: block + header.keyOffset + Int(header.keyLength), count: Int(header.valueLength))
     }
 
+    /// The coherence stamp of a block, 0 when it has none.
+    @inline(__always)
+    static func stamp(of block: UnsafeMutableRawPointer, _ header: EntryHeader) -> Int64 {
+        header.hasStamp ? block.loadUnaligned(fromByteOffset: header.stampOffset, as: Int64.self) : 0
+    }
+
     /// The expiry (0 = none) and freshness of a block.
     static func metadata(of block: UnsafeMutableRawPointer, _ header: EntryHeader) -> (deadline: Int64, freshness: Freshness) {
         var freshness = Freshness(negative: header.isNegative)

@@ -11,10 +11,10 @@ extension ShardStorage {
     /// With `.borrow`, a large entry that does not fit changes nothing and returns `.short` (see "Budget").
     mutating func store(
         hash: UInt64, key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, deadline: Int64 = 0,
-        group: UInt64 = 0, freshness: Freshness = .none, policy: RoomPolicy = .evict
+        group: UInt64 = 0, freshness: Freshness = .none, stamp: Int64 = 0, policy: RoomPolicy = .evict
     ) -> StoreOutcome {
         storeEntry(
-            hash: hash, key: key, value: value, deadline: deadline, group: group, freshness: freshness, placeholderLength: nil,
+            hash: hash, key: key, value: value, deadline: deadline, group: group, freshness: freshness, stamp: stamp, placeholderLength: nil,
             policy: policy)
     }
 
@@ -25,7 +25,7 @@ extension ShardStorage {
     {
         storeEntry(
             hash: hash, key: key, value: UnsafeRawBufferPointer(start: nil, count: 0), deadline: 0, group: 0,
-            freshness: .none, placeholderLength: valueLength, policy: policy)
+            freshness: .none, stamp: 0, placeholderLength: valueLength, policy: policy)
     }
 
     /// The body of `store` and `storePlaceholder`, inlined into each: with `placeholderLength` a constant
@@ -33,11 +33,12 @@ extension ShardStorage {
     @inline(__always)
     private mutating func storeEntry(
         hash: UInt64, key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, deadline: Int64, group: UInt64,
-        freshness: Freshness, placeholderLength: Int?, policy: RoomPolicy
+        freshness: Freshness, stamp: Int64, placeholderLength: Int?, policy: RoomPolicy
     ) -> StoreOutcome {
         let flags = (deadline != 0 ? EntryHeader.expiryFlag : 0) | (group != 0 ? EntryHeader.groupFlag : 0)
             | (placeholderLength != nil ? EntryHeader.placeholderFlag : 0)
             | (freshness.freshUntil != 0 ? EntryHeader.freshnessFlag : 0) | (freshness.negative ? EntryHeader.negativeFlag : 0)
+            | (stamp != 0 ? EntryHeader.stampFlag : 0)
         let valueLength = placeholderLength ?? value.count
         let storedLength = EntryHeader.extrasLength(flags: flags) + key.count + valueLength
         var queue = EntryHeader.small
@@ -83,6 +84,7 @@ extension ShardStorage {
             valueLength: UInt32(valueLength), keyLength: UInt16(key.count), frequency: frequency, state: queue | flags)
         header.write(to: block)
         writeExtras(block, deadline: deadline, group: group, freshness: freshness)
+        if stamp != 0 { block.storeBytes(of: stamp, toByteOffset: header.stampOffset, as: Int64.self) }
         copyBytes(key, to: block + header.keyOffset)
         if placeholderLength == nil { copyBytes(value, to: block + header.keyOffset + key.count) }
         let pushed = queue == EntryHeader.small ? small.push(block) : main.push(block)

@@ -109,8 +109,9 @@ import Synchronization
 // (``MemoryTier/largestStorableValue``).
 
 /// The 8-byte header at the start of every entry block. After it come the optional extras the state
-/// flags announce (an 8-byte deadline, an 8-byte group hash, then 16 bytes of freshness: fresh-until
-/// and loaded-at), then the key, then the value.
+/// flags announce (an 8-byte deadline, an 8-byte group hash, 16 bytes of freshness: fresh-until and
+/// loaded-at, then the 8-byte coherence stamp of a cache with a remote tier), then the key, then the
+/// value.
 ///
 /// A block is written whole before it is published in the index and never changes after, but for two
 /// bytes: `frequency` (set by lock-free hits, and by the policy under the lock) and the queue and dead
@@ -122,15 +123,17 @@ struct EntryHeader {
     var valueLength: UInt32
     var keyLength: UInt16
     var frequency: UInt8
-    /// Bits 0-1: the queue (small or main); bit 2: has a deadline; bit 3: has a group; bit 4: a
-    /// placeholder (the value is charged but not stored: trace replay only); bit 5: has freshness (a
-    /// fresh-until and a loaded-at instant); bit 6: negative (the loader found no value: only the
-    /// loader API serves it); bit 7: dead.
+    /// Bit 0: the queue (1 small, 0 main); bit 1: has a coherence stamp (the instant a cache with a
+    /// remote tier last knew the copy current: Remote/Coherence.swift); bit 2: has a deadline; bit 3:
+    /// has a group; bit 4: a placeholder (the value is charged but not stored: trace replay only); bit
+    /// 5: has freshness (a fresh-until and a loaded-at instant); bit 6: negative (the loader found no
+    /// value: only the loader API serves it); bit 7: dead.
     var state: UInt8
 
     static let small: UInt8 = 1
-    static let main: UInt8 = 2
-    static let queueMask: UInt8 = 0x03
+    static let main: UInt8 = 0
+    static let queueMask: UInt8 = 0x01
+    static let stampFlag: UInt8 = 0x02
     static let expiryFlag: UInt8 = 0x04
     static let groupFlag: UInt8 = 0x08
     static let placeholderFlag: UInt8 = 0x10
@@ -194,13 +197,14 @@ struct EntryHeader {
     var isPlaceholder: Bool { state & EntryHeader.placeholderFlag != 0 }
     var isNegative: Bool { state & EntryHeader.negativeFlag != 0 }
     var hasFreshness: Bool { state & EntryHeader.freshnessFlag != 0 }
+    var hasStamp: Bool { state & EntryHeader.stampFlag != 0 }
 
-    /// The bytes of the extras `flags` announce: 8 per deadline and group hash, 16 for freshness
-    /// (branch-free: bits 2, 3 and 5 shifted into place).
+    /// The bytes of the extras `flags` announce: 8 per deadline, group hash and stamp, 16 for freshness
+    /// (branch-free: bits 1, 2, 3 and 5 shifted into place).
     @inline(__always)
     static func extrasLength(flags: UInt8) -> Int {
         let bits = Int(flags)
-        return (bits & Int(expiryFlag)) << 1 + (bits & Int(groupFlag)) + (bits & Int(freshnessFlag)) >> 1
+        return (bits & Int(stampFlag)) << 2 + (bits & Int(expiryFlag)) << 1 + (bits & Int(groupFlag)) + (bits & Int(freshnessFlag)) >> 1
     }
 
     /// Where the key starts, from the block's start.
@@ -211,6 +215,8 @@ struct EntryHeader {
     var groupOffset: Int { ShardStorage.headerSize + (hasExpiry ? 8 : 0) }
     /// Where fresh-until and loaded-at lie, from the block's start (valid when `hasFreshness`).
     var freshnessOffset: Int { ShardStorage.headerSize + (hasExpiry ? 8 : 0) + (hasGroup ? 8 : 0) }
+    /// Where the coherence stamp lies, from the block's start (valid when `hasStamp`): the last extra.
+    var stampOffset: Int { keyOffset - 8 }
     /// The bytes after the header: extras, key and value. The entry is charged this + the overhead.
     var storedLength: Int { Self.extrasLength(flags: state) + Int(keyLength) + Int(valueLength) }
 }

@@ -44,8 +44,6 @@ final class Coherence: Sendable {
     let maxLag = Atomic<Int64>(0)
     let confirmations = Atomic<UInt64>(0)
 
-    static let stampSize = 8
-
     init(bound: Duration) {
         self.bound = max(1, bound.wholeMilliseconds)
         changes = InlineArray { _ in Atomic(0) }
@@ -113,24 +111,4 @@ final class Coherence: Sendable {
         if lag > maxLag.load(ordering: .relaxed) { maxLag.store(lag, ordering: .relaxed) }
         confirmations.add(1, ordering: .relaxed)
     }
-}
-
-/// The 8-byte stamp in front of every local value of a cache with a remote tier.
-enum LocalStamp {
-    /// `value` with `stamp` in front.
-    static func stamped(_ value: UnsafeRawBufferPointer, _ stamp: Int64) -> [UInt8] {
-        var bytes = [UInt8]()
-        bytes.reserveCapacity(value.count + Coherence.stampSize)
-        withUnsafeBytes(of: stamp.littleEndian) { bytes.append(contentsOf: $0) }
-        bytes.append(contentsOf: value)
-        return bytes
-    }
-
-    /// The stamp of a stored local value, nil if it is too short to carry one (never served).
-    static func stamp(of bytes: [UInt8]) -> Int64? {
-        guard bytes.count >= Coherence.stampSize else { return nil }
-        return bytes.withUnsafeBytes { Int64(littleEndian: $0.loadUnaligned(as: Int64.self)) }
-    }
-
-    static func value(of bytes: [UInt8]) -> [UInt8] { Array(bytes[Coherence.stampSize...]) }
 }

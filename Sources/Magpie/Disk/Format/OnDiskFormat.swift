@@ -21,8 +21,8 @@
 //   16 u64 hash seed           24 u64 XXH3-64 (seed 0) of bytes 0..<24
 //
 // Record (each starts on an 8-byte boundary): a 56-byte header, then key, group, the optional 8-byte
-// memory policy, the optional 16-byte freshness block and payload bytes, then zero padding to a
-// multiple of 8:
+// memory policy, the optional 16-byte freshness block, the optional 8-byte coherence stamp and payload
+// bytes, then zero padding to a multiple of 8:
 //   0  u32 magic "MGPR", or "DEAD" once the record is superseded or removed (see below)
 //   4  u8  format version (1)
 //   5  u8  kind: 1 value, 2 tombstone (deletes the key: key set, group and payload empty), 3 group
@@ -36,14 +36,17 @@
 //          fresh-until and i64 loaded-at, ms since 1970: the loader API serves the value as fresh
 //          before fresh-until, as stale after it until the expiry, and measures its age from
 //          loaded-at); bit 3 = negative (the loader found no value: payload empty, codec raw; every
-//          read but the loader's treats the key as absent). Other bits 0. Records written by
-//          `DiskTier` alone have flags 0. Bits 2 and 3 came after the first release of format 1: an
-//          older reader drops such a record as corrupt (a miss), never misreads it.
+//          read but the loader's treats the key as absent); bit 4 = an 8-byte coherence stamp follows the
+//          freshness block (i64 ms since 1970: when a cache with a remote tier last knew this copy to
+//          match the shared store; such a cache serves no local copy without one, a cache without a
+//          remote tier ignores it). Other bits 0. Records written by `DiskTier` alone have flags 0.
+//          Bits 2, 3 and 4 came after the first release of format 1: an older reader drops such a
+//          record as corrupt (a miss), never misreads it.
 //   8  u16 key length          10 u16 group length         12 u32 stored (payload) length
 //   16 u32 original value length (= stored for raw)         20 u32 reserved, 0
 //   24 i64 expiry, milliseconds since 1970 (0 = never)      32 u64 sequence number (per bucket)
 //   40 u64 key hash (XXH3-64 of the key with the cache's seed; picks the bucket)
-//   48 u64 checksum: XXH3-64 of key ‖ group ‖ memory policy ‖ freshness ‖ payload, seeded with XXH3-64 of header
+//   48 u64 checksum: XXH3-64 of key ‖ group ‖ memory policy ‖ freshness ‖ stamp ‖ payload, seeded with XXH3-64 of header
 //          bytes 4..<48
 //
 // Index snapshot (<NN>.index):

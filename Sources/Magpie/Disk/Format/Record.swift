@@ -21,7 +21,10 @@ package struct RecordFlags: OptionSet, Equatable {
     /// The record remembers that the loader found no value (negative caching): the payload is empty
     /// and the key reads as absent through every API but the loader's.
     package static let negative = RecordFlags(rawValue: 8)
-    package static let all: RecordFlags = [.memoryPolicy, .diskOnly, .freshness, .negative]
+    /// An 8-byte coherence stamp (i64 ms: when a cache with a remote tier last knew the copy current)
+    /// follows the freshness block. A cache without a remote tier ignores it.
+    package static let stamp = RecordFlags(rawValue: 16)
+    package static let all: RecordFlags = [.memoryPolicy, .diskOnly, .freshness, .negative, .stamp]
 }
 
 /// How a record's payload is stored.
@@ -74,8 +77,12 @@ package struct RecordHeader: Equatable {
     package var freshnessLength: Int {
         @inline(__always) get { flags.contains(.freshness) ? 16 : 0 }
     }
+    /// Bytes of the optional coherence stamp.
+    package var stampLength: Int {
+        @inline(__always) get { flags.contains(.stamp) ? 8 : 0 }
+    }
     package var bodyLength: Int {
-        @inline(__always) get { keyLength + groupLength + policyLength + freshnessLength + storedLength }
+        @inline(__always) get { keyLength + groupLength + policyLength + freshnessLength + stampLength + storedLength }
     }
     /// The record's length on disk, padding included.
     package var recordLength: Int {
@@ -88,12 +95,15 @@ package struct RecordHeader: Equatable {
     package var freshnessOffset: Int {
         @inline(__always) get { groupEnd + policyLength }
     }
-    package var payloadOffset: Int {
+    package var stampOffset: Int {
         @inline(__always) get { groupEnd + policyLength + freshnessLength }
     }
+    package var payloadOffset: Int {
+        @inline(__always) get { groupEnd + policyLength + freshnessLength + stampLength }
+    }
 
-    /// The record length of an entry with these lengths (`policy`: the memory policy and freshness
-    /// blocks together).
+    /// The record length of an entry with these lengths (`policy`: the memory policy, freshness and
+    /// stamp blocks together).
     package static func recordLength(key: Int, group: Int, stored: Int, policy: Int = 0) -> Int {
         (size + key + group + policy + stored + 7) & ~7
     }
@@ -151,11 +161,11 @@ package struct RecordHeader: Equatable {
     /// records where they land, see ``RecordDraft``).
     package static func makeRecord(
         _ header: RecordHeader, key: UnsafeRawBufferPointer, group: UnsafeRawBufferPointer,
-        payload: UnsafeRawBufferPointer, memoryPolicy: Int64 = 0, freshUntil: Int64 = 0, loadedAt: Int64 = 0
+        payload: UnsafeRawBufferPointer, memoryPolicy: Int64 = 0, freshUntil: Int64 = 0, loadedAt: Int64 = 0, stamp: Int64 = 0
     ) -> [UInt8] {
         let draft = RecordDraft(
             header: header, key: key, group: group, payload: payload, memoryPolicy: memoryPolicy, freshUntil: freshUntil,
-            loadedAt: loadedAt)
+            loadedAt: loadedAt, stamp: stamp)
         return draft.makeRecord(sequence: header.sequence)
     }
 
@@ -186,12 +196,13 @@ struct RecordDraft {
     var memoryPolicy: Int64 = 0
     var freshUntil: Int64 = 0
     var loadedAt: Int64 = 0
+    var stamp: Int64 = 0
 
     /// The record's length on disk.
     var length: Int { header.recordLength }
 
     /// Writes the sealed record, stamped with `sequence`, into `destination` (exactly ``length`` bytes):
-    /// header, key, group, memory policy and freshness (when the flags say so), payload, zero padding,
+    /// header, key, group, memory policy, freshness and stamp (when the flags say so), payload, zero padding,
     /// checksum.
     func write(into destination: UnsafeMutableRawBufferPointer, sequence: UInt64) {
         let base = destination.baseAddress!
@@ -207,6 +218,9 @@ struct RecordDraft {
         if header.freshnessLength != 0 {
             base.storeBytes(of: freshUntil.littleEndian, toByteOffset: header.freshnessOffset, as: Int64.self)
             base.storeBytes(of: loadedAt.littleEndian, toByteOffset: header.freshnessOffset + 8, as: Int64.self)
+        }
+        if header.stampLength != 0 {
+            base.storeBytes(of: stamp.littleEndian, toByteOffset: header.stampOffset, as: Int64.self)
         }
         copyBytes(payload, to: base + header.payloadOffset)
         let end = header.payloadOffset + payload.count
