@@ -44,20 +44,7 @@ public struct AsyncCache: Sendable {
     /// ``value(forKey:)-(String)`` for a key of arbitrary bytes.
     nonisolated(nonsending)
     public func value(forKey key: some Sequence<UInt8>) async throws -> [UInt8]? {
-        if let remote = cache.remote {
-            // A servable memory copy returns here, on the caller's executor; the rest awaits disk (on
-            // an I/O thread) and the store (no thread blocked).
-            let (value, hash) = try cache.withHashedKey(key) { key throws(MagpieError) in (cache.fleetMemoryValue(key, remote), key.hash) }
-            if let value { return value }
-            guard let (entry, _) = try await cache.fleetEntry(Array(key), hash: hash, remote, memoryChecked: true),
-                !entry.freshness.negative
-            else { return nil }
-            return entry.value
-        }
-        // The key is hashed once, here; the hash travels with a copy of its bytes to the I/O thread.
-        let (value, hash) = try cache.withHashedKey(key) { key throws(MagpieError) in (cache.memory.copyValue(key), key.hash) }
-        if let value { return value }
-        return try await cache.diskValue(Array(key), hash: hash)
+        try await cache.readValueAsync(key)
     }
 
     /// The value stored for `key` as `Data`; see ``Cache/data(forKey:)-(String)``.
@@ -98,22 +85,7 @@ public struct AsyncCache: Sendable {
     /// ``lookup(_:)-(String)`` for a key of arbitrary bytes.
     nonisolated(nonsending)
     public func lookup(_ key: some Sequence<UInt8>) async throws -> CacheHit? {
-        let clock = cache.clock
-        if let remote = cache.remote {
-            let hash = try cache.withHashedKey(key) { key throws(MagpieError) in key.hash }
-            return try await cache.fleetEntry(Array(key), hash: hash, remote).flatMap { CacheHit($0.0, tier: $0.1, clock: clock) }
-        }
-        let (hit, hash) = try cache.withHashedKey(key) { key throws(MagpieError) in
-            (CacheHit(cache.memory.entry(key), tier: .memory, clock: clock), key.hash)
-        }
-        if let hit { return hit }
-        guard cache.disk != nil else { return nil }
-        let name = Array(key)
-        return try await cache.onDisk { [cache] () throws(MagpieError) -> CacheHit? in
-            try cache.withHashedKey(name, hash: hash) { key throws(MagpieError) in
-                CacheHit(try cache.storedEntryAfterMemoryMiss(key), tier: .disk, clock: clock)
-            }
-        }
+        try await cache.readHitAsync(key)
     }
 
     /// Whether `key` has a live value in either tier; see ``Cache/contains(_:)-(String)``.
@@ -125,21 +97,7 @@ public struct AsyncCache: Sendable {
     /// ``contains(_:)-(String)`` for a key of arbitrary bytes.
     nonisolated(nonsending)
     public func contains(_ key: some Sequence<UInt8>) async throws -> Bool {
-        if let remote = cache.remote {
-            let (found, hash) = try cache.withHashedKey(key) { key throws(MagpieError) in (cache.fleetMemoryValue(key, remote) != nil, key.hash) }
-            if found { return true }
-            guard cache.disk != nil else { return false }
-            let (key, now) = (Array(key), cache.clock.now())
-            return try await cache.onDisk { [cache] () throws(MagpieError) -> Bool in
-                try cache.withHashedKey(key, hash: hash) { key throws(MagpieError) in try cache.fleetDiskContains(key, remote, now: now) }
-            }
-        }
-        let (found, hash) = try cache.withHashedKey(key) { key throws(MagpieError) in (cache.memory.contains(key), key.hash) }
-        if found { return true }
-        let key = Array(key)
-        return try await cache.onDisk { [cache] () throws(MagpieError) -> Bool in
-            try cache.withHashedKey(key, hash: hash) { key throws(MagpieError) in try cache.containsAfterMemoryMiss(key) }
-        }
+        try await cache.readContainsAsync(key)
     }
 
     /// Stores `value` for `key`; see ``Cache/set(_:forKey:options:)-(_,String,_)``. With a remote tier,
@@ -156,7 +114,7 @@ public struct AsyncCache: Sendable {
         _ value: some Sequence<UInt8> & Sendable, forKey key: some Sequence<UInt8>, options: EntryOptions? = nil
     ) async throws {
         let key = Array(key)
-        guard cache.remote != nil else {
+        guard cache.sendsWrites else {
             return try await cache.onDisk { [cache] () throws(MagpieError) in try cache.set(value, forKey: key, options: options) }
         }
         let value = Array(value)
@@ -197,10 +155,7 @@ public struct AsyncCache: Sendable {
     nonisolated(nonsending)
     public func removeAll() async throws {
         try await cache.onDisk { [cache] () throws(MagpieError) in try cache.removeAllLocally() }
-        if let remote = cache.remote {
-            remote.coherence.raiseFloor(to: cache.clock.now())
-            await remote.removeAll()
-        }
+        await cache.removeAllRemotely()
     }
 
     /// Removes a group's entries from both tiers; see ``Cache/removeAll(inGroup:)``.
@@ -210,7 +165,7 @@ public struct AsyncCache: Sendable {
         guard !group.isEmpty else { return RemovedEntries() }
         cache.supersedeAllLoads()
         let removed = try await cache.onDisk { [cache] () throws(MagpieError) -> RemovedEntries in try cache.removeAllLocally(inGroup: group) }
-        if let remote = cache.remote { await remote.removeGroup(group) }
+        await cache.removeGroupRemotelyAsync(group)
         return removed
     }
 
@@ -228,25 +183,6 @@ public struct AsyncCache: Sendable {
 }
 
 extension Cache {
-    /// An async read of a key whose hash is known: memory, then disk on an I/O thread (and the store).
-    nonisolated(nonsending)
-    func value(_ key: [UInt8], hash: UInt64) async throws -> [UInt8]? {
-        if let remote {
-            guard let (entry, _) = try await fleetEntry(key, hash: hash, remote), !entry.freshness.negative else { return nil }
-            return entry.value
-        }
-        if let value = try withHashedKey(key, hash: hash, { key throws(MagpieError) in memory.copyValue(key) }) { return value }
-        return try await diskValue(key, hash: hash)
-    }
-
-    /// The disk half of an async read, on an I/O thread.
-    nonisolated(nonsending)
-    func diskValue(_ key: [UInt8], hash: UInt64) async throws -> [UInt8]? {
-        try await onDisk { [self] () throws(MagpieError) -> [UInt8]? in
-            try withHashedKey(key, hash: hash) { key throws(MagpieError) in try valueAfterMemoryMiss(key) }
-        }
-    }
-
     /// Runs `work` on an I/O thread when there is a disk tier, else right here (memory work never
     /// blocks; the remote tier is awaited by the callers, never run here).
     nonisolated(nonsending)

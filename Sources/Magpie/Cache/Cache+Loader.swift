@@ -74,10 +74,10 @@ extension Cache {
             let entry: StoredEntry?
             if let found = first.take() {
                 entry = found
-            } else if memoryChecked && disk == nil && remote == nil {
+            } else if memoryChecked && !readsPastMemory {
                 entry = nil
             } else {
-                entry = try await storedEntry(call, memoryChecked: memoryChecked)
+                entry = try await readLoaderEntryAsync(call, memoryChecked: memoryChecked)
             }
             let fallback: StoredEntry?
             switch judge(entry, call) {
@@ -101,9 +101,7 @@ extension Cache {
         while true {
             defer { memoryChecked = false }  // later rounds read again
             let entry = try first.take() ?? withHashedKey(call.name, hash: call.hash) { key throws(MagpieError) -> StoredEntry? in
-                if let remote { return try fleetEntry(key, remote, unverifiedFallback: true)?.0 }
-                if !memoryChecked, let entry = memory.entry(key) { return entry }
-                return try storedEntryAfterMemoryMiss(key)
+                try readLoaderEntry(key, memoryChecked: memoryChecked)
             }
             let fallback: StoredEntry?
             switch judge(entry, call) {
@@ -129,24 +127,6 @@ extension Cache {
             name: name, hash: hash, options: options ?? defaultOptions, loader: loader ?? defaultLoaderOptions, work: work,
             acceptsAbsence: acceptsAbsence)
         return (call, first, probe.memoryChecked)
-    }
-
-    /// The key's entry with its freshness: memory (unless `memoryChecked`), then disk on an I/O thread.
-    nonisolated(nonsending)
-    private func storedEntry(_ call: LoaderCall, memoryChecked: Bool) async throws -> StoredEntry? {
-        if let remote {
-            return try await fleetEntry(call.name, hash: call.hash, remote, unverifiedFallback: true, memoryChecked: memoryChecked)?.0
-        }
-        if !memoryChecked,
-            let entry = try withHashedKey(call.name, hash: call.hash, { key throws(MagpieError) in memory.entry(key) })
-        {
-            return entry
-        }
-        guard disk != nil else { return nil }
-        let (name, hash) = (call.name, call.hash)
-        return try await onDisk { [self] () throws(MagpieError) -> StoredEntry? in
-            try withHashedKey(name, hash: hash) { key throws(MagpieError) in try storedEntryAfterMemoryMiss(key) }
-        }
     }
 
     /// What to do with `entry` (see the top of this file); counts the hit it serves and starts the
@@ -250,16 +230,6 @@ extension Cache {
         return flight
     }
 
-    /// Whether memory holds a value of the key that a call would serve without a load (fresh).
-    private func servableInMemory(_ call: LoaderCall) -> Bool {
-        if let remote { return fleetServableInMemory(call, remote) }
-        return call.name.withUnsafeBytes { bytes in
-            guard let (_, freshness) = memory.metadata(HashedKey(bytes, hash: call.hash)) else { return false }
-            guard call.acceptsAbsence || !freshness.negative else { return false }
-            return freshness.freshUntil == 0 || freshness.isFresh(at: clock.now())
-        }
-    }
-
     private func timers(_ call: LoaderCall, fallback: StoredEntry?) -> LoadTimers {
         // A soft timeout serves the stale value while the load goes on: not one past the remote tier's
         // staleness bound (fail-safe alone may).
@@ -284,8 +254,7 @@ extension Cache {
                 Task { [self] in
                     // A cache with a remote tier loads once for the fleet: the lease's holder loads, the
                     // others wait for its value (Cache+Lease.swift).
-                    var lease = LeaseOutcome.load(token: nil)
-                    if let remote { lease = await leaseOrShared(call, remote) }
+                    let lease = await acquireLoad(call)
                     if case .shared(let value) = lease {
                         leave(flight, hash: call.hash)
                         flight.finish(.success(value))
@@ -301,7 +270,7 @@ extension Cache {
                     // The value goes through to the store before the lease is released (a waiter that
                     // then takes the lease finds it), and before the callers hear of it.
                     if let write = landed ?? nil { await send(write) }
-                    if case .load(let token?) = lease, let remote { await releaseLease(call, token: token, remote) }
+                    await finishLoad(call, lease)
                     flight.finish(result)
                 })
         case .blocking(let load):
@@ -315,10 +284,7 @@ extension Cache {
 
     /// Runs a synchronous load on this thread, lands it and ends the flight.
     private func runBlocking(_ flight: Flight, _ call: LoaderCall, _ load: @Sendable () throws -> [UInt8]?) {
-        var lease = LeaseOutcome.load(token: nil)
-        if let remote {
-            lease = (try? remote.bridge.wait(remote.store) { [self] in await leaseOrShared(call, remote) }) ?? .load(token: nil)
-        }
+        let lease = acquireLoadBlocking(call)
         if case .shared(let value) = lease {
             leave(flight, hash: call.hash)
             flight.finish(.success(value))
@@ -328,9 +294,7 @@ extension Cache {
         let result: Result<[UInt8]?, any Error>
         do { result = .success(try load()) } catch { result = .failure(error) }
         if let send = land(flight, call, result, started: started) { sendWaiting(send) }
-        if case .load(let token?) = lease, let remote {
-            _ = try? remote.bridge.wait(remote.store) { [self] in await releaseLease(call, token: token, remote) }
-        }
+        finishLoadBlocking(call, lease)
         flight.finish(result)
     }
 

@@ -19,8 +19,7 @@ extension Cache {
     /// `value(forKey:)` for a key of arbitrary bytes.
     @inlinable
     public func value(forKey key: some Sequence<UInt8>) throws(MagpieError) -> [UInt8]? {
-        if hasRemote { return try withHashedKey(key) { key throws(MagpieError) in try fleetValue(key) } }
-        return try read(key, memory: { key in memory.copyValue(key) }, disk: { key throws(MagpieError) in try valueAfterMemoryMiss(key) })
+        try readValue(key)
     }
 
     /// The value stored for `key`, the tier that answered and whether the value is fresh or stale (see
@@ -32,56 +31,29 @@ extension Cache {
 
     /// ``lookup(_:)-(String)`` for a key of arbitrary bytes.
     public func lookup(_ key: some Sequence<UInt8>) throws(MagpieError) -> CacheHit? {
-        if let remote {
-            return try withHashedKey(key) { key throws(MagpieError) in
-                try fleetEntry(key, remote).flatMap { CacheHit($0.0, tier: $0.1, clock: clock) }
-            }
-        }
-        return try read(
-            key, memory: { key in CacheHit(memory.entry(key), tier: .memory, clock: clock) },
-            disk: { key throws(MagpieError) in try CacheHit(storedEntryAfterMemoryMiss(key), tier: .disk, clock: clock) })
+        try readHit(key)
     }
 
     /// The value stored for `key` as `Data` (one copy, from the tier's storage into the `Data`).
     /// - Throws: as ``value(forKey:)-(String)``.
     public func data(forKey key: String) throws(MagpieError) -> Data? {
-        try withHashedKey(key) { key throws(MagpieError) in try data(key) }
+        try withHashedKey(key) { key throws(MagpieError) in try readData(key) }
     }
 
     /// ``data(forKey:)-(String)`` for a key of arbitrary bytes.
     public func data(forKey key: some Sequence<UInt8>) throws(MagpieError) -> Data? {
-        try withHashedKey(key) { key throws(MagpieError) in try data(key) }
-    }
-
-    private func data(_ key: HashedKey) throws(MagpieError) -> Data? {
-        if hasRemote { return try fleetValue(key).map { Data($0) } }
-        if let data = memory.withValue(key, { $0.isEmpty ? Data() : Data(bytes: $0.baseAddress!, count: $0.count) }) {
-            return data
-        }
-        return try valueAfterMemoryMiss(key).map { Data($0) }
+        try withHashedKey(key) { key throws(MagpieError) in try readData(key) }
     }
 
     /// Whether `key` has a live value in either tier. Not counted as a read; does not promote.
     /// - Throws: ``MagpieError/Code/keyTooLong``, disk I/O errors, ``MagpieError/Code/closed``.
     public func contains(_ key: String) throws(MagpieError) -> Bool {
-        try withHashedKey(key) { key throws(MagpieError) in try contains(key) }
+        try withHashedKey(key) { key throws(MagpieError) in try readContains(key) }
     }
 
     /// ``contains(_:)-(String)`` for a key of arbitrary bytes.
     public func contains(_ key: some Sequence<UInt8>) throws(MagpieError) -> Bool {
-        try withHashedKey(key) { key throws(MagpieError) in try contains(key) }
-    }
-
-    private func contains(_ key: HashedKey) throws(MagpieError) -> Bool {
-        if let remote { return try fleetLocalContains(key, remote) }
-        if memory.contains(key) { return true }
-        return try containsAfterMemoryMiss(key)
-    }
-
-    func containsAfterMemoryMiss(_ key: HashedKey) throws(MagpieError) -> Bool {
-        if let remote { return try fleetLocalContains(key, remote) }
-        guard let disk else { return false }
-        return try logged("contains") { () throws(MagpieError) in try disk.contains(key) }
+        try withHashedKey(key) { key throws(MagpieError) in try readContains(key) }
     }
 
     /// The disk half of a read: look up, and promote a hit, with the key's stripe held. (Written without

@@ -19,22 +19,13 @@ extension Cache: Service {
     /// journal and is replayed when the directory is opened again; without one it is lost.
     /// - Throws: the disk tier's flush and close errors (the cache is closed either way).
     public func shutdown(replayingFor replayTime: Duration = .seconds(2)) async throws {
-        if let remote {
-            let owed = await remote.waitForReplay(upTo: replayTime)
-            if owed > 0 && disk == nil {
-                logger.error("magpie: removals owed to the remote tier are lost at shutdown", metadata: ["owed": "\(owed)"])
-            } else if owed > 0 {
-                logger.warning(
-                    "magpie: removals still owed to the remote tier at shutdown; journaled, replayed at the next open",
-                    metadata: ["owed": "\(owed)"])
-            }
-        }
+        await replayBeforeShutdown(upTo: replayTime)
         var failure: MagpieError? = nil
         if !closed.load(ordering: .relaxed) {
             do { try flush() } catch { failure = error }
         }
         do { try close(waitingForRemote: false) } catch { failure = failure ?? error }
-        if let remote { await remote.store.shutdown() }
+        await closeRemoteStore()
         if let failure { throw failure }
     }
 }

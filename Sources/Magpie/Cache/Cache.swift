@@ -153,45 +153,16 @@ public final class Cache: Sendable {
         pool = IOThreadPool(threadCount: ioThreads, name: "magpie-io")
         loaderPool = IOThreadPool(threadCount: configuration.loaderThreadCount, name: "magpie-load")
         defaultLoaderOptions = configuration.defaultLoaderOptions
-        if let options = configuration.remote {
-            let journal = disk.map { disk in
-                OwedJournal(
-                    append: { (entry) throws(MagpieError) -> Bool in try disk.appendToJournal(entry) },
-                    replace: { (entries) throws(MagpieError) -> Bool in try disk.replaceJournal(with: entries) })
-            }
-            let remote = RemoteTier(options, clock: configuration.clock, journal: journal)
-            let applier = IOThreadPool(threadCount: 1, name: "magpie-coherence")
-            self.remote = remote
-            hasRemote = true
-            coherencePool = applier
-        } else {
-            remote = nil
-            hasRemote = false
-            coherencePool = nil
-        }
+        let remoteTier = Self.makeRemoteTier(configuration, disk: disk)
+        remote = remoteTier?.0
+        hasRemote = remoteTier != nil
+        coherencePool = remoteTier?.1
         metrics = configuration.metrics.map { MetricsReporter($0) }
         if let interval = configuration.metrics?.interval { startReporting(every: interval) }
         if let disk, disk.configuration.writeBufferSize > 0, let interval = configuration.diskBufferWriteInterval {
             startWritingBuffers(every: interval)
         }
-        startReportingRemoteChanges()
-        // Removals owed by an earlier run that was killed (journaled in the directory): replayed now.
-        if let remote, let disk {
-            do {
-                remote.restoreOwed(try disk.journalEntries())
-            } catch {
-                logger.error("magpie: the journal of owed removals could not be read", metadata: ["error": "\(error)"])
-            }
-        }
-    }
-
-    /// Asks the remote store (if any) to report its changes, which the coherence thread applies in order.
-    private func startReportingRemoteChanges() {
-        guard let remote, let applier = coherencePool else { return }
-        remote.store.startReporting(to: RemoteChanges(clock: clock) { [weak self] change in
-            guard let cache = self else { return }
-            _ = applier.submit { cache.apply(change, remote) }
-        })
+        startRemoteTier()
     }
 
     /// A memory-only cache with the given budget (the other settings default).
@@ -204,13 +175,7 @@ public final class Cache: Sendable {
         pool.shutdown()
         loaderPool.shutdown()
         coherencePool?.shutdown()
-        remote?.bridge.shutdown()
-        if let remote, !closed.load(ordering: .relaxed) {
-            // Dropped without close(): the store's connections would outlive it.
-            remote.stopReplay()
-            let store = remote.store
-            Task { await store.shutdown() }
-        }
+        dropRemoteTier()
         metrics?.stop()
     }
 
@@ -253,22 +218,6 @@ public final class Cache: Sendable {
     /// any, is the caller's business (a user's store supersedes it, the load's own landing does not).
     func write(_ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions, stamp: StoreStamp) throws(MagpieError) {
         if let send = try writeLocally(value, for: key, options: options, stamp: stamp) { sendWaiting(send) }
-    }
-
-    /// A store's local half: the whole store for a cache without a remote tier; with one, the local
-    /// tiers and the remote write still to send (Cache+Remote.swift).
-    func writeLocally(_ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions, stamp: StoreStamp)
-        throws(MagpieError) -> RemoteSend?
-    {
-        if let remote { return try fleetWriteLocally(value, for: key, options: options, stamp: stamp, remote) }
-        guard disk != nil else {
-            try writeTiers(value, for: key, options: options, memoryPolicy: 0, stamp: stamp)
-            return nil
-        }
-        try stripes.withLock(for: key.hash) { () throws(MagpieError) in
-            try writeTiers(value, for: key, options: options, memoryPolicy: options.encodedMemoryPolicy, stamp: stamp)
-        }
-        return nil
     }
 
     /// A store's writes to the local tiers, the key's stripe held by the caller when there is a disk
@@ -353,25 +302,10 @@ public final class Cache: Sendable {
         return removed
     }
 
-    /// A removal's local half: whether either local tier held the key, and, with a remote tier, the
-    /// removal still to send (Cache+Remote.swift).
-    func removeLocally(_ key: HashedKey) throws(MagpieError) -> (Bool, RemoteSend?) {
-        if let remote {
-            let (removed, send) = try fleetRemoveLocally(key, remote)
-            return (removed, send)
-        }
-        guard let disk else { return (memory.remove(key), nil) }
-        return try stripes.withLock(for: key.hash) { () throws(MagpieError) -> (Bool, RemoteSend?) in
-            let onDisk = try logged("remove") { () throws(MagpieError) in try disk.remove(key) }
-            return (memory.remove(key) || onDisk, nil)
-        }
-    }
-
     /// Removes every entry from both tiers. On disk, bucket after bucket: if it throws, the buckets not
     /// yet emptied keep their entries (memory is emptied regardless).
     public func removeAll() throws(MagpieError) {
-        try removeAllLocally()
-        if let remote { fleetRemoveAll(remote) }
+        try removeAllThrough()
     }
 
     /// `removeAll()` in the local tiers.
@@ -395,7 +329,7 @@ public final class Cache: Sendable {
         guard !group.isEmpty else { return RemovedEntries() }
         supersedeAllLoads()
         let removed = try removeAllLocally(inGroup: group)
-        if let remote { fleetRemoveGroup(group, remote) }
+        removeGroupRemotely(group)
         return removed
     }
 
@@ -447,11 +381,7 @@ public final class Cache: Sendable {
         pool.shutdown()
         loaderPool.shutdown()
         coherencePool?.shutdown()
-        if let remote {
-            remote.stopReplay()
-            let store = remote.store
-            if waitingForRemote { Task { await store.shutdown() } }
-        }
+        stopRemoteTier(closingStore: waitingForRemote)
         metrics?.stop()
         reportMetrics()
         defer { memory.removeAll() }

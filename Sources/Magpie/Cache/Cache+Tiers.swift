@@ -1,0 +1,333 @@
+import Foundation
+
+// The composer: the one place that knows which tiers a `Cache` has. Every public operation (sync,
+// async, loader) reaches the tiers through the functions here, so that the rest of `Cache` is written
+// once for every composition.
+//
+// Reads go down a read-through chain: memory, then disk (with the key's stripe held, a hit promoted
+// into memory), then, with a remote tier, the store (a hit kept locally while coherence allows, see
+// Cache+Remote.swift), then, for the loader API, the loader (Cache+Loader.swift). A cache with a remote
+// tier serves a local copy only while its coherence stamp is servable (Remote/Coherence.swift).
+//
+// Writes go to a write-through list: the local tiers under the key's stripe (the local half), then,
+// with a remote tier, the store (the remote half, sent with no lock held, Cache+Remote.swift).
+//
+// The chain's links are the tiers' own interfaces (MemoryTier+Bytes.swift, DiskTier+Entries.swift,
+// RemoteTier.swift); its specialised forms (a plain value, an entry with its metadata, a hit with its
+// tier, containment; sync and async) are written out here rather than behind a protocol, because a
+// memory hit must cost what the memory tier's own read costs (Benchmarks/opcount.sh).
+
+extension Cache {
+    // MARK: Reads (synchronous)
+
+    /// The value of `key` down the chain, nil on a miss (a remembered absence included).
+    @inlinable
+    func readValue(_ key: some Sequence<UInt8>) throws(MagpieError) -> [UInt8]? {
+        if hasRemote { return try withHashedKey(key) { key throws(MagpieError) in try fleetValue(key) } }
+        return try read(key, memory: { key in memory.copyValue(key) }, disk: { key throws(MagpieError) in try valueAfterMemoryMiss(key) })
+    }
+
+    /// The value of `key` with the tier that answered and its freshness.
+    func readHit(_ key: some Sequence<UInt8>) throws(MagpieError) -> CacheHit? {
+        if let remote {
+            return try withHashedKey(key) { key throws(MagpieError) in
+                try fleetEntry(key, remote).flatMap { CacheHit($0.0, tier: $0.1, clock: clock) }
+            }
+        }
+        return try read(
+            key, memory: { key in CacheHit(memory.entry(key), tier: .memory, clock: clock) },
+            disk: { key throws(MagpieError) in try CacheHit(storedEntryAfterMemoryMiss(key), tier: .disk, clock: clock) })
+    }
+
+    /// The value of `key` as `Data` (one copy, from the tier's storage into the `Data`).
+    func readData(_ key: HashedKey) throws(MagpieError) -> Data? {
+        if hasRemote { return try fleetValue(key).map { Data($0) } }
+        if let data = memory.withValue(key, { $0.isEmpty ? Data() : Data(bytes: $0.baseAddress!, count: $0.count) }) {
+            return data
+        }
+        return try valueAfterMemoryMiss(key).map { Data($0) }
+    }
+
+    /// Whether a local tier holds a live (and, with a remote tier, servable) value of `key`. Not counted
+    /// as a read; does not promote; never asks the store.
+    func readContains(_ key: HashedKey) throws(MagpieError) -> Bool {
+        if let remote { return try fleetLocalContains(key, remote) }
+        if memory.contains(key) { return true }
+        return try containsAfterMemoryMiss(key)
+    }
+
+    /// ``readContains(_:)`` past memory (its disk half, on an I/O thread for the async API).
+    func containsAfterMemoryMiss(_ key: HashedKey) throws(MagpieError) -> Bool {
+        if let remote { return try fleetLocalContains(key, remote) }
+        guard let disk else { return false }
+        return try logged("contains") { () throws(MagpieError) in try disk.contains(key) }
+    }
+
+    /// The loader API's read of `key`: the entry with its expiry and freshness, negative ones included;
+    /// with a remote tier, a local copy past its staleness bound comes marked unverified when the store
+    /// has nothing (fail-safe may serve it). `memoryChecked`: memory was read and found nothing.
+    func readLoaderEntry(_ key: HashedKey, memoryChecked: Bool) throws(MagpieError) -> StoredEntry? {
+        if let remote { return try fleetEntry(key, remote, unverifiedFallback: true)?.0 }
+        if !memoryChecked, let entry = memory.entry(key) { return entry }
+        return try storedEntryAfterMemoryMiss(key)
+    }
+
+    /// Whether a loader call that found nothing in memory must read further (a disk or remote tier).
+    var readsPastMemory: Bool { disk != nil || remote != nil }
+
+    /// Whether a loader call may judge a memory entry by itself, before the full protocol: not with a
+    /// remote tier, whose local copies are judged by their coherence stamps there.
+    @usableFromInline
+    var judgesMemoryFirst: Bool { !hasRemote }
+
+    /// Whether memory holds a value of the key that `call` would serve without a load (fresh).
+    func servableInMemory(_ call: LoaderCall) -> Bool {
+        if let remote { return fleetServableInMemory(call, remote) }
+        return call.name.withUnsafeBytes { bytes in
+            guard let (_, freshness) = memory.metadata(HashedKey(bytes, hash: call.hash)) else { return false }
+            guard call.acceptsAbsence || !freshness.negative else { return false }
+            return freshness.freshUntil == 0 || freshness.isFresh(at: clock.now())
+        }
+    }
+
+    // MARK: Reads (async)
+
+    /// ``readValue(_:)`` for the async API: a memory hit returns on the caller's executor; disk is read
+    /// on an I/O thread, the store awaited with no thread blocked.
+    nonisolated(nonsending)
+    func readValueAsync(_ key: some Sequence<UInt8>) async throws -> [UInt8]? {
+        if let remote {
+            let (value, hash) = try withHashedKey(key) { key throws(MagpieError) in (fleetMemoryValue(key, remote), key.hash) }
+            if let value { return value }
+            guard let (entry, _) = try await fleetEntry(Array(key), hash: hash, remote, memoryChecked: true),
+                !entry.freshness.negative
+            else { return nil }
+            return entry.value
+        }
+        // The key is hashed once, here; the hash travels with a copy of its bytes to the I/O thread.
+        let (value, hash) = try withHashedKey(key) { key throws(MagpieError) in (memory.copyValue(key), key.hash) }
+        if let value { return value }
+        let name = Array(key)
+        return try await onDisk { [self] () throws(MagpieError) -> [UInt8]? in
+            try withHashedKey(name, hash: hash) { key throws(MagpieError) in try valueAfterMemoryMiss(key) }
+        }
+    }
+
+    /// ``readHit(_:)`` for the async API.
+    nonisolated(nonsending)
+    func readHitAsync(_ key: some Sequence<UInt8>) async throws -> CacheHit? {
+        let clock = clock
+        if let remote {
+            let hash = try withHashedKey(key) { key throws(MagpieError) in key.hash }
+            return try await fleetEntry(Array(key), hash: hash, remote).flatMap { CacheHit($0.0, tier: $0.1, clock: clock) }
+        }
+        let (hit, hash) = try withHashedKey(key) { key throws(MagpieError) in
+            (CacheHit(memory.entry(key), tier: .memory, clock: clock), key.hash)
+        }
+        if let hit { return hit }
+        guard disk != nil else { return nil }
+        let name = Array(key)
+        return try await onDisk { [self] () throws(MagpieError) -> CacheHit? in
+            try withHashedKey(name, hash: hash) { key throws(MagpieError) in
+                CacheHit(try storedEntryAfterMemoryMiss(key), tier: .disk, clock: clock)
+            }
+        }
+    }
+
+    /// ``readContains(_:)`` for the async API.
+    nonisolated(nonsending)
+    func readContainsAsync(_ key: some Sequence<UInt8>) async throws -> Bool {
+        if let remote {
+            let (found, hash) = try withHashedKey(key) { key throws(MagpieError) in (fleetMemoryValue(key, remote) != nil, key.hash) }
+            if found { return true }
+            guard disk != nil else { return false }
+            let (key, now) = (Array(key), clock.now())
+            return try await onDisk { [self] () throws(MagpieError) -> Bool in
+                try withHashedKey(key, hash: hash) { key throws(MagpieError) in try fleetDiskContains(key, remote, now: now) }
+            }
+        }
+        let (found, hash) = try withHashedKey(key) { key throws(MagpieError) in (memory.contains(key), key.hash) }
+        if found { return true }
+        let key = Array(key)
+        return try await onDisk { [self] () throws(MagpieError) -> Bool in
+            try withHashedKey(key, hash: hash) { key throws(MagpieError) in try containsAfterMemoryMiss(key) }
+        }
+    }
+
+    /// ``readLoaderEntry(_:memoryChecked:)`` for the async loader: memory here, disk on an I/O thread,
+    /// the store awaited.
+    nonisolated(nonsending)
+    func readLoaderEntryAsync(_ call: LoaderCall, memoryChecked: Bool) async throws -> StoredEntry? {
+        if let remote {
+            return try await fleetEntry(call.name, hash: call.hash, remote, unverifiedFallback: true, memoryChecked: memoryChecked)?.0
+        }
+        if !memoryChecked,
+            let entry = try withHashedKey(call.name, hash: call.hash, { key throws(MagpieError) in memory.entry(key) })
+        {
+            return entry
+        }
+        guard disk != nil else { return nil }
+        let (name, hash) = (call.name, call.hash)
+        return try await onDisk { [self] () throws(MagpieError) -> StoredEntry? in
+            try withHashedKey(name, hash: hash) { key throws(MagpieError) in try storedEntryAfterMemoryMiss(key) }
+        }
+    }
+
+    // MARK: Writes (the write-through list)
+
+    /// A store's local half: the whole store for a cache without a remote tier; with one, the local
+    /// tiers and the remote write still to send (Cache+Remote.swift).
+    func writeLocally(_ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions, stamp: StoreStamp)
+        throws(MagpieError) -> RemoteSend?
+    {
+        if let remote { return try fleetWriteLocally(value, for: key, options: options, stamp: stamp, remote) }
+        guard disk != nil else {
+            try writeTiers(value, for: key, options: options, memoryPolicy: 0, stamp: stamp)
+            return nil
+        }
+        try stripes.withLock(for: key.hash) { () throws(MagpieError) in
+            try writeTiers(value, for: key, options: options, memoryPolicy: options.encodedMemoryPolicy, stamp: stamp)
+        }
+        return nil
+    }
+
+    /// A removal's local half: whether either local tier held the key, and, with a remote tier, the
+    /// removal still to send (Cache+Remote.swift).
+    func removeLocally(_ key: HashedKey) throws(MagpieError) -> (Bool, RemoteSend?) {
+        if let remote {
+            let (removed, send) = try fleetRemoveLocally(key, remote)
+            return (removed, send)
+        }
+        guard let disk else { return (memory.remove(key), nil) }
+        return try stripes.withLock(for: key.hash) { () throws(MagpieError) -> (Bool, RemoteSend?) in
+            let onDisk = try logged("remove") { () throws(MagpieError) in try disk.remove(key) }
+            return (memory.remove(key) || onDisk, nil)
+        }
+    }
+
+    /// Whether a write has a remote half to send after its local half (a remote tier).
+    var sendsWrites: Bool { remote != nil }
+
+    /// `removeAll()` through every tier: the local ones, then the store's namespace (synchronous API).
+    func removeAllThrough() throws(MagpieError) {
+        try removeAllLocally()
+        if let remote { fleetRemoveAll(remote) }
+    }
+
+    /// `removeAll()` past the local tiers for the async API: the store's namespace, awaited.
+    nonisolated(nonsending)
+    func removeAllRemotely() async {
+        guard let remote else { return }
+        remote.coherence.raiseFloor(to: clock.now())
+        await remote.removeAll()
+    }
+
+    /// A group removal past the local tiers: the group's token in the store (synchronous API).
+    func removeGroupRemotely(_ group: String) {
+        if let remote { fleetRemoveGroup(group, remote) }
+    }
+
+    /// ``removeGroupRemotely(_:)`` for the async API.
+    nonisolated(nonsending)
+    func removeGroupRemotelyAsync(_ group: String) async {
+        if let remote { await remote.removeGroup(group) }
+    }
+
+    // MARK: Loads
+
+    /// Takes the fleet's lease of `call`'s key (or gets the value another instance's load stored);
+    /// without a remote tier this instance just loads.
+    nonisolated(nonsending)
+    func acquireLoad(_ call: LoaderCall) async -> LeaseOutcome {
+        guard let remote else { return .load(token: nil) }
+        return await leaseOrShared(call, remote)
+    }
+
+    /// ``acquireLoad(_:)`` from a loader thread (the synchronous loader API).
+    func acquireLoadBlocking(_ call: LoaderCall) -> LeaseOutcome {
+        guard let remote else { return .load(token: nil) }
+        return (try? remote.bridge.wait(remote.store) { [self] in await leaseOrShared(call, remote) }) ?? .load(token: nil)
+    }
+
+    /// Releases the lease `lease` holds, if any, once the load landed.
+    nonisolated(nonsending)
+    func finishLoad(_ call: LoaderCall, _ lease: LeaseOutcome) async {
+        if case .load(let token?) = lease, let remote { await releaseLease(call, token: token, remote) }
+    }
+
+    /// ``finishLoad(_:_:)`` from a loader thread.
+    func finishLoadBlocking(_ call: LoaderCall, _ lease: LeaseOutcome) {
+        if case .load(let token?) = lease, let remote {
+            _ = try? remote.bridge.wait(remote.store) { [self] in await releaseLease(call, token: token, remote) }
+        }
+    }
+
+    // MARK: Life cycle
+
+    /// The remote tier of `configuration`, if any, journaling its owed removals in `disk`'s directory.
+    static func makeRemoteTier(_ configuration: Configuration, disk: DiskTier?) -> (RemoteTier, IOThreadPool)? {
+        guard let options = configuration.remote else { return nil }
+        let journal = disk.map { disk in
+            OwedJournal(
+                append: { (entry) throws(MagpieError) -> Bool in try disk.appendToJournal(entry) },
+                replace: { (entries) throws(MagpieError) -> Bool in try disk.replaceJournal(with: entries) })
+        }
+        return (RemoteTier(options, clock: configuration.clock, journal: journal), IOThreadPool(threadCount: 1, name: "magpie-coherence"))
+    }
+
+    /// Starts what the remote tier runs in the background: the store's change reports, applied in order
+    /// on the coherence thread, and the replay of removals an earlier run owed (its journal).
+    func startRemoteTier() {
+        guard let remote, let applier = coherencePool else { return }
+        remote.store.startReporting(to: RemoteChanges(clock: clock) { [weak self] change in
+            guard let cache = self else { return }
+            _ = applier.submit { cache.apply(change, remote) }
+        })
+        // Removals owed by an earlier run that was killed (journaled in the directory): replayed now.
+        if let disk {
+            do {
+                remote.restoreOwed(try disk.journalEntries())
+            } catch {
+                logger.error("magpie: the journal of owed removals could not be read", metadata: ["error": "\(error)"])
+            }
+        }
+    }
+
+    /// Stops the remote tier at `close()`: the replay stops, and the store's connections close in the
+    /// background unless the caller closes them (`closingStore` false).
+    func stopRemoteTier(closingStore: Bool) {
+        guard let remote else { return }
+        remote.stopReplay()
+        let store = remote.store
+        if closingStore { Task { await store.shutdown() } }
+    }
+
+    /// The remote tier of a cache dropped without `close()`: its bridge thread ends, and so do its
+    /// replay and its store's connections (they would outlive the cache).
+    func dropRemoteTier() {
+        guard let remote else { return }
+        remote.bridge.shutdown()
+        if !closed.load(ordering: .relaxed) { stopRemoteTier(closingStore: true) }
+    }
+
+    /// `shutdown`'s first step: waits up to `replayTime` for the owed removals to reach the store; what
+    /// is still owed is logged (journaled with a disk tier, lost without one).
+    nonisolated(nonsending)
+    func replayBeforeShutdown(upTo replayTime: Duration) async {
+        guard let remote else { return }
+        let owed = await remote.waitForReplay(upTo: replayTime)
+        if owed > 0 && disk == nil {
+            logger.error("magpie: removals owed to the remote tier are lost at shutdown", metadata: ["owed": "\(owed)"])
+        } else if owed > 0 {
+            logger.warning(
+                "magpie: removals still owed to the remote tier at shutdown; journaled, replayed at the next open",
+                metadata: ["owed": "\(owed)"])
+        }
+    }
+
+    /// `shutdown`'s last step: the store's connections, closed and awaited.
+    nonisolated(nonsending)
+    func closeRemoteStore() async {
+        if let remote { await remote.store.shutdown() }
+    }
+}
