@@ -10,7 +10,7 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
         private enum Kind: Sendable, Hashable {
             case keyTooLong, valueTooLarge, invalidConfiguration, compressionFailed, decompressionFailed
             case directoryLocked, directoryUnusable, directoryUnsafe, directoryReplaced, manifestMismatch, noSpace, ioFailure, closed
-            case encodingFailed, decodingFailed, loadTimedOut, remoteUnavailable
+            case encodingFailed, decodingFailed, loadTimedOut, remoteUnavailable, remoteRefused
         }
 
         private let kind: Kind
@@ -59,10 +59,15 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
         /// A loader did not finish within ``LoaderOptions/hardTimeout`` and no stale value could stand in
         /// (the load goes on, and caches its value when it finishes).
         public static let loadTimedOut = Code(.loadTimedOut)
-        /// The remote tier (``RemoteStore``) could not be reached, refused the call, or its circuit
-        /// breaker is open. The cache's own calls never throw it: a remote failure is a miss there,
-        /// counted in ``RemoteTierStatistics/errors``.
+        /// The remote tier (``RemoteStore``) could not be reached, did not answer in time, or its
+        /// circuit breaker is open. The cache's own calls never throw it: a remote failure is a miss
+        /// there, counted in ``RemoteTierStatistics/errors``.
         public static let remoteUnavailable = Code(.remoteUnavailable)
+        /// The remote tier answered, with an error (for example: the key holds a value of another type).
+        /// The cache treats it as ``remoteUnavailable`` except that a removal it owes for this reason does
+        /// not hold back the fleet's delivery watermark (``RemoteChanges/ownWritesDelivered()``): the
+        /// store is reachable, and every instance reads the same error.
+        public static let remoteRefused = Code(.remoteRefused)
 
         /// The code's name, e.g. `ioFailure`.
         public var description: String {
@@ -84,6 +89,7 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
             case .decodingFailed: "decodingFailed"
             case .loadTimedOut: "loadTimedOut"
             case .remoteUnavailable: "remoteUnavailable"
+            case .remoteRefused: "remoteRefused"
             }
         }
     }

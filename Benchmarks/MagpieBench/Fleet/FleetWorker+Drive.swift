@@ -95,19 +95,20 @@ extension FleetInstance {
             tally.wrongValues += 1
             return
         }
-        judge(key, version: version, readStarted: started, tally: tally)
+        judge(key, version: version, readStarted: started, remote: tier == .remote, tally: tally)
     }
 
     /// A read of `version` that started at `readStarted` is stale beyond the bound when a newer version
     /// had replaced it more than the bound before the read began (the replacing write's return instant
     /// is known exactly when it is the latest or the one before; older ones replaced it no later than
     /// the previous write returned, so this never over-counts).
-    private func judge(_ key: Int, version: Int64, readStarted: Int64, tally: FleetTally) {
+    private func judge(_ key: Int, version: Int64, readStarted: Int64, remote: Bool, tally: FleetTally) {
         let truth = table.truth(key)
         guard version < truth.latest else { return }
         let replacedAt = version == truth.previous ? truth.latestAt : truth.previousAt
         guard replacedAt > 0, replacedAt < readStarted - boundNs else { return }
         tally.staleBeyondBound += 1
+        if remote { tally.staleFromRemote += 1 }
         if tally.staleAt.count < FleetTally.instantsKept { tally.staleAt.append(readStarted) }
         // The value was removed (the latest change is a removal) long enough ago: served again.
         if truth.removal && truth.latestAt < readStarted - boundNs {
@@ -171,7 +172,7 @@ extension FleetInstance {
             "reads": .int(tally.reads), "writes": .int(tally.writes), "removes": .int(tally.removes),
             "memory_hits": .int(tally.memoryHits), "disk_hits": .int(tally.diskHits), "remote_hits": .int(tally.remoteHits),
             "origin_calls": .int(tally.originCalls), "caller_errors": .int(tally.callerErrors),
-            "stale_reads_beyond_bound": .int(tally.staleBeyondBound), "resurrected_removals": .int(tally.resurrected),
+            "stale_reads_beyond_bound": .int(tally.staleBeyondBound), "stale_from_remote": .int(tally.staleFromRemote), "resurrected_removals": .int(tally.resurrected),
             "wrong_values": .int(tally.wrongValues),
             "stale_at": .array(tally.staleAt.map { .int(Int($0)) }),
             "resurrected_at": .array(tally.resurrectedAt.map { .int(Int($0)) }),

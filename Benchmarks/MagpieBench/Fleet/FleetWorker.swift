@@ -71,7 +71,12 @@ struct FleetWorker: ParsableCommand {
         }
         // The feed's health, for the parent's recovery time.
         while monotonicNanoseconds() < end {
-            if let remote = instance.cache?.statistics.remote, remote.unconfirmedMilliseconds < 200 {
+            // Coherent again: the feed confirmed (a heartbeat every 100 ms), and every instance's owed
+            // writes landed (the fleet's watermark runs 100-250 ms behind while all is well: each
+            // instance publishes its own with its heartbeat).
+            if let remote = instance.cache?.statistics.remote, remote.unconfirmedMilliseconds < 200,
+                remote.undeliveredMilliseconds < 350
+            {
                 table.store(table.statusWord(worker: index), monotonicNanoseconds())
             }
             usleep(10_000)
@@ -99,6 +104,8 @@ final class FleetTally: @unchecked Sendable {
     var reads = 0, writes = 0, removes = 0
     var memoryHits = 0, diskHits = 0, remoteHits = 0, originCalls = 0
     var callerErrors = 0, staleBeyondBound = 0, resurrected = 0, wrongValues = 0
+    /// Of the stale reads, those a remote fetch answered (the rest were local copies).
+    var staleFromRemote = 0
     var readLatency = LogHistogram()
     var allLatency = LogHistogram()
     /// Memory hits and stores that overlapped the SIGSTOP window (the fault run), and those while Redis
@@ -120,7 +127,7 @@ final class FleetTally: @unchecked Sendable {
         reads += local.reads; writes += local.writes; removes += local.removes
         memoryHits += local.memoryHits; diskHits += local.diskHits; remoteHits += local.remoteHits
         originCalls += local.originCalls; callerErrors += local.callerErrors
-        staleBeyondBound += local.staleBeyondBound; resurrected += local.resurrected; wrongValues += local.wrongValues
+        staleBeyondBound += local.staleBeyondBound; staleFromRemote += local.staleFromRemote; resurrected += local.resurrected; wrongValues += local.wrongValues
         readLatency.merge(local.readLatency.counts)
         staleAt += local.staleAt
         resurrectedAt += local.resurrectedAt

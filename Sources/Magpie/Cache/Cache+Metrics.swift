@@ -88,6 +88,7 @@ final class MetricsReporter: Sendable {
                 gauge("owed_removals", tier: "remote", in: &state.0).record(remote.owedRemovals)
                 gauge("invalidation_lag_ms", tier: "remote", in: &state.0).record(remote.lastLagMilliseconds)
                 gauge("unconfirmed_ms", tier: "remote", in: &state.0).record(remote.unconfirmedMilliseconds)
+                gauge("undelivered_ms", tier: "remote", in: &state.0).record(remote.undeliveredMilliseconds)
                 gauge("breaker_open", tier: "remote", in: &state.0).record(remote.failsFast ? 1 : 0)
             }
             state.1 = now

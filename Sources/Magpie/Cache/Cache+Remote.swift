@@ -32,6 +32,8 @@ struct RemoteSend: Sendable {
     let name: [UInt8]
     let hash: UInt64
     let operation: Operation
+    /// When the write began (``Coherence/beginWrite(_:now:)``).
+    let began: Int64
 }
 
 extension Cache {
@@ -210,10 +212,11 @@ extension Cache {
     func fleetWriteLocally(
         _ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions, stamp: StoreStamp, _ remote: RemoteTier
     ) throws(MagpieError) -> RemoteSend {
-        remote.coherence.beginWrite(key.hash)
+        let began = clock.now()
+        remote.coherence.beginWrite(key.hash, now: began)
         do {
             var local = stamp
-            local.coherence = max(1, clock.now())
+            local.coherence = max(1, began)
             let version = try stripes.withLock(for: key.hash) { () throws(MagpieError) -> UInt64 in
                 try writeTiers(value, for: key, options: options, memoryPolicy: options.encodedMemoryPolicy, stamp: local)
                 return remote.versions.next()
@@ -224,9 +227,9 @@ extension Cache {
                 value: Array(value), expiresAt: expiry, memoryPolicy: options.encodedMemoryPolicy, freshness: stamp.freshness,
                 tiers: options.tiers, group: options.group.flatMap { $0.isEmpty ? nil : $0 })
             record.version = version
-            return RemoteSend(name: Array(key.bytes), hash: key.hash, operation: .store(record))
+            return RemoteSend(name: Array(key.bytes), hash: key.hash, operation: .store(record), began: began)
         } catch {
-            remote.coherence.endWrite(key.hash)
+            remote.coherence.endWrite(key.hash, began: began)
             throw error
         }
     }
@@ -234,15 +237,16 @@ extension Cache {
     /// The local half of a removal through to the store (see ``fleetWriteLocally(_:for:options:stamp:_:)``):
     /// whether a local tier held the key, and the tombstone to send.
     func fleetRemoveLocally(_ key: HashedKey, _ remote: RemoteTier) throws(MagpieError) -> (Bool, RemoteSend) {
-        remote.coherence.beginWrite(key.hash)
+        let began = clock.now()
+        remote.coherence.beginWrite(key.hash, now: began)
         do {
             let (removed, version) = try stripes.withLock(for: key.hash) { () throws(MagpieError) -> (Bool, UInt64) in
                 let onDisk = try disk.map { disk throws(MagpieError) in try logged("remove") { () throws(MagpieError) in try disk.remove(key) } }
                 return (memory.remove(key) || onDisk == true, remote.versions.next())
             }
-            return (removed, RemoteSend(name: Array(key.bytes), hash: key.hash, operation: .remove(version: version)))
+            return (removed, RemoteSend(name: Array(key.bytes), hash: key.hash, operation: .remove(version: version), began: began))
         } catch {
-            remote.coherence.endWrite(key.hash)
+            remote.coherence.endWrite(key.hash, began: began)
             throw error
         }
     }
@@ -279,7 +283,7 @@ extension Cache {
             }
         case .remove(let version): await remote.remove(write.name, version: version)
         }
-        remote.coherence.endWrite(write.hash)
+        remote.coherence.endWrite(write.hash, began: write.began)
     }
 
     /// ``send(_:)`` from the synchronous API: blocks until the store answered.
@@ -290,7 +294,7 @@ extension Cache {
         if !remote.store.callerMayWait {
             if case .store = write.operation { remote.owe(key: write.name, version: remote.versions.next()) }
             if case .remove(let version) = write.operation { remote.owe(key: write.name, version: version) }
-            remote.coherence.endWrite(write.hash)
+            remote.coherence.endWrite(write.hash, began: write.began)
         }
     }
 
@@ -346,6 +350,8 @@ extension Cache {
             remote.coherence.raiseFloor(to: clock.now())
         case .confirmed(let instant):
             remote.coherence.confirm(through: instant, now: clock.now())
+        case .delivered(let instant):
+            remote.coherence.delivered.store(instant, ordering: .releasing)
         }
     }
 

@@ -279,7 +279,7 @@ extension Cache {
     /// on the coherence thread, and the replay of removals an earlier run owed (its journal).
     func startRemoteTier() {
         guard let remote, let applier = coherencePool else { return }
-        remote.store.startReporting(to: RemoteChanges(clock: clock) { [weak self] change in
+        remote.store.startReporting(to: RemoteChanges(clock: clock, delivered: { remote.ownWritesDelivered() }) { [weak self] change in
             guard let cache = self else { return }
             _ = applier.submit { cache.apply(change, remote) }
         })

@@ -2,17 +2,27 @@ import Synchronization
 
 // When a local copy may be served, in a cache with a remote tier.
 //
-// Every value the cache keeps locally (memory or disk) starts with an 8-byte stamp: the instant (ms,
-// cache clock) from which the copy is known to match the store — its own store, or the start of the
-// fetch that brought it. A copy stamped `s` is served at `now` only while
+// Every value the cache keeps locally (memory or disk) carries a coherence stamp beside it (a memory
+// entry's extras, a disk record's field): the instant (ms, cache clock) from which the copy is known to
+// match the store — its own store, or the start of the fetch that brought it. A copy stamped `s` is
+// served at `now` only while
 //
-//     s > floor   and   now − max(s, confirmed) < bound
+//     s > floor   and   now − min(max(s, confirmed), delivered) < bound
 //
 // `confirmed` is the latest instant through which the store has confirmed that every change was
 // reported (and applied here: confirmations are applied in order after the invalidations before them).
 // `floor` moves to `now` whenever changes may have been missed (the feed was re-established, or
 // everything changed): every older copy is then a miss, lazily, without a scan. `bound` is
 // ``RemoteTierOptions/maxDisconnectedStaleness``.
+//
+// `delivered` is the fleet's delivery watermark: every write that any instance sharing the store
+// returned to its callers before it has reached the store. A write made while the store could not be
+// reached returns (owed, replayed later); until it lands, neither a local copy nor the store's value of
+// its key may be trusted by another instance, however recently that instance's feed was confirmed. Each
+// instance publishes the instant before which all of its own writes reached the store (its writes under
+// way and its owed removals hold it back; `deliveredThrough()` below), and the store reports the least
+// over the instances it waits for (MagpieRedis: with each heartbeat). A store that reports none leaves
+// it at `Int64.max`: no constraint.
 //
 // A fetch races the invalidation of the key it fetches: the reply may carry the old value while the
 // invalidation has already been applied. So each key hash maps to one of 4,096 change counters, bumped
@@ -29,6 +39,11 @@ final class Coherence: Sendable {
     let bound: Int64
     let floor = Atomic<Int64>(0)
     let confirmed = Atomic<Int64>(0)
+    /// The fleet's delivery watermark (see above); `Int64.max` until the store reports one.
+    let delivered = Atomic<Int64>(.max)
+    /// This cache's writes under way (from before the local store until the store answered), by the
+    /// instant each began: what holds back the watermark this cache publishes.
+    private let underWay = Mutex<[Int64: Int]>([:])
     /// Bumped whenever a cached token may have changed ("g" or "a" invalidated, or everything).
     let tokenGeneration = Atomic<UInt64>(0)
     /// Per slot: changes of its keys (invalidations, and this cache's writes at their start and end).
@@ -53,12 +68,20 @@ final class Coherence: Sendable {
     /// Whether a copy stamped `stamp` may be served at `now`.
     @inline(__always)
     func servable(stamp: Int64, now: Int64) -> Bool {
-        stamp > floor.load(ordering: .acquiring) && now - max(stamp, confirmed.load(ordering: .acquiring)) < bound
+        stamp > floor.load(ordering: .acquiring)
+            && now - min(max(stamp, confirmed.load(ordering: .acquiring)), delivered.load(ordering: .acquiring)) < bound
     }
 
     /// Whether the feed is confirmed recently enough that a fetched value may be kept locally.
     func confirmedRecently(now: Int64) -> Bool {
-        now - confirmed.load(ordering: .acquiring) < bound
+        now - min(confirmed.load(ordering: .acquiring), delivered.load(ordering: .acquiring)) < bound
+    }
+
+    /// Whether a value the store gave may be served at `now`, for a fetch that started when the
+    /// watermark read `watermark`: every write returned more than the bound ago had reached the store
+    /// before the fetch began.
+    func deliveredRecently(_ watermark: Int64, now: Int64) -> Bool {
+        now - watermark < bound
     }
 
     @inline(__always)
@@ -78,16 +101,28 @@ final class Coherence: Sendable {
         changes[Self.slot(hash)].add(1, ordering: .sequentiallyConsistent)
     }
 
-    /// A write of a key with this hash starts (before its local store).
-    func beginWrite(_ hash: UInt64) {
+    /// A write of a key with this hash starts at `now` (before its local store); pass `now` to
+    /// ``endWrite(_:began:)``.
+    func beginWrite(_ hash: UInt64, now: Int64) {
+        underWay.withLock { $0[now, default: 0] += 1 }
         changes[Self.slot(hash)].add(1, ordering: .sequentiallyConsistent)
         writing[Self.slot(hash)].add(1, ordering: .sequentiallyConsistent)
     }
 
-    /// The write ended (the store answered, or the call failed).
-    func endWrite(_ hash: UInt64) {
+    /// The write that began at `began` ended (the store answered, or the call failed and the key is
+    /// owed a removal: owed *before* this call, so the watermark never passes the write).
+    func endWrite(_ hash: UInt64, began: Int64) {
         changes[Self.slot(hash)].add(1, ordering: .sequentiallyConsistent)
         writing[Self.slot(hash)].subtract(1, ordering: .sequentiallyConsistent)
+        underWay.withLock { underWay in
+            guard let count = underWay[began] else { return }
+            underWay[began] = count > 1 ? count - 1 : nil
+        }
+    }
+
+    /// The instant the oldest write under way began, nil when none is.
+    func oldestWriteUnderWay() -> Int64? {
+        underWay.withLock { $0.keys.min() }
     }
 
     /// Whether a value fetched when the counter read `counter` may be kept locally now: nothing changed

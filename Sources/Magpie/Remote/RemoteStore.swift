@@ -127,9 +127,12 @@ public struct RemoteTierOptions: Sendable {
 public final class RemoteChanges: Sendable {
     let sink: @Sendable (RemoteChange) -> Void
     let clock: CacheClock
+    let ownDelivery: @Sendable () -> Int64
 
-    init(clock: CacheClock, sink: @escaping @Sendable (RemoteChange) -> Void) {
+    init(clock: CacheClock, delivered: @escaping @Sendable () -> Int64 = { Int64.max },
+         sink: @escaping @Sendable (RemoteChange) -> Void) {
         self.clock = clock
+        self.ownDelivery = delivered
         self.sink = sink
     }
 
@@ -152,10 +155,29 @@ public final class RemoteChanges: Sendable {
     public func confirm(through instant: Int64) {
         sink(.confirmed(instant))
     }
+
+    /// The instant (from ``now()``) before which every write this cache returned to its callers has
+    /// reached the store: its writes under way and the removals it owes hold it back. A store that
+    /// serves several instances publishes it for the others (see ``allDelivered(through:)``).
+    public func ownWritesDelivered() -> Int64 {
+        min(clock.now(), ownDelivery())
+    }
+
+    /// Every write that any instance sharing the store returned to its callers before `instant` has
+    /// reached the store (the least of the instances' ``ownWritesDelivered()``, over those the store
+    /// still waits for). Until it passes an instant, neither a local copy nor a value fetched from the
+    /// store is trusted past ``RemoteTierOptions/maxDisconnectedStaleness`` after it: an instance's
+    /// write that could not reach the store (owed, replayed later) may have replaced it. Report it in
+    /// order with the confirmations, after the changes before it. A store that never calls this
+    /// leaves the cache trusting every confirmed copy.
+    public func allDelivered(through instant: Int64) {
+        sink(.delivered(instant))
+    }
 }
 
 enum RemoteChange: Sendable {
     case keys([[UInt8]])
     case all
     case confirmed(Int64)
+    case delivered(Int64)
 }

@@ -67,6 +67,7 @@ extension RemoteTier {
         owe(.key(key, version: version)) { pending in
             let previous = pending.keys[key]?.version ?? 0
             pending.keys[key] = (pending.sequence, max(previous, version))
+            pending.refused.remove(key)
         }
     }
 
@@ -76,8 +77,10 @@ extension RemoteTier {
 
     /// Owes everything: the namespace is replaced on replay.
     func oweEverything() {
+        let oldest = oldestUndelivered()
         pending.withLock { pending in
             pending.oweEverything()
+            pending.updateHold(oldest: oldest)
             journal(replacingWith: [.everything])
         }
         counters.queuedRemovals.add(1, ordering: .relaxed)
@@ -87,10 +90,12 @@ extension RemoteTier {
     /// Records a removal owed (`record` files it under the next sequence number) and journals `entry`,
     /// unless everything is owed already; starts the replay.
     private func owe(_ entry: OwedEntry, _ record: (inout PendingRemovals) -> Void) {
+        let oldest = oldestUndelivered()
         pending.withLock { pending in
             guard !pending.all else { return }
             pending.sequence += 1
             record(&pending)
+            defer { pending.updateHold(oldest: oldest) }
             if !overflowIfNeeded(&pending), let hooks = journalHooks {
                 let appended: Bool
                 do { appended = try hooks.append(entry.encoded) } catch {
@@ -138,6 +143,8 @@ extension RemoteTier {
                 }
             }
             _ = overflowIfNeeded(&pending)
+            // Writes of an earlier run: held back from now (when this run learns of them).
+            pending.updateHold(oldest: clock.now())
             if pending.all {
                 journal(replacingWith: [.everything])
             } else {
@@ -155,6 +162,24 @@ extension RemoteTier {
         counters.pendingOverflows.add(1, ordering: .relaxed)
         journal(replacingWith: [.everything])
         return true
+    }
+
+    /// The start of the oldest write under way, or now: where a removal owed now starts holding back
+    /// the watermark (the failed write is still under way when it is owed).
+    func oldestUndelivered() -> Int64 {
+        let now = clock.now()
+        return min(now, coherence.oldestWriteUnderWay() ?? now)
+    }
+
+    /// The instant before which every write this cache returned has reached the store
+    /// (``RemoteChanges/ownWritesDelivered()``). The writes under way are read before the owed
+    /// removals: a failed write is owed before it stops being under way, so it is seen in one or the
+    /// other.
+    func ownWritesDelivered() -> Int64 {
+        let now = clock.now()
+        let underWay = coherence.oldestWriteUnderWay() ?? now
+        let owed = pending.withLock { $0.holds ? $0.since : nil } ?? now
+        return min(now, underWay, owed)
     }
 
     /// How many removals are owed (keys and groups; 1 for the whole namespace).
@@ -231,35 +256,70 @@ extension RemoteTier {
             }
         }
         // Each key's tombstone carries its removal's version: a write made since, by anyone, still wins.
-        // Sent 64 at a time, concurrently (each is one round trip of its own); a batch's tombstones the
-        // store took are settled even when another of the batch failed.
+        // Up to 256 in flight (each is one round trip of its own; until the last lands, the fleet's
+        // delivery watermark waits for this instance), settled 64 at a time as they land, so that a
+        // failure keeps owed only what it did not take. Each tombstone is taken (true), refused by the
+        // store (false: it answered with an error), or not answered (nil: the store is unreachable, and
+        // the rest waits for the next pass).
         let keys = Array(owed.keys)
-        var start = 0
-        while start < keys.count {
-            let end = min(start + 64, keys.count)
-            let taken = await withTaskGroup(of: Int?.self) { group -> [Int] in
-                for index in start..<end {
-                    let (key, owedKey) = keys[index]
-                    group.addTask { [self] in (try? await sendTombstone(key, version: owedKey.version)) == nil ? nil : index }
-                }
-                var taken: [Int] = []
-                for await index in group { if let index { taken.append(index) } }
-                return taken
-            }
-            settle { pending in
-                var settled = 0
-                for index in taken {
-                    let (key, owedKey) = keys[index]
-                    if pending.keys[key]?.sequence == owedKey.sequence {
-                        pending.keys[key] = nil
-                        settled += 1
+        var anyRefused = false
+        var unanswered = false
+        await withTaskGroup(of: (Int, Bool?).self) { group in
+            var next = 0
+            var landed: [(Int, Bool?)] = []
+            func launch() {
+                guard next < keys.count else { return }
+                let index = next
+                let (key, owedKey) = keys[index]
+                next += 1
+                group.addTask { [self] in
+                    do {
+                        _ = try await sendTombstone(key, version: owedKey.version)
+                        return (index, true)
+                    } catch {
+                        return (index, (error as? MagpieError)?.code == .remoteRefused ? false : nil)
                     }
                 }
-                return settled
             }
-            if taken.count < end - start { throw MagpieError(.remoteUnavailable, "an owed removal was not taken") }
-            start = end
+            for _ in 0..<min(256, keys.count) { launch() }
+            for await outcome in group {
+                landed.append(outcome)
+                if outcome.1 == nil { unanswered = true }
+                if !unanswered { launch() }
+                if landed.count >= 64 {
+                    anyRefused = settle(landed, of: keys) || anyRefused
+                    landed.removeAll(keepingCapacity: true)
+                }
+            }
+            anyRefused = settle(landed, of: keys) || anyRefused
         }
+        if unanswered { throw MagpieError(.remoteUnavailable, "an owed removal was not taken") }
+        if anyRefused { throw MagpieError(.remoteRefused, "the store refused an owed removal") }
+    }
+
+    /// Settles the keys whose tombstones the store took and marks those it refused; whether any was
+    /// refused.
+    private func settle(_ outcomes: [(Int, Bool?)], of keys: [([UInt8], (sequence: UInt64, version: UInt64))]) -> Bool {
+        let refused = outcomes.compactMap { $0.1 == false ? $0.0 : nil }
+        if !refused.isEmpty {
+            pending.withLock { pending in
+                for index in refused where pending.keys[keys[index].0]?.sequence == keys[index].1.sequence {
+                    pending.refused.insert(keys[index].0)
+                }
+            }
+        }
+        settle { pending in
+            var settled = 0
+            for (index, taken) in outcomes where taken == true {
+                let (key, owedKey) = keys[index]
+                if pending.keys[key]?.sequence == owedKey.sequence {
+                    pending.keys[key] = nil
+                    settled += 1
+                }
+            }
+            return settled
+        }
+        return !refused.isEmpty
     }
 
     /// Drops removals the store took from the queue (`drop` returns how many; one that was owed again
@@ -269,6 +329,8 @@ extension RemoteTier {
     private func settle(_ drop: (inout PendingRemovals) -> Int) {
         let settled = pending.withLock { pending -> Int in
             let settled = drop(&pending)
+            if !pending.refused.isEmpty { pending.refused = pending.refused.filter { pending.keys[$0] != nil } }
+            pending.updateHold(oldest: clock.now())
             if settled > 0 && pending.isEmpty { journal(replacingWith: []) }
             return settled
         }
@@ -315,12 +377,21 @@ public struct RemoteTierStatistics: Sendable, Hashable {
     /// How long ago (ms) the latest confirmed instant was: past ``RemoteTierOptions/maxDisconnectedStaleness``,
     /// local copies are misses.
     public var unconfirmedMilliseconds: Int64 = 0
+    /// How far behind (ms) the fleet's delivery watermark is: the instant before which every instance's
+    /// writes reached the store (see ``RemoteChanges/allDelivered(through:)``). Past
+    /// ``RemoteTierOptions/maxDisconnectedStaleness`` local copies are misses and fetched values are
+    /// withheld, until the instances' owed removals land. 0 with a store that reports none.
+    public var undeliveredMilliseconds: Int64 = 0
     /// Whether the store fails fast now (its breaker is open).
     public var failsFast = false
     /// Owed removals taken in from the journal a killed process left in the cache directory.
     public var restoredRemovals: UInt64 = 0
     /// Failed writes of that journal (the removals stay owed in memory).
     public var journalFailures: UInt64 = 0
+    /// Values the store gave that were not served (misses instead): the fleet's delivery watermark
+    /// was older than ``RemoteTierOptions/maxDisconnectedStaleness``, so an instance may have returned a
+    /// write of the key that had not reached the store yet (see <doc:RunningAFleet>).
+    public var withheld: UInt64 = 0
     /// Versioned writes and removals the store refused because it held a newer version of the key (a
     /// later write from another instance, or this one's own later write that got there first).
     public var fenced: UInt64 = 0
@@ -355,10 +426,13 @@ extension RemoteTier {
         s.lastLagMilliseconds = coherence.lastLag.load(ordering: .relaxed)
         s.maxLagMilliseconds = coherence.maxLag.load(ordering: .relaxed)
         s.unconfirmedMilliseconds = max(0, clock.now() - coherence.confirmed.load(ordering: .relaxed))
+        let delivered = coherence.delivered.load(ordering: .relaxed)
+        s.undeliveredMilliseconds = delivered == .max ? 0 : max(0, clock.now() - delivered)
         s.failsFast = store.failsFast
         s.fenced = counters.fenced.load(ordering: .relaxed)
         s.restoredRemovals = counters.restoredRemovals.load(ordering: .relaxed)
         s.journalFailures = counters.journalFailures.load(ordering: .relaxed)
+        s.withheld = counters.withheld.load(ordering: .relaxed)
         s.leasesAcquired = counters.leasesAcquired.load(ordering: .relaxed)
         s.leaseWaits = counters.leaseWaits.load(ordering: .relaxed)
         s.sharedLoads = counters.sharedLoads.load(ordering: .relaxed)

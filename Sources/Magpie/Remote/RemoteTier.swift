@@ -45,6 +45,7 @@ final class RemoteTier: Sendable {
         let fenced = Atomic<UInt64>(0)
         let restoredRemovals = Atomic<UInt64>(0)
         let journalFailures = Atomic<UInt64>(0)
+        let withheld = Atomic<UInt64>(0)
     }
 
     struct TokenCache {
@@ -62,10 +63,28 @@ final class RemoteTier: Sendable {
         /// Each owed group with the sequence number of its latest failure.
         var groups: [String: UInt64] = [:]
         var all = false
+        /// From when the removals owed now hold back the watermark this cache publishes
+        /// (``RemoteChanges/ownWritesDelivered()``): the start of the oldest write that was under way when
+        /// the first of them was owed. Nil when nothing is owed, or only keys the store refused.
+        var since: Int64? = nil
+        /// Owed keys whose last replay the store answered with an error (``MagpieError/Code/remoteRefused``):
+        /// they stay owed, but hold nothing back (the store is reachable; every instance reads the error).
+        var refused: Set<[UInt8]> = []
         var sequence: UInt64 = 0
         /// The sequence number at which `all` was last set: a replay clears it only if it is unchanged.
         var allSequence: UInt64 = 0
         var isEmpty: Bool { keys.isEmpty && groups.isEmpty && !all }
+        /// Whether something owed holds the watermark back.
+        var holds: Bool { all || !groups.isEmpty || keys.count > refused.count }
+
+        /// After a change: the hold starts at `oldest` if none was on, and ends with what holds it.
+        mutating func updateHold(oldest: Int64) {
+            if !holds {
+                since = nil
+            } else if since == nil {
+                since = oldest
+            }
+        }
 
         /// Everything is owed: the keys and groups are dropped (replacing the namespace covers them).
         mutating func oweEverything() {
@@ -103,6 +122,9 @@ final class RemoteTier: Sendable {
         }
         let recordKey = [RemoteKey.record] + key
         let generation = coherence.tokenGeneration.load(ordering: .acquiring)
+        // Read before the round trip: what the store holds now includes every write that returned
+        // before this watermark.
+        let watermark = coherence.delivered.load(ordering: .acquiring)
         let started = clock.now()
         let cachedNamespace = cachedToken(group: nil, now: started)
         do {
@@ -148,6 +170,12 @@ final class RemoteTier: Sendable {
             if current && record.expiresAt != 0 && record.expiresAt <= now { current = false }
             guard current else {
                 counters.outdated.add(1, ordering: .relaxed)
+                return nil
+            }
+            guard coherence.deliveredRecently(watermark, now: now) else {
+                // An instance may have returned a write of this key that has not reached the store yet
+                // (the store was unreachable for it): a miss, not a value that may be stale past the bound.
+                counters.withheld.add(1, ordering: .relaxed)
                 return nil
             }
             counters.hits.add(1, ordering: .relaxed)

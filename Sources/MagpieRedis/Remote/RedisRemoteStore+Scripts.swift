@@ -2,8 +2,8 @@ import Magpie
 import NIOCore
 import NIOPosix
 
-// The two server-side scripts of the remote tier, each on one key (so a cluster routes it like any
-// command on that key, and change tracking reports the writes it makes).
+// The server-side scripts of the remote tier, each on one key or on keys of one hash tag (so a cluster
+// routes it like any command on that key, and change tracking reports the writes it makes).
 //
 // Sent as EVALSHA with the script's SHA-1 (below, checked against the server's own `SCRIPT LOAD` by the
 // tests); a server that does not know it yet (restarted, a new cluster node, a flushed script cache)
@@ -40,6 +40,40 @@ enum RedisRemoteScript {
     /// Compare and delete: `KEYS[1]` the key, `ARGV[1]` the value it must hold. Returns 1 when removed.
     static let removeIfEqual = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end"
     static let removeIfEqualSHA = "d02e481a9c91ceec59c5822a58a49d5d5d7ac80b"
+
+    /// Heartbeat with the fleet's delivery watermark, on one master (every key with the same hash tag):
+    /// `KEYS[1]` the heartbeat key (reported on every feed), `KEYS[2]` the watermarks (a sorted set:
+    /// each instance scored with the instant, by the server's clock, before which all its writes reached
+    /// the store), `KEYS[3]` when each instance was last heard of (server clock, ms), `KEYS[4]` when
+    /// this script last ran. `ARGV[1]` the instance, `ARGV[2]` its watermark ("-": not known yet),
+    /// `ARGV[3]` the heartbeat's lifetime (ms), `ARGV[4]` how long a silent instance is waited for (ms),
+    /// `ARGV[5]` a gap between two runs that means the server (or every instance) was stopped (ms):
+    /// everyone is then heard of anew, so that nobody is dropped for a silence the server imposed,
+    /// `ARGV[6]` the bookkeeping's lifetime (ms). Returns the least watermark of the instances still
+    /// waited for ("-": none) and the server's clock (ms), both as strings.
+    static let heartbeat = """
+        local t = redis.call('TIME')
+        local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        local last = tonumber(redis.call('GET', KEYS[4]) or '0')
+        if last > 0 and now - last > tonumber(ARGV[5]) then
+          local members = redis.call('ZRANGE', KEYS[3], 0, -1)
+          for i = 1, #members do redis.call('ZADD', KEYS[3], now, members[i]) end
+        end
+        redis.call('SET', KEYS[4], now, 'PX', ARGV[6])
+        redis.call('ZADD', KEYS[3], now, ARGV[1])
+        if ARGV[2] ~= '-' then redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1]) end
+        local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[4]))
+        for i = 1, #gone do
+          redis.call('ZREM', KEYS[3], gone[i])
+          redis.call('ZREM', KEYS[2], gone[i])
+        end
+        redis.call('PEXPIRE', KEYS[2], ARGV[6])
+        redis.call('PEXPIRE', KEYS[3], ARGV[6])
+        redis.call('SET', KEYS[1], '1', 'PX', ARGV[3])
+        local low = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+        return {low[2] or '-', tostring(now)}
+        """
+    static let heartbeatSHA = "b3328aaadfb5f65fd688e7f71ed3725526f75aab"
 }
 
 extension RedisRemoteStore {

@@ -73,8 +73,37 @@ public final class RedisRemoteStore: RemoteStore {
         var supervisor: Task<Void, Never>?
         var feeds: [RedisEndpoint: Feed] = [:]
         var delivered: Int64 = 0
+        /// The fleet's delivery watermark last reported to the cache (the least of the feeds').
+        var watermark: Int64? = nil
+        /// How far the server's clock is ahead of the cache's (the watermarks are kept by the server's).
+        var serverClock = ClockOffset()
         var sequence: UInt64 = 0
         var shutDown = false
+    }
+
+    /// The server's clock against this instance's, from the heartbeats' round trips (as NTP does): each
+    /// answer's server instant against the middle of its round trip, the estimate from the quickest of
+    /// the last 64 (a round trip stretched by a paused server or a busy loop says little), uncertain by
+    /// half that round trip (and 1 ms of rounding).
+    struct ClockOffset {
+        private var samples: [(offset: Int64, roundTrip: Int64)] = []
+        private var next = 0
+
+        mutating func add(serverNow: Int64, sentAt: Int64, receivedAt: Int64) {
+            let roundTrip = max(0, receivedAt - sentAt)
+            let sample = (offset: serverNow - (sentAt + roundTrip / 2), roundTrip: roundTrip)
+            if samples.count < 64 {
+                samples.append(sample)
+            } else {
+                samples[next] = sample
+                next = (next + 1) % 64
+            }
+        }
+
+        var estimate: (offset: Int64, uncertainty: Int64)? {
+            guard let best = samples.min(by: { $0.roundTrip < $1.roundTrip }) else { return nil }
+            return (best.offset, best.roundTrip / 2 + 1)
+        }
     }
 
     /// One master's change feed: its subscriber, the task that reads it, and its heartbeats.
@@ -89,7 +118,24 @@ public final class RedisRemoteStore: RemoteStore {
             var outstanding: [UInt64: Int64] = [:]
             /// The send instant of the latest heartbeat seen: every change before it was reported.
             var confirmed: Int64 = 0
+            /// The latest heartbeat seen on this feed.
+            var seen: UInt64 = 0
+            /// The fleet's delivery watermark each heartbeat's script answered, until it is delivered.
+            var watermarks: [UInt64: Int64] = [:]
+            /// The watermark of the latest heartbeat both answered and seen (every change before it was
+            /// reported by then): what this master vouches for. Nil before the first.
+            var delivered: Int64? = nil
             var ended = false
+
+            /// Takes the watermark of the latest heartbeat that was answered and seen; whether it moved.
+            mutating func settleWatermark() -> Bool {
+                guard let sequence = watermarks.keys.filter({ $0 <= seen }).max(), let watermark = watermarks[sequence] else {
+                    return false
+                }
+                watermarks = watermarks.filter { $0.key > sequence }
+                defer { delivered = watermark }
+                return delivered != watermark
+            }
         }
 
         init(endpoint: RedisEndpoint, subscriber: RedisSubscriber) {
@@ -202,6 +248,7 @@ public final class RedisRemoteStore: RemoteStore {
             return (state.supervisor, Array(state.feeds.values))
         }
         supervisor?.cancel()
+        await leaveFleet()
         for feed in feeds {
             feed.progress.withLock { $0.reader?.cancel() }
             await feed.subscriber.close()
@@ -229,6 +276,8 @@ public final class RedisRemoteStore: RemoteStore {
 
     static func unavailable(_ error: any Error) -> MagpieError {
         if let error = error as? MagpieError { return error }
+        // The server answered with an error reply: reachable, and refusing.
+        if let error = error as? RedisError, error.serverError != nil { return MagpieError(.remoteRefused, "\(error)") }
         return MagpieError(.remoteUnavailable, "\(error)")
     }
 }
