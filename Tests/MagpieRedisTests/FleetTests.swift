@@ -426,7 +426,17 @@ struct FleetRestartTests {
                 defer { try? a.close(); try? b.close() }
                 try waitConfirmed(a)
                 try waitConfirmed(b)
-                for i in 0..<10 { #expect(text(try b.value(forKey: "m\(i)")) == (i < 5 ? "new-\(i)" : "old-\(i)")) }
+                // Until the instances heard of before the restart published again or stopped being waited
+                // for (8 heartbeats), reads are misses (the delivery watermark); never the old value.
+                for i in 0..<10 {
+                    let expected = i < 5 ? "new-\(i)" : "old-\(i)"
+                    var seen: [String?] = []
+                    #expect(try pollUntil {
+                        seen.append(text(try b.value(forKey: "m\(i)")))
+                        return seen.last == expected
+                    } != nil)
+                    #expect(seen.allSatisfy { $0 == nil || $0 == expected }, "\(seen)")
+                }
                 try a.removeAll(inGroup: "team")
                 #expect(try pollUntil { try (0..<10).allSatisfy { try b.value(forKey: "m\($0)") == nil } } != nil)
             }

@@ -65,9 +65,19 @@ extension FleetInstance {
             return
         }
         // A miss: the origin's current version, written into the cache under the key's lock (so it
-        // is never older than a write that returned before it).
-        tally.originCalls += 1
+        // is never older than a write that returned before it); looked up again once the lock is held
+        // (the caller before may have filled it), as the task callers do.
         table.lock(key)
+        do {
+            if let (bytes, tier) = try read(key) {
+                table.unlock(key)
+                judgeHit(key, bytes, tier, started: started, tally: tally)
+                return
+            }
+        } catch {
+            tally.recordCallerError()
+        }
+        tally.originCalls += 1
         if options.originUs > 0 { usleep(UInt32(options.originUs)) }
         let version = table.truth(key).latest
         do {

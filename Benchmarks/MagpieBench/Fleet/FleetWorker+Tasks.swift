@@ -113,9 +113,20 @@ extension FleetInstance {
             judgeHit(key, bytes, tier, started: started, tally: tally)
             return
         }
-        // A miss: the origin's current version, written under the key's lock.
-        tally.originCalls += 1
+        // A miss: the origin's current version, written under the key's lock. Looked up again once the
+        // lock is held (each system alike): the task that held it before may have filled the key, as a
+        // careful cache-aside fill does; without it every task that missed a hot key fills it in turn.
         await lockAsync(key)
+        do {
+            if let (bytes, tier) = try await readValueAsync(key) {
+                unlockAsync(key)
+                judgeHit(key, bytes, tier, started: started, tally: tally)
+                return
+            }
+        } catch {
+            tally.recordCallerError()
+        }
+        tally.originCalls += 1
         if options.originUs > 0 { try? await Task.sleep(for: .microseconds(options.originUs)) }
         let version = table.truth(key).latest
         do {

@@ -43,7 +43,7 @@ final class Coherence: Sendable {
     let delivered = Atomic<Int64>(.max)
     /// This cache's writes under way (from before the local store until the store answered), by the
     /// instant each began: what holds back the watermark this cache publishes.
-    private let underWay = Mutex<[Int64: Int]>([:])
+    private let underWay = Locked<[Int64: Int]>([:])
     /// Bumped whenever a cached token may have changed ("g" or "a" invalidated, or everything).
     let tokenGeneration = Atomic<UInt64>(0)
     /// Per slot: changes of its keys (invalidations, and this cache's writes at their start and end).
