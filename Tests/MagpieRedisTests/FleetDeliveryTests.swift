@@ -25,7 +25,7 @@ struct FleetDeliveryTests {
             configuration.metrics = nil
             configuration.remote = RemoteTierOptions(store: gated, maxDisconnectedStaleness: .seconds(1))
             let a = try Cache(configuration)
-            let (b, _) = try fleetCache(port: server.port)
+            let (b, _) = try fleetCache(port: server.port, bound: .seconds(1))  // the bound this test waits out
             defer { try? a.close(); try? b.close() }
             try await offloaded { try waitConfirmed(a); try waitConfirmed(b) }
             try await a.async.set(Array("v1".utf8), forKey: "k")
