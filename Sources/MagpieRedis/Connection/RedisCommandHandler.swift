@@ -146,8 +146,9 @@ final class RedisCommandHandler: ChannelInboundHandler {
 
     // MARK: Writing
 
-    /// Writes one command; its reply goes to `sink`. Flushed once per event-loop tick.
-    func enqueue(_ command: ByteBuffer, sink: ReplySink, deadline: NIODeadline) {
+    /// Writes one command; its reply goes to `sink`. Flushed once per event-loop tick (`flush`), or by
+    /// the caller.
+    func enqueue(_ command: ByteBuffer, sink: ReplySink, deadline: NIODeadline, flush: Bool = true) {
         guard let context, failure == nil else {
             Self.fail(sink, with: failure ?? RedisError(.connectionClosed, "connection closed", endpoint: endpoint))
             counters.inFlight.subtract(1, ordering: .relaxed)
@@ -155,13 +156,13 @@ final class RedisCommandHandler: ChannelInboundHandler {
         }
         pending.append(Pending(sink: sink, deadline: deadline))
         context.write(wrapOutboundOut(command), promise: nil)
-        scheduleFlush(context)
+        if flush { scheduleFlush(context) }
         armTimer(deadline, context)
     }
 
     /// Writes a batch (its commands already concatenated, in order) as one write; the `count` replies are
     /// delivered together.
-    func enqueue(batch commands: ByteBuffer, count: Int, replies: BatchReplies, deadline: NIODeadline) {
+    func enqueue(batch commands: ByteBuffer, count: Int, replies: BatchReplies, deadline: NIODeadline, flush: Bool = true) {
         guard let context, failure == nil else {
             ThreadSanitizerHandOff.published()
             replies.fail(failure ?? RedisError(.connectionClosed, "connection closed", endpoint: endpoint))
@@ -172,8 +173,28 @@ final class RedisCommandHandler: ChannelInboundHandler {
             pending.append(Pending(sink: .batch(replies, index), deadline: deadline))
         }
         context.write(wrapOutboundOut(commands), promise: nil)
-        scheduleFlush(context)
+        if flush { scheduleFlush(context) }
         armTimer(deadline, context)
+    }
+
+    /// Writes what callers off the loop submitted (``SubmissionQueue``), in order, then flushes once.
+    func write(_ submissions: [Submission]) {
+        guard !submissions.isEmpty else { return }
+        for submission in submissions {
+            switch submission {
+            case .command(let command, let continuation, let deadline):
+                enqueue(command, sink: .continuation(continuation), deadline: deadline, flush: false)
+            case .batch(let commands, let count, let continuation, let deadline):
+                enqueue(batch: commands, count: count, replies: BatchReplies(count: count, continuation: continuation),
+                        deadline: deadline, flush: false)
+            case .subscription(let command, let confirmation, let names, let continuation, let deadline):
+                let replies = SubscriptionReplies(kind: confirmation, names: names, continuation: continuation)
+                enqueue(command, sink: .subscription(replies), deadline: deadline, flush: false)
+            }
+        }
+        // Everything queued by now is written: flush at once rather than in a task of its own (a flush
+        // already scheduled by a caller on the loop then finds little or nothing left).
+        if failure == nil { context?.flush() }
     }
 
     /// Closes the connection, failing what is pending with `error`.

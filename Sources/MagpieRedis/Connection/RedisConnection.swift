@@ -19,15 +19,18 @@ public final class RedisConnection: Sendable {
     let channel: any Channel
     let handler: NIOLoopBound<RedisCommandHandler>
     let counters: ConnectionCounters
+    /// What callers off the event loop submitted and the loop has not written yet.
+    let submissions: SubmissionQueue
 
     private init(endpoint: RedisEndpoint, clientID: Int64, serverVersion: String, channel: any Channel,
-                 handler: NIOLoopBound<RedisCommandHandler>, counters: ConnectionCounters) {
+                 handler: NIOLoopBound<RedisCommandHandler>, counters: ConnectionCounters, submissions: SubmissionQueue) {
         self.endpoint = endpoint
         self.clientID = clientID
         self.serverVersion = serverVersion
         self.channel = channel
         self.handler = handler
         self.counters = counters
+        self.submissions = submissions
     }
 
     /// The event loop the connection lives on.
@@ -63,18 +66,33 @@ public final class RedisConnection: Sendable {
         if !reserved { counters.inFlight.add(1, ordering: .relaxed) }
         counters.sent.add(1, ordering: .relaxed)
         let deadline = NIODeadline.now() + TimeAmount(timeout)
-        let eventLoop = channel.eventLoop
-        let handler = self.handler
         defer { ThreadSanitizerHandOff.received() }
         return try await withUnsafeThrowingContinuation { continuation in
-            if eventLoop.inEventLoop {
-                handler.value.enqueue(encoded, sink: .continuation(continuation), deadline: deadline)
-            } else {
-                eventLoop.execute {
-                    handler.value.enqueue(encoded, sink: .continuation(continuation), deadline: deadline)
-                }
-            }
+            submit(.command(encoded, continuation, deadline))
         }
+    }
+
+    /// Hands `submission` to the event loop: written at once when called on the loop (after anything
+    /// submitted before it), else queued for the loop's next drain (``SubmissionQueue``).
+    private func submit(_ submission: Submission, inline: Bool = true) {
+        let eventLoop = channel.eventLoop
+        if inline, eventLoop.inEventLoop {
+            let handler = self.handler.value
+            handler.write(submissions.take())
+            switch submission {
+            case .command(let command, let continuation, let deadline):
+                handler.enqueue(command, sink: .continuation(continuation), deadline: deadline)
+            case .batch(let commands, let count, let continuation, let deadline):
+                handler.enqueue(batch: commands, count: count, replies: BatchReplies(count: count, continuation: continuation), deadline: deadline)
+            case .subscription:
+                handler.write([submission])
+            }
+            return
+        }
+        guard submissions.append(submission) else { return }
+        let handler = self.handler
+        let submissions = self.submissions
+        eventLoop.execute { handler.value.write(submissions.take()) }
     }
 
     /// Sends commands back to back in one write and waits for all their replies (error replies are values
@@ -93,8 +111,6 @@ public final class RedisConnection: Sendable {
         counters.inFlight.add(encoded.count - (reserved ? 1 : 0), ordering: .relaxed)
         counters.sent.add(UInt64(encoded.count), ordering: .relaxed)
         let deadline = NIODeadline.now() + TimeAmount(timeout)
-        let eventLoop = channel.eventLoop
-        let handler = self.handler
         let count = encoded.count
         var combined: ByteBuffer
         if count == 1 {
@@ -106,11 +122,7 @@ public final class RedisConnection: Sendable {
         let commands = combined
         defer { ThreadSanitizerHandOff.received() }
         return try await withUnsafeThrowingContinuation { continuation in
-            let run: @Sendable () -> Void = {
-                let replies = BatchReplies(count: count, continuation: continuation)
-                handler.value.enqueue(batch: commands, count: count, replies: replies, deadline: deadline)
-            }
-            if eventLoop.inEventLoop { run() } else { eventLoop.execute(run) }
+            submit(.batch(commands, count: count, continuation, deadline))
         }
     }
 
@@ -118,19 +130,15 @@ public final class RedisConnection: Sendable {
     /// confirmations are pushes of kind `confirmation`, one per name. `continuation` (if any) resumes with
     /// `.null` once every name is confirmed, or with the error reply that refused the command.
     ///
-    /// Always handed to the event loop with `execute`, never written inline, so commands queued in one
-    /// order (the subscriber queues them under its lock) are written in that order.
+    /// Always queued (``SubmissionQueue``), never written inline, so commands queued in one order (the
+    /// subscriber queues them under its lock) are written in that order.
     func enqueueSubscription(_ command: String, names: [String], confirmation: String, timeout: Duration,
                              continuation: UnsafeContinuation<RESPValue, any Error>?) {
         counters.inFlight.add(1, ordering: .relaxed)
         counters.sent.add(1, ordering: .relaxed)
         let deadline = NIODeadline.now() + TimeAmount(timeout)
-        let handler = self.handler
         let encoded = RedisCommand(command, names.map { .string($0) }).encoded
-        channel.eventLoop.execute {
-            let replies = SubscriptionReplies(kind: confirmation, names: names, continuation: continuation)
-            handler.value.enqueue(encoded, sink: .subscription(replies), deadline: deadline)
-        }
+        submit(.subscription(encoded, confirmation: confirmation, names: names, continuation, deadline), inline: false)
     }
 
     /// Closes the connection; what is in flight fails with `reason`.
@@ -170,6 +178,7 @@ public final class RedisConnection: Sendable {
         onClose: (@Sendable (RedisError?) -> Void)? = nil
     ) async throws -> RedisConnection {
         let counters = ConnectionCounters()
+        let submissions = SubmissionQueue()
         // The handler, handed out by the channel initializer (a TLS failure may tear the pipeline down
         // before a lookup could find it; its recorded failure then fails the handshake's first command).
         let slot = HandlerSlot()
@@ -211,7 +220,7 @@ public final class RedisConnection: Sendable {
             }
             if let name = configuration.clientName { arguments += ["SETNAME", .string(name)] }
             let probe = RedisConnection(endpoint: endpoint, clientID: 0, serverVersion: "", channel: channel,
-                                        handler: handler, counters: counters)
+                                        handler: handler, counters: counters, submissions: submissions)
             let hello: RESPValue
             do {
                 hello = try await probe.send(RedisCommand("HELLO", arguments), timeout: configuration.connectTimeout)
@@ -240,7 +249,7 @@ public final class RedisConnection: Sendable {
                 }
             }
             let connection = RedisConnection(endpoint: endpoint, clientID: clientID, serverVersion: version,
-                                             channel: channel, handler: handler, counters: counters)
+                                             channel: channel, handler: handler, counters: counters, submissions: submissions)
             if configuration.database != 0 {
                 _ = try await connection.send(RedisCommand("SELECT", [.integer(Int64(configuration.database))]),
                                               timeout: configuration.connectTimeout)

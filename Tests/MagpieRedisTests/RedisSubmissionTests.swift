@@ -1,0 +1,95 @@
+import MagpieTestSupport
+import NIOCore
+import Testing
+
+@testable import MagpieRedis
+
+/// The connection's submission queue (SubmissionQueue.swift): many callers on other threads, and callers
+/// on the connection's own event loop, sharing one connection.
+@Suite("One connection's submission queue against a real redis-server", .timeLimit(.minutes(1)))
+struct RedisSubmissionTests {
+    @Test("256 tasks on the global executor and 16 on the event loop, one connection: every reply is the caller's own")
+    func manyCallersOneConnection() async throws {
+        try await withRedisServer { server in
+            let redis = try RedisClient(testConfiguration(port: server.port) { $0.pool.maximumConnections = 1 })
+            defer { Task { await redis.shutdown() } }
+            let connection = try await redis.connection()
+            let executor = RedisEventLoopExecutor(connection.eventLoop)
+            let rounds = 30
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for task in 0..<272 {
+                    // The last 16 run on the loop: their commands are written inline, after whatever the
+                    // other tasks queued before them.
+                    let preference: (any TaskExecutor)? = task >= 256 ? executor : nil
+                    group.addTask(executorPreference: preference) {
+                        for round in 0..<rounds {
+                            let key = "s:\(task)"
+                            let value = "\(key):\(round)"
+                            if round % 3 == 2 {
+                                // A batch: its replies come back together, in order.
+                                let replies = try await connection.send(
+                                    batch: [.set(key, Array(value.utf8)), .get(key), RedisCommand("INCR", [.string("n:\(task)")], keyIndices: [0])],
+                                    timeout: .seconds(10))
+                                #expect(replies.count == 3)
+                                #expect(replies.first == .simpleString("OK"))
+                                #expect(replies.dropFirst().first?.string == value)
+                                #expect(replies.last == .integer(Int64(round + 1)))
+                            } else {
+                                _ = try await connection.send(.set(key, Array(value.utf8)), timeout: .seconds(10))
+                                #expect(try await connection.send(.get(key), timeout: .seconds(10)).string == value)
+                                let count = try await connection.send(RedisCommand("INCR", [.string("n:\(task)")], keyIndices: [0]), timeout: .seconds(10))
+                                #expect(count == .integer(Int64(round + 1)))
+                            }
+                        }
+                    }
+                }
+                try await group.waitForAll()
+            }
+            // Nothing is left counted in flight, and every command went over this one connection.
+            #expect(connection.inFlight == 0)
+            #expect(connection.counters.sent.load(ordering: .relaxed) >= UInt64(272 * rounds * 3))
+        }
+    }
+
+    @Test("a connection closed while hundreds of tasks submit: each gets a reply or an error, none waits forever")
+    func closeWhileSubmitting() async throws {
+        try await withRedisServer { server in
+            let redis = try RedisClient(testConfiguration(port: server.port) { $0.pool.maximumConnections = 1 })
+            defer { Task { await redis.shutdown() } }
+            let connection = try await redis.connection()
+            let outcomes = try await withThrowingTaskGroup(of: (replies: Int, errors: Int).self) { group in
+                for task in 0..<256 {
+                    group.addTask {
+                        var replies = 0
+                        var errors = 0
+                        for round in 0..<50 {
+                            do {
+                                _ = try await connection.send(.set("c:\(task)", Array("\(round)".utf8)), timeout: .seconds(30))
+                                replies += 1
+                            } catch let error as RedisError {
+                                #expect([.shutDown, .connectionClosed].contains(error.code), "\(error)")
+                                errors += 1
+                            }
+                        }
+                        return (replies, errors)
+                    }
+                }
+                group.addTask {
+                    try await Task.sleep(for: .milliseconds(20))
+                    connection.close(reason: "closed by the test")
+                    return (0, 0)
+                }
+                var total = (replies: 0, errors: 0)
+                for try await outcome in group {
+                    total.replies += outcome.replies
+                    total.errors += outcome.errors
+                }
+                return total
+            }
+            // Every call ended (the time limit would catch one that waits forever), with a reply or an error.
+            #expect(outcomes.replies + outcomes.errors == 256 * 50)
+            #expect(outcomes.errors > 0)
+            #expect(connection.inFlight == 0)
+        }
+    }
+}
