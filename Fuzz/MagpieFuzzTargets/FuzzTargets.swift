@@ -13,18 +13,11 @@ public enum FuzzTargets {
     public static func decodeRecord(_ data: UnsafeRawBufferPointer) -> String? {
         guard let header = RecordHeader.validate(data) else { return nil }  // decodes, then checks the sum
         let body = { (offset: Int, count: Int) in UnsafeRawBufferPointer(rebasing: data[offset..<(offset + count)]) }
-        var policy: Int64 = 0
-        if header.policyLength != 0 { policy = Int64(littleEndian: data.loadUnaligned(fromByteOffset: header.policyOffset, as: Int64.self)) }
-        var freshUntil: Int64 = 0
-        var loadedAt: Int64 = 0
-        if header.freshnessLength != 0 {
-            freshUntil = Int64(littleEndian: data.loadUnaligned(fromByteOffset: header.freshnessOffset, as: Int64.self))
-            loadedAt = Int64(littleEndian: data.loadUnaligned(fromByteOffset: header.freshnessOffset + 8, as: Int64.self))
-        }
+        // The metadata blocks through the one decoder the disk and remote records share.
+        let metadata = RecordHeader.metadata(of: data, header)
         var rebuilt = RecordHeader.makeRecord(
             header, key: body(header.keyOffset, header.keyLength), group: body(header.groupOffset, header.groupLength),
-            payload: body(header.payloadOffset, header.storedLength), memoryPolicy: policy, freshUntil: freshUntil,
-            loadedAt: loadedAt)
+            payload: body(header.payloadOffset, header.storedLength), metadata: metadata)
         if header.isDead { rebuilt.withUnsafeMutableBytes { $0.storeBytes(of: RecordHeader.deadMagic.littleEndian, as: UInt32.self) } }
         let original = Array(data.prefix(RecordHeader.size + header.bodyLength))
         guard Array(rebuilt.prefix(original.count)) == original else {

@@ -69,7 +69,7 @@ struct CoherenceStampTests {
         do {
             let tier = try DiskTier(configuration)
             for (index, value) in values.enumerated() {
-                let placement = DiskPlacement(
+                let placement = EntryMetadata(
                     memoryPolicy: index % 4 == 0 ? -5_000 : 0,
                     freshness: index % 3 == 0 ? Freshness(freshUntil: now + 1_000, loadedAt: now) : .none,
                     stamp: index % 2 == 0 ? now - Int64(index) : 0)

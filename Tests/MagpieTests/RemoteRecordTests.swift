@@ -28,6 +28,50 @@ struct RemoteRecordTests {
         #expect(RemoteRecord.decode([], key: key) == nil)
     }
 
+    @Test("the remote record and the disk record carry an entry's metadata in the same bytes (one encoding)")
+    func sharedMetadataEncoding() throws {
+        let now: Int64 = 1_900_000_000_000
+        let cases: [EntryMetadata] = [
+            EntryMetadata(),
+            EntryMetadata(memoryPolicy: -5_000),
+            EntryMetadata(tiers: .diskOnly, freshness: Freshness(freshUntil: now + 7, loadedAt: now)),
+            EntryMetadata(memoryPolicy: now + 60_000, freshness: Freshness(freshUntil: now, loadedAt: now - 1, negative: true)),
+            EntryMetadata(memoryPolicy: Int64.min, tiers: .diskOnly, freshness: Freshness(negative: true)),
+        ]
+        let key = Array("kname".utf8)
+        for metadata in cases {
+            var remote = RemoteRecord(value: metadata.freshness.negative ? [] : Array("value".utf8), expiresAt: now, group: "g")
+            remote.metadata = metadata
+            let remoteBytes = remote.encoded(key: key)
+            #expect(RemoteRecord.decode(remoteBytes, key: key) == .record(remote), "\(metadata)")
+            let header = RecordHeader(
+                kind: .value, codec: .raw, keyLength: key.count, groupLength: 1, storedLength: remote.value.count,
+                originalLength: remote.value.count, expiry: now, sequence: 1, keyHash: 9, flags: metadata.flags)
+            let diskBytes = key.withUnsafeBytes { k in
+                Array("g".utf8).withUnsafeBytes { g in
+                    remote.value.withUnsafeBytes { v in RecordHeader.makeRecord(header, key: k, group: g, payload: v, metadata: metadata) }
+                }
+            }
+            let parsed = try #require(diskBytes.withUnsafeBytes { RecordHeader.validate($0) })
+            #expect(diskBytes.withUnsafeBytes { RecordHeader.metadata(of: $0, parsed) } == metadata)
+            // The flags byte, then the blocks after the group: byte for byte the same in both records.
+            let length = EntryMetadata.blocksLength(metadata.flags)
+            #expect(diskBytes[7] == remoteBytes[13])
+            let remoteBlocks = Array(remoteBytes[(RemoteRecord.headerSize + 1)..<(RemoteRecord.headerSize + 1 + length)])
+            let diskBlocks = Array(diskBytes[parsed.metadataOffset..<(parsed.metadataOffset + length)])
+            #expect(remoteBlocks == diskBlocks, "\(metadata)")
+        }
+        // Each format refuses the flag it never writes: a stamp in a remote record, memory-only on disk.
+        var stamped = RemoteRecord(value: [1])
+        stamped.metadata.stamp = now
+        #expect(RemoteRecord.decode(stamped.encoded(key: key), key: key) == .record(RemoteRecord(value: [1])))  // not written
+        let memoryOnly = RecordHeader(
+            kind: .value, codec: .raw, keyLength: 1, groupLength: 0, storedLength: 1, originalLength: 1, expiry: 0,
+            sequence: 1, keyHash: 9, flags: .memoryOnly)
+        let record = [UInt8]([7]).withUnsafeBytes { b in RecordHeader.makeRecord(memoryOnly, key: b, group: UnsafeRawBufferPointer(start: nil, count: 0), payload: b, metadata: EntryMetadata()) }
+        #expect(record.withUnsafeBytes { RecordHeader.validate($0) } == nil)
+    }
+
     @Test("a tombstone is the fence and MT; anything else of its length is foreign")
     func tombstones() {
         let tombstone = RemoteRecord.tombstone(version: 42)

@@ -236,7 +236,7 @@ public final class Cache: Sendable {
                 let diskExpiry = stamp.disk == 0 ? Expiry.never : .at(millisecondsSince1970: stamp.disk)
                 switch options.tiers {
                 case .memoryAndDisk:
-                    let placement = DiskPlacement(memoryPolicy: memoryPolicy, freshness: stamp.freshness, stamp: stamp.coherence)
+                    let placement = EntryMetadata(memoryPolicy: memoryPolicy, freshness: stamp.freshness, stamp: stamp.coherence)
                     try disk.store(value, for: key, expiry: diskExpiry, group: options.group, placement: placement)
                     _ = try memory.set(
                         value, for: key, deadline: stamp.memory, group: options.group, freshness: stamp.freshness, stamp: stamp.coherence
@@ -247,8 +247,8 @@ public final class Cache: Sendable {
                         value, for: key, deadline: stamp.memory, group: options.group, freshness: stamp.freshness, stamp: stamp.coherence
                     ).get()
                 case .diskOnly:
-                    let placement = DiskPlacement(
-                        memoryPolicy: memoryPolicy, diskOnly: true, freshness: stamp.freshness, stamp: stamp.coherence)
+                    let placement = EntryMetadata(
+                        memoryPolicy: memoryPolicy, tiers: .diskOnly, freshness: stamp.freshness, stamp: stamp.coherence)
                     try disk.store(value, for: key, expiry: diskExpiry, group: options.group, placement: placement)
                     _ = memory.remove(key)
                 }

@@ -111,20 +111,11 @@ extension BucketState {
         verdict = .value
         let group = header.groupLength == 0 ? nil
             : String(decoding: UnsafeRawBufferPointer(rebasing: bytes[header.groupOffset..<header.groupEnd]), as: UTF8.self)
-        let policy = header.policyLength == 0 ? 0
-            : Int64(littleEndian: bytes.loadUnaligned(fromByteOffset: header.policyOffset, as: Int64.self))
-        var freshness = Freshness(negative: header.flags.contains(.negative))
-        if header.freshnessLength != 0 {
-            freshness.freshUntil = Int64(littleEndian: bytes.loadUnaligned(fromByteOffset: header.freshnessOffset, as: Int64.self))
-            freshness.loadedAt = Int64(littleEndian: bytes.loadUnaligned(fromByteOffset: header.freshnessOffset + 8, as: Int64.self))
-        }
-        let stamp = header.stampLength == 0 ? 0
-            : Int64(littleEndian: bytes.loadUnaligned(fromByteOffset: header.stampOffset, as: Int64.self))
+        let metadata = RecordHeader.metadata(of: bytes, header)
         // One copy out of the verified bytes, through the specialised array initialiser.
         let payload = [UInt8](UnsafeRawBufferPointer(rebasing: bytes[header.payloadOffset..<(header.payloadOffset + header.storedLength)]))
         return DiskEntry(
-            value: payload, expiry: header.expiry, placement: DiskPlacement(
-                memoryPolicy: policy, diskOnly: header.flags.contains(.diskOnly), freshness: freshness, stamp: stamp),
+            value: payload, expiry: header.expiry, placement: metadata,
             group: group, compressedLength: header.codec == .zstd ? header.originalLength : nil)
     }
 

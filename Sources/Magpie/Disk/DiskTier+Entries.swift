@@ -1,35 +1,13 @@
 // The record-level read and write paths of DiskTier, shared by its public byte API and by `Cache`,
 // which also stores a memory policy and a disk-only flag with each value (see `Format/Record.swift`).
 
-/// What `Cache` asks the disk tier to store beside a value, so that a later read knows how to promote it
-/// and how fresh it is.
-package struct DiskPlacement: Sendable, Equatable {
-    /// The encoded memory policy: 0 none, > 0 an absolute memory deadline (ms), < 0 minus a lifetime (ms).
-    var memoryPolicy: Int64 = 0
-    /// Never promote the entry into memory.
-    var diskOnly = false
-    /// The loader API's freshness and negative mark.
-    var freshness = Freshness.none
-    /// A cache with a remote tier: when it last knew this copy current (0: none).
-    var stamp: Int64 = 0
-
-    var flags: RecordFlags {
-        var flags: RecordFlags = []
-        if memoryPolicy != 0 { flags.insert(.memoryPolicy) }
-        if diskOnly { flags.insert(.diskOnly) }
-        if freshness.freshUntil != 0 { flags.insert(.freshness) }
-        if freshness.negative { flags.insert(.negative) }
-        if stamp != 0 { flags.insert(.stamp) }
-        return flags
-    }
-}
-
 /// A value read from disk with what was stored beside it.
 package struct DiskEntry: Sendable {
     var value: [UInt8]
     /// The disk deadline in ms since 1970, 0 for never.
     var expiry: Int64
-    var placement: DiskPlacement
+    /// What was stored beside the value (``EntryMetadata``).
+    var placement: EntryMetadata
     /// The group's name, nil when it has none.
     var group: String?
     /// As read from its record, before ``DiskTier/entry(_:)`` decompresses it: the value's length when
@@ -74,7 +52,7 @@ extension DiskTier {
     /// Stores `value` for `key` with `placement` beside it, replacing any previous value. The record is
     /// written once, where it lands, by the bucket (see `RecordDraft`).
     package func store(
-        _ value: UnsafeRawBufferPointer, for key: HashedKey, expiry: Expiry, group: String?, placement: DiskPlacement
+        _ value: UnsafeRawBufferPointer, for key: HashedKey, expiry: Expiry, group: String?, placement: EntryMetadata
     ) throws(MagpieError) {
         try checkKey(key)
         try checkDirectoryIfDue()
@@ -117,18 +95,17 @@ extension DiskTier {
     /// the payload's length.
     private func store(
         _ payload: UnsafeRawBufferPointer, codec: Codec, of value: UnsafeRawBufferPointer, for key: HashedKey,
-        deadline: Int64, group: UnsafeRawBufferPointer, placement: DiskPlacement, now: Int64
+        deadline: Int64, group: UnsafeRawBufferPointer, placement: EntryMetadata, now: Int64
     ) throws(MagpieError) -> Int {
-        let flags = placement.flags
+        // A memory-only entry never reaches this tier; its flag would make the record unreadable.
+        let flags = placement.flags.intersection(.all)
         let header = RecordHeader(
             kind: .value, codec: codec, keyLength: key.count, groupLength: group.count, storedLength: payload.count,
             originalLength: value.count, expiry: deadline, sequence: 0, keyHash: key.hash, flags: flags)
         guard header.recordLength <= largestStorableRecord else {
             throw MagpieError(.valueTooLarge, "value of \(value.count) bytes; this tier stores values up to \(largestStorableValue) bytes")
         }
-        let draft = RecordDraft(
-            header: header, key: key.bytes, group: group, payload: payload, memoryPolicy: placement.memoryPolicy,
-            freshUntil: placement.freshness.freshUntil, loadedAt: placement.freshness.loadedAt, stamp: placement.stamp)
+        let draft = RecordDraft(header: header, key: key.bytes, group: group, payload: payload, metadata: placement)
         try withRoom(Self.bucket(of: key.hash, count: bucketCount), now: now) { (state, policy) throws(MagpieError) in
             try state.store(draft, key: key, now: now, policy: policy)
         }

@@ -251,7 +251,7 @@ public final class DiskTier: Sendable {
     ) throws(MagpieError) {
         try withHashedKey(key) { key throws(MagpieError) in
             try withBytes(value) { value in
-                Result { () throws(MagpieError) in try store(value, for: key, expiry: expiry, group: group, placement: DiskPlacement()) }
+                Result { () throws(MagpieError) in try store(value, for: key, expiry: expiry, group: group, placement: EntryMetadata()) }
             }.get()
         }
     }

@@ -13,15 +13,20 @@
 // logical clock: wall ms in the top 48 bits, a counter in the low 16; see HybridClock.swift).
 //
 // A record (after the fence; integers little endian, offsets from the value's start):
-//   10  "MR" (2 bytes), format version (1 byte, = 2), flags (1 byte: bit 0 negative, bits 1-2 tiers)
+//   10  "MR" (2 bytes), format version (1 byte, = 3), flags (1 byte: RecordFlags, the disk record's own
+//       flags byte; here memoryPolicy, diskOnly, memoryOnly, freshness, negative, never stamp)
 //   14  group length (u16), reserved (u16, 0)
 //   18  value length (u32)
-//   22  hard expiry (i64, ms since 1970, 0 none)      30  memory expiry policy (i64, as on disk)
-//   38  fresh until (i64)                              46  loaded at (i64)
-//   54  namespace token (u64)                          62  group token (u64, 0 without a group)
-//   70  group bytes, then value bytes
+//   22  hard expiry (i64, ms since 1970, 0 none)
+//   30  namespace token (u64)                          38  group token (u64, 0 without a group)
+//   46  group bytes, then the metadata blocks the flags announce (EntryMetadata's encoding, the same
+//       bytes the disk record has after its group: memory policy i64, fresh until and loaded at i64),
+//       then the value bytes
 //  end  checksum (u64): XXH3-64 of the value's bytes before it (fence included), seeded with XXH3-64
 //       of the logical key
+//
+// Format 2 (before the metadata encoding was shared with the disk record: every field at a fixed
+// offset, 24 bytes more per record) is not read: such a record is foreign, a miss.
 //
 // A tombstone (a removal, kept for RemoteTierOptions.tombstoneLifetime): the fence, then "MT". It
 // reads as a miss; its only job is to make every older write of the key refused.
@@ -53,19 +58,31 @@ enum RemoteKey {
 struct RemoteRecord: Sendable, Equatable {
     var value: [UInt8]
     var expiresAt: Int64 = 0
-    var memoryPolicy: Int64 = 0
-    var freshness = Freshness.none
-    var tiers: Tiers = .memoryAndDisk
+    /// The entry's memory policy, freshness and tiers (``EntryMetadata``; its stamp is always 0 here: a
+    /// stamp is one instance's knowledge of its own copy).
+    var metadata = EntryMetadata()
     var group: String? = nil
     var namespaceToken: UInt64 = 0
     var groupToken: UInt64 = 0
     /// The write's version (the fence the store compares); 0 until the write is given one.
     var version: UInt64 = 0
 
+    init(value: [UInt8], expiresAt: Int64 = 0, memoryPolicy: Int64 = 0, freshness: Freshness = .none,
+         tiers: Tiers = .memoryAndDisk, group: String? = nil) {
+        self.value = value
+        self.expiresAt = expiresAt
+        self.metadata = EntryMetadata(memoryPolicy: memoryPolicy, tiers: tiers, freshness: freshness)
+        self.group = group
+    }
+
+    var memoryPolicy: Int64 { metadata.memoryPolicy }
+    var freshness: Freshness { metadata.freshness }
+    var tiers: Tiers { metadata.tiers }
+
     /// The fence: "MV" and the version.
     static let fenceSize = 10
-    static let headerSize = fenceSize + 60
-    static let version: UInt8 = 2
+    static let headerSize = fenceSize + 36
+    static let version: UInt8 = 3
 
     /// What a versioned value under "k" + key holds.
     enum Decoded: Equatable {
@@ -77,17 +94,22 @@ struct RemoteRecord: Sendable, Equatable {
     /// The record's bytes for `key` (the logical key it is stored under), its fence first.
     func encoded(key: [UInt8]) -> [UInt8] {
         let groupBytes = Array((group ?? "").utf8)
+        let flags = metadata.flags.intersection(.remote)
+        let blocks = EntryMetadata.blocksLength(flags)
         var bytes = [UInt8]()
-        bytes.reserveCapacity(Self.headerSize + groupBytes.count + value.count + 8)
+        bytes.reserveCapacity(Self.headerSize + groupBytes.count + blocks + value.count + 8)
         Self.appendFence(version, to: &bytes)
-        bytes += [0x4D, 0x52, Self.version, (freshness.negative ? 1 : 0) | (Self.code(tiers) << 1)]
+        bytes += [0x4D, 0x52, Self.version, flags.rawValue]
         Self.append(UInt16(truncatingIfNeeded: groupBytes.count), to: &bytes)
         Self.append(UInt16(0), to: &bytes)
         Self.append(UInt32(truncatingIfNeeded: value.count), to: &bytes)
-        for field in [expiresAt, memoryPolicy, freshness.freshUntil, freshness.loadedAt] { Self.append(field, to: &bytes) }
+        Self.append(expiresAt, to: &bytes)
         Self.append(namespaceToken, to: &bytes)
         Self.append(groupToken, to: &bytes)
         bytes += groupBytes
+        let blocksAt = bytes.count
+        bytes += repeatElement(0, count: blocks)
+        bytes.withUnsafeMutableBytes { metadata.writeBlocks(flags, to: $0.baseAddress! + blocksAt) }
         bytes += value
         Self.append(Self.checksum(bytes, key: key), to: &bytes)
         return bytes
@@ -109,37 +131,38 @@ struct RemoteRecord: Sendable, Equatable {
     }
 
     /// What `bytes` stored under `key` hold, or nil when they are neither a record nor a tombstone: too
-    /// short or long, another format or version, unknown flags, lengths that do not add up, a group name
-    /// that is not UTF-8, or a checksum that does not match (torn, corrupt, or copied from another key).
+    /// short or long, another format or version, unknown flags (or both one-tier flags), lengths that do
+    /// not add up, a group name that is not UTF-8, or a checksum that does not match (torn, corrupt, or
+    /// copied from another key).
     static func decode(_ bytes: [UInt8], key: [UInt8]) -> Decoded? {
         guard let version = fenceVersion(bytes) else { return nil }
         if bytes.count == fenceSize + 2 {
             return bytes[fenceSize] == 0x4D && bytes[fenceSize + 1] == 0x54 ? .tombstone(version) : nil
         }
         let base = fenceSize
-        guard bytes.count >= headerSize + 8, bytes[base] == 0x4D, bytes[base + 1] == 0x52, bytes[base + 2] == Self.version,
-            bytes[base + 3] & ~0x07 == 0, bytes[base + 3] >> 1 != 3
+        guard bytes.count >= headerSize + 8, bytes[base] == 0x4D, bytes[base + 1] == 0x52, bytes[base + 2] == Self.version
         else { return nil }
+        let flags = RecordFlags(rawValue: bytes[base + 3])
+        guard RecordFlags.remote.isSuperset(of: flags), !flags.isSuperset(of: [.diskOnly, .memoryOnly]) else { return nil }
         let groupLength = Int(load(UInt16.self, bytes, base + 4))
         let valueLength = Int(load(UInt32.self, bytes, base + 8))
-        guard load(UInt16.self, bytes, base + 6) == 0, headerSize + groupLength + valueLength + 8 == bytes.count else { return nil }
+        let blocks = EntryMetadata.blocksLength(flags)
+        guard load(UInt16.self, bytes, base + 6) == 0, headerSize + groupLength + blocks + valueLength + 8 == bytes.count
+        else { return nil }
         let end = bytes.count - 8
         guard load(UInt64.self, bytes, end) == bytes.withUnsafeBytes({ checksum(UnsafeRawBufferPointer(rebasing: $0[..<end]), key: key) })
         else { return nil }
-        var record = RemoteRecord(value: Array(bytes[(headerSize + groupLength)..<end]))
+        let blocksAt = headerSize + groupLength
+        var record = RemoteRecord(value: Array(bytes[(blocksAt + blocks)..<end]))
         if groupLength > 0 {
-            guard let name = String(validating: bytes[headerSize..<(headerSize + groupLength)], as: UTF8.self) else { return nil }
+            guard let name = String(validating: bytes[headerSize..<blocksAt], as: UTF8.self) else { return nil }
             record.group = name
         }
         record.version = version
-        record.tiers = tiers(bytes[base + 3] >> 1)
         record.expiresAt = load(Int64.self, bytes, base + 12)
-        record.memoryPolicy = load(Int64.self, bytes, base + 20)
-        record.freshness = Freshness(
-            freshUntil: load(Int64.self, bytes, base + 28), loadedAt: load(Int64.self, bytes, base + 36),
-            negative: bytes[base + 3] & 1 == 1)
-        record.namespaceToken = load(UInt64.self, bytes, base + 44)
-        record.groupToken = load(UInt64.self, bytes, base + 52)
+        record.metadata = bytes.withUnsafeBytes { EntryMetadata(flags: flags, blocks: $0.baseAddress! + blocksAt) }
+        record.namespaceToken = load(UInt64.self, bytes, base + 20)
+        record.groupToken = load(UInt64.self, bytes, base + 28)
         return .record(record)
     }
 
@@ -162,18 +185,6 @@ struct RemoteRecord: Sendable, Equatable {
 
     /// A fresh token: random, never 0.
     static func newToken() -> UInt64 { UInt64.random(in: 1...UInt64.max) }
-
-    private static func code(_ tiers: Tiers) -> UInt8 {
-        switch tiers {
-        case .memoryAndDisk: 0
-        case .memoryOnly: 1
-        case .diskOnly: 2
-        }
-    }
-
-    private static func tiers(_ code: UInt8) -> Tiers {
-        code == 1 ? .memoryOnly : code == 2 ? .diskOnly : .memoryAndDisk
-    }
 
     private static func checksum(_ bytes: [UInt8], key: [UInt8]) -> UInt64 {
         bytes.withUnsafeBytes { checksum($0, key: key) }

@@ -41,7 +41,9 @@
 //          match the shared store; such a cache serves no local copy without one, a cache without a
 //          remote tier ignores it). Other bits 0. Records written by `DiskTier` alone have flags 0.
 //          Bits 2, 3 and 4 came after the first release of format 1: an older reader drops such a
-//          record as corrupt (a miss), never misreads it.
+//          record as corrupt (a miss), never misreads it. These flags and the blocks after the group
+//          are EntryMetadata's encoding (Support/EntryMetadata.swift), which the remote record shares;
+//          bit 5 (memory only) exists there only, and a disk record carrying it is corrupt.
 //   8  u16 key length          10 u16 group length         12 u32 stored (payload) length
 //   16 u32 original value length (= stored for raw)         20 u32 reserved, 0
 //   24 i64 expiry, milliseconds since 1970 (0 = never)      32 u64 sequence number (per bucket)

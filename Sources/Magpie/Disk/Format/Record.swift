@@ -8,7 +8,9 @@ package enum RecordKind: UInt8 {
     case groupTombstone = 3
 }
 
-/// Per-record flags (header byte 7), for value records.
+/// Per-record flags (header byte 7), for value records: which of the metadata blocks
+/// (``EntryMetadata``'s encoding, shared with the remote record) follow the group, and the flags without
+/// a block.
 package struct RecordFlags: OptionSet, Equatable {
     package var rawValue: UInt8
     package init(rawValue: UInt8) { self.rawValue = rawValue }
@@ -24,7 +26,12 @@ package struct RecordFlags: OptionSet, Equatable {
     /// An 8-byte coherence stamp (i64 ms: when a cache with a remote tier last knew the copy current)
     /// follows the freshness block. A cache without a remote tier ignores it.
     package static let stamp = RecordFlags(rawValue: 16)
+    /// The entry lives in memory only: in remote records only (the disk tier never holds such an entry).
+    package static let memoryOnly = RecordFlags(rawValue: 32)
+    /// The flags a disk record may carry.
     package static let all: RecordFlags = [.memoryPolicy, .diskOnly, .freshness, .negative, .stamp]
+    /// The flags a remote record may carry (never both `diskOnly` and `memoryOnly`).
+    package static let remote: RecordFlags = [.memoryPolicy, .diskOnly, .memoryOnly, .freshness, .negative]
 }
 
 /// How a record's payload is stored.
@@ -69,20 +76,8 @@ package struct RecordHeader: Equatable {
         self.flags = flags
     }
 
-    /// Bytes of the optional memory policy.
-    package var policyLength: Int {
-        @inline(__always) get { flags.contains(.memoryPolicy) ? 8 : 0 }
-    }
-    /// Bytes of the optional freshness block.
-    package var freshnessLength: Int {
-        @inline(__always) get { flags.contains(.freshness) ? 16 : 0 }
-    }
-    /// Bytes of the optional coherence stamp.
-    package var stampLength: Int {
-        @inline(__always) get { flags.contains(.stamp) ? 8 : 0 }
-    }
     package var bodyLength: Int {
-        @inline(__always) get { keyLength + groupLength + policyLength + freshnessLength + stampLength + storedLength }
+        @inline(__always) get { keyLength + groupLength + EntryMetadata.blocksLength(flags) + storedLength }
     }
     /// The record's length on disk, padding included.
     package var recordLength: Int {
@@ -91,15 +86,10 @@ package struct RecordHeader: Equatable {
     package var keyOffset: Int { Self.size }
     package var groupOffset: Int { Self.size + keyLength }
     package var groupEnd: Int { Self.size + keyLength + groupLength }
-    package var policyOffset: Int { groupEnd }
-    package var freshnessOffset: Int {
-        @inline(__always) get { groupEnd + policyLength }
-    }
-    package var stampOffset: Int {
-        @inline(__always) get { groupEnd + policyLength + freshnessLength }
-    }
+    /// Where the metadata blocks start (``EntryMetadata``'s encoding: policy, freshness, stamp).
+    package var metadataOffset: Int { groupEnd }
     package var payloadOffset: Int {
-        @inline(__always) get { groupEnd + policyLength + freshnessLength + stampLength }
+        @inline(__always) get { groupEnd + EntryMetadata.blocksLength(flags) }
     }
 
     /// The record length of an entry with these lengths (`policy`: the memory policy, freshness and
@@ -163,10 +153,22 @@ package struct RecordHeader: Equatable {
         _ header: RecordHeader, key: UnsafeRawBufferPointer, group: UnsafeRawBufferPointer,
         payload: UnsafeRawBufferPointer, memoryPolicy: Int64 = 0, freshUntil: Int64 = 0, loadedAt: Int64 = 0, stamp: Int64 = 0
     ) -> [UInt8] {
-        let draft = RecordDraft(
-            header: header, key: key, group: group, payload: payload, memoryPolicy: memoryPolicy, freshUntil: freshUntil,
-            loadedAt: loadedAt, stamp: stamp)
-        return draft.makeRecord(sequence: header.sequence)
+        let metadata = EntryMetadata(
+            memoryPolicy: memoryPolicy, freshness: Freshness(freshUntil: freshUntil, loadedAt: loadedAt), stamp: stamp)
+        return makeRecord(header, key: key, group: group, payload: payload, metadata: metadata)
+    }
+
+    /// A whole record with `metadata`'s blocks (those `header.flags` announce).
+    package static func makeRecord(
+        _ header: RecordHeader, key: UnsafeRawBufferPointer, group: UnsafeRawBufferPointer,
+        payload: UnsafeRawBufferPointer, metadata: EntryMetadata
+    ) -> [UInt8] {
+        RecordDraft(header: header, key: key, group: group, payload: payload, metadata: metadata).makeRecord(sequence: header.sequence)
+    }
+
+    /// The metadata of a validated value record (its flags and the blocks after its group).
+    package static func metadata(of record: UnsafeRawBufferPointer, _ header: RecordHeader) -> EntryMetadata {
+        EntryMetadata(flags: header.flags, blocks: record.baseAddress! + header.metadataOffset)
     }
 
     package static func checksum(of record: UnsafeRawBufferPointer, _ header: RecordHeader) -> UInt64 {
@@ -184,19 +186,16 @@ package struct RecordHeader: Equatable {
     }
 }
 
-/// A record about to be appended: its header (the sequence number is the bucket's to assign) and where
-/// its key, group, memory policy, freshness and payload bytes are. The bucket writes it where it lands (its write
-/// buffer, or a buffer for a write-through) and seals it there, once: the checksum covers the
-/// sequence number, which is known only under the bucket's lock.
+/// A record about to be appended: its header (the sequence number is the bucket's to assign), where its
+/// key, group and payload bytes are, and its metadata (written as the header's flags say). The bucket
+/// writes it where it lands (its write buffer, or a buffer for a write-through) and seals it there,
+/// once: the checksum covers the sequence number, which is known only under the bucket's lock.
 struct RecordDraft {
     var header: RecordHeader
     var key: UnsafeRawBufferPointer
     var group: UnsafeRawBufferPointer
     var payload: UnsafeRawBufferPointer
-    var memoryPolicy: Int64 = 0
-    var freshUntil: Int64 = 0
-    var loadedAt: Int64 = 0
-    var stamp: Int64 = 0
+    var metadata = EntryMetadata()
 
     /// The record's length on disk.
     var length: Int { header.recordLength }
@@ -212,16 +211,7 @@ struct RecordDraft {
         base.storeBytes(of: UInt64(0), toByteOffset: 48, as: UInt64.self)
         copyBytes(key, to: base + header.keyOffset)
         copyBytes(group, to: base + header.groupOffset)
-        if header.policyLength != 0 {
-            base.storeBytes(of: memoryPolicy.littleEndian, toByteOffset: header.policyOffset, as: Int64.self)
-        }
-        if header.freshnessLength != 0 {
-            base.storeBytes(of: freshUntil.littleEndian, toByteOffset: header.freshnessOffset, as: Int64.self)
-            base.storeBytes(of: loadedAt.littleEndian, toByteOffset: header.freshnessOffset + 8, as: Int64.self)
-        }
-        if header.stampLength != 0 {
-            base.storeBytes(of: stamp.littleEndian, toByteOffset: header.stampOffset, as: Int64.self)
-        }
+        metadata.writeBlocks(header.flags, to: base + header.metadataOffset)
         copyBytes(payload, to: base + header.payloadOffset)
         let end = header.payloadOffset + payload.count
         (base + end).initializeMemory(as: UInt8.self, repeating: 0, count: header.recordLength - end)

@@ -1,0 +1,100 @@
+/// What an entry carries besides its key, value, group and expiry, as the disk tier and the remote tier
+/// store it: one model, one binary encoding.
+///
+/// The encoding: a flags byte (``RecordFlags``) says which fixed blocks follow, and they follow in this
+/// order, each little endian, with no padding:
+///
+/// | flag | block | bytes |
+/// |---|---|---|
+/// | `memoryPolicy` | the memory policy (i64; see ``memoryPolicy``) | 8 |
+/// | `freshness` | fresh until, loaded at (i64 ms each) | 16 |
+/// | `stamp` | the coherence stamp (i64 ms) | 8 |
+///
+/// `diskOnly`, `memoryOnly` and `negative` are flags without a block. The disk record puts the flags in
+/// its header and the blocks after its group (Disk/Format/Record.swift); the remote record puts both in
+/// the same places of its own layout (Remote/RemoteRecord.swift). A remote record never carries a
+/// stamp (the stamp says when *this* instance last knew its local copy current) and a disk record never
+/// carries `memoryOnly` (such an entry never reaches the disk tier): each format rejects the flag it
+/// never writes.
+package struct EntryMetadata: Sendable, Equatable {
+    /// The encoded memory policy: 0 none, > 0 an absolute memory deadline (ms), < 0 minus a lifetime (ms).
+    package var memoryPolicy: Int64 = 0
+    /// The tiers the entry may live in.
+    package var tiers: Tiers = .memoryAndDisk
+    /// The loader API's freshness and negative mark.
+    package var freshness = Freshness.none
+    /// A cache with a remote tier: when it last knew this copy current (0: none).
+    package var stamp: Int64 = 0
+
+    package init(memoryPolicy: Int64 = 0, tiers: Tiers = .memoryAndDisk, freshness: Freshness = .none, stamp: Int64 = 0) {
+        self.memoryPolicy = memoryPolicy
+        self.tiers = tiers
+        self.freshness = freshness
+        self.stamp = stamp
+    }
+
+    /// Never promote the entry into memory.
+    package var diskOnly: Bool { tiers == .diskOnly }
+
+    /// The flags that describe this metadata (and which blocks its encoding has).
+    package var flags: RecordFlags {
+        @inline(__always) get {
+            var flags: RecordFlags = []
+            if memoryPolicy != 0 { flags.insert(.memoryPolicy) }
+            switch tiers {
+            case .memoryAndDisk: break
+            case .diskOnly: flags.insert(.diskOnly)
+            case .memoryOnly: flags.insert(.memoryOnly)
+            }
+            if freshness.freshUntil != 0 { flags.insert(.freshness) }
+            if freshness.negative { flags.insert(.negative) }
+            if stamp != 0 { flags.insert(.stamp) }
+            return flags
+        }
+    }
+
+    /// Bytes of the blocks `flags` announce.
+    @inline(__always)
+    package static func blocksLength(_ flags: RecordFlags) -> Int {
+        (flags.contains(.memoryPolicy) ? 8 : 0) + (flags.contains(.freshness) ? 16 : 0) + (flags.contains(.stamp) ? 8 : 0)
+    }
+
+    /// Writes the blocks `flags` announce (``flags``, or fewer) at `raw`: exactly ``blocksLength(_:)`` bytes.
+    @inline(__always)
+    package func writeBlocks(_ flags: RecordFlags, to raw: UnsafeMutableRawPointer) {
+        var offset = 0
+        if flags.contains(.memoryPolicy) {
+            raw.storeBytes(of: memoryPolicy.littleEndian, toByteOffset: offset, as: Int64.self)
+            offset += 8
+        }
+        if flags.contains(.freshness) {
+            raw.storeBytes(of: freshness.freshUntil.littleEndian, toByteOffset: offset, as: Int64.self)
+            raw.storeBytes(of: freshness.loadedAt.littleEndian, toByteOffset: offset + 8, as: Int64.self)
+            offset += 16
+        }
+        if flags.contains(.stamp) {
+            raw.storeBytes(of: stamp.littleEndian, toByteOffset: offset, as: Int64.self)
+        }
+    }
+
+    /// The metadata `flags` and the blocks at `raw` describe. The caller checked that `raw` holds
+    /// ``blocksLength(_:)`` bytes and that `flags` does not carry both `diskOnly` and `memoryOnly`.
+    @inline(__always)
+    package init(flags: RecordFlags, blocks raw: UnsafeRawPointer) {
+        var offset = 0
+        if flags.contains(.memoryPolicy) {
+            memoryPolicy = Int64(littleEndian: raw.loadUnaligned(fromByteOffset: offset, as: Int64.self))
+            offset += 8
+        }
+        tiers = flags.contains(.diskOnly) ? .diskOnly : flags.contains(.memoryOnly) ? .memoryOnly : .memoryAndDisk
+        freshness.negative = flags.contains(.negative)
+        if flags.contains(.freshness) {
+            freshness.freshUntil = Int64(littleEndian: raw.loadUnaligned(fromByteOffset: offset, as: Int64.self))
+            freshness.loadedAt = Int64(littleEndian: raw.loadUnaligned(fromByteOffset: offset + 8, as: Int64.self))
+            offset += 16
+        }
+        if flags.contains(.stamp) {
+            stamp = Int64(littleEndian: raw.loadUnaligned(fromByteOffset: offset, as: Int64.self))
+        }
+    }
+}
