@@ -132,6 +132,27 @@ struct FleetTests {
         }
     }
 
+    @Test("a remote hit fetched while this instance writes the key is served, not kept, and counted as unkept; later ones are kept")
+    func unkeptRemoteHit() async throws {
+        try await withRedisServer { server in
+            try await offloaded {
+                let (a, b) = try confirmedPair(port: server.port)
+                defer { try? a.close(); try? b.close() }
+                try a.set(Array("v1".utf8), forKey: "k")
+                usleep(200_000)  // the write's report reaches b first (b holds no copy: nothing to drop)
+                let remote = try #require(b.remote)
+                let hash = Array("k".utf8).withUnsafeBytes { HashedKey($0, hasher: b.hasher).hash }
+                let began = b.clock.now()
+                remote.coherence.beginWrite(hash, now: began)  // as if b were writing the key itself
+                #expect(text(try b.value(forKey: "k")) == "v1")  // served
+                #expect(try b.lookup("k")?.tier == .remote)  // not kept: the store is asked again
+                #expect((b.statistics.remote?.unkept ?? 0) >= 2)
+                remote.coherence.endWrite(hash, began: began)
+                #expect(try pollUntil { try b.lookup("k")?.tier == .memory } != nil)  // kept again
+            }
+        }
+    }
+
     @Test("a write by another program (redis-cli) drops local copies; what it wrote is a counted miss")
     func foreignWrites() async throws {
         try await withRedisServer { server in

@@ -200,6 +200,11 @@ extension FleetInstance {
             line["epoch_bumps"] = .int(Int(remote.epochBumps))
             line["owed_removals"] = .int(remote.owedRemovals)
             line["replayed_removals"] = .int(Int(remote.replayedRemovals))
+            // Over the whole run, the warm-up included: what the store answered, and how much of it the
+            // local tiers could not keep (a change or a write of the key overlapped the fetch).
+            line["store_hits"] = .int(Int(remote.hits))
+            line["unkept"] = .int(Int(remote.unkept))
+            line["withheld"] = .int(Int(remote.withheld))
         }
         print(String(decoding: (try? JSONEncoder().encode(line)) ?? Data(), as: UTF8.self))
     }

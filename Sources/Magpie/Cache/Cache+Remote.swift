@@ -172,9 +172,16 @@ extension Cache {
         -> StoredEntry
     {
         let entry = storedEntry(of: record)
-        guard remote.coherence.confirmedRecently(now: clock.now()), !closed.load(ordering: .relaxed) else { return entry }
+        guard !closed.load(ordering: .relaxed) else { return entry }
+        guard remote.coherence.confirmedRecently(now: clock.now()) else {
+            remote.counters.unkept.add(1, ordering: .relaxed)
+            return entry
+        }
         stripes.withLock(for: key.hash) {
-            guard remote.coherence.keepable(key.hash, since: counter) else { return }
+            guard remote.coherence.keepable(key.hash, since: counter) else {
+                remote.counters.unkept.add(1, ordering: .relaxed)
+                return
+            }
             let options = EntryOptions(group: record.group, tiers: record.tiers)
             let stamp = StoreStamp(
                 memory: entry.deadline, disk: record.expiresAt, freshness: record.freshness, coherence: max(1, started))

@@ -392,6 +392,10 @@ public struct RemoteTierStatistics: Sendable, Hashable {
     /// was older than ``RemoteTierOptions/maxDisconnectedStaleness``, so an instance may have returned a
     /// write of the key that had not reached the store yet (see <doc:RunningAFleet>).
     public var withheld: UInt64 = 0
+    /// Remote hits served but not kept in the local tiers: the change feed was not confirmed recently,
+    /// a write of the key by this instance was under way, or a change of the key was reported while it
+    /// was fetched. The next read of such a key asks the store again.
+    public var unkept: UInt64 = 0
     /// Versioned writes and removals the store refused because it held a newer version of the key (a
     /// later write from another instance, or this one's own later write that got there first).
     public var fenced: UInt64 = 0
@@ -433,6 +437,7 @@ extension RemoteTier {
         s.restoredRemovals = counters.restoredRemovals.load(ordering: .relaxed)
         s.journalFailures = counters.journalFailures.load(ordering: .relaxed)
         s.withheld = counters.withheld.load(ordering: .relaxed)
+        s.unkept = counters.unkept.load(ordering: .relaxed)
         s.leasesAcquired = counters.leasesAcquired.load(ordering: .relaxed)
         s.leaseWaits = counters.leaseWaits.load(ordering: .relaxed)
         s.sharedLoads = counters.sharedLoads.load(ordering: .relaxed)

@@ -46,6 +46,7 @@ final class RemoteTier: Sendable {
         let restoredRemovals = Atomic<UInt64>(0)
         let journalFailures = Atomic<UInt64>(0)
         let withheld = Atomic<UInt64>(0)
+        let unkept = Atomic<UInt64>(0)
     }
 
     struct TokenCache {
