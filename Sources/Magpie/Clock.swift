@@ -8,6 +8,10 @@ public struct CacheClock: Sendable {
     /// Suspends for a duration (``LoaderOptions/softTimeout`` and ``LoaderOptions/hardTimeout`` wait on
     /// it); throws `CancellationError` when its task is cancelled.
     public let sleep: @Sendable (Duration) async throws -> Void
+    /// Microseconds since 1970 on the same clock as `now`, when the clock has them (the system clock):
+    /// the remote tier's write versions use them to order writes made within one millisecond. Nil for
+    /// an injected clock (versions then carry milliseconds only).
+    let microseconds: (@Sendable () -> Int64)?
 
     /// A clock that calls `now`, and whose timers wait on `sleep` (by default `Task.sleep`).
     public init(
@@ -16,14 +20,29 @@ public struct CacheClock: Sendable {
     ) {
         self.now = now
         self.sleep = sleep
+        self.microseconds = nil
+    }
+
+    /// A clock with a microsecond reading too (`microseconds() / 1000` must equal `now()` read at the
+    /// same instant).
+    init(now: @escaping @Sendable () -> Int64, microseconds: @escaping @Sendable () -> Int64) {
+        self.now = now
+        self.sleep = { try await Task.sleep(for: $0) }
+        self.microseconds = microseconds
     }
 
     /// The system's real-time clock (`CLOCK_REALTIME`), with `Task.sleep` for timers.
-    public static let system = CacheClock(now: {
-        var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
-        return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
-    })
+    public static let system = CacheClock(
+        now: {
+            var ts = timespec()
+            clock_gettime(CLOCK_REALTIME, &ts)
+            return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
+        },
+        microseconds: {
+            var ts = timespec()
+            clock_gettime(CLOCK_REALTIME, &ts)
+            return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1_000
+        })
 }
 
 /// When an entry stops being served.

@@ -100,4 +100,32 @@ struct RemoteRecordTests {
         clock.observe(1)  // an older version changes nothing
         #expect(clock.next() == 5_000 << 16 + 9)
     }
+
+    @Test("with microseconds, a write made later in the same millisecond gets the higher version, whatever each instance gave before")
+    func hybridClockMicroseconds() {
+        let micro = Atomic<Int64>(7_000_100)  // 7,000 ms and 100 µs
+        let clock = CacheClock(now: { micro.load(ordering: .relaxed) / 1000 }, microseconds: { micro.load(ordering: .relaxed) })
+        let busy = HybridClock(clock: clock)  // an instance that gave many versions in this microsecond
+        let quiet = HybridClock(clock: clock)
+        let first = busy.next()
+        #expect(first == UInt64(7_000 << 16 | 100 << 6))
+        for _ in 0..<40 { _ = busy.next() }
+        let busyLast = busy.next()
+        #expect(busyLast == first + 41)
+        micro.store(7_000_101, ordering: .relaxed)  // one microsecond later, same millisecond
+        let later = quiet.next()
+        #expect(later > busyLast)  // with milliseconds only, the quiet instance's 0 would be below the busy one's 41
+        #expect(later >> 16 == 7_000)  // the top 48 bits stay milliseconds: the store's comparison is unchanged
+        // More than 64 versions in one microsecond run on into the next slot, never backwards.
+        var previous = later
+        for _ in 0..<200 {
+            let version = quiet.next()
+            #expect(version == previous + 1)
+            previous = version
+        }
+        micro.store(7_000_999, ordering: .relaxed)
+        #expect(quiet.next() == UInt64(7_000 << 16 | 999 << 6))
+        micro.store(7_001_000, ordering: .relaxed)
+        #expect(quiet.next() == UInt64(7_001 << 16))
+    }
 }

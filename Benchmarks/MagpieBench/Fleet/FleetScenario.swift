@@ -193,7 +193,7 @@ struct FleetScenario {
         let readCount = max(1, sums["reads", default: 0])
         var extra: [String: JSONValue] = [:]
         for key in ["reads", "writes", "removes", "origin_calls", "caller_errors", "wrong_values", "remote_errors", "invalidations",
-                    "epoch_bumps", "owed_removals", "replayed_removals", "stale_from_remote", "store_hits", "unkept", "withheld"] {
+                    "epoch_bumps", "owed_removals", "replayed_removals", "stale_from_remote", "store_hits", "unkept", "withheld", "fenced"] {
             if let v = sums[key] { extra[key] = .int(v) }
         }
         // Stale and resurrected reads: those that started while Redis was down or within the 2 s its

@@ -205,6 +205,7 @@ extension FleetInstance {
             line["store_hits"] = .int(Int(remote.hits))
             line["unkept"] = .int(Int(remote.unkept))
             line["withheld"] = .int(Int(remote.withheld))
+            line["fenced"] = .int(Int(remote.fenced))
         }
         print(String(decoding: (try? JSONEncoder().encode(line)) ?? Data(), as: UTF8.self))
     }
