@@ -47,6 +47,49 @@ struct DiskBudgetTests {
         for round in 0..<4 { #expect(try tier.value(forKey: "large-\(round)") == noise(4 << 20, seed: 100 + UInt64(round))) }
     }
 
+    @Test("in a 64 MiB tier at 10 % of its budget the largest storable value evicts nothing (the others lend below half a share)")
+    func largestStoreEvictsNothing() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let tier = try DiskTier(.init(directory: directory.path, budget: 64 << 20, hashSeed: 17))
+        var key = 0
+        while tier.statistics.bytesOnDisk < (64 << 20) / 10 {
+            try tier.set(noise(1000, seed: UInt64(key)), forKey: keyBytes(key))
+            key += 1
+        }
+        let largest = tier.largestStorableValue
+        let value = noise(largest, seed: 99)  // incompressible: stored as it is
+        try tier.set(value, forKey: [])  // the largest value is for an empty key
+        #expect(tier.statistics.evictions == 0)
+        #expect(try tier.value(forKey: []) == value)
+        for k in 0..<key { #expect(try tier.value(forKey: keyBytes(k)) == noise(1000, seed: UInt64(k)), "key \(k)") }
+        // The small entries keep coming: the lenders borrow back or, with the tier full, evict; values stay exact.
+        for k in key..<(key + 2000) { try tier.set(noise(1000, seed: UInt64(k)), forKey: keyBytes(k)) }
+        for k in 0..<(key + 2000) {
+            let got = try tier.value(forKey: keyBytes(k))
+            #expect(got == nil || got == noise(1000, seed: UInt64(k)))
+        }
+        try tier.close()
+        #expect(directoryBytes(directory.path) <= 64 << 20)
+    }
+
+    @Test("a value longer than the largest storable is stored when it fits compressed, as documented; an incompressible one is refused")
+    func largestMeasuredCompressed() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let tier = try DiskTier(.init(directory: directory.path, budget: 8 << 20, bucketCount: 4, hashSeed: 18))
+        let largest = tier.largestStorableValue
+        let line = Array(#"{"id":12345,"name":"a cached value","tags":["x","y","z"],"score":0.75}\n"#.utf8)
+        let text = (0..<(largest + 4096)).map { line[$0 % line.count] }
+        try tier.set(text, forKey: "text")
+        #expect(try tier.value(forKey: "text") == text)
+        let refused = #expect(throws: MagpieError.self) { try tier.set(noise(largest + 1, seed: 5), forKey: "noise") }
+        #expect(refused?.code == .valueTooLarge)
+        #expect(try tier.value(forKey: "noise") == nil)
+        #expect(try tier.value(forKey: "text") == text)
+        try tier.close()
+    }
+
     @Test("the largest storable value is exact: it fits an empty and a full tier, one byte more is refused", arguments: [1, 4, 64])
     func largestExact(buckets: Int) throws {
         let directory = TemporaryDirectory()

@@ -103,7 +103,8 @@ public final class Cache: Sendable {
     public static let maximumKeyLength = HashedKey.maximumLength
 
     /// The longest value a store keeps: the disk tier's ``DiskTier/largestStorableValue`` for a two-tier
-    /// cache (a longer value throws ``MagpieError/Code/valueTooLarge``), else the memory tier's. Values
+    /// cache (measured as the disk tier stores it, compressed when it compresses; a longer value throws
+    /// ``MagpieError/Code/valueTooLarge``), else the memory tier's. Values
     /// longer than ``largestMemoryValue`` are kept on disk only. Both are for an empty key without a
     /// group; see the tiers' properties for what a key, a group and an expiry take.
     public var largestStorableValue: Int { disk?.largestStorableValue ?? memory.largestStorableValue }

@@ -35,13 +35,14 @@ extension BucketState {
         returnSurplus(keeping: needed)
     }
 
-    /// Lends up to `wanted` bytes of its limit to the tier (the caller puts them in the pool): free room
-    /// beyond the slack, never going below half a share; with `evicting`, also by evicting and compacting
-    /// down to half a share. Returns the bytes lent.
+    /// Lends up to `wanted` bytes of its limit to the tier (the caller puts them in the pool): its free
+    /// room beyond the slack, however far below its share that takes the limit (so a store evicts nothing
+    /// while the tier has room anywhere, a value as large as ``DiskTier/largestStorableValue`` included);
+    /// with `evicting`, also by evicting and compacting down to half a share. Returns the bytes lent.
     mutating func lend(upTo wanted: Int, evicting: Bool, now: Int64) throws(MagpieError) -> Int {
         guard isOpen, context.health.failure == nil else { return 0 }
         let floor = context.share / 2
-        var lent = min(wanted, max(0, limit - max(floor, size + slack)))
+        var lent = min(wanted, max(0, limit - (size + slack)))
         limit -= lent
         if evicting && lent < wanted && limit > floor {
             let goal = max(floor, limit - (wanted - lent))

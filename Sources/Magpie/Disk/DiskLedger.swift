@@ -13,10 +13,11 @@
 //    Limits start at one share each.
 //  - pool (here, atomic): bytes no bucket holds. A bucket whose next append would pass its limit first
 //    takes from the pool; if the pool is short, the tier (holding no bucket lock) asks the other
-//    buckets, one at a time, to lend their free room (limit − size beyond a little slack, never below
-//    half a share), so a store evicts nothing while the tier has room anywhere. Only when no bucket has
-//    room does a bucket evict its own entries and compact; a record too large for that takes room from
-//    the others by making them evict and compact down to half a share.
+//    buckets, one at a time, to lend their free room (limit − size beyond a little slack, however far
+//    below a share that takes them), so a store evicts nothing while the tier has room anywhere, a
+//    record of the largest storable size included. Only when no bucket has room does a bucket evict its
+//    own entries and compact; a record too large for that takes room from the others by making them
+//    evict and compact down to half a share.
 //  - a bucket that compacted, or was emptied, returns what it no longer needs above one share.
 //  - index snapshots are written on close only while the bucket files and the snapshots together fit
 //    the budget less the MANIFEST allowance (a snapshot that does not fit is skipped: that bucket is

@@ -56,7 +56,10 @@ extension DiskTier {
     ) throws(MagpieError) {
         try checkKey(key)
         try checkDirectoryIfDue()
-        guard value.count <= largestStorableRecord else {
+        // Measured as stored (compressed, when it compresses; see `store(_:codec:...)`): only a value
+        // that will not be offered to zstd is refused by its own length here.
+        let offered = compresses && value.count >= configuration.minimumCompressibleLength
+        guard value.count <= largestStorableRecord || (offered && value.count <= Self.largestCompressibleValue) else {
             throw MagpieError(.valueTooLarge, "value of \(value.count) bytes; this tier stores values up to \(largestStorableValue) bytes")
         }
         let now = configuration.clock.now()
@@ -67,10 +70,11 @@ extension DiskTier {
         }
         var compressed: [UInt8]? = nil
         // Noise-like values are not offered to zstd (see Compressibility.swift).
-        if compresses && value.count >= configuration.minimumCompressibleLength
-            && !Compressibility.looksIncompressible(value)
-        {
+        if offered && !Compressibility.looksIncompressible(value) {
             compressed = try compression.compress(value)
+        }
+        if compressed == nil && value.count > largestStorableRecord {
+            throw MagpieError(.valueTooLarge, "value of \(value.count) bytes; this tier stores values up to \(largestStorableValue) bytes")
         }
         let stored = try withBytes((group ?? "").utf8) { group in
             Result { () throws(MagpieError) -> Int in
@@ -103,7 +107,10 @@ extension DiskTier {
             kind: .value, codec: codec, keyLength: key.count, groupLength: group.count, storedLength: payload.count,
             originalLength: value.count, expiry: deadline, sequence: 0, keyHash: key.hash, flags: flags)
         guard header.recordLength <= largestStorableRecord else {
-            throw MagpieError(.valueTooLarge, "value of \(value.count) bytes; this tier stores values up to \(largestStorableValue) bytes")
+            let compressed = codec == .zstd ? " (\(payload.count) compressed)" : ""
+            throw MagpieError(
+                .valueTooLarge,
+                "value of \(value.count) bytes\(compressed) with a \(key.count)-byte key and a \(group.count)-byte group; this tier stores values up to \(largestStorableValue) bytes, measured as stored")
         }
         let draft = RecordDraft(header: header, key: key.bytes, group: group, payload: payload, metadata: placement)
         try withRoom(Self.bucket(of: key.hash, count: bucketCount), now: now) { (state, policy) throws(MagpieError) in
@@ -170,6 +177,10 @@ extension DiskTier {
     public var largestStorableValue: Int {
         (largestStorableRecord & ~7) - RecordHeader.recordLength(key: 0, group: 0, stored: 0)
     }
+
+    /// The longest value offered to zstd when it is longer than the longest record: a record's length
+    /// fields are 32-bit (a longer value could never be described, however well it compresses).
+    static let largestCompressibleValue = Int(UInt32.max)
 
     /// The longest record: what a bucket's limit can reach, less its file header.
     var largestStorableRecord: Int {
