@@ -97,7 +97,7 @@ tsan: deps
 	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan-suppressions.txt" swift test --sanitize=thread --scratch-path .build-tsan \
 	  --filter MemoryLockFreeReadTests
 	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan-suppressions.txt" swift test --sanitize=thread --scratch-path .build-tsan \
-	  --no-parallel --filter "RedisClientTests|RedisFaultTests|RedisSubscriberTests|RedisTLSTests|RedisClusterTests|MagpieRedisTests\.Fleet"
+	  --no-parallel --filter "RedisClientTests|RedisSubmissionTests|RedisFaultTests|RedisSubscriberTests|RedisTLSTests|RedisClusterTests|MagpieRedisTests\.Fleet"
 
 # The memory tier's lock-free reads, and the loaders' reads of entry metadata, under Address Sanitizer: a
 # block freed while a reader still copies it is a heap-use-after-free report here (LeakSanitizer is off:
