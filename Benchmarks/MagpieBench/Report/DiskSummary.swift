@@ -80,6 +80,14 @@ func printDiskSummary(_ results: [BenchResult]) {
         print(String(format: "magpie raw get p50 = mapped-copy floor %d ns + %.0f ns; compressed get p50 = ZSTD_decompress floor %d ns + %.0f ns",
             copyFloor, raw - Double(copyFloor), zstdFloor, text - Double(zstdFloor)))
     }
+    // DRAM per on-disk entry: the index's bytes (16 per slot, 3/4 full at most) over the entries it
+    // holds, after the plain (set + get) and the eviction-heavy workloads (informative: the peers' own
+    // index memory is theirs to report).
+    let dram = disk.filter { $0.system == "magpie" && ($0.scenario.hasSuffix("-get") || $0.scenario == "disk-evict") }.compactMap { r -> String? in
+        guard let perEntry = number(r, "index_bytes_per_entry"), perEntry > 0, let entries = number(r, "entries") else { return nil }
+        return String(format: "%@ %.1f B (%d entries)", r.scenario, perEntry, Int(entries))
+    }
+    if !dram.isEmpty { print("magpie index DRAM per on-disk entry: " + dram.joined(separator: ", ")) }
     print("\nDisk systems as configured:")
     var seen: Set<String> = []
     for r in disk where r.scenario != "disk-floor" && !seen.contains(r.system) {
