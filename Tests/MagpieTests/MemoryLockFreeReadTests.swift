@@ -147,9 +147,14 @@ struct MemoryLockFreeReadTests {
             } else if role == writers {
                 // Bulk removals: what was stored before one began is gone once it returns.
                 var round = 0
+                var evicted = tier.statistics.evictions
                 while !flags.stopped {
                     round += 1
                     usleep(10_000)  // time enough for the writers to fill the budget again, and evict
+                    // ...and longer on a loaded machine (under ASan, beside the other suites, 10 ms once let
+                    // the writers evict nothing all run): the next removal waits for an eviction.
+                    while !flags.stopped && tier.statistics.evictions == evicted { usleep(1_000) }
+                    evicted = tier.statistics.evictions
                     let group = round % 5 == 0 ? nil : Int.random(in: 0..<4, using: &random)
                     let before = (0..<keys).map { ledger.lastStored($0) }
                     if let group {

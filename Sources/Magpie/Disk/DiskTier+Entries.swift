@@ -56,10 +56,10 @@ extension DiskTier {
     ) throws(MagpieError) {
         try checkKey(key)
         try checkDirectoryIfDue()
-        // Measured as stored (compressed, when it compresses; see `store(_:codec:...)`): only a value
-        // that will not be offered to zstd is refused by its own length here.
-        let offered = compresses && value.count >= configuration.minimumCompressibleLength
-        guard value.count <= largestStorableRecord || (offered && value.count <= Self.largestCompressibleValue) else {
+        // A value is measured as stored (compressed, when it compresses): a longer one than a record
+        // holds is refused below only if zstd is not offered it or does not shrink it. Past 4 GiB no
+        // record could describe it at all.
+        guard value.count <= Self.largestCompressibleValue else {
             throw MagpieError(.valueTooLarge, "value of \(value.count) bytes; this tier stores values up to \(largestStorableValue) bytes")
         }
         let now = configuration.clock.now()
@@ -70,7 +70,7 @@ extension DiskTier {
         }
         var compressed: [UInt8]? = nil
         // Noise-like values are not offered to zstd (see Compressibility.swift).
-        if offered && !Compressibility.looksIncompressible(value) {
+        if compresses && value.count >= configuration.minimumCompressibleLength && !Compressibility.looksIncompressible(value) {
             compressed = try compression.compress(value)
         }
         if compressed == nil && value.count > largestStorableRecord {
@@ -178,8 +178,8 @@ extension DiskTier {
         (largestStorableRecord & ~7) - RecordHeader.recordLength(key: 0, group: 0, stored: 0)
     }
 
-    /// The longest value offered to zstd when it is longer than the longest record: a record's length
-    /// fields are 32-bit (a longer value could never be described, however well it compresses).
+    /// The longest value a store considers: a record's length fields are 32-bit (a longer value could
+    /// never be described, however well it compresses).
     static let largestCompressibleValue = Int(UInt32.max)
 
     /// The longest record: what a bucket's limit can reach, less its file header.

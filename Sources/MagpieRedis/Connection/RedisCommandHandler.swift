@@ -177,21 +177,25 @@ final class RedisCommandHandler: ChannelInboundHandler {
         armTimer(deadline, context)
     }
 
+    /// Writes one submission, its reply objects made here on the loop. Flushed once per event-loop tick
+    /// (`flush`), or by the caller.
+    func enqueue(_ submission: Submission, flush: Bool) {
+        switch submission {
+        case .command(let command, let continuation, let deadline):
+            enqueue(command, sink: .continuation(continuation), deadline: deadline, flush: flush)
+        case .batch(let commands, let count, let continuation, let deadline):
+            enqueue(batch: commands, count: count, replies: BatchReplies(count: count, continuation: continuation),
+                    deadline: deadline, flush: flush)
+        case .subscription(let command, let confirmation, let names, let continuation, let deadline):
+            let replies = SubscriptionReplies(kind: confirmation, names: names, continuation: continuation)
+            enqueue(command, sink: .subscription(replies), deadline: deadline, flush: flush)
+        }
+    }
+
     /// Writes what callers off the loop submitted (``SubmissionQueue``), in order, then flushes once.
     func write(_ submissions: [Submission]) {
         guard !submissions.isEmpty else { return }
-        for submission in submissions {
-            switch submission {
-            case .command(let command, let continuation, let deadline):
-                enqueue(command, sink: .continuation(continuation), deadline: deadline, flush: false)
-            case .batch(let commands, let count, let continuation, let deadline):
-                enqueue(batch: commands, count: count, replies: BatchReplies(count: count, continuation: continuation),
-                        deadline: deadline, flush: false)
-            case .subscription(let command, let confirmation, let names, let continuation, let deadline):
-                let replies = SubscriptionReplies(kind: confirmation, names: names, continuation: continuation)
-                enqueue(command, sink: .subscription(replies), deadline: deadline, flush: false)
-            }
-        }
+        for submission in submissions { enqueue(submission, flush: false) }
         // Everything queued by now is written: flush at once rather than in a task of its own (a flush
         // already scheduled by a caller on the loop then finds little or nothing left).
         if failure == nil { context?.flush() }

@@ -79,14 +79,7 @@ public final class RedisConnection: Sendable {
         if inline, eventLoop.inEventLoop {
             let handler = self.handler.value
             handler.write(submissions.take())
-            switch submission {
-            case .command(let command, let continuation, let deadline):
-                handler.enqueue(command, sink: .continuation(continuation), deadline: deadline)
-            case .batch(let commands, let count, let continuation, let deadline):
-                handler.enqueue(batch: commands, count: count, replies: BatchReplies(count: count, continuation: continuation), deadline: deadline)
-            case .subscription:
-                handler.write([submission])
-            }
+            handler.enqueue(submission, flush: true)
             return
         }
         guard submissions.append(submission) else { return }
