@@ -1,0 +1,42 @@
+// swift-tools-version: 6.1
+import Foundation
+import PackageDescription
+
+// Hummingbird's key-value persistence (`PersistDriver`) backed by a Magpie `Cache`. A package of its own,
+// so that Magpie's users who do not use Hummingbird never resolve it.
+//
+// Magpie is the package two folders up, by path. SwiftPM names a path dependency after its folder, which
+// is whatever the clone was called, so the name is read from this file's own path.
+let magpie = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+    .deletingLastPathComponent().deletingLastPathComponent().lastPathComponent
+
+let package = Package(
+    name: "MagpieHummingbird",
+    platforms: [.macOS(.v14)],
+    products: [
+        .library(name: "MagpieHummingbird", targets: ["MagpieHummingbird"])
+    ],
+    dependencies: [
+        .package(path: "../.."),
+        // No default traits: the driver needs neither swift-configuration nor full Foundation support.
+        .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1", traits: []),
+    ],
+    targets: [
+        .target(
+            name: "MagpieHummingbird",
+            dependencies: [
+                .product(name: "Magpie", package: magpie),
+                .product(name: "Hummingbird", package: "hummingbird"),
+            ]
+        ),
+        .testTarget(
+            name: "MagpieHummingbirdTests",
+            dependencies: [
+                "MagpieHummingbird",
+                .product(name: "Magpie", package: magpie),
+                .product(name: "Hummingbird", package: "hummingbird"),
+            ]
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)
