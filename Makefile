@@ -12,7 +12,8 @@ REDIS_APT_PACKAGES := redis-server redis-tools openssl
 # benchmark target, and so by its tests, never by the Magpie library.
 DISK_PEER_APT_PACKAGES := librocksdb-dev liblmdb-dev libsqlite3-dev
 
-.PHONY: deps peers bench test unit build docs tsan asan fuzz fuzz-build release-check format clean
+.PHONY: deps peers bench test unit build docs tsan asan fuzz fuzz-build release-check format clean \
+	example bench-service service-check wrk
 
 # Each check installs what it misses on its own, so one set present never skips the other. Debian's
 # redis-server package starts a system service on port 6379 when installed; the tests never use that port
@@ -68,6 +69,7 @@ test: unit
 	$(MAKE) --no-print-directory asan
 	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(CI_FUZZ_SECONDS)
 	$(MAKE) --no-print-directory release-check
+	$(MAKE) --no-print-directory service-check
 
 # A release build has no test seam (fault injection, the key-hash counter): checked in the fuzzer's
 # release binary, against the debug test bundle as the control (see scripts/check-release-seams.sh).
@@ -150,8 +152,45 @@ fuzz: fuzz-build
 	echo "magpie-fuzz: $$total executions in $(FUZZ_JOBS) jobs, exit status $$status"; rm -rf $(FUZZ_WORK); \
 	if [ $$status != 0 ]; then tail -n 60 fuzz-*.log; echo "error: the fuzzer found a fault (see .build-fuzz/artifacts)"; exit 1; fi
 
+# The Hummingbird example service (Examples/HummingbirdService) and the PersistDriver integration
+# (Integrations/MagpieHummingbird): packages of their own, so that Magpie's users never resolve
+# Hummingbird. Both build in one scratch directory (the example depends on the integration by path, so the
+# second build reuses the first's modules: about 15 s against 2–3.5 minutes cold).
+EXAMPLE_SCRATCH := .build-example
+EXAMPLE_ARGS ?= --cache magpie-disk --port 8080 --directory $(CURDIR)/$(EXAMPLE_SCRATCH)/example-cache
+
+# Builds the example (release) and starts it on port 8080 (README, "Try it in a service").
+example: deps
+	@mkdir -p -m 700 $(EXAMPLE_SCRATCH)/example-cache
+	swift build -c release --package-path Examples/HummingbirdService --scratch-path $(EXAMPLE_SCRATCH) --product magpie-example
+	$(EXAMPLE_SCRATCH)/release/magpie-example $(EXAMPLE_ARGS)
+
+wrk:
+	@if ! { command -v wrk && command -v curl; } >/dev/null 2>&1; then \
+	  echo "installing wrk curl"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk curl || exit 1; \
+	fi
+
+# wrk against the example in every caching mode, origin healthy then failing (scripts/bench-service.sh;
+# BENCHMARKS.md, "A service under load").
+bench-service: deps wrk
+	scripts/bench-service.sh
+
+# As CI runs them: the example and the integration build with no warnings in their files, the
+# integration's PersistDriver rules pass against Magpie's driver and Hummingbird's MemoryPersistDriver,
+# and a smoke load of the example (a few seconds per mode) keeps its promises (scripts/bench-service.sh
+# --smoke).
+service-check: deps wrk
+	@set -o pipefail; { swift build --package-path Integrations/MagpieHummingbird --scratch-path $(EXAMPLE_SCRATCH) --build-tests && \
+	  swift build --package-path Examples/HummingbirdService --scratch-path $(EXAMPLE_SCRATCH); } 2>&1 | tee .build-example-warnings.log
+	@if grep -E "^$(CURDIR)/(Examples|Integrations)/.*warning:" .build-example-warnings.log; then \
+	  echo "error: compiler warnings in the example or the integration (see above)"; rm -f .build-example-warnings.log; exit 1; fi
+	@rm -f .build-example-warnings.log
+	swift test --package-path Integrations/MagpieHummingbird --scratch-path $(EXAMPLE_SCRATCH)
+	scripts/bench-service.sh --smoke
+
 format:
 	swift format --in-place --recursive Package.swift Sources Benchmarks Tests
 
 clean:
-	rm -rf .build .build-fuzz .build-tsan .build-docs bench-results
+	rm -rf .build .build-fuzz .build-tsan .build-asan .build-docs .build-example bench-results
