@@ -97,6 +97,8 @@ final class Catalog: Sendable {
                 counters["remote_hits"] = remote.hits
                 counters["remote_misses"] = remote.misses
                 counters["remote_errors"] = remote.errors
+                counters["leases_acquired"] = remote.leasesAcquired
+                counters["shared_loads"] = remote.sharedLoads
             }
             stats["cache"] = counters
         }
