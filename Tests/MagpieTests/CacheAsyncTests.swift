@@ -176,6 +176,7 @@ struct CacheAsyncTests {
         defer { directory.cleanup() }
         let cache = try makeCache(directory, diskWriteBuffer: 0)  // the store's write is a pwrite, its read a pread
         let threads = Locked<[String]>([])
+        _ = cache.statistics  // every bucket loaded (the loader thread's reads are not this test's)
         FileIOFaults.set(under: directory.path) { call, _ in
             if call == "pread" || call == "pwrite" { threads.withLock { $0.append(IOThreadPool.currentThreadName ?? "caller") } }
             return nil

@@ -253,6 +253,7 @@ struct DirectoryOwnershipTests {
         let cache = base.child("cache")
         let tier = try DiskTier(DiskTier.Configuration(directory: cache, budget: 1 << 20, bucketCount: 2))
         try tier.set(Array("v".utf8), forKey: "k")
+        _ = tier.statistics  // both buckets loaded, so that the close snapshots both
         try tier.close()
         func mode(_ path: String) -> mode_t {
             var info = stat()

@@ -16,22 +16,64 @@ import Glibc
 // so the damage is counted once, not at every open.
 
 extension BucketState {
-    /// Opens (creating if needed) and recovers the bucket file.
-    static func open(context: BucketContext, now: Int64) throws(MagpieError) -> BucketState {
+    /// Opens (creating if needed) the bucket file, and nothing more: its index is loaded by
+    /// ``loadIfNeeded()`` (at the bucket's first use, or by the tier's loader thread), so that opening a
+    /// tier costs the same whatever it holds. Until then the file and its snapshot are untouched: a crash
+    /// before the load finds both as the last close left them.
+    ///
+    /// Its limit is set from the file's size at once (a file larger than its share had borrowed: it keeps
+    /// what it holds), so that the tier's ledger is whole from the open on and does not depend on when
+    /// each bucket loads.
+    static func open(context: BucketContext) throws(MagpieError) -> BucketState {
         var state = BucketState(context: context)
         state.fd = try context.directory.openOrCreate(.buckets, context.name)
-        state.remap()
-        do {
-            try state.recover(now: now)
-            if state.size > state.limit {  // it had borrowed: it keeps what its file holds
-                state.limit = state.size
-                state.remap()
-            }
+        do throws(MagpieError) {
+            state.limit = max(state.limit, try FileIO.size(state.fd, path: context.path))
         } catch {
             state.close()
             throw error
         }
         return state
+    }
+
+    /// Loads the index (from the snapshot a clean close left, else by scanning the file) if it is not
+    /// loaded yet and the bucket is open. Every operation on a bucket calls it first, with the lock held.
+    /// A failure leaves the bucket unloaded (the next operation tries again) and throws.
+    @inline(__always)
+    mutating func loadIfNeeded() throws(MagpieError) {
+        if !loaded && fd >= 0 { try load() }
+    }
+
+    private mutating func load() throws(MagpieError) {
+        if let failure = context.health.failure { throw failure }
+        remap()
+        let now = context.clock.now()
+        do throws(MagpieError) {
+            try recover(now: now)
+        } catch {
+            // As before the load: nothing indexed, nothing counted; the file as the failed step left it.
+            index = BucketIndex()
+            liveBytes = 0
+            written = BucketFileHeader.size
+            maximumSequence = 0
+            counters = BucketCounters()
+            throw error
+        }
+        if size > limit {
+            // Only if the file grew since the open (it cannot, unless someone else wrote it): charged to
+            // the pool, which may then go below zero; buckets repay as they compact.
+            context.ledger.pool.give(limit - size)
+            limit = size
+            remap()
+        }
+        loaded = true
+        if counters.corruptRecords > 0 || counters.truncatedTails > 0 {
+            context.logs.bucketRecovered.record(
+                metadata: [
+                    "path": "\(context.path)", "corrupt_records": "\(counters.corruptRecords)",
+                    "truncated_tails": "\(counters.truncatedTails)",
+                ])
+        }
     }
 
     private mutating func recover(now: Int64) throws(MagpieError) {

@@ -2,8 +2,9 @@
 //
 // `close()` writes each bucket's index to `buckets/<name>.index` (format in Format/OnDiskFormat.swift).
 // Opening uses a snapshot only if it is intact, names this bucket, count and seed, and the bucket
-// file still has the size it records; then it is deleted before anything else happens, so a crash
-// later can never bring back an index older than the file. Even a snapshot that passes these checks
+// file still has the size it records; then it is deleted before anything else happens to the bucket
+// (it is loaded at its first use, or by the loader thread: BucketLoader.swift), so a crash later can
+// never bring back an index older than the file. Even a snapshot that passes these checks
 // is not trusted with data: every read still verifies the record's checksum, key and liveness.
 
 extension BucketState {
@@ -11,6 +12,12 @@ extension BucketState {
 
     /// The bytes of this bucket's snapshot now.
     var snapshotLength: Int { IndexSnapshot.length(slotCount: index.slots.count) }
+
+    /// The bytes a bucket not loaded holds in the directory: its file and the snapshot it may have.
+    var unloadedBytes: Int {
+        let file = (try? FileIO.size(fd, path: context.path)) ?? 0
+        return file + context.directory.size(.buckets, snapshotName)
+    }
 
     /// Writes the index snapshot (after a flush, on close). Best effort: a failure only means the
     /// next open scans the file.

@@ -82,6 +82,9 @@ struct BucketState {
     var needsHealing = false
     /// The most bytes the file may hold now: its share, plus what it borrowed, less what it lent.
     var limit: Int
+    /// Whether the index has been loaded (Bucket+Recovery.swift): until then `index`, `written` and
+    /// `liveBytes` say nothing of the file.
+    var loaded = false
 
     init(context: BucketContext) {
         self.context = context

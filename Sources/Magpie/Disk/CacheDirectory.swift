@@ -119,6 +119,13 @@ final class CacheDirectory: Sendable {
         return info.st_mode & S_IFMT
     }
 
+    /// The size of a regular file at `name` in `place` (not following a link), 0 when there is none.
+    func size(_ place: DirectoryPlace, _ name: String) -> Int {
+        var info = stat()
+        guard fstatat(fd(place), name, &info, AT_SYMLINK_NOFOLLOW) == 0, info.st_mode & S_IFMT == S_IFREG else { return 0 }
+        return Int(info.st_size)
+    }
+
     /// fsync of `place`, so that creations and renames in it are durable.
     func sync(_ place: DirectoryPlace) throws(MagpieError) {
         try FileIO.sync(fd(place), path: place == .root ? path : path + "/buckets")

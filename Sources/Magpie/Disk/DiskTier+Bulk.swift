@@ -44,7 +44,10 @@ extension DiskTier {
     public func removeAll() throws(MagpieError) {
         try checkDirectoryIfDue()
         for bucket in buckets {
-            try bucket.withLock { (state: inout BucketState) throws(MagpieError) in try state.removeAll() }
+            try bucket.withLock { (state: inout BucketState) throws(MagpieError) in
+                try state.loadIfNeeded()
+                try state.removeAll()
+            }
         }
     }
 
@@ -58,6 +61,7 @@ extension DiskTier {
         for bucket in buckets {
             removed += try bucket.withLock { (state: inout BucketState) throws(MagpieError) -> Int in
                 try state.checkOpen()
+                try state.loadIfNeeded()
                 return state.removeExpired(now: now)
             }
         }
@@ -70,7 +74,10 @@ extension DiskTier {
     public func flush() throws(MagpieError) {
         try verifyDirectory()
         for bucket in buckets {
-            try bucket.withLock { (state: inout BucketState) throws(MagpieError) in try state.flush() }
+            try bucket.withLock { (state: inout BucketState) throws(MagpieError) in
+                try state.checkOpen()
+                if state.loaded { try state.flush() }  // a bucket not loaded has not been written since the open
+            }
         }
         try syncJournal()
         try directory.sync(.buckets)
@@ -90,7 +97,7 @@ extension DiskTier {
             do {
                 try bucket.withLock { (state: inout BucketState) throws(MagpieError) in
                     try state.checkOpen()
-                    try state.writePending()
+                    if state.loaded { try state.writePending() }
                 }
             } catch {
                 failure = failure ?? error
@@ -102,6 +109,7 @@ extension DiskTier {
     /// Flushes, then closes every file and releases the directory. Later calls throw
     /// ``MagpieError/Code/closed``. Closing twice is harmless.
     public func close() throws(MagpieError) {
+        loader.stop()
         let isOpen = buckets.first?.withLock { $0.isOpen } ?? false
         var failure: MagpieError? = nil
         if isOpen {
@@ -111,11 +119,12 @@ extension DiskTier {
         var room = configuration.budget - DiskLedger.manifestAllowance - journalSize
         closeJournal()
         logs.flush()
-        for bucket in buckets { room -= bucket.withLock { $0.isOpen ? $0.size : 0 } }
+        // A bucket never loaded keeps its file and its snapshot as the open found them (both count).
+        for bucket in buckets { room -= bucket.withLock { $0.isOpen ? ($0.loaded ? $0.size : $0.unloadedBytes) : 0 } }
         for bucket in buckets {
             bucket.withLock { state in
                 // Only a flushed index may be snapshotted: after a failed flush the next open scans.
-                if failure == nil && state.isOpen && state.snapshotLength <= room {
+                if failure == nil && state.isOpen && state.loaded && state.snapshotLength <= room {
                     room -= state.snapshotLength
                     state.writeSnapshot()
                 }

@@ -59,6 +59,9 @@ extension DiskTier {
         /// `writeBuffers()` always check. Once one was removed or replaced, every call throws
         /// ``MagpieError/Code/directoryReplaced``. Nil: only `flush()` and `writeBuffers()` check.
         public var directoryCheckInterval: Duration? = .seconds(1)
+        /// Whether a thread loads the buckets' indexes after the open (true), or only their first use
+        /// does (false: for tests that need buckets left unloaded; see `Disk/BucketLoader.swift`).
+        package var loadsInBackground = true
 
         /// A configuration with defaults: zstd level 1, values of 64 bytes or more compressed.
         public init(

@@ -225,11 +225,18 @@ extension DiskTier {
         return max(0, seconds * 1000 + attoseconds / 1_000_000_000_000_000)
     }
 
-    /// The counters and sizes of all buckets.
+    /// How many buckets have their index loaded (for tests of the open; it takes every bucket's lock).
+    package var loadedBucketCount: Int {
+        buckets.reduce(0) { count, bucket in count + (bucket.withLock { $0.loaded } ? 1 : 0) }
+    }
+
+    /// The counters and sizes of all buckets. Waits for the buckets whose indexes are still loading
+    /// after the open (see `Disk/BucketLoader.swift`): a bucket that fails to load counts as empty.
     public var statistics: DiskTierStatistics {
         var total = DiskTierStatistics()
         for bucket in buckets {
             bucket.withLock { state in
+                try? state.loadIfNeeded()
                 let c = state.counters
                 total.hits += c.hits
                 total.misses += c.misses

@@ -26,7 +26,10 @@ extension DiskTier {
         var failure: MagpieError? = nil
         let found = unownedBuckets[Self.bucket(of: key.hash, count: bucketCount)]._withUnsafeGuaranteedRef { bucket in
             bucket.withLock { (state: inout BucketState) -> DiskEntry? in
-                do throws(MagpieError) { return try state.readValue(key) } catch {
+                do throws(MagpieError) {
+                    try state.loadIfNeeded()
+                    return try state.readValue(key)
+                } catch {
                     failure = error
                     return nil
                 }
@@ -143,6 +146,7 @@ extension DiskTier {
         let present = try buckets[Self.bucket(of: key.hash, count: bucketCount)].withLock {
             (state: inout BucketState) throws(MagpieError) -> Bool in
             try state.checkOpen()
+            try state.loadIfNeeded()
             return state.index.positions(tag: DiskSlot.tag(of: key.hash)).isEmpty == false
         }
         return present ? try remove(key) : false
@@ -155,6 +159,7 @@ extension DiskTier {
         return try buckets[Self.bucket(of: key.hash, count: bucketCount)].withLock {
             (state: inout BucketState) throws(MagpieError) -> Bool in
             try state.checkOpen()
+            try state.loadIfNeeded()
             defer { state.healIfNeeded() }
             guard let (_, found) = try state.find(tag: DiskSlot.tag(of: key.hash), key: key.bytes) else { return false }
             return (found.header.expiry == 0 || found.header.expiry > now) && !found.header.flags.contains(.negative)
@@ -196,7 +201,10 @@ extension DiskTier {
         _ number: Int, now: Int64, _ operation: (inout BucketState, RoomPolicy) throws(MagpieError) -> RoomOutcome<R>
     ) throws(MagpieError) -> R {
         try withBorrowedRoom { (policy) throws(MagpieError) in
-            try buckets[number].withLock { (state: inout BucketState) throws(MagpieError) in try operation(&state, policy) }
+            try buckets[number].withLock { (state: inout BucketState) throws(MagpieError) in
+                try state.loadIfNeeded()
+                return try operation(&state, policy)
+            }
         } gather: { (bytes, evicting) throws(MagpieError) in
             try gatherRoom(bytes, for: number, evicting: evicting, now: now)
         }
@@ -212,7 +220,8 @@ extension DiskTier {
             let wanted = bytes - gathered
             gathered += try buckets[(number + step) & (bucketCount - 1)].withLock {
                 (state: inout BucketState) throws(MagpieError) -> Int in
-                try state.lend(upTo: wanted, evicting: evicting, now: now)
+                try state.loadIfNeeded()  // its room is known once its file is
+                return try state.lend(upTo: wanted, evicting: evicting, now: now)
             }
             step += 1
         }

@@ -49,9 +49,11 @@ import Synchronization
 /// group removal that returned is never undone by a restart. ``removeAll()`` empties bucket after
 /// bucket: a crash in the middle leaves the buckets it had not reached.
 ///
-/// **Reopening.** ``close()`` leaves an index snapshot per bucket, so a reopen after a clean close reads
-/// the snapshots instead of scanning every record (see `Disk/Bucket+Snapshot.swift`); after a crash the
-/// files are scanned and verified in full.
+/// **Reopening.** Opening takes the same time whatever the directory holds: it opens the bucket files,
+/// and each bucket's index is loaded at its first use or by a background thread meanwhile (see
+/// `Disk/BucketLoader.swift`). ``close()`` leaves an index snapshot per bucket, so a load after a clean
+/// close reads the snapshot instead of scanning every record (see `Disk/Bucket+Snapshot.swift`); after a
+/// crash the bucket's file is scanned and verified in full when it loads.
 ///
 /// **Errors.** Every failure is a ``MagpieError``; after one, the tier is still consistent and usable.
 public final class DiskTier: Sendable {
@@ -99,8 +101,12 @@ public final class DiskTier: Sendable {
     let missingBucketFiles: Int
     let originalBytes = Atomic<UInt64>(0)
     let storedBytes = Atomic<UInt64>(0)
+    /// Loads the buckets' indexes in the background after the open (see ``BucketLoader``).
+    let loader: BucketLoader
 
-    /// Opens the directory, creating it if needed, and recovers every bucket.
+    /// Opens the directory, creating it if needed, and its bucket files; the buckets' indexes load after
+    /// it returns (at first use, and on a background thread), so it takes the same time whatever the
+    /// directory holds.
     /// - Throws: ``MagpieError/Code/directoryLocked`` if another tier has it open (after waiting up to
     ///   a quarter of a second for it to be released);
     ///   ``MagpieError/Code/directoryUnusable`` if it cannot be created or written, holds files Magpie
@@ -108,7 +114,8 @@ public final class DiskTier: Sendable {
     ///   `buckets/`) is a symbolic link, is owned by another user or writable by others, or LOCK or
     ///   MANIFEST is a link or not ours; ``MagpieError/Code/manifestMismatch`` if it was
     ///   created with another format or bucket count; ``MagpieError/Code/invalidConfiguration`` for a
-    ///   budget or bucket count out of range; I/O errors from recovery.
+    ///   budget or bucket count out of range; I/O errors opening the files (a bucket whose index then
+    ///   fails to load throws from the operation that needed it, and is tried again by the next).
     public init(_ configuration: Configuration) throws(MagpieError) {
         guard configuration.budget > 0 else {
             throw MagpieError(.invalidConfiguration, "disk budget \(configuration.budget) must be positive")
@@ -150,7 +157,6 @@ public final class DiskTier: Sendable {
             let health = TierHealth()
             let ledger = DiskLedger(
                 pool: 0, share: share, maximumLimit: min(Self.maximumBucketBudget, DiskSlot.maximumLength + BucketFileHeader.size))
-            let now = configuration.clock.now()
             var buckets: [Locked<BucketState>] = []
             var missing = 0
             var journalReserved = 0
@@ -169,14 +175,9 @@ public final class DiskTier: Sendable {
                         missing += 1
                         logs.bucketRecreated.record(metadata: ["path": "\(context.path)"])
                     }
-                    let state = try BucketState.open(context: context, now: now)
-                    if state.counters.corruptRecords > 0 || state.counters.truncatedTails > 0 {
-                        logs.bucketRecovered.record(
-                            metadata: [
-                                "path": "\(context.path)", "corrupt_records": "\(state.counters.corruptRecords)",
-                                "truncated_tails": "\(state.counters.truncatedTails)",
-                            ])
-                    }
+                    // Only the file is opened (and its size read, for its limit): the index loads at
+                    // the bucket's first use or on the loader thread (Bucket+Recovery.swift).
+                    let state = try BucketState.open(context: context)
                     held += state.limit
                     buckets.append(Locked(state))
                 }
@@ -205,6 +206,7 @@ public final class DiskTier: Sendable {
             self.ledger = ledger
             self.journal = Locked(JournalState(size: journalSize, reserved: journalReserved))
             self.checkInterval = configuration.directoryCheckInterval.map { Self.milliseconds($0) }
+            self.loader = BucketLoader(buckets, start: configuration.loadsInBackground)
         } catch {
             Glibc.close(lockFD)  // releases the flock
             throw error
@@ -212,6 +214,7 @@ public final class DiskTier: Sendable {
     }
 
     deinit {
+        loader.stop()
         for bucket in buckets { bucket.withLock { $0.close() } }
         lockFile.withLock { fd in
             if fd >= 0 { Glibc.close(fd) }
@@ -283,7 +286,10 @@ public final class DiskTier: Sendable {
         var failure: MagpieError? = nil
         let result = unownedBuckets[Self.bucket(of: hash, count: bucketCount)]._withUnsafeGuaranteedRef { bucket -> R? in
             bucket.withLock { (state: inout BucketState) -> R? in
-                do throws(MagpieError) { return try body(&state) } catch {
+                do throws(MagpieError) {
+                    try state.loadIfNeeded()
+                    return try body(&state)
+                } catch {
                     failure = error
                     return nil
                 }

@@ -41,6 +41,11 @@ final class IOThreadPool: Sendable {
 
     private static let nameKey = "magpie.io-thread"
 
+    /// Names the current thread as one of the cache's own I/O threads (the disk tier's loader thread).
+    static func nameCurrentThread(_ name: String) {
+        Thread.current.threadDictionary[nameKey] = name
+    }
+
     /// The name of the pool thread this code runs on (`<name>-<number>`), nil on any other thread.
     static var currentThreadName: String? {
         Thread.current.threadDictionary[nameKey] as? String
