@@ -24,8 +24,18 @@ extension BucketState {
     /// Its limit is set from the file's size at once (a file larger than its share had borrowed: it keeps
     /// what it holds), so that the tier's ledger is whole from the open on and does not depend on when
     /// each bucket loads.
-    static func open(context: BucketContext) throws(MagpieError) -> BucketState {
+    ///
+    /// The usual case, the bucket's own regular file, costs one `openat` and one `fstat`; anything else
+    /// goes the careful way (``DiskTier/prepareBucketFile(_:hadManifest:)``, then an open that creates).
+    /// Returns whether the file was missing or replaced although the directory had a MANIFEST.
+    static func open(context: BucketContext, hadManifest: Bool) throws(MagpieError) -> (BucketState, recreated: Bool) {
         var state = BucketState(context: context)
+        if let (fd, size) = try FileIO.openExistingRegular(context.directory.fd(.buckets), context.name, path: context.path) {
+            state.fd = fd
+            state.limit = max(state.limit, size)
+            return (state, false)
+        }
+        let recreated = try DiskTier.prepareBucketFile(context, hadManifest: hadManifest)
         state.fd = try context.directory.openOrCreate(.buckets, context.name)
         do throws(MagpieError) {
             state.limit = max(state.limit, try FileIO.size(state.fd, path: context.path))
@@ -33,7 +43,7 @@ extension BucketState {
             state.close()
             throw error
         }
-        return state
+        return (state, recreated)
     }
 
     /// Loads the index (from the snapshot a clean close left, else by scanning the file) if it is not

@@ -170,14 +170,14 @@ public final class DiskTier: Sendable {
                         share: share, hasher: hasher, clock: configuration.clock, bucketCount: count, compaction: compaction, ledger: ledger, health: health,
                         logs: logs, mappedReads: configuration.mappedReads,
                         writeBuffer: max(0, min(configuration.writeBufferSize, share / 8)))
-                    if try Self.prepareBucketFile(context, hadManifest: hadManifest) {
+                    // Only the file is opened (and its size read, for its limit): the index loads at
+                    // the bucket's first use or on the loader thread (Bucket+Recovery.swift).
+                    let (state, recreated) = try BucketState.open(context: context, hadManifest: hadManifest)
+                    if recreated {
                         // Deleted or replaced from outside: it is recreated empty, and its entries are lost (misses).
                         missing += 1
                         logs.bucketRecreated.record(metadata: ["path": "\(context.path)"])
                     }
-                    // Only the file is opened (and its size read, for its limit): the index loads at
-                    // the bucket's first use or on the loader thread (Bucket+Recovery.swift).
-                    let state = try BucketState.open(context: context)
                     held += state.limit
                     buckets.append(Locked(state))
                 }

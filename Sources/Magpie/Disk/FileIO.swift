@@ -115,6 +115,26 @@ package enum FileIO {
         return Int(info.st_size)
     }
 
+    /// Opens `name` in `directoryFD` for reading and writing if it is an existing regular file owned by
+    /// the effective user, in one `openat` and one `fstat`, and returns it with its size; nil for
+    /// anything else (absent, a link, a FIFO, a directory, another user's file, an error), which the
+    /// caller then handles on its careful path. Never creates, never follows a link, never blocks on a
+    /// FIFO.
+    static func openExistingRegular(_ directoryFD: Int32, _ name: String, path: String) throws(MagpieError) -> (fd: Int32, size: Int)? {
+        try injected("open", path)
+        var fd: Int32
+        repeat {
+            fd = openat(directoryFD, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK)
+        } while fd < 0 && errno == EINTR
+        guard fd >= 0 else { return nil }
+        var info = stat()
+        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG, info.st_uid == geteuid() else {
+            Glibc.close(fd)
+            return nil
+        }
+        return (fd, Int(info.st_size))  // O_NONBLOCK has no effect on a regular file
+    }
+
     /// `openat(2)` of `name` relative to the directory `directoryFD`, never following a symbolic link
     /// (`O_NOFOLLOW`: a link in `name`'s place fails with `ELOOP`, dangling or not, and creates nothing).
     /// With `regularFile`, the opened file must be a regular file owned by the effective user, else the
