@@ -47,6 +47,13 @@ struct DriverUnderTest: Sendable {
     }
 }
 
+/// Runs `body` on a new driver of `kind`, then cleans up after it.
+func onDriver(_ kind: DriverKind, _ body: (any PersistDriver) async throws -> Void) async throws {
+    let subject = try DriverUnderTest(kind)
+    defer { subject.finish() }
+    try await body(subject.driver)
+}
+
 func temporaryDirectory() throws -> String {
     var template = Array((FileManager.default.temporaryDirectory.path + "/magpie-persist-XXXXXX").utf8CString)
     guard let made = mkdtemp(&template) else { throw CocoaError(.fileWriteUnknown) }
@@ -62,167 +69,157 @@ struct Profile: Codable, Sendable, Equatable {
 @Suite struct PersistDriverRuleTests {
     @Test(arguments: DriverKind.allCases)
     func setThenGet(_ kind: DriverKind) async throws {
-        let subject = try DriverUnderTest(kind)
-        defer { subject.finish() }
-        let persist = subject.driver
-        try await persist.set(key: "greeting", value: "hello", expires: nil)
-        try await persist.set(key: "profile", value: Profile(name: "ada", visits: 3), expires: nil)
-        #expect(try await persist.get(key: "greeting", as: String.self) == "hello")
-        #expect(try await persist.get(key: "profile", as: Profile.self) == Profile(name: "ada", visits: 3))
-        #expect(try await persist.get(key: "absent", as: String.self) == nil)
+        try await onDriver(kind) { persist in
+            try await persist.set(key: "greeting", value: "hello", expires: nil)
+            try await persist.set(key: "profile", value: Profile(name: "ada", visits: 3), expires: nil)
+            #expect(try await persist.get(key: "greeting", as: String.self) == "hello")
+            #expect(try await persist.get(key: "profile", as: Profile.self) == Profile(name: "ada", visits: 3))
+            #expect(try await persist.get(key: "absent", as: String.self) == nil)
+        }
     }
 
     @Test(arguments: DriverKind.allCases)
     func setOverwrites(_ kind: DriverKind) async throws {
-        let subject = try DriverUnderTest(kind)
-        defer { subject.finish() }
-        let persist = subject.driver
-        try await persist.set(key: "k", value: "first", expires: nil)
-        try await persist.set(key: "k", value: "second", expires: nil)
-        #expect(try await persist.get(key: "k", as: String.self) == "second")
+        try await onDriver(kind) { persist in
+            try await persist.set(key: "k", value: "first", expires: nil)
+            try await persist.set(key: "k", value: "second", expires: nil)
+            #expect(try await persist.get(key: "k", as: String.self) == "second")
+        }
     }
 
     @Test(arguments: DriverKind.allCases)
     func createThrowsOnADuplicate(_ kind: DriverKind) async throws {
-        let subject = try DriverUnderTest(kind)
-        defer { subject.finish() }
-        let persist = subject.driver
-        try await persist.create(key: "k", value: "first", expires: nil)
-        await #expect(throws: PersistError.duplicate) {
-            try await persist.create(key: "k", value: "second", expires: nil)
+        try await onDriver(kind) { persist in
+            try await persist.create(key: "k", value: "first", expires: nil)
+            await #expect(throws: PersistError.duplicate) {
+                try await persist.create(key: "k", value: "second", expires: nil)
+            }
+            #expect(try await persist.get(key: "k", as: String.self) == "first")
+            // A key set (not created) is a duplicate too.
+            try await persist.set(key: "s", value: "set", expires: .seconds(60))
+            await #expect(throws: PersistError.duplicate) {
+                try await persist.create(key: "s", value: "created", expires: nil)
+            }
+            // After a removal, create succeeds again.
+            try await persist.remove(key: "k")
+            try await persist.create(key: "k", value: "third", expires: nil)
+            #expect(try await persist.get(key: "k", as: String.self) == "third")
         }
-        #expect(try await persist.get(key: "k", as: String.self) == "first")
-        // A key set (not created) is a duplicate too.
-        try await persist.set(key: "s", value: "set", expires: .seconds(60))
-        await #expect(throws: PersistError.duplicate) {
-            try await persist.create(key: "s", value: "created", expires: nil)
-        }
-        // After a removal, create succeeds again.
-        try await persist.remove(key: "k")
-        try await persist.create(key: "k", value: "third", expires: nil)
-        #expect(try await persist.get(key: "k", as: String.self) == "third")
     }
 
     @Test(arguments: DriverKind.allCases)
     func concurrentCreatesSucceedOnce(_ kind: DriverKind) async throws {
-        let subject = try DriverUnderTest(kind)
-        defer { subject.finish() }
-        let persist = subject.driver
-        for round in 0..<20 {
-            let key = "race-\(round)"
-            let winners = try await withThrowingTaskGroup(of: Int?.self) { group in
-                for contender in 0..<32 {
-                    group.addTask {
-                        do {
-                            try await persist.create(key: key, value: contender, expires: nil)
-                            return contender
-                        } catch let error as PersistError where error == .duplicate {
-                            return nil
+        try await onDriver(kind) { persist in
+            for round in 0..<20 {
+                let key = "race-\(round)"
+                let winners = try await withThrowingTaskGroup(of: Int?.self) { group in
+                    for contender in 0..<32 {
+                        group.addTask {
+                            do {
+                                try await persist.create(key: key, value: contender, expires: nil)
+                                return contender
+                            } catch let error as PersistError where error == .duplicate {
+                                return nil
+                            }
                         }
                     }
+                    var winners: [Int] = []
+                    for try await winner in group { if let winner { winners.append(winner) } }
+                    return winners
                 }
-                var winners: [Int] = []
-                for try await winner in group { if let winner { winners.append(winner) } }
-                return winners
+                #expect(winners.count == 1)
+                #expect(try await persist.get(key: key, as: Int.self) == winners.first)
             }
-            #expect(winners.count == 1)
-            #expect(try await persist.get(key: key, as: Int.self) == winners.first)
         }
     }
 
     @Test(arguments: DriverKind.allCases)
     func expiredValuesAreGone(_ kind: DriverKind) async throws {
-        let subject = try DriverUnderTest(kind)
-        defer { subject.finish() }
-        let persist = subject.driver
-        try await persist.set(key: "short", value: "a", expires: .milliseconds(100))
-        try await persist.set(key: "zero", value: "b", expires: .zero)
-        try await persist.set(key: "long", value: "c", expires: .seconds(60))
-        try await persist.create(key: "created", value: "d", expires: .milliseconds(100))
-        #expect(try await persist.get(key: "short", as: String.self) == "a")
-        try await Task.sleep(for: .milliseconds(300))
-        #expect(try await persist.get(key: "short", as: String.self) == nil)
-        #expect(try await persist.get(key: "zero", as: String.self) == nil)
-        #expect(try await persist.get(key: "created", as: String.self) == nil)
-        #expect(try await persist.getWithTTL(key: "short", as: String.self) == nil)
-        #expect(try await persist.get(key: "long", as: String.self) == "c")
+        try await onDriver(kind) { persist in
+            try await persist.set(key: "short", value: "a", expires: .milliseconds(100))
+            try await persist.set(key: "zero", value: "b", expires: .zero)
+            try await persist.set(key: "long", value: "c", expires: .seconds(60))
+            try await persist.create(key: "created", value: "d", expires: .milliseconds(100))
+            #expect(try await persist.get(key: "short", as: String.self) == "a")
+            try await Task.sleep(for: .milliseconds(300))
+            #expect(try await persist.get(key: "short", as: String.self) == nil)
+            #expect(try await persist.get(key: "zero", as: String.self) == nil)
+            #expect(try await persist.get(key: "created", as: String.self) == nil)
+            #expect(try await persist.getWithTTL(key: "short", as: String.self) == nil)
+            #expect(try await persist.get(key: "long", as: String.self) == "c")
+        }
     }
 
     @Test(arguments: DriverKind.allCases)
     func setWithoutExpiryKeepsTheExistingOne(_ kind: DriverKind) async throws {
-        let subject = try DriverUnderTest(kind)
-        defer { subject.finish() }
-        let persist = subject.driver
-        try await persist.set(key: "k", value: "first", expires: .milliseconds(300))
-        try await persist.set(key: "k", value: "second", expires: nil)
-        let kept = try #require(try await persist.getWithTTL(key: "k", as: String.self))
-        #expect(kept.object == "second")
-        let ttl = try #require(kept.ttl)
-        #expect(ttl > .zero && ttl <= .milliseconds(300))
-        try await Task.sleep(for: .milliseconds(500))
-        #expect(try await persist.get(key: "k", as: String.self) == nil)
+        try await onDriver(kind) { persist in
+            try await persist.set(key: "k", value: "first", expires: .milliseconds(300))
+            try await persist.set(key: "k", value: "second", expires: nil)
+            let kept = try #require(try await persist.getWithTTL(key: "k", as: String.self))
+            #expect(kept.object == "second")
+            let ttl = try #require(kept.ttl)
+            #expect(ttl > .zero && ttl <= .milliseconds(300))
+            try await Task.sleep(for: .milliseconds(500))
+            #expect(try await persist.get(key: "k", as: String.self) == nil)
 
-        // A key created without an expiry keeps none.
-        try await persist.create(key: "forever", value: "x", expires: nil)
-        try await persist.set(key: "forever", value: "y", expires: nil)
-        let forever = try #require(try await persist.getWithTTL(key: "forever", as: String.self))
-        #expect(forever.object == "y" && forever.ttl == nil)
+            // A key created without an expiry keeps none.
+            try await persist.create(key: "forever", value: "x", expires: nil)
+            try await persist.set(key: "forever", value: "y", expires: nil)
+            let forever = try #require(try await persist.getWithTTL(key: "forever", as: String.self))
+            #expect(forever.object == "y" && forever.ttl == nil)
+        }
     }
 
     @Test(arguments: DriverKind.allCases)
     func setWithAnExpiryReplacesTheOldOne(_ kind: DriverKind) async throws {
-        let subject = try DriverUnderTest(kind)
-        defer { subject.finish() }
-        let persist = subject.driver
-        try await persist.set(key: "longer", value: "a", expires: .milliseconds(100))
-        try await persist.set(key: "longer", value: "b", expires: .seconds(60))
-        try await persist.set(key: "shorter", value: "c", expires: nil)
-        try await persist.set(key: "shorter", value: "d", expires: .milliseconds(100))
-        try await Task.sleep(for: .milliseconds(300))
-        #expect(try await persist.get(key: "longer", as: String.self) == "b")
-        #expect(try await persist.get(key: "shorter", as: String.self) == nil)
+        try await onDriver(kind) { persist in
+            try await persist.set(key: "longer", value: "a", expires: .milliseconds(100))
+            try await persist.set(key: "longer", value: "b", expires: .seconds(60))
+            try await persist.set(key: "shorter", value: "c", expires: nil)
+            try await persist.set(key: "shorter", value: "d", expires: .milliseconds(100))
+            try await Task.sleep(for: .milliseconds(300))
+            #expect(try await persist.get(key: "longer", as: String.self) == "b")
+            #expect(try await persist.get(key: "shorter", as: String.self) == nil)
+        }
     }
 
     @Test(arguments: DriverKind.allCases)
     func ttlReportsTheTimeLeft(_ kind: DriverKind) async throws {
-        let subject = try DriverUnderTest(kind)
-        defer { subject.finish() }
-        let persist = subject.driver
-        try await persist.set(key: "timed", value: "a", expires: .seconds(10))
-        try await persist.set(key: "untimed", value: "b", expires: nil)
-        let timed = try #require(try await persist.getWithTTL(key: "timed", as: String.self))
-        let ttl = try #require(timed.ttl)
-        #expect(timed.object == "a")
-        #expect(ttl > .seconds(9) && ttl <= .seconds(10))
-        let untimed = try #require(try await persist.getWithTTL(key: "untimed", as: String.self))
-        #expect(untimed.object == "b" && untimed.ttl == nil)
-        #expect(try await persist.getWithTTL(key: "absent", as: String.self) == nil)
+        try await onDriver(kind) { persist in
+            try await persist.set(key: "timed", value: "a", expires: .seconds(10))
+            try await persist.set(key: "untimed", value: "b", expires: nil)
+            let timed = try #require(try await persist.getWithTTL(key: "timed", as: String.self))
+            let ttl = try #require(timed.ttl)
+            #expect(timed.object == "a")
+            #expect(ttl > .seconds(9) && ttl <= .seconds(10))
+            let untimed = try #require(try await persist.getWithTTL(key: "untimed", as: String.self))
+            #expect(untimed.object == "b" && untimed.ttl == nil)
+            #expect(try await persist.getWithTTL(key: "absent", as: String.self) == nil)
+        }
     }
 
     @Test(arguments: DriverKind.allCases)
     func removeForgetsAndToleratesAbsence(_ kind: DriverKind) async throws {
-        let subject = try DriverUnderTest(kind)
-        defer { subject.finish() }
-        let persist = subject.driver
-        try await persist.set(key: "k", value: "v", expires: nil)
-        try await persist.remove(key: "k")
-        #expect(try await persist.get(key: "k", as: String.self) == nil)
-        try await persist.remove(key: "never-there")
+        try await onDriver(kind) { persist in
+            try await persist.set(key: "k", value: "v", expires: nil)
+            try await persist.remove(key: "k")
+            #expect(try await persist.get(key: "k", as: String.self) == nil)
+            try await persist.remove(key: "never-there")
+        }
     }
 
     @Test(arguments: DriverKind.allCases)
     func theWrongTypeIsAnInvalidConversion(_ kind: DriverKind) async throws {
-        let subject = try DriverUnderTest(kind)
-        defer { subject.finish() }
-        let persist = subject.driver
-        try await persist.set(key: "text", value: "not a number", expires: nil)
-        await #expect(throws: PersistError.invalidConversion) {
-            _ = try await persist.get(key: "text", as: Int.self)
+        try await onDriver(kind) { persist in
+            try await persist.set(key: "text", value: "not a number", expires: nil)
+            await #expect(throws: PersistError.invalidConversion) {
+                _ = try await persist.get(key: "text", as: Int.self)
+            }
+            await #expect(throws: PersistError.invalidConversion) {
+                _ = try await persist.getWithTTL(key: "text", as: Profile.self)
+            }
+            #expect(try await persist.get(key: "text", as: String.self) == "not a number")
         }
-        await #expect(throws: PersistError.invalidConversion) {
-            _ = try await persist.getWithTTL(key: "text", as: Profile.self)
-        }
-        #expect(try await persist.get(key: "text", as: String.self) == "not a number")
     }
 }
 
