@@ -116,6 +116,171 @@ struct BenchReplayTests {
         #expect(abs((result["LRU"]?.0 ?? -1) - 43.0 / 45) < 1e-9)
     }
 
+    /// `names` as a trace of `size`-byte objects.
+    func uniform(_ names: [String], size: Int = 100) -> String {
+        names.map { "\($0),\(size)" }.joined(separator: "\n")
+    }
+
+    /// `prefix`1…`prefix``count`.
+    func run(_ prefix: String, _ count: Int) -> [String] { (1...count).map { "\(prefix)\($0)" } }
+
+    @Test("W-TinyLFU (libCacheSim's) keeps a hot set through a scan that flushes LRU (hand-computed)")
+    func wTinyLFUResistsScans() throws {
+        // Capacity 10,101 B, objects 100 B: window 101 B, main 10,000 B = probation 2,000 (20 objects)
+        // + protected 8,000 (80). The window may hold more than its share while the cache has room.
+        // h1…h5 three times: 5 misses (window hits, which do not count toward frequency: each is 1).
+        // s1…s96 fill the cache (101 objects, 10,100 B). s97 must evict: h1…h5 and s1…s15 move to
+        // probation, s16…s95 to protected, each counted once more (frequency 2); main is full, so s96
+        // (frequency 1) is compared with main's victim, h1 (2), and evicted. Each later scan object is
+        // likewise rejected against h1 when the next one arrives. After the scan h1…h5 all hit (each
+        // promoted to protected, demoting one scan object into probation, which stays within its share).
+        // Misses: 5 + 300 = 305 of 320. LRU (101 objects) loses h1…h5 to the scan: 310.
+        let names = run("h", 5) + run("h", 5) + run("h", 5) + run("s", 300) + run("h", 5)
+        let arguments = ["--budget", "10101", "--references", "W-TinyLFU", "LRU"]
+        let result = try replay(uniform(names), name: "scan.csv", arguments)
+        #expect(abs((result["W-TinyLFU"]?.0 ?? -1) - 305.0 / 320) < 1e-9)
+        #expect(abs((result["LRU"]?.0 ?? -1) - 310.0 / 320) < 1e-9)
+    }
+
+    @Test("W-TinyLFU admits a window victim only if it was seen more often than main's victim (hand-computed)")
+    func wTinyLFUAdmission() throws {
+        // Capacity 10,101 B, objects 100 B (window 101 B; probation 2,000 B, protected 8,000 B).
+        // w1…w101: misses filling the cache. x: w1…w20 move to probation (w1 at its LRU end),
+        // w21…w100 to protected, all with frequency 2; w101 (1) loses to w1 (2) and is evicted (now 2);
+        // x enters the window (1). y: x (1) loses to w1 and is evicted (x: 2); y enters (1).
+        // x again: a miss; y (1) loses (y: 2); x enters (3). z: x (3) beats w1 (2): w1 is evicted and x
+        // moves to probation, which ends the round; z enters. x: a hit in probation (promoted; protected
+        // demotes one object to probation). w1: a miss; z (1) loses to main's victim w2 (2); w1 enters
+        // (3). w2, w3: hits. z: a miss; w1 (3) beats main's victim w4 (2), which is evicted. w1: a hit.
+        // w4: a miss. Misses: 101 + 4 (x y x z) + w1 + z + w4 = 108 of 112.
+        // (Older libCacheSim went on taking window victims after an admission: w2 would go too, 109.)
+        let names = run("w", 101) + ["x", "y", "x", "z", "x", "w1", "w2", "w3", "z", "w1", "w4"]
+        let result = try replay(uniform(names), name: "admit.csv", ["--budget", "10101", "--references", "W-TinyLFU"])
+        #expect(abs((result["W-TinyLFU"]?.0 ?? -1) - 108.0 / 112) < 1e-9)
+    }
+
+    @Test("W-TinyLFU's admission needs a strictly greater frequency, counted as libCacheSim counts (hand-computed)")
+    func wTinyLFUTiesKeepTheVictim() throws {
+        // Capacity 10,101 B, objects 100 B. w1…w101 and x as in the admission test: probation holds
+        // w1…w20, protected w21…w100 (frequency 2 each), the window x (1). x x x: window hits, x stays 1.
+        // w1…w100: hits in main (frequency 3 each). Each of w1…w20 is promoted, demoting protected's LRU
+        // end into probation; after the 100 hits probation again holds w1…w20, w1 at its LRU end.
+        // y: x (1) loses to w1 (3); x: y (1) loses, x enters (3); z: x (3) ties with w1 (3) and loses
+        // (4); x: z (1) loses, x enters (5); q: x (5) beats w1 (3), which is evicted; x: a hit in
+        // probation; w1: a miss. Misses: 101 + 1 (x) + y x z x q w1 = 108 of 212.
+        let probes = ["y", "x", "z", "x", "q", "x", "w1"]
+        let arguments = ["--budget", "10101", "--references", "W-TinyLFU"]
+        let names = run("w", 101) + ["x", "x", "x", "x"] + run("w", 100) + probes
+        let result = try replay(uniform(names), name: "tie.csv", arguments)
+        #expect(abs((result["W-TinyLFU"]?.0 ?? -1) - 108.0 / 212) < 1e-9)
+        // Two rounds of w1…w100 hits (frequency 4 each), then the same probes but w1: x loses at 1 and
+        // 3 and wins at 5, so the last x hits (each time x leaves the window counts, as libCacheSim
+        // counts it; were it not counted, x would tie at 3 with w1's 3 and lose): 107 of 308.
+        let twice = run("w", 101) + ["x"] + run("w", 100) + run("w", 100) + probes.dropLast()
+        let again = try replay(uniform(twice), name: "tie2.csv", arguments)
+        #expect(abs((again["W-TinyLFU"]?.0 ?? -1) - 107.0 / 308) < 1e-9)
+    }
+
+    @Test("W-TinyLFU's main SLRU promotes a probation hit, demoting protected's LRU end (hand-computed)")
+    func wTinyLFUPromotes() throws {
+        // Capacity 10,101 B, objects 100 B; w1…w101 and x as in the admission test. w1…w20: hits in
+        // probation, each promoted to protected, whose LRU end (w21…w40 in turn) is demoted to
+        // probation: probation now holds w21…w40 (frequency 2), w21 at its LRU end. y: x (1) loses to
+        // w21; x: y (1) loses, x enters (3); z: x (3) beats w21 (2), which is evicted; w21: a miss.
+        // Misses: 101 + 1 + y x z w21 = 106 of 126. (Without the promotion w1 would still be main's
+        // victim, x would tie with it and lose, and w21 would hit.)
+        let names = run("w", 101) + ["x"] + run("w", 20) + ["y", "x", "z", "w21"]
+        let result = try replay(uniform(names), name: "slru.csv", ["--budget", "10101", "--references", "W-TinyLFU"])
+        #expect(abs((result["W-TinyLFU"]?.0 ?? -1) - 106.0 / 126) < 1e-9)
+    }
+
+    @Test("LIRS keeps most of a loop slightly larger than the cache, where LRU misses every time (hand-computed)")
+    func lirsLoop() throws {
+        // Capacity 10,000 B, objects 100 B: LIR blocks 9,900 B (99), resident HIR blocks 100 B (1).
+        // Three passes over o1…o101. Pass 1: o1…o99 become LIR; o100 a resident HIR block; o101 evicts
+        // o100 from Q (o100 stays in S, non-resident) and becomes the resident HIR block. Pass 2:
+        // o1…o99 hit (LIR); after o99's hit the stack is pruned of o100 and o101; o100 and o101 miss
+        // and again take turns in Q. Pass 3 is the same: misses 101 + 2 + 2 = 105 of 303.
+        // LRU (100 objects) misses all 303.
+        let names = run("o", 101) + run("o", 101) + run("o", 101)
+        let result = try replay(uniform(names), name: "loop.csv", ["--budget", "10000", "--references", "LIRS", "LRU"])
+        #expect(abs((result["LIRS"]?.0 ?? -1) - 105.0 / 303) < 1e-9)
+        #expect(result["LRU"]?.0 == 1)
+    }
+
+    @Test("LIRS moves blocks between LIR and HIR as libCacheSim does (hand-computed)")
+    func lirsTransitions() throws {
+        // Capacity 20,000 B, objects 100 B: LIR 19,800 B (198 blocks), HIR 200 B (2). S is listed
+        // bottom to top, Q from its LRU end; N marks a non-resident HIR entry, R a resident one.
+        //  1. L1…L198: misses, LIR.            h1, h2: misses, resident HIR (S and Q).
+        //  2. h3: a miss; Q is full: h1 leaves Q (N in S); h3 resident HIR.   Q: h2 h3
+        //  3. h1: a miss on a non-resident entry of S: it becomes LIR; L1, demoted to make room, enters
+        //     Q, which evicts h2 (N).                                        Q: h3 L1
+        //  4. h3: a hit on a resident HIR block in S: it becomes LIR, leaving Q; L2 is demoted.  Q: L1 L2
+        //  5. h1, h3: hits on LIR blocks.
+        //  6. h2: a miss on a non-resident entry: LIR; L3 demoted, evicting L1.                 Q: L2 L3
+        //  7. L2: a hit on a resident HIR block not in S: back in S, still HIR; libCacheSim also
+        //     demotes L4 (the LIR blocks plus L2 exceed their share), evicting L3.             Q: L2 L4
+        //  8. L1: a miss; the LIR set has room (one block was demoted in 7), so L1 becomes LIR.
+        //  9. L3: a miss; both sets are full: L2 leaves Q (N), L3 is a resident HIR block.       Q: L4 L3
+        // 10. h4: a miss; L4 leaves Q, h4 is a resident HIR block.                             Q: L3 h4
+        // 11. L1: a hit on an LIR block. (Without 7's demotion L1 would have been HIR, evicted by h4.)
+        // Misses: 198 + 3 + h1 + h2 + L1 + L3 + h4 = 206 of 211.
+        let names = run("L", 198) + ["h1", "h2", "h3", "h1", "h3", "h1", "h3", "h2", "L2", "L1", "L3", "h4", "L1"]
+        let result = try replay(uniform(names), name: "lirs.csv", ["--budget", "20000", "--references", "LIRS"])
+        #expect(abs((result["LIRS"]?.0 ?? -1) - 206.0 / 211) < 1e-9)
+    }
+
+    @Test("LIRS forgets the oldest non-resident entries once S holds twice the capacity (hand-computed)")
+    func lirsBoundsNonResidentEntries() throws {
+        // Capacity 10,000 B, objects 100 B (99 LIR blocks, 1 resident HIR block). L1…L99 become LIR;
+        // n1…n150, each requested once, pass through Q and stay in S as non-resident entries until S
+        // exceeds 20,000 B (200 entries): n1…n49 are forgotten, n50…n149 remain.
+        // A remembered entry (n100) missed again becomes LIR at once, so after one more new block
+        // (n151) it hits: misses 99 + 150 + 2 = 251 of 252. A forgotten one (n1) is a new block: a
+        // resident HIR block, evicted from Q by n151, so it misses again: all 252 miss.
+        let warm = run("L", 99) + run("n", 150)
+        let arguments = ["--budget", "10000", "--references", "LIRS"]
+        let remembered = try replay(uniform(warm + ["n100", "n151", "n100"]), name: "r.csv", arguments)
+        #expect(abs((remembered["LIRS"]?.0 ?? -1) - 251.0 / 252) < 1e-9)
+        let forgotten = try replay(uniform(warm + ["n1", "n151", "n1"]), name: "f.csv", arguments)
+        #expect(forgotten["LIRS"]?.0 == 1)
+    }
+
+    @Test("W-TinyLFU and LIRS never cache objects over 1 % of the capacity (as libCacheSim); no policy over 100 %")
+    func sizeLimits() throws {
+        // Capacity 10,101 B: W-TinyLFU's window and LIRS's HIR share are 101 B. a (102 B) and big
+        // (20,000 B, over the capacity) are never cached by them; b (100 B) is. Requests a a b b big big:
+        // 5 misses of 6. Every other policy caches a (LRU, FIFO, ARC, Belady; S3-FIFO's small queue is
+        // 1,010 B) but not big: 4 of 6.
+        let trace = ["a,102", "a,102", "b,100", "b,100", "big,20000", "big,20000"].joined(separator: "\n")
+        let result = try replay(trace, name: "sizes.csv", ["--budget", "10101"])
+        for name in ["W-TinyLFU", "LIRS"] { #expect(abs((result[name]?.0 ?? -1) - 5.0 / 6) < 1e-9, "\(name)") }
+        for name in ["LRU", "FIFO", "ARC", "S3-FIFO", "Belady"] {
+            #expect(abs((result[name]?.0 ?? -1) - 4.0 / 6) < 1e-9, "\(name)")
+        }
+    }
+
+    @Test("on a drifting trace with scans every reference policy is deterministic and no better than Belady's optimum")
+    func referencesAgainstOptimum() throws {
+        // Equal sizes, so Belady's choice is optimal. The debug build checks W-TinyLFU's and LIRS's
+        // byte accounting against their capacities after every request (an assertion would fail the run).
+        let trace = try generateTrace([
+            "--requests", "20000", "--objects", "2000", "--drift-every", "5000", "--drift-shift", "200",
+            "--scan-every", "6000", "--scan-length", "500", "--min-size", "100", "--max-size", "100",
+        ])
+        for budget in ["20000", "100000"] {
+            let first = try replay(trace, name: "t.csv", ["--budget", budget])
+            let second = try replay(trace, name: "t.csv", ["--budget", budget])
+            let optimum = try #require(first["Belady"]).0
+            for name in ["LRU", "FIFO", "ARC", "S3-FIFO", "W-TinyLFU", "LIRS"] {
+                let ratio = try #require(first[name], "\(name) at \(budget)").0
+                #expect(ratio >= optimum && ratio < 1, "\(name) at \(budget): \(ratio), optimum \(optimum)")
+                #expect(second[name]?.0 == ratio, "\(name) at \(budget) differs between runs")
+            }
+        }
+    }
+
     @Test("placeholders and stored values give the memory tier identical miss ratios")
     func placeholdersMatchStoredValues() throws {
         let trace = try generateTrace([

@@ -4,7 +4,7 @@ import Magpie
 
 /// `magpie-bench replay TRACE`: a request trace through Magpie's memory tier, disk tier or both (a
 /// `Cache`) at one or more budgets, cache-aside (a miss stores the object), with reference policies
-/// (exact LRU, FIFO, ARC, S3-FIFO, Belady's optimum) over the same trace and budgets.
+/// (exact LRU, FIFO, ARC, S3-FIFO, W-TinyLFU, LIRS, Belady's optimum) over the same trace and budgets.
 struct Replay: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Replay a request trace through the memory tier, the disk tier or both, beside reference policies.",
@@ -21,7 +21,8 @@ struct Replay: ParsableCommand {
             --disk-factor times it; its miss ratio counts misses of both tiers. --tier memory stores, on \
             a miss, a placeholder charged exactly as the value would be but holding no bytes (the same \
             policy decisions, at simulator speed); --store-values stores the bytes instead. References: \
-            exact LRU, FIFO, ARC (bytes), S3-FIFO as libCacheSim runs it, and Belady's optimum.
+            exact LRU, FIFO, ARC (bytes), S3-FIFO, W-TinyLFU and LIRS as libCacheSim runs them, and \
+            Belady's optimum.
             """)
 
     @Argument(help: "The trace file.") var trace: String
@@ -36,7 +37,8 @@ struct Replay: ParsableCommand {
     @Option(help: "What to replay through: memory, disk or both.") var tier: TierChoice = .memory
     @Option(help: "With --tier both: the disk budget as a multiple of the memory budget.") var diskFactor = 10.0
     @Option(help: "Parent directory for disk-tier directories (removed afterwards).") var workDirectory: String?
-    @Option(parsing: .upToNextOption, help: "Reference policies to run (LRU, FIFO, ARC, S3-FIFO, Belady).")
+    @Option(
+        parsing: .upToNextOption, help: "Reference policies to run (LRU, FIFO, ARC, S3-FIFO, W-TinyLFU, LIRS, Belady).")
     var references: [String] = ReferencePolicy.allCases.map(\.rawValue)
     @OptionGroup var outputOptions: OutputOptions
 

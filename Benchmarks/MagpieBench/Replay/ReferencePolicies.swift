@@ -23,7 +23,8 @@ struct ReplayOutcome {
 }
 
 enum ReferencePolicy: String, CaseIterable {
-    case lru = "LRU", fifo = "FIFO", arc = "ARC", s3fifo = "S3-FIFO", belady = "Belady"
+    case lru = "LRU", fifo = "FIFO", arc = "ARC", s3fifo = "S3-FIFO", wTinyLFU = "W-TinyLFU", lirs = "LIRS"
+    case belady = "Belady"
 
     func replay(_ trace: Trace, capacity: Int) -> ReplayOutcome {
         switch self {
@@ -31,13 +32,15 @@ enum ReferencePolicy: String, CaseIterable {
         case .fifo: replayFIFO(trace, capacity: capacity)
         case .arc: replayARC(trace, capacity: capacity)
         case .s3fifo: replayS3FIFO(trace, capacity: capacity)
+        case .wTinyLFU: replayWTinyLFU(trace, capacity: capacity)
+        case .lirs: replayLIRS(trace, capacity: capacity)
         case .belady: replayBelady(trace, capacity: capacity)
         }
     }
 }
 
 /// An LRU-ordered list of (id, size) with its byte total: most recent at the front.
-private struct RecencyList {
+struct RecencyList {
     private var slotOf: [UInt64: Int32] = [:]
     private var ids: [UInt64] = []
     private var sizes: [Int] = []
@@ -49,7 +52,29 @@ private struct RecencyList {
     private(set) var bytes = 0
 
     var isEmpty: Bool { head < 0 }
+    var count: Int { slotOf.count }
     func contains(_ id: UInt64) -> Bool { slotOf[id] != nil }
+
+    /// The size `id` was pushed with, if present.
+    func size(of id: UInt64) -> Int? { slotOf[id].map { sizes[Int($0)] } }
+
+    /// The least recent entry, left in place.
+    var last: (id: UInt64, size: Int)? { tail < 0 ? nil : (ids[Int(tail)], sizes[Int(tail)]) }
+
+    /// Makes `id` the most recent entry; false if it is absent.
+    @discardableResult
+    mutating func moveToFront(_ id: UInt64) -> Bool {
+        guard let slot = slotOf[id] else { return false }
+        guard slot != head else { return true }
+        let (p, n) = (previous[Int(slot)], next[Int(slot)])
+        next[Int(p)] = n  // slot is not the head, so it has a predecessor
+        if n >= 0 { previous[Int(n)] = p } else { tail = p }
+        previous[Int(slot)] = -1
+        next[Int(slot)] = head
+        previous[Int(head)] = slot
+        head = slot
+        return true
+    }
 
     mutating func pushFront(_ id: UInt64, size: Int) {
         let slot: Int32
