@@ -39,7 +39,7 @@ MODES=${MODES:-"none hummingbird-memory magpie-persist magpie-memory magpie-disk
 OUT=${OUT:-bench-results/service}
 export KEYS
 
-for tool in wrk curl; do
+for tool in wrk curl python3; do
   command -v $tool >/dev/null || { echo "error: $tool is missing (make bench-service installs it)"; exit 1; }
 done
 
@@ -134,6 +134,8 @@ import json, sys
 stats = json.load(open(sys.argv[1]))
 origin, cache = stats["origin"], stats.get("cache")
 problems = []
+if origin["failures"] == 0:
+    problems.append("the origin never failed: the failing phase tested nothing")
 if cache is not None and stats["mode"] != "magpie-persist":
     loads = cache["loader_runs"] - cache.get("shared_loads", 0)
     if loads != origin["calls"]:

@@ -36,7 +36,8 @@ public enum FuzzTargets {
     /// tier stays usable (a store can be read back, also after a reopen).
     public static func recoverBucket(_ data: UnsafeRawBufferPointer, directory: String) -> String? {
         let seed: UInt64 = 0x5EED
-        let configuration = DiskTier.Configuration(directory: directory, budget: 1 << 20, bucketCount: 1, hashSeed: seed)
+        var configuration = DiskTier.Configuration(directory: directory, budget: 1 << 20, bucketCount: 1, hashSeed: seed)
+        configuration.loadsInBackground = false  // its first use loads the one bucket: no thread per input
         let image = BucketImage(data, seed: seed)
         let bucket = directory + "/buckets/" + DiskTier.bucketName(0, count: 1)
         do {

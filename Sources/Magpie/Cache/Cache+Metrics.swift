@@ -136,6 +136,9 @@ extension Cache {
             while !Task.isCancelled {
                 try? await Task.sleep(for: interval)
                 guard let self, !Task.isCancelled else { return }
+                // Not while the disk buckets' indexes still load after the open: `statistics` would
+                // wait for them on a thread of Swift's pool. The next tick reports (counters are totals).
+                if let disk = self.disk, !disk.loader.isFinished { continue }
                 self.reportMetrics()
             }
         }

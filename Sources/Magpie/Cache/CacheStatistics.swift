@@ -69,7 +69,9 @@ public struct CacheStatistics: Sendable, Hashable {
 }
 
 extension Cache {
-    /// The counters of both tiers and of the façade. Costs a lock of every memory shard and disk bucket.
+    /// The counters of both tiers and of the façade. Costs a lock of every memory shard and disk bucket;
+    /// right after an open it also waits for the disk buckets' indexes still loading (milliseconds after
+    /// a clean close, a scan of every bucket file after a crash; see ``DiskTier/statistics``).
     public var statistics: CacheStatistics {
         var statistics = CacheStatistics(
             memory: memory.statistics, disk: disk?.statistics,

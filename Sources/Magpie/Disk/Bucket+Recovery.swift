@@ -33,6 +33,7 @@ extension BucketState {
         if let (fd, size) = try FileIO.openExistingRegular(context.directory.fd(.buckets), context.name, path: context.path) {
             state.fd = fd
             state.limit = max(state.limit, size)
+            state.snapshotCharge = context.directory.size(.buckets, state.snapshotName)
             return (state, false)
         }
         let recreated = try DiskTier.prepareBucketFile(context, hadManifest: hadManifest)
@@ -43,6 +44,7 @@ extension BucketState {
             state.close()
             throw error
         }
+        state.snapshotCharge = context.directory.size(.buckets, state.snapshotName)
         return (state, recreated)
     }
 
@@ -67,7 +69,13 @@ extension BucketState {
             written = BucketFileHeader.size
             maximumSequence = 0
             counters = BucketCounters()
+            context.logs.bucketLoadFailed.record(error: "\(error)", metadata: ["path": "\(context.path)"])
             throw error
+        }
+        if snapshotCharge > 0 {
+            // Every successful recovery has deleted the snapshot (used or not): its bytes are free.
+            context.ledger.pool.give(snapshotCharge)
+            snapshotCharge = 0
         }
         if size > limit {
             // Only if the file grew since the open (it cannot, unless someone else wrote it): charged to

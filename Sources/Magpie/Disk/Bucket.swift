@@ -85,6 +85,9 @@ struct BucketState {
     /// Whether the index has been loaded (Bucket+Recovery.swift): until then `index`, `written` and
     /// `liveBytes` say nothing of the file.
     var loaded = false
+    /// The bytes of the index snapshot found at the open, charged to the tier's budget until the load
+    /// deletes it (see ``DiskLedger``).
+    var snapshotCharge = 0
 
     init(context: BucketContext) {
         self.context = context

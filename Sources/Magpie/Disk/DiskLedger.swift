@@ -19,6 +19,8 @@
 //    own entries and compact; a record too large for that takes room from the others by making them
 //    evict and compact down to half a share.
 //  - a bucket that compacted, or was emptied, returns what it no longer needs above one share.
+//  - index snapshots: a bucket's snapshot left by the last close is charged from the open until the
+//    bucket's load deletes it (Disk/BucketLoader.swift).
 //  - index snapshots are written on close only while the bucket files and the snapshots together fit
 //    the budget less the MANIFEST allowance (a snapshot that does not fit is skipped: that bucket is
 //    scanned on the next open).

@@ -220,7 +220,9 @@ extension DiskTier {
             let wanted = bytes - gathered
             gathered += try buckets[(number + step) & (bucketCount - 1)].withLock {
                 (state: inout BucketState) throws(MagpieError) -> Int in
-                try state.loadIfNeeded()  // its room is known once its file is
+                // Its room is known once its index is; a bucket that cannot load lends nothing (its own
+                // operations report the failure), rather than failing a store into another bucket.
+                do { try state.loadIfNeeded() } catch { return 0 }
                 return try state.lend(upTo: wanted, evicting: evicting, now: now)
             }
             step += 1

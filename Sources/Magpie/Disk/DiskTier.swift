@@ -178,7 +178,7 @@ public final class DiskTier: Sendable {
                         missing += 1
                         logs.bucketRecreated.record(metadata: ["path": "\(context.path)"])
                     }
-                    held += state.limit
+                    held += state.limit + state.snapshotCharge
                     buckets.append(Locked(state))
                 }
                 // Whatever the buckets do not hold is the pool (below zero if the files hold more than

@@ -118,13 +118,14 @@ package enum FileIO {
     /// Opens `name` in `directoryFD` for reading and writing if it is an existing regular file owned by
     /// the effective user, in one `openat` and one `fstat`, and returns it with its size; nil for
     /// anything else (absent, a link, a FIFO, a directory, another user's file, an error), which the
-    /// caller then handles on its careful path. Never creates, never follows a link, never blocks on a
-    /// FIFO.
+    /// caller then handles on its careful path. Never creates and never follows a link. (No
+    /// `O_NONBLOCK`, which would stay on the descriptor: opening a FIFO for reading and writing does not
+    /// block on Linux, a socket fails with `ENXIO`, and a device node takes root to plant.)
     static func openExistingRegular(_ directoryFD: Int32, _ name: String, path: String) throws(MagpieError) -> (fd: Int32, size: Int)? {
         try injected("open", path)
         var fd: Int32
         repeat {
-            fd = openat(directoryFD, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK)
+            fd = openat(directoryFD, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC)
         } while fd < 0 && errno == EINTR
         guard fd >= 0 else { return nil }
         var info = stat()
@@ -132,7 +133,7 @@ package enum FileIO {
             Glibc.close(fd)
             return nil
         }
-        return (fd, Int(info.st_size))  // O_NONBLOCK has no effect on a regular file
+        return (fd, Int(info.st_size))
     }
 
     /// `openat(2)` of `name` relative to the directory `directoryFD`, never following a symbolic link

@@ -144,6 +144,7 @@ package struct DiskLogs: Sendable {
     let undecompressible: RepeatedLog
     let bucketRecreated: RepeatedLog
     let bucketRecovered: RepeatedLog
+    let bucketLoadFailed: RepeatedLog
 
     init(_ logger: Logger?, interval: Duration) {
         corruptRecord = RepeatedLog(logger, level: .warning, "magpie: corrupt record dropped from the index", interval: interval)
@@ -156,10 +157,15 @@ package struct DiskLogs: Sendable {
         bucketRecovered = RepeatedLog(
             logger, level: .warning, "magpie: recovered a damaged bucket file: corrupt records skipped, torn tail cut",
             interval: interval)
+        bucketLoadFailed = RepeatedLog(
+            logger, level: .error, "magpie: a bucket's index could not be loaded (its operations fail until it loads)",
+            interval: interval)
     }
 
     func flush() {
-        for log in [corruptRecord, healFailed, damagedLeftOut, undecompressible, bucketRecreated, bucketRecovered] { log.flush() }
+        for log in [corruptRecord, healFailed, damagedLeftOut, undecompressible, bucketRecreated, bucketRecovered, bucketLoadFailed] {
+            log.flush()
+        }
     }
 }
 

@@ -87,8 +87,10 @@ struct MagpieExample: AsyncParsableCommand {
             return try await catalog.product(id)
         }
         router.post("/admin/origin") { request, _ -> Response in
-            let seconds = request.uri.queryParameters.get("fail", as: Double.self) ?? 0
-            origin.fail(for: .milliseconds(Int64(max(0, seconds) * 1000)))
+            let asked = request.uri.queryParameters.get("fail", as: Double.self) ?? 0
+            guard asked.isFinite else { throw HTTPError(.badRequest, message: "fail is a number of seconds") }
+            let seconds = min(max(0, asked), 86_400)  // at most a day
+            origin.fail(for: .milliseconds(Int64(seconds * 1000)))
             return json(["failing": origin.isFailing ? 1 : 0, "seconds": seconds])
         }
         router.get("/admin/stats") { _, _ -> Response in

@@ -59,6 +59,10 @@ final class KeyLocks: Sendable {
                 }
                 let next = state.waiters[state.head]
                 state.head += 1
+                if state.head >= 32 && state.head * 2 >= state.waiters.count {  // a stripe never idle
+                    state.waiters.removeFirst(state.head)
+                    state.head = 0
+                }
                 return next
             }
             next?.resume()

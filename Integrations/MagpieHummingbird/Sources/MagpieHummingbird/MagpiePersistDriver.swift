@@ -14,7 +14,8 @@ import Magpie
 /// against both):
 /// - `create` throws `PersistError.duplicate` when the key holds a value; an expired value counts as
 ///   absent (as with Redis's `SET NX`; `MemoryPersistDriver` still refuses until its tidy pass runs).
-/// - `set` without an expiry keeps the expiry of the value it replaces; with one, sets it anew.
+/// - `set` without an expiry keeps the expiry of the value it replaces (none when the key holds no
+///   unexpired value: an expired or evicted value has none to keep); with one, sets it anew.
 /// - `get` returns nil for an absent or expired key, and throws `PersistError.invalidConversion` when the
 ///   stored value does not decode as the type asked for.
 /// - `getWithTTL` reports the time left until the value expires, nil for a value that never does.
@@ -26,8 +27,9 @@ import Magpie
 ///
 /// `create`, `set` and `remove` of one key are serialised through the driver (a striped async lock,
 /// held across the cache call and never across anything else), so a `create` racing any number of
-/// others succeeds exactly once, and a `set` that keeps an expiry keeps the one it replaced. Writes to
-/// the same keys through the ``Cache`` itself, bypassing the driver, are not serialised with these.
+/// others through the same driver succeeds exactly once, and a `set` that keeps an expiry keeps the one
+/// it replaced. The lock is the driver's, in one process: writes through another driver or process
+/// (instances sharing a fleet tier) or through the ``Cache`` itself are not serialised with these.
 public struct MagpiePersistDriver: PersistDriver {
     /// The cache that keeps the values.
     public let cache: Cache
@@ -78,8 +80,14 @@ public struct MagpiePersistDriver: PersistDriver {
             if let expires {
                 deadline = Self.deadline(now: now, after: expires)
             } else {
-                // A value that does not decode as an envelope keeps no expiry (it is replaced whole).
-                deadline = (try? await current(key, now: now))?.deadline ?? 0
+                // Bytes that are not an envelope of this driver's have no expiry to keep (they are
+                // replaced whole); any other failure to read the old value fails the set, so that a
+                // value meant to expire never becomes permanent by accident.
+                do {
+                    deadline = try await current(key, now: now)?.deadline ?? 0
+                } catch let error as PersistError where error == .invalidConversion {
+                    deadline = 0
+                }
             }
             try await store(bytes, key, deadline: deadline)
         }

@@ -136,12 +136,14 @@ struct Profile: Codable, Sendable, Equatable {
     @Test(arguments: DriverKind.allCases)
     func expiredValuesAreGone(_ kind: DriverKind) async throws {
         try await onDriver(kind) { persist in
-            try await persist.set(key: "short", value: "a", expires: .milliseconds(100))
+            // Lifetimes of a second: a loaded machine must not expire them before the first reads.
+            try await persist.set(key: "short", value: "a", expires: .seconds(1))
             try await persist.set(key: "zero", value: "b", expires: .zero)
             try await persist.set(key: "long", value: "c", expires: .seconds(60))
-            try await persist.create(key: "created", value: "d", expires: .milliseconds(100))
+            try await persist.create(key: "created", value: "d", expires: .seconds(1))
             #expect(try await persist.get(key: "short", as: String.self) == "a")
-            try await Task.sleep(for: .milliseconds(300))
+            #expect(try await persist.get(key: "created", as: String.self) == "d")
+            try await Task.sleep(for: .milliseconds(1_300))
             #expect(try await persist.get(key: "short", as: String.self) == nil)
             #expect(try await persist.get(key: "zero", as: String.self) == nil)
             #expect(try await persist.get(key: "created", as: String.self) == nil)
@@ -153,13 +155,13 @@ struct Profile: Codable, Sendable, Equatable {
     @Test(arguments: DriverKind.allCases)
     func setWithoutExpiryKeepsTheExistingOne(_ kind: DriverKind) async throws {
         try await onDriver(kind) { persist in
-            try await persist.set(key: "k", value: "first", expires: .milliseconds(300))
+            try await persist.set(key: "k", value: "first", expires: .seconds(1))
             try await persist.set(key: "k", value: "second", expires: nil)
             let kept = try #require(try await persist.getWithTTL(key: "k", as: String.self))
             #expect(kept.object == "second")
             let ttl = try #require(kept.ttl)
-            #expect(ttl > .zero && ttl <= .milliseconds(300))
-            try await Task.sleep(for: .milliseconds(500))
+            #expect(ttl > .zero && ttl <= .seconds(1))
+            try await Task.sleep(for: .milliseconds(1_300))
             #expect(try await persist.get(key: "k", as: String.self) == nil)
 
             // A key created without an expiry keeps none.
