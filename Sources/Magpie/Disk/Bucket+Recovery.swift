@@ -30,19 +30,19 @@ extension BucketState {
     /// Returns whether the file was missing or replaced although the directory had a MANIFEST.
     static func open(context: BucketContext, hadManifest: Bool) throws(MagpieError) -> (BucketState, recreated: Bool) {
         var state = BucketState(context: context)
+        var recreated = false
         if let (fd, size) = try FileIO.openExistingRegular(context.directory.fd(.buckets), context.name, path: context.path) {
             state.fd = fd
             state.limit = max(state.limit, size)
-            state.snapshotCharge = context.directory.size(.buckets, state.snapshotName)
-            return (state, false)
-        }
-        let recreated = try DiskTier.prepareBucketFile(context, hadManifest: hadManifest)
-        state.fd = try context.directory.openOrCreate(.buckets, context.name)
-        do throws(MagpieError) {
-            state.limit = max(state.limit, try FileIO.size(state.fd, path: context.path))
-        } catch {
-            state.close()
-            throw error
+        } else {
+            recreated = try DiskTier.prepareBucketFile(context, hadManifest: hadManifest)
+            state.fd = try context.directory.openOrCreate(.buckets, context.name)
+            do throws(MagpieError) {
+                state.limit = max(state.limit, try FileIO.size(state.fd, path: context.path))
+            } catch {
+                state.close()
+                throw error
+            }
         }
         state.snapshotCharge = context.directory.size(.buckets, state.snapshotName)
         return (state, recreated)
