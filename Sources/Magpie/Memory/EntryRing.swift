@@ -4,8 +4,13 @@ import Glibc
 /// dead blocks: entries removed while queued, freed when popped or when the ring is compacted.
 ///
 /// A plain struct over malloc'd memory, owned by ``ShardStorage``, which calls ``release()`` once.
+///
+/// A slot holds a block's address with one tag bit in bit 0 (blocks come from malloc: 16-byte aligned,
+/// so bit 0 of an address is always 0): `main` tags an entry admitted by its miss count until the hand
+/// first reaches it (ShardStorage+Admission.swift). Only ``push(_:tagged:)`` and
+/// ``popFirstTagged()`` see the tag; every other method strips it.
 struct EntryRing {
-    private var buffer: UnsafeMutablePointer<UnsafeMutableRawPointer>
+    private var buffer: UnsafeMutablePointer<UInt>
     private var mask: Int
     private var head = 0
     /// Blocks in the ring, live and dead.
@@ -14,9 +19,18 @@ struct EntryRing {
     var dead = 0
 
     init?(capacity: Int) {
-        guard let raw = malloc(capacity * MemoryLayout<UnsafeMutableRawPointer>.stride) else { return nil }
-        buffer = raw.bindMemory(to: UnsafeMutableRawPointer.self, capacity: capacity)
+        guard let raw = malloc(capacity * MemoryLayout<UInt>.stride) else { return nil }
+        buffer = raw.bindMemory(to: UInt.self, capacity: capacity)
         mask = capacity - 1
+    }
+
+    private static let tagBit: UInt = 1
+
+    /// The block a slot holds. Invariant: every slot was written by `push` from a non-nil block pointer
+    /// whose bit 0 is 0 (malloc's alignment), so clearing the tag gives that pointer back.
+    @inline(__always)
+    private static func block(_ slot: UInt) -> UnsafeMutableRawPointer {
+        UnsafeMutableRawPointer(bitPattern: slot & ~tagBit).unsafelyUnwrapped
     }
 
     /// Frees the ring's own buffer (not the blocks).
@@ -25,14 +39,14 @@ struct EntryRing {
     /// Frees every block in the ring, live or dead, at once: only when no reader can hold one (the tier
     /// is being destroyed). The ring still lists them: call `removeAll()` next.
     func freeAllBlocks() {
-        for offset in 0..<count { free(buffer[(head + offset) & mask]) }
+        for offset in 0..<count { free(Self.block(buffer[(head + offset) & mask])) }
     }
 
     /// Retires every block in the ring (all out of the index already). The ring still lists them: call
     /// `removeAll()` next.
     func retireAllBlocks(into retired: inout RetiredBlocks) {
         for offset in 0..<count {
-            let block = buffer[(head + offset) & mask]
+            let block = Self.block(buffer[(head + offset) & mask])
             retired.retire(block, bytes: ShardStorage.charge(storedLength: EntryHeader(of: block).storedLength))
         }
     }
@@ -43,11 +57,11 @@ struct EntryRing {
         dead = 0
     }
 
-    /// Appends `block`; false when the ring had to grow and memory ran out.
+    /// Appends `block`, `tagged` or not; false when the ring had to grow and memory ran out.
     @inline(__always)
-    mutating func push(_ block: UnsafeMutableRawPointer) -> Bool {
+    mutating func push(_ block: UnsafeMutableRawPointer, tagged: Bool = false) -> Bool {
         if count > mask, !grow() { return false }
-        buffer[(head + count) & mask] = block
+        buffer[(head + count) & mask] = UInt(bitPattern: block) | (tagged ? Self.tagBit : 0)
         count += 1
         return true
     }
@@ -57,23 +71,29 @@ struct EntryRing {
     /// cache fills, then a tenth of them; without this its buffer would stay at its peak size).
     @inline(__always)
     mutating func popFirst() -> UnsafeMutableRawPointer {
-        let block = buffer[head]
+        popFirstTagged().block
+    }
+
+    /// ``popFirst()``, with whether the block was pushed tagged.
+    @inline(__always)
+    mutating func popFirstTagged() -> (block: UnsafeMutableRawPointer, tagged: Bool) {
+        let slot = buffer[head]
         head = (head + 1) & mask
         count -= 1
         if count * 4 < mask && mask >= 1024 { resize(to: (mask + 1) / 2) }
-        return block
+        return (Self.block(slot), slot & Self.tagBit != 0)
     }
 
     /// Calls `body` with every block in the ring, oldest first, dead ones included.
     func forEach(_ body: (UnsafeMutableRawPointer) -> Void) {
-        for offset in 0..<count { body(buffer[(head + offset) & mask]) }
+        for offset in 0..<count { body(Self.block(buffer[(head + offset) & mask])) }
     }
 
     /// Takes `block` out of the ring, keeping the others in order; false when it is not there. Costs a
     /// scan of the ring's pointers from the newest (no block is read) and moving the shorter side by one.
     mutating func remove(_ block: UnsafeMutableRawPointer) -> Bool {
         var offset = count - 1
-        while offset >= 0 && buffer[(head + offset) & mask] != block { offset -= 1 }
+        while offset >= 0 && Self.block(buffer[(head + offset) & mask]) != block { offset -= 1 }
         guard offset >= 0 else { return false }
         if offset < count / 2 {
             for older in stride(from: offset, to: 0, by: -1) {
@@ -95,14 +115,15 @@ struct EntryRing {
         var kept = 0
         var freed = 0
         for offset in 0..<count {
-            let block = buffer[(head + offset) & mask]
+            let slot = buffer[(head + offset) & mask]
+            let block = Self.block(slot)
             let header = EntryHeader(of: block)
             if header.isDead {
                 let charge = ShardStorage.charge(storedLength: header.storedLength)
                 freed += charge
                 retired.retire(block, bytes: charge)
             } else {
-                buffer[(head + kept) & mask] = block
+                buffer[(head + kept) & mask] = slot
                 kept += 1
             }
         }
@@ -119,8 +140,8 @@ struct EntryRing {
     /// ring unchanged, when memory runs out (shrinking then simply does not happen).
     @discardableResult
     private mutating func resize(to capacity: Int) -> Bool {
-        guard let raw = malloc(capacity * MemoryLayout<UnsafeMutableRawPointer>.stride) else { return false }
-        let moved = raw.bindMemory(to: UnsafeMutableRawPointer.self, capacity: capacity)
+        guard let raw = malloc(capacity * MemoryLayout<UInt>.stride) else { return false }
+        let moved = raw.bindMemory(to: UInt.self, capacity: capacity)
         for offset in 0..<count { moved[offset] = buffer[(head + offset) & mask] }
         free(buffer)
         buffer = moved

@@ -1,7 +1,8 @@
 import Glibc
 
 /// The memory tier: a sharded, lock-striped, byte-budgeted table with S3-FIFO-family eviction (a small
-/// FIFO, a CLOCK main queue, two ghosts and an ARC-style adaptive split between the queues).
+/// FIFO, a CLOCK main queue, two ghosts, and admission to the main queue by how often a key was missed
+/// for its size, with a threshold that tunes itself).
 ///
 /// A key's XXH3 hash picks one of ``shardCount`` shards (a power of two); each shard has its own lock,
 /// index, queues and a share of ``budget``. Two keys in different shards never contend.
@@ -32,7 +33,7 @@ public final class MemoryTier: Sendable {
     /// Bytes charged per entry beyond its key and value (index bucket at its maximum load, ghost share,
     /// queue slot, entry header, allocator header; see `Memory/ShardStorage.swift`). An entry with an
     /// expiry is charged 8 bytes more, and one with a group 8 more.
-    public static let entryOverhead = 40
+    public static let entryOverhead = 48
     /// The longest key, in bytes.
     public static let maximumKeyLength = HashedKey.maximumLength
     /// The longest value, in bytes.
@@ -307,5 +308,10 @@ public final class MemoryTier: Sendable {
         }
         total.hits &+= ReadEpochs.sum(hitCounts)
         return total
+    }
+
+    /// Each shard's admission threshold θ (ShardStorage+Admission.swift), for tests and `magpie-bench`.
+    package var admissionThresholds: [Double] {
+        shards.map { shard in shard.withLock { $0.admission.threshold } }
     }
 }

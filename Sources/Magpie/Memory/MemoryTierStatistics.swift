@@ -13,6 +13,9 @@ public struct MemoryTierStatistics: Sendable, Hashable {
     public var inserts: UInt64 = 0
     /// Stores that replaced a present key's value.
     public var updates: UInt64 = 0
+    /// Inserts sent straight to the main queue because the key had been missed often enough for its
+    /// size (see "Eviction" in ``MemoryTier``); part of ``inserts``.
+    public var admittedByMisses: UInt64 = 0
     /// Entries removed by ``MemoryTier/removeValue(forKey:)-(String)``, ``MemoryTier/removeAll()`` or
     /// ``MemoryTier/removeAll(inGroup:)``, or
     /// dropped because a store that would have replaced them was refused. With ``inserts`` and
@@ -53,6 +56,7 @@ public struct MemoryTierStatistics: Sendable, Hashable {
         misses += other.misses
         inserts += other.inserts
         updates += other.updates
+        admittedByMisses += other.admittedByMisses
         removals += other.removals
         evictions += other.evictions
         expirations += other.expirations

@@ -47,13 +47,18 @@ extension ShardStorage {
     /// into the main ghost.
     private mutating func evictFromMain() {
         while main.count > 0 {
-            let block = main.popFirst()
+            let (block, tagged) = main.popFirstTagged()
             let header = EntryHeader(of: block)
             let charge = Self.charge(storedLength: header.storedLength)
             if header.isDead {
                 main.dead -= 1
                 release(block, charge: charge, fromSmall: false)
                 return
+            }
+            if tagged {
+                admission.admittedReached(read: header.frequency > 0)
+            } else {
+                admission.residentReached(read: header.frequency > 0)
             }
             // Re-queueing into the ring it was just popped from never needs more room.
             if header.frequency > 0 && main.push(block) {

@@ -126,7 +126,7 @@ extension ShardStorage {
         (count + 1) * 4 <= (indexMask + 1) * 3 || grow()
     }
 
-    /// Doubles the table (and the ghost with it), re-hashing each key once. The new table is published
+    /// Doubles the table (and the ghost and the sketch with it), re-hashing each key once. The new table is published
     /// whole; the old one is retired (a reader may still be probing it: what it finds there is what the
     /// shard held when the new one was published).
     private mutating func grow() -> Bool {
@@ -152,10 +152,16 @@ extension ShardStorage {
                 free(newTable)
                 return false
             }
+            guard let newSketch = sketch.regrown(buckets: buckets) else {
+                free(newTable); free(newGhost)
+                return false
+            }
             Self.regrowGhost(ghost, oldMask: indexMask, into: newGhost, buckets: buckets)
             replaceTable(with: newTable)
             free(ghost)
             ghost = newGhost
+            sketch.release()
+            sketch = newSketch
             return true
         }
         return false

@@ -71,7 +71,13 @@ extension ShardStorage {
         main.removeAll()
         smallGhost = GhostWindow()
         mainGhost = GhostWindow()
-        smallTarget = budget / 10
+        if let fresh = FrequencySketch(buckets: Self.initialBuckets) {
+            sketch.release()
+            sketch = fresh
+        } else {
+            sketch.reset()  // out of memory for the smaller one: the current one is kept, cleared
+        }
+        admission = AdmissionControl()
         charged = 0
         smallCharged = 0
         largeCharged = 0

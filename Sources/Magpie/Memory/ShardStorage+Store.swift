@@ -42,9 +42,11 @@ extension ShardStorage {
         let valueLength = placeholderLength ?? value.count
         let storedLength = EntryHeader.extrasLength(flags: flags) + key.count + valueLength
         var queue = EntryHeader.small
+        var admittedByMisses = false
         var frequency: UInt8 = 0
         var isUpdate = false
         var previous: (position: Int, block: UnsafeMutableRawPointer)? = nil
+        let peeked = sketch.peek(hash)  // read now: its cache misses overlap the lookup's
         if placeholderLength == nil, let found = find(hash: hash, key: key) { previous = found }
         let charge = Self.charge(storedLength: storedLength)
         if charged + charge > limit, mayBorrow(charge), let shortfall = reserveRoom(charge), policy == .borrow {
@@ -64,10 +66,14 @@ extension ShardStorage {
         }
         if limit > budget { settleLoan(keeping: charge) }
         if !isUpdate {
-            let remembered = ghostTake(hash: hash, charge: charge)
-            if remembered != .none {
+            let misses = sketch.add(hash, peeked: peeked)
+            if ghostTake(hash: hash) {
                 queue = EntryHeader.main
-                adaptSmallTarget(after: remembered, charge: charge)
+            } else if misses > 1
+                && admission.admits(previousMisses: misses - 1, charge: charge, charged: charged, count: count)
+            {
+                queue = EntryHeader.main
+                admittedByMisses = true
             }
         }
 
@@ -76,7 +82,8 @@ extension ShardStorage {
         guard let block = retired.takeSpare(blockLength) ?? malloc(blockLength) else {
             return refuse(droppedPrevious: isUpdate)
         }
-        guard UInt(bitPattern: block) < (1 << 48), ensureIndexRoom() else {
+        // Bit 0 clear: a ring's tag bit (EntryRing); always so for malloc's 16-byte alignment.
+        guard UInt(bitPattern: block) < (1 << 48), UInt(bitPattern: block) & 1 == 0, ensureIndexRoom() else {
             free(block)
             return refuse(droppedPrevious: isUpdate)
         }
@@ -87,7 +94,7 @@ extension ShardStorage {
         if stamp != 0 { block.storeBytes(of: stamp, toByteOffset: header.stampOffset, as: Int64.self) }
         copyBytes(key, to: block + header.keyOffset)
         if placeholderLength == nil { copyBytes(value, to: block + header.keyOffset + key.count) }
-        let pushed = queue == EntryHeader.small ? small.push(block) : main.push(block)
+        let pushed = queue == EntryHeader.small ? small.push(block) : main.push(block, tagged: admittedByMisses)
         guard pushed, indexInsert(hash: hash, block: block) else {
             // In a ring but not indexed: taken out again (the newest, found at once), never left dead.
             if pushed { _ = queue == EntryHeader.small ? small.remove(block) : main.remove(block) }
@@ -96,6 +103,7 @@ extension ShardStorage {
         }
         addCharge(charge, queue: queue)
         count += 1
+        if admittedByMisses { counters.admittedByMisses &+= 1 }
         if isUpdate { counters.updates &+= 1 } else { counters.inserts &+= 1 }
         return isUpdate ? .updated : .inserted
     }

@@ -19,9 +19,12 @@ import Synchronization
 //   rings    two FIFOs of block pointers (8 B each): `small` and `main` (S3-FIFO's queues).
 //   ghost    one UInt32 per index bucket: two ghosts (hashes evicted unread from `small`, and from
 //            `main`), each a window over the last `budget` bytes it took in (ShardStorage+Ghost.swift).
+//   sketch   6 bytes per index bucket: 4-bit counters of misses per key and a doorkeeper
+//            (FrequencySketch.swift).
 //
-// Per entry, at the index's maximum load (3/4): bucket 8/0.75 ≈ 11 B + ghost 4/0.75 ≈ 5 B + ring 8 B +
-// header 8 B + glibc's chunk header 8 B = 40 B, charged as ``MemoryTier/entryOverhead``.
+// Per entry, at the index's maximum load (3/4): bucket 8/0.75 ≈ 11 B + ghost 4/0.75 ≈ 5 B + sketch
+// 6/0.75 = 8 B + ring 8 B + header 8 B + glibc's chunk header 8 B = 48 B, charged as
+// ``MemoryTier/entryOverhead``.
 // Not charged: index headroom below its maximum load (it doubles past 3/4), malloc's rounding of
 // a chunk to 16 B, and blocks that have left the shard but wait for the lock-free readers that may still
 // hold them (freed within a reclamation pass of their last reader unpinning; counted as
@@ -38,26 +41,28 @@ import Synchronization
 // pointers on x86-64 and arm64 Linux); a block outside that is freed and the store refused, never
 // mis-indexed.
 //
-// ### Eviction: S3-FIFO with a CLOCK main queue and ARC's adaptation, byte-charged
+// ### Eviction: S3-FIFO with a CLOCK main queue and admission by miss count, byte-charged
 //
-// S3-FIFO (Yang et al., SOSP '23) with two changes, chosen by trace replay (BENCHMARKS.md): `main`
-// keeps one reference bit (frequency cap 1: plain CLOCK) rather than two, which follows drifting
-// popularity better, and the split between `small` and `main` adapts as ARC's does (Megiddo and
-// Modha, FAST '03), with a ghost for each queue.
+// S3-FIFO (Yang et al., SOSP '23) with changes chosen by trace replay (BENCHMARKS.md): `main` keeps one
+// reference bit (frequency cap 1: plain CLOCK) rather than two, which follows drifting popularity
+// better; `small` is 1 % of the budget; and a new key may skip `small` when it was missed often enough
+// for its size, by a threshold that tunes itself (ShardStorage+Admission.swift).
 //
-//  - A hit sets frequency = 1: one byte store on the line already read.
-//  - A new key goes to `small`, or straight to `main` when either ghost remembers its hash. A hash
-//    remembered by the small ghost grows `small`'s target by the entry's charge (scaled by the
-//    ghosts' size ratio when the main ghost is larger); one remembered by the main ghost shrinks it
-//    likewise. The target starts at 10 % of the shard budget and stays within 1 % and 90 %.
+//  - A hit sets frequency = 1: one byte store on the line already read. Nothing else: the miss counts
+//    and the threshold's tuning happen under the lock, on stores.
+//  - A new key goes to `main` when either ghost remembers its hash, or when the sketch says it was
+//    missed often enough for its size (see "Admission"); else to `small`.
 //  - To make room: unless `main` is charged more than its share (the budget less `small`'s target)
 //    or `small` is empty, pop `small`'s oldest until one is evicted: frequency > 0 moves it to `main`
 //    (frequency reset), else it is evicted into the small ghost. Otherwise pop `main`'s oldest:
 //    frequency > 0 re-queues it with frequency 0, else it is evicted into the main ghost.
+// Until 2026-11 `small`'s target adapted as ARC's does, with the two ghosts as ARC's B1 and B2; with
+// admission by miss count, a fixed 1 % replays better on every trace tried but one (BENCHMARKS.md).
 // Guarantees the tests rely on: an entry read since its insertion is never evicted straight out of
 // `small`; an entry in `main` is evicted only after `main` has rotated past it frequency + 1 times;
-// new keys that are never read again (a scan) pass through `small` only and never hit a ghost, so
-// they take from `main` at most the bytes by which `main` may exceed its share.
+// new keys that are never requested again (a scan) pass through `small` only (the doorkeeper keeps a
+// key's first miss out of the counters, so a scan's keys never reach an estimate above 1) and never
+// hit a ghost, so they take from `main` at most the bytes by which `main` may exceed its share.
 //
 // ### Removal: dead blocks
 //
@@ -231,8 +236,8 @@ enum StoreOutcome: Equatable {
 struct ShardStorage: ~Copyable {
     /// The shard's nominal share of the tier's budget.
     let budget: Int
-    /// What `small` may hold before it is evicted from first; adapts (see ShardStorage+Ghost.swift).
-    var smallTarget: Int
+    /// What `small` may hold before it is evicted from first: 1 % of the budget (see "Eviction").
+    let smallTarget: Int
     let hasher: KeyHash
     let clock: CacheClock
 
@@ -258,6 +263,10 @@ struct ShardStorage: ~Copyable {
     let ghostShift: Int
     var smallGhost = GhostWindow()
     var mainGhost = GhostWindow()
+    /// Misses counted per key (FrequencySketch.swift), sized with the index.
+    var sketch: FrequencySketch
+    /// θ and what tunes it (ShardStorage+Admission.swift).
+    var admission = AdmissionControl()
 
     var small: EntryRing
     var main: EntryRing
@@ -292,11 +301,17 @@ struct ShardStorage: ~Copyable {
             free(table); free(line)
             return nil
         }
-        guard let small = EntryRing(capacity: Self.initialRing), let main = EntryRing(capacity: Self.initialRing)
-        else {
+        guard let sketch = FrequencySketch(buckets: Self.initialBuckets) else {
             free(table); free(line); free(ghost)
             return nil
         }
+        guard let small = EntryRing(capacity: Self.initialRing), let main = EntryRing(capacity: Self.initialRing)
+        else {
+            free(table); free(line); free(ghost)
+            sketch.release()
+            return nil
+        }
+        self.sketch = sketch
         published = line.bindMemory(to: Atomic<UInt>.self, capacity: 1)
         published.pointee.store(UInt(bitPattern: table), ordering: .releasing)
         self.table = table
@@ -304,7 +319,7 @@ struct ShardStorage: ~Copyable {
         self.limit = budget
         self.pool = pool
         self.largestCharge = largestCharge ?? budget
-        self.smallTarget = budget / 10
+        self.smallTarget = budget / 100
         self.hasher = hasher
         self.clock = clock
         self.index = IndexTable.buckets(table)
@@ -322,6 +337,7 @@ struct ShardStorage: ~Copyable {
         // No reader holds anything: the tier that owns this shard is being destroyed.
         retired.freeAll()
         free(table); free(ghost); free(published)
+        sketch.release()
     }
 
     /// The charge of an entry storing `storedLength` bytes after its header.

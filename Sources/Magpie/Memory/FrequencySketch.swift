@@ -1,0 +1,207 @@
+import Glibc
+
+// MARK: - How often a key was missed: a count-min sketch with a doorkeeper, and aging
+//
+// One per memory-tier shard, under the shard's lock (never touched by a hit). It counts the stores of
+// keys the shard did not hold: in a cache filled on a miss (a get that misses, then a set; a disk hit
+// promoted; a loader's value), one per miss. ``ShardStorage`` uses the estimate to admit a new key
+// straight into `main` (see "Admission" in ShardStorage+Admission.swift).
+//
+// ### Layout (all sized by the shard's index: `buckets`, a power of two ≥ 64)
+//
+//   counters   buckets / 2 words of 64 bits, each sixteen 4-bit counters: 4 bytes per index bucket.
+//              A key's word is (mix >> 24) & wordMask; in it, row r (0...3) owns nibbles 4r...4r+3 and
+//              the key takes nibble 4r + ((mix >> 2r) & 3): four counters in one word, one per row (a
+//              blocked count-min: one cache line per key; two keys of one word share all four counters
+//              only when their 8 choice bits agree, 1 in 256).
+//   doorkeeper 16 bits per bucket (buckets / 4 words): a one-probe Bloom filter, bit (mix >> 40) & 63 of
+//              word (mix >> 8) & its mask. A key's first occurrence since the last aging only sets its
+//              bit; the counters count the later ones, so most one-time keys never reach them.
+//
+// 6 bytes per bucket: with the index at most 3/4 full, 8 bytes per entry at its fullest (16 just after
+// it doubles, like the index's own headroom), charged as 8 of ``MemoryTier/entryOverhead``'s bytes.
+// Sizes chosen by replay (BENCHMARKS.md, "Eviction (#31)"; measured while θ started at 1 with no
+// floor): 2 bytes of counters and 1 doorkeeper bit per bucket replayed worse (the shared trace at 10 %:
+// 0.7358 against 0.7278); 12 bytes, better (0.7248) but at twice the memory.
+//
+// ### Estimate, saturation, aging, false positives
+//
+// estimate = min of the key's four counters + its doorkeeper bit: an overestimate (other keys' counts
+// add to shared counters), never an underestimate since the last aging. Counters saturate at 15; an
+// addition increments only those of the four equal to their minimum (conservative update: the others
+// already count more than this key's occurrences). After `sampleSize` additions (32 per bucket: a long
+// memory, which the shared trace needs at small budgets) every counter is halved, the doorkeeper
+// cleared and the addition count halved.
+//
+// Between agings the doorkeeper sees up to 32 keys per bucket in 16 bits, so it fills: a key never seen
+// finds its bit set by another key about as often as the filter is full, and its first miss then counts
+// as a second. One-time keys are thus sometimes admitted to `main`, and a scan of more than about ten
+// times a shard's entries can flush an idle hot set that S3-FIFO alone would keep (MemoryTierTests;
+// a hot set still requested during the scan stays: MemoryPolicyTests). An exact doorkeeper was tried
+// (two probes, cleared at an eighth full): 14 admissions from a 19,000-key scan through a 100-entry shard
+// against 230 (θ then started at 1), but every trace replayed worse (the shared trace 0.8190 / 0.7297
+// against 0.8149 / 0.7271 at 1 % / 10 %), a key's first miss being forgotten too soon.
+//
+// Growth: when the index doubles, so does the sketch; word j of the larger one starts as a copy of word
+// j & oldMask (the words a key maps to before and after agree on the low bits), and the doorkeeper
+// likewise, so no estimate falls.
+
+struct FrequencySketch {
+    private var words: UnsafeMutablePointer<UInt64>
+    private var wordMask: Int
+    private var door: UnsafeMutablePointer<UInt64>
+    private var doorMask: Int
+    /// Additions since the last aging (halved by each aging).
+    private(set) var additions = 0
+    /// Additions after which the sketch ages.
+    private(set) var sampleSize: Int
+
+    /// The largest value of a counter.
+    static let counterMax = 15
+    /// Additions per index bucket between two agings.
+    static let samplePerBucket = 32
+
+    /// An empty sketch for an index of `buckets` (a power of two ≥ 64); nil when memory runs out.
+    init?(buckets: Int) {
+        guard buckets >= 64, buckets & (buckets - 1) == 0 else { return nil }
+        guard let words = allocateZeroed(UInt64.self, Self.wordCount(buckets)) else { return nil }
+        guard let door = allocateZeroed(UInt64.self, Self.doorWordCount(buckets)) else {
+            free(words)
+            return nil
+        }
+        self.words = words
+        self.door = door
+        wordMask = Self.wordCount(buckets) - 1
+        doorMask = buckets * Self.doorBitsPerBucket - 1
+        sampleSize = buckets * Self.samplePerBucket
+    }
+
+    private static func wordCount(_ buckets: Int) -> Int { buckets / 2 }
+    /// Doorkeeper bits per index bucket.
+    static let doorBitsPerBucket = 16
+    private static func doorWordCount(_ buckets: Int) -> Int { buckets * doorBitsPerBucket / 64 }
+
+    /// Bytes the sketch holds for an index of `buckets`.
+    static func bytes(buckets: Int) -> Int { (wordCount(buckets) + doorWordCount(buckets)) * 8 }
+
+    /// Frees the arrays; the owner calls it once.
+    func release() {
+        free(words)
+        free(door)
+    }
+
+    /// The key hash, remixed so that the sketch's bits do not follow the index's or the ghost's.
+    @inline(__always)
+    private static func mix(_ hash: UInt64) -> UInt64 {
+        let mixed = (hash ^ (hash &>> 31)) &* 0x9E37_79B9_7F4A_7C15
+        return mixed ^ (mixed &>> 29)
+    }
+
+    @inline(__always)
+    private func wordIndex(_ mix: UInt64) -> Int { Int(truncatingIfNeeded: mix &>> 24) & wordMask }
+
+    /// The key's doorkeeper word and its bit there.
+    @inline(__always)
+    private func doorBit(_ mix: UInt64) -> (word: Int, bit: UInt64) {
+        (Int(truncatingIfNeeded: mix &>> 8) & (doorMask &>> 6), 1 &<< ((mix &>> 40) & 63))
+    }
+
+    /// The four counters' bit offsets in the key's word.
+    @inline(__always)
+    private static func shifts(_ mix: UInt64) -> (UInt64, UInt64, UInt64, UInt64) {
+        (
+            UInt64(mix & 3) &* 4, (4 &+ UInt64((mix &>> 2) & 3)) &* 4, (8 &+ UInt64((mix &>> 4) & 3)) &* 4,
+            (12 &+ UInt64((mix &>> 6) & 3)) &* 4
+        )
+    }
+
+    /// The smallest of the key's four counters in `word`.
+    @inline(__always)
+    private static func minimum(_ word: UInt64, _ s: (UInt64, UInt64, UInt64, UInt64)) -> UInt64 {
+        min(min((word &>> s.0) & 15, (word &>> s.1) & 15), min((word &>> s.2) & 15, (word &>> s.3) & 15))
+    }
+
+    /// How often `hash` was added since the last aging, about (an overestimate at most, see above).
+    func estimate(_ hash: UInt64) -> Int {
+        let mix = Self.mix(hash)
+        let (doorWord, bit) = doorBit(mix)
+        let seen = door[doorWord] & bit != 0 ? 1 : 0
+        return Int(Self.minimum(words[wordIndex(mix)], Self.shifts(mix))) + seen
+    }
+
+    /// The two words `add(_:peeked:)` of `hash` will need, read early: a store reads them before it
+    /// looks the key up, so that their cache misses overlap the index's instead of following them.
+    /// Valid until the sketch next changes (an addition, aging, growth or reset).
+    struct Peek {
+        fileprivate let word: UInt64
+        fileprivate let door: UInt64
+    }
+
+    @inline(__always)
+    func peek(_ hash: UInt64) -> Peek {
+        let mix = Self.mix(hash)
+        return Peek(word: words[wordIndex(mix)], door: door[doorBit(mix).word])
+    }
+
+    /// Adds one occurrence of `hash` and returns its estimate, this one included. Ages the sketch after
+    /// every `sampleSize` additions.
+    mutating func add(_ hash: UInt64) -> Int {
+        add(hash, peeked: peek(hash))
+    }
+
+    /// ``add(_:)`` with the words ``peek(_:)`` read, the sketch unchanged since.
+    @inline(__always)
+    mutating func add(_ hash: UInt64, peeked: Peek) -> Int {
+        let mix = Self.mix(hash)
+        let (doorWord, bit) = doorBit(mix)
+        let index = wordIndex(mix)
+        var word = peeked.word
+        let shifts = Self.shifts(mix)
+        let least = Self.minimum(word, shifts)
+        let estimate: Int
+        if peeked.door & bit == 0 {
+            door[doorWord] = peeked.door | bit
+            estimate = Int(least) + 1
+        } else if least < UInt64(Self.counterMax) {
+            // Conservative update: only the counters at the minimum go up.
+            if (word &>> shifts.0) & 15 == least { word &+= 1 &<< shifts.0 }
+            if (word &>> shifts.1) & 15 == least { word &+= 1 &<< shifts.1 }
+            if (word &>> shifts.2) & 15 == least { word &+= 1 &<< shifts.2 }
+            if (word &>> shifts.3) & 15 == least { word &+= 1 &<< shifts.3 }
+            words[index] = word
+            estimate = Int(least) + 2
+        } else {
+            estimate = Self.counterMax + 1
+        }
+        additions += 1
+        if additions >= sampleSize { age() }
+        return estimate
+    }
+
+    /// Halves every counter, clears the doorkeeper and halves the addition count.
+    mutating func age() {
+        for index in 0...wordMask { words[index] = (words[index] &>> 1) & 0x7777_7777_7777_7777 }
+        memset(door, 0, (doorMask / 64 + 1) * 8)
+        additions /= 2
+    }
+
+    /// Clears every count (the shard was emptied).
+    mutating func reset() {
+        memset(words, 0, (wordMask + 1) * 8)
+        memset(door, 0, (doorMask / 64 + 1) * 8)
+        additions = 0
+    }
+
+    /// A sketch for an index of `buckets` (a power of two ≥ the current one) that keeps every estimate:
+    /// each word and doorkeeper bit is copied to the positions of the larger arrays that map back to it.
+    /// Nil when memory runs out (this one is then unchanged).
+    func regrown(buckets: Int) -> FrequencySketch? {
+        guard var larger = FrequencySketch(buckets: buckets) else { return nil }
+        for index in 0...larger.wordMask { larger.words[index] = words[index & wordMask] }
+        // Both doorkeepers are whole words (buckets ≥ 64): bit p of the larger is bit p & doorMask of this.
+        let doorWords = doorMask / 64 + 1
+        for index in 0...(larger.doorMask / 64) { larger.door[index] = door[index & (doorWords - 1)] }
+        larger.additions = additions
+        return larger
+    }
+}

@@ -1,0 +1,151 @@
+@testable import Magpie
+import MagpieTestSupport
+import Testing
+
+/// Distinct key hashes, as XXH3 would give (any 64-bit values: the sketch remixes them).
+private func hashes(_ count: Int, seed: UInt64) -> [UInt64] {
+    var random = SeededGenerator(seed: seed)
+    return (0..<count).map { _ in UInt64.random(in: .min ... .max, using: &random) }
+}
+
+@Suite("MemoryTier: the frequency sketch")
+struct FrequencySketchTests {
+    @Test("a key's first addition only sets its doorkeeper bit; later ones count, up to 15 + 1")
+    func doorkeeperAndSaturation() throws {
+        var sketch = try #require(FrequencySketch(buckets: 1024))
+        defer { sketch.release() }
+        let key: UInt64 = 0x1234_5678_9abc_def0
+        #expect(sketch.estimate(key) == 0)
+        #expect(sketch.add(key) == 1)
+        #expect(sketch.estimate(key) == 1)
+        for expected in 2...16 { #expect(sketch.add(key) == expected) }
+        // Saturated: the counters stay at 15 (the doorkeeper bit adds one).
+        for _ in 0..<20 { #expect(sketch.add(key) == FrequencySketch.counterMax + 1) }
+        #expect(sketch.estimate(key) == 16)
+        #expect(sketch.additions == 36)
+    }
+
+    @Test("estimates never fall below the true count before the sketch ages")
+    func neverUnderestimates() throws {
+        var sketch = try #require(FrequencySketch(buckets: 256))
+        defer { sketch.release() }
+        let keys = hashes(600, seed: 3)
+        var truth = [UInt64: Int]()
+        var random = SeededGenerator(seed: 4)
+        for _ in 0..<(256 * FrequencySketch.samplePerBucket - 1) {
+            let key = keys[Int.random(in: 0..<keys.count, using: &random) % (Bool.random(using: &random) ? 30 : 600)]
+            truth[key, default: 0] += 1
+            _ = sketch.add(key)
+        }
+        for (key, count) in truth { #expect(sketch.estimate(key) >= min(count, 16)) }
+    }
+
+    @Test("after sampleSize additions every counter halves, the doorkeeper clears and the count halves")
+    func aging() throws {
+        var sketch = try #require(FrequencySketch(buckets: 64))
+        defer { sketch.release() }
+        #expect(sketch.sampleSize == 64 * FrequencySketch.samplePerBucket)
+        let hot: UInt64 = 0xfeed_beef_cafe_f00d
+        for _ in 0..<11 { _ = sketch.add(hot) }  // doorkeeper + 10
+        #expect(sketch.estimate(hot) == 11)
+        // Other keys, each added once, until the sketch ages.
+        let others = hashes(sketch.sampleSize, seed: 9)
+        var added = 11
+        for other in others where added < sketch.sampleSize - 1 {
+            _ = sketch.add(other)
+            added += 1
+        }
+        let before = sketch.estimate(hot)
+        #expect(before >= 11)
+        _ = sketch.add(others.last!)  // the sample's last addition: the sketch ages
+        #expect(sketch.additions == sketch.sampleSize / 2)
+        // Counters ≥ 10 halve to ≥ 5; the doorkeeper bit is gone.
+        let after = sketch.estimate(hot)
+        #expect(after == (before - 1) / 2, "estimate \(before) before aging, \(after) after")
+        #expect(after >= 5)
+    }
+
+    @Test("growing with the index keeps every estimate")
+    func regrowKeepsEstimates() throws {
+        var sketch = try #require(FrequencySketch(buckets: 64))
+        let keys = hashes(200, seed: 11)
+        for (position, key) in keys.enumerated() { for _ in 0..<(position % 7) { _ = sketch.add(key) } }
+        let before = keys.map { sketch.estimate($0) }
+        var larger = try #require(sketch.regrown(buckets: 512))
+        sketch.release()
+        defer { larger.release() }
+        #expect(keys.map { larger.estimate($0) } == before)
+        #expect(larger.sampleSize == 512 * FrequencySketch.samplePerBucket)
+        #expect(larger.additions == keys.indices.reduce(0) { $0 + $1 % 7 })
+        // And it goes on counting.
+        #expect(larger.add(keys[6]) == before[6] + 1)
+    }
+
+    @Test("a sketch for fewer than 64 buckets or a count that is not a power of two is refused")
+    func sizes() {
+        #expect(FrequencySketch(buckets: 32) == nil)
+        #expect(FrequencySketch(buckets: 96) == nil)
+        #expect(FrequencySketch.bytes(buckets: 1024) == 1024 * 6)
+    }
+}
+
+@Suite("MemoryTier: the admission threshold")
+struct AdmissionControlTests {
+    @Test("θ starts at 2; read admissions lower it, unread ones raise it, within 0.5 and 32")
+    func direction() {
+        var control = AdmissionControl()
+        #expect(control.threshold == 2)
+        for _ in 0..<200 { control.residentReached(read: true) }
+        control.admittedReached(read: true)
+        #expect(control.threshold < 2)
+        for _ in 0..<1000 { control.admittedReached(read: true) }
+        #expect(control.threshold == 0.5)
+        for _ in 0..<1000 { control.admittedReached(read: false) }
+        #expect(control.threshold == 32)
+    }
+
+    @Test("θ settles where admitted keys are read 0.7 times as often as main's residents, or 0.35")
+    func equilibrium() {
+        // Residents read every other time (rate 0.5); admitted keys 7 times in 20 (0.35 = 0.7 × 0.5):
+        // each pattern of 20 moves log2 θ by about nothing.
+        var control = AdmissionControl()
+        let start = control.log2Threshold
+        for _ in 0..<100 {
+            for outcome in 0..<20 {
+                control.residentReached(read: outcome % 2 == 0)
+                control.admittedReached(read: outcome % 3 == 0 && outcome < 20 - 1)  // 0, 3, ..., 18: 7 reads
+            }
+        }
+        #expect(abs(control.log2Threshold - start) < 0.3, "log2 θ \(control.log2Threshold)")
+        // Read a little more often than that: θ falls to its floor; a little less: to its ceiling.
+        var random = SeededGenerator(seed: 21)
+        var more = control
+        var less = control
+        for _ in 0..<20_000 {
+            more.residentReached(read: Double.random(in: 0..<1, using: &random) < 0.5)
+            more.admittedReached(read: Double.random(in: 0..<1, using: &random) < 0.45)
+            less.residentReached(read: Double.random(in: 0..<1, using: &random) < 0.5)
+            less.admittedReached(read: Double.random(in: 0..<1, using: &random) < 0.25)
+        }
+        // Each ends near its bound (a random walk with a drift of 0.01 per outcome towards it).
+        #expect(more.log2Threshold < -0.5, "log2 θ \(more.log2Threshold)")
+        #expect(less.log2Threshold > 4.5, "log2 θ \(less.log2Threshold)")
+        // Residents never read: admitted keys must still be read 35 % of the time to lower θ.
+        var idle = AdmissionControl()
+        for _ in 0..<1000 { idle.residentReached(read: false) }
+        for _ in 0..<300 { idle.admittedReached(read: Double.random(in: 0..<1, using: &random) < 0.2) }
+        #expect(idle.threshold > 16, "θ \(idle.threshold)")
+    }
+
+    @Test("admission is per byte: at θ 2, a key missed once before is admitted when half the mean or less")
+    func perByte() {
+        let control = AdmissionControl()
+        #expect(control.admits(previousMisses: 1, charge: 50, charged: 10_000, count: 100))
+        #expect(!control.admits(previousMisses: 1, charge: 51, charged: 10_000, count: 100))
+        #expect(control.admits(previousMisses: 2, charge: 100, charged: 10_000, count: 100))
+        #expect(!control.admits(previousMisses: 2, charge: 101, charged: 10_000, count: 100))
+        #expect(control.admits(previousMisses: 4, charge: 200, charged: 10_000, count: 100))
+        #expect(!control.admits(previousMisses: 4, charge: 201, charged: 10_000, count: 100))
+        #expect(control.admits(previousMisses: 1, charge: 100, charged: 0, count: 0) == false)
+    }
+}
