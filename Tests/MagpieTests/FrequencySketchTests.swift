@@ -1,3 +1,4 @@
+import Glibc
 @testable import Magpie
 import MagpieTestSupport
 import Testing
@@ -57,7 +58,9 @@ struct FrequencySketchTests {
         }
         let before = sketch.estimate(hot)
         #expect(before >= 11)
-        _ = sketch.add(others.last!)  // the sample's last addition: the sketch ages
+        // The sample's last addition: the sketch ages. (It cannot raise the hot key's counters first: a
+        // conservative update raises only counters at the new key's own minimum, far below 10.)
+        _ = sketch.add(others.last!)
         #expect(sketch.additions == sketch.sampleSize / 2)
         // Counters ≥ 10 halve to ≥ 5; the doorkeeper bit is gone.
         let after = sketch.estimate(hot)
@@ -85,7 +88,7 @@ struct FrequencySketchTests {
     func sizes() {
         #expect(FrequencySketch(buckets: 32) == nil)
         #expect(FrequencySketch(buckets: 96) == nil)
-        #expect(FrequencySketch.bytes(buckets: 1024) == 1024 * 6)
+        #expect(FrequencySketch.bytes(buckets: 1024) == 1024 * 4)
     }
 }
 
@@ -147,5 +150,43 @@ struct AdmissionControlTests {
         #expect(control.admits(previousMisses: 4, charge: 200, charged: 10_000, count: 100))
         #expect(!control.admits(previousMisses: 4, charge: 201, charged: 10_000, count: 100))
         #expect(control.admits(previousMisses: 1, charge: 100, charged: 0, count: 0) == false)
+    }
+}
+
+@Suite("MemoryTier: the main ring's tag")
+struct EntryRingTagTests {
+    @Test("a slot's tag survives growth, removal's shifting and compaction; blocks come back untagged")
+    func tags() throws {
+        var ring = try #require(EntryRing(capacity: 4))
+        defer { ring.release() }
+        var blocks = [UnsafeMutableRawPointer]()
+        // The dead blocks go to `retired` at compaction, which frees them; the test frees the others.
+        defer { for (index, block) in blocks.enumerated() where index % 4 != 3 { free(block) } }
+        for i in 0..<40 {
+            let block = try #require(malloc(64))
+            // Every fourth block dead, for compaction.
+            EntryHeader(valueLength: 0, keyLength: 0, frequency: 0, state: i % 4 == 3 ? EntryHeader.deadFlag : 0)
+                .write(to: block)
+            blocks.append(block)
+            let pushed = ring.push(block, tagged: i % 3 == 0)  // grows from 4 to 64 slots on the way
+            #expect(pushed)
+            if i % 4 == 3 { ring.dead += 1 }
+        }
+        let removedOld = ring.remove(blocks[1])  // near the head: the older side shifts
+        let removedNew = ring.remove(blocks[37])  // near the tail: the newer side shifts
+        #expect(removedOld && removedNew)
+        var retired = RetiredBlocks()
+        _ = ring.compact(retiringInto: &retired)  // releases the 10 dead blocks (not freed: retired)
+        var seen = [Int]()
+        ring.forEach { block in seen.append(blocks.firstIndex(of: block) ?? -1) }
+        let live = (0..<40).filter { $0 % 4 != 3 && $0 != 1 && $0 != 37 }
+        #expect(seen == live)
+        for index in live {
+            let (block, tagged) = ring.popFirstTagged()
+            #expect(block == blocks[index])
+            #expect(tagged == (index % 3 == 0), "block \(index)")
+        }
+        #expect(ring.count == 0)
+        retired.freeAll()
     }
 }

@@ -7,22 +7,27 @@ import Glibc
 // promoted; a loader's value), one per miss. ``ShardStorage`` uses the estimate to admit a new key
 // straight into `main` (see "Admission" in ShardStorage+Admission.swift).
 //
-// ### Layout (all sized by the shard's index: `buckets`, a power of two ≥ 64)
+// ### Layout (sized by the shard's index: `buckets`, a power of two ≥ 64)
 //
-//   counters   buckets / 2 words of 64 bits, each sixteen 4-bit counters: 4 bytes per index bucket.
-//              A key's word is (mix >> 24) & wordMask; in it, row r (0...3) owns nibbles 4r...4r+3 and
-//              the key takes nibble 4r + ((mix >> 2r) & 3): four counters in one word, one per row (a
-//              blocked count-min: one cache line per key; two keys of one word share all four counters
-//              only when their 8 choice bits agree, 1 in 256).
-//   doorkeeper 16 bits per bucket (buckets / 4 words): a one-probe Bloom filter, bit (mix >> 40) & 63 of
-//              word (mix >> 8) & its mask. A key's first occurrence since the last aging only sets its
-//              bit; the counters count the later ones, so most one-time keys never reach them.
+// buckets / 4 blocks of 16 bytes, aligned (malloc's 16): a counter word, then a doorkeeper word. A key's
+// block is (mix >> 24) & blockMask, so one addition reads and writes one cache line.
 //
-// 6 bytes per bucket: with the index at most 3/4 full, 8 bytes per entry at its fullest (16 just after
-// it doubles, like the index's own headroom), charged as 8 of ``MemoryTier/entryOverhead``'s bytes.
-// Sizes chosen by replay (BENCHMARKS.md, "Eviction (#31)"; measured while θ started at 1 with no
-// floor): 2 bytes of counters and 1 doorkeeper bit per bucket replayed worse (the shared trace at 10 %:
-// 0.7358 against 0.7278); 12 bytes, better (0.7248) but at twice the memory.
+//   counters   the counter word: sixteen 4-bit counters. Row r (0...3) owns nibbles 4r...4r+3 and the
+//              key takes nibble 4r + ((mix >> 2r) & 3): four counters, one per row (a blocked count-min:
+//              two keys of one block share all four counters only when their 8 choice bits agree, 1 in
+//              256).
+//   doorkeeper the doorkeeper word: a one-probe Bloom filter, bit (mix >> 40) & 63. A key's first
+//              occurrence since the last aging only sets its bit; the counters count the later ones, so
+//              most one-time keys never reach them.
+//
+// 4 bytes per bucket (4 counters, 16 doorkeeper bits): with the index at most 3/4 full, 5.3 bytes per
+// entry at its fullest (10.7 just after it doubles, like the index's own headroom), charged as 6 of
+// ``MemoryTier/entryOverhead``'s bytes. Sizes chosen by replay (BENCHMARKS.md, "Eviction (#31)"):
+// the doorkeeper's size is what matters. With one doorkeeper bit per bucket the shared trace at 10 %
+// replayed 0.7358 against 0.7278 (θ then started at 1, no floor); with 12 counters per bucket instead of
+// 4 every miss ratio came out the same to four digits; counters and doorkeeper in two arrays (8 counters
+// and 16 bits per bucket, two cache lines per addition) replayed within ±0.004 of this layout and cost
+// 5.8 % of the default memory scenario's time in `perf`.
 //
 // ### Estimate, saturation, aging, false positives
 //
@@ -33,24 +38,22 @@ import Glibc
 // memory, which the shared trace needs at small budgets) every counter is halved, the doorkeeper
 // cleared and the addition count halved.
 //
-// Between agings the doorkeeper sees up to 32 keys per bucket in 16 bits, so it fills: a key never seen
+// Between agings a doorkeeper word sees up to 128 keys in its 64 bits, so it fills: a key never seen
 // finds its bit set by another key about as often as the filter is full, and its first miss then counts
 // as a second. One-time keys are thus sometimes admitted to `main`, and a scan of more than about ten
 // times a shard's entries can flush an idle hot set that S3-FIFO alone would keep (MemoryTierTests;
 // a hot set still requested during the scan stays: MemoryPolicyTests). An exact doorkeeper was tried
-// (two probes, cleared at an eighth full): 14 admissions from a 19,000-key scan through a 100-entry shard
-// against 230 (θ then started at 1), but every trace replayed worse (the shared trace 0.8190 / 0.7297
-// against 0.8149 / 0.7271 at 1 % / 10 %), a key's first miss being forgotten too soon.
+// (two probes, cleared at an eighth full; θ then started at 1): 14 admissions from a 19,000-key scan
+// through a 100-entry shard against 230, but every trace replayed worse (the shared trace 0.8190 /
+// 0.7297 against 0.8149 / 0.7271 at 1 % / 10 %), a key's first miss being forgotten too soon.
 //
-// Growth: when the index doubles, so does the sketch; word j of the larger one starts as a copy of word
-// j & oldMask (the words a key maps to before and after agree on the low bits), and the doorkeeper
-// likewise, so no estimate falls.
+// Growth: when the index doubles, so does the sketch; block j of the larger one starts as a copy of block
+// j & oldMask (the blocks a key maps to before and after agree on the low bits), so no estimate falls.
 
 struct FrequencySketch {
+    /// Blocks of `blockWords` words: the counter words, then the doorkeeper word.
     private var words: UnsafeMutablePointer<UInt64>
-    private var wordMask: Int
-    private var door: UnsafeMutablePointer<UInt64>
-    private var doorMask: Int
+    private var blockMask: Int
     /// Additions since the last aging (halved by each aging).
     private(set) var additions = 0
     /// Additions after which the sketch ages.
@@ -60,34 +63,26 @@ struct FrequencySketch {
     static let counterMax = 15
     /// Additions per index bucket between two agings.
     static let samplePerBucket = 32
+    /// Words per block: the counter word, then the doorkeeper word.
+    static let blockWords = 2
 
     /// An empty sketch for an index of `buckets` (a power of two ≥ 64); nil when memory runs out.
     init?(buckets: Int) {
         guard buckets >= 64, buckets & (buckets - 1) == 0 else { return nil }
-        guard let words = allocateZeroed(UInt64.self, Self.wordCount(buckets)) else { return nil }
-        guard let door = allocateZeroed(UInt64.self, Self.doorWordCount(buckets)) else {
-            free(words)
-            return nil
-        }
+        guard let words = allocateZeroed(UInt64.self, Self.blockCount(buckets) * Self.blockWords) else { return nil }
         self.words = words
-        self.door = door
-        wordMask = Self.wordCount(buckets) - 1
-        doorMask = buckets * Self.doorBitsPerBucket - 1
+        blockMask = Self.blockCount(buckets) - 1
         sampleSize = buckets * Self.samplePerBucket
     }
 
-    private static func wordCount(_ buckets: Int) -> Int { buckets / 2 }
-    /// Doorkeeper bits per index bucket.
-    static let doorBitsPerBucket = 16
-    private static func doorWordCount(_ buckets: Int) -> Int { buckets * doorBitsPerBucket / 64 }
+    private static func blockCount(_ buckets: Int) -> Int { buckets / 4 }
 
     /// Bytes the sketch holds for an index of `buckets`.
-    static func bytes(buckets: Int) -> Int { (wordCount(buckets) + doorWordCount(buckets)) * 8 }
+    static func bytes(buckets: Int) -> Int { blockCount(buckets) * blockWords * 8 }
 
-    /// Frees the arrays; the owner calls it once.
+    /// Frees the array; the owner calls it once.
     func release() {
         free(words)
-        free(door)
     }
 
     /// The key hash, remixed so that the sketch's bits do not follow the index's or the ghost's.
@@ -97,13 +92,11 @@ struct FrequencySketch {
         return mixed ^ (mixed &>> 29)
     }
 
+    /// The key's counter word and doorkeeper word (indexes into `words`), and its doorkeeper bit.
     @inline(__always)
-    private func wordIndex(_ mix: UInt64) -> Int { Int(truncatingIfNeeded: mix &>> 24) & wordMask }
-
-    /// The key's doorkeeper word and its bit there.
-    @inline(__always)
-    private func doorBit(_ mix: UInt64) -> (word: Int, bit: UInt64) {
-        (Int(truncatingIfNeeded: mix &>> 8) & (doorMask &>> 6), 1 &<< ((mix &>> 40) & 63))
+    private func positions(_ mix: UInt64) -> (word: Int, doorWord: Int, bit: UInt64) {
+        let block = (Int(truncatingIfNeeded: mix &>> 24) & blockMask) &* Self.blockWords
+        return (block, block &+ 1, 1 &<< ((mix &>> 40) & 63))
     }
 
     /// The four counters' bit offsets in the key's word.
@@ -124,9 +117,9 @@ struct FrequencySketch {
     /// How often `hash` was added since the last aging, about (an overestimate at most, see above).
     func estimate(_ hash: UInt64) -> Int {
         let mix = Self.mix(hash)
-        let (doorWord, bit) = doorBit(mix)
-        let seen = door[doorWord] & bit != 0 ? 1 : 0
-        return Int(Self.minimum(words[wordIndex(mix)], Self.shifts(mix))) + seen
+        let (word, doorWord, bit) = positions(mix)
+        let seen = words[doorWord] & bit != 0 ? 1 : 0
+        return Int(Self.minimum(words[word], Self.shifts(mix))) + seen
     }
 
     /// The two words `add(_:peeked:)` of `hash` will need, read early: a store reads them before it
@@ -139,8 +132,8 @@ struct FrequencySketch {
 
     @inline(__always)
     func peek(_ hash: UInt64) -> Peek {
-        let mix = Self.mix(hash)
-        return Peek(word: words[wordIndex(mix)], door: door[doorBit(mix).word])
+        let (word, doorWord, _) = positions(Self.mix(hash))
+        return Peek(word: words[word], door: words[doorWord])
     }
 
     /// Adds one occurrence of `hash` and returns its estimate, this one included. Ages the sketch after
@@ -153,14 +146,13 @@ struct FrequencySketch {
     @inline(__always)
     mutating func add(_ hash: UInt64, peeked: Peek) -> Int {
         let mix = Self.mix(hash)
-        let (doorWord, bit) = doorBit(mix)
-        let index = wordIndex(mix)
+        let (index, doorWord, bit) = positions(mix)
         var word = peeked.word
         let shifts = Self.shifts(mix)
         let least = Self.minimum(word, shifts)
         let estimate: Int
         if peeked.door & bit == 0 {
-            door[doorWord] = peeked.door | bit
+            words[doorWord] = peeked.door | bit
             estimate = Int(least) + 1
         } else if least < UInt64(Self.counterMax) {
             // Conservative update: only the counters at the minimum go up.
@@ -180,27 +172,30 @@ struct FrequencySketch {
 
     /// Halves every counter, clears the doorkeeper and halves the addition count.
     mutating func age() {
-        for index in 0...wordMask { words[index] = (words[index] &>> 1) & 0x7777_7777_7777_7777 }
-        memset(door, 0, (doorMask / 64 + 1) * 8)
+        for block in 0...blockMask {
+            let base = block &* Self.blockWords
+            words[base] = (words[base] &>> 1) & 0x7777_7777_7777_7777
+            words[base + 1] = 0
+        }
         additions /= 2
     }
 
     /// Clears every count (the shard was emptied).
     mutating func reset() {
-        memset(words, 0, (wordMask + 1) * 8)
-        memset(door, 0, (doorMask / 64 + 1) * 8)
+        memset(words, 0, (blockMask + 1) * Self.blockWords * 8)
         additions = 0
     }
 
     /// A sketch for an index of `buckets` (a power of two ≥ the current one) that keeps every estimate:
-    /// each word and doorkeeper bit is copied to the positions of the larger arrays that map back to it.
-    /// Nil when memory runs out (this one is then unchanged).
+    /// each block is copied to the positions of the larger array that map back to it. Nil when memory
+    /// runs out (this one is then unchanged).
     func regrown(buckets: Int) -> FrequencySketch? {
-        guard var larger = FrequencySketch(buckets: buckets) else { return nil }
-        for index in 0...larger.wordMask { larger.words[index] = words[index & wordMask] }
-        // Both doorkeepers are whole words (buckets ≥ 64): bit p of the larger is bit p & doorMask of this.
-        let doorWords = doorMask / 64 + 1
-        for index in 0...(larger.doorMask / 64) { larger.door[index] = door[index & (doorWords - 1)] }
+        guard Self.blockCount(buckets) > blockMask, var larger = FrequencySketch(buckets: buckets) else { return nil }
+        for block in 0...larger.blockMask {
+            let from = (block & blockMask) &* Self.blockWords
+            let to = block &* Self.blockWords
+            for offset in 0..<Self.blockWords { larger.words[to + offset] = words[from + offset] }
+        }
         larger.additions = additions
         return larger
     }

@@ -31,9 +31,10 @@ import Glibc
 /// removals take the key's shard lock.
 public final class MemoryTier: Sendable {
     /// Bytes charged per entry beyond its key and value (index bucket at its maximum load, ghost share,
-    /// queue slot, entry header, allocator header; see `Memory/ShardStorage.swift`). An entry with an
+    /// frequency-sketch share, queue slot, entry header, allocator header; see
+    /// `Memory/ShardStorage.swift`). An entry with an
     /// expiry is charged 8 bytes more, and one with a group 8 more.
-    public static let entryOverhead = 48
+    public static let entryOverhead = 46
     /// The longest key, in bytes.
     public static let maximumKeyLength = HashedKey.maximumLength
     /// The longest value, in bytes.

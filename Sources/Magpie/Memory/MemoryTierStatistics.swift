@@ -14,7 +14,7 @@ public struct MemoryTierStatistics: Sendable, Hashable {
     /// Stores that replaced a present key's value.
     public var updates: UInt64 = 0
     /// Inserts sent straight to the main queue because the key had been missed often enough for its
-    /// size (see "Eviction" in ``MemoryTier``); part of ``inserts``.
+    /// size (see "Admission" in `Memory/ShardStorage+Admission.swift`); part of ``inserts``.
     public var admittedByMisses: UInt64 = 0
     /// Entries removed by ``MemoryTier/removeValue(forKey:)-(String)``, ``MemoryTier/removeAll()`` or
     /// ``MemoryTier/removeAll(inGroup:)``, or

@@ -29,6 +29,10 @@ import Glibc
 // on the hit rate, as Caffeine tunes its window, was tried first: on the shared trace its result
 // depended on the period), and a shard with no evictions has nothing to learn.
 //
+// An admitted key replaced, removed or expired before the hand reaches it gives no outcome (its dead
+// block is freed when the hand pops it, without an outcome; a replacement block is untagged, counted as
+// a resident): θ learns from the admissions that stayed, only.
+//
 // A hit never touches any of this: the sketch counts misses only, under the shard's lock. That is also
 // why the sketch does not choose between `small`'s candidate and `main`'s victim as TinyLFU does: a
 // resident's hits are not counted, and in a model of this policy that counted them the comparison made

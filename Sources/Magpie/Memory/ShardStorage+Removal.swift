@@ -53,17 +53,22 @@ extension ShardStorage {
     mutating func removeAll() {
         counters.removals &+= UInt64(count)
         // The index goes first (a new, empty table), then the blocks, which readers may still hold.
+        // All three arrays are replaced, or none: the sketch is sized with the index.
         let newTable = IndexTable.allocate(buckets: Self.initialBuckets)
         let newGhost = allocateZeroed(UInt32.self, Self.initialBuckets)
-        if let newTable, let newGhost {
+        let newSketch = FrequencySketch(buckets: Self.initialBuckets)
+        if let newTable, let newGhost, let newSketch {
             replaceTable(with: newTable)
             free(ghost)
             ghost = newGhost
+            sketch.release()
+            sketch = newSketch
         } else {
-            free(newTable); free(newGhost)
+            free(newTable); free(newGhost); newSketch?.release()
             // Out of memory for the smaller arrays: the current ones are kept and cleared.
             for position in 0...indexMask { setBucket(position, 0) }
             memset(ghost, 0, (ghostMask + 1) * MemoryLayout<UInt32>.stride)
+            sketch.reset()
         }
         small.retireAllBlocks(into: &retired)
         main.retireAllBlocks(into: &retired)
@@ -71,12 +76,6 @@ extension ShardStorage {
         main.removeAll()
         smallGhost = GhostWindow()
         mainGhost = GhostWindow()
-        if let fresh = FrequencySketch(buckets: Self.initialBuckets) {
-            sketch.release()
-            sketch = fresh
-        } else {
-            sketch.reset()  // out of memory for the smaller one: the current one is kept, cleared
-        }
         admission = AdmissionControl()
         charged = 0
         smallCharged = 0

@@ -19,11 +19,11 @@ import Synchronization
 //   rings    two FIFOs of block pointers (8 B each): `small` and `main` (S3-FIFO's queues).
 //   ghost    one UInt32 per index bucket: two ghosts (hashes evicted unread from `small`, and from
 //            `main`), each a window over the last `budget` bytes it took in (ShardStorage+Ghost.swift).
-//   sketch   6 bytes per index bucket: 4-bit counters of misses per key and a doorkeeper
+//   sketch   4 bytes per index bucket: 4-bit counters of misses per key and a doorkeeper
 //            (FrequencySketch.swift).
 //
 // Per entry, at the index's maximum load (3/4): bucket 8/0.75 ≈ 11 B + ghost 4/0.75 ≈ 5 B + sketch
-// 6/0.75 = 8 B + ring 8 B + header 8 B + glibc's chunk header 8 B = 48 B, charged as
+// 4/0.75 ≈ 6 B + ring 8 B + header 8 B + glibc's chunk header 8 B = 46 B, charged as
 // ``MemoryTier/entryOverhead``.
 // Not charged: index headroom below its maximum load (it doubles past 3/4), malloc's rounding of
 // a chunk to 16 B, and blocks that have left the shard but wait for the lock-free readers that may still
@@ -57,12 +57,14 @@ import Synchronization
 //    (frequency reset), else it is evicted into the small ghost. Otherwise pop `main`'s oldest:
 //    frequency > 0 re-queues it with frequency 0, else it is evicted into the main ghost.
 // Until 2026-11 `small`'s target adapted as ARC's does, with the two ghosts as ARC's B1 and B2; with
-// admission by miss count, a fixed 1 % replays better on every trace tried but one (BENCHMARKS.md).
+// admission by miss count, a fixed 1 % replayed better on 8 of the 12 budgets tried, worse on 3
+// (BENCHMARKS.md).
 // Guarantees the tests rely on: an entry read since its insertion is never evicted straight out of
 // `small`; an entry in `main` is evicted only after `main` has rotated past it frequency + 1 times;
-// new keys that are never requested again (a scan) pass through `small` only (the doorkeeper keeps a
-// key's first miss out of the counters, so a scan's keys never reach an estimate above 1) and never
-// hit a ghost, so they take from `main` at most the bytes by which `main` may exceed its share.
+// new keys that are never requested again (a scan) never hit a ghost and reach `main` only through a
+// doorkeeper false positive (FrequencySketch.swift): none of a scan of up to about ten times a shard's
+// entries, a few per cent of a longer one, which then turns `main` and can evict an idle hot set (a hot
+// set still read keeps its reference bits and stays).
 //
 // ### Removal: dead blocks
 //
@@ -289,7 +291,7 @@ struct ShardStorage: ~Copyable {
     static let frequencyCap: UInt8 = 1
     static let headerSize = MemoryLayout<EntryHeader>.stride
 
-    /// Creates empty storage; nil when the initial arrays (about 1.2 KiB) cannot be allocated.
+    /// Creates empty storage; nil when the initial arrays (about 1.6 KiB) cannot be allocated.
     init?(budget: Int, hasher: KeyHash, clock: CacheClock, pool: BudgetPool? = nil, largestCharge: Int? = nil) {
         guard let table = IndexTable.allocate(buckets: Self.initialBuckets) else { return nil }
         var line: UnsafeMutableRawPointer? = nil
