@@ -307,10 +307,12 @@ struct ShardStorage: ~Copyable {
             free(table); free(line); free(ghost)
             return nil
         }
-        guard let small = EntryRing(capacity: Self.initialRing), let main = EntryRing(capacity: Self.initialRing)
-        else {
+        let small = EntryRing(capacity: Self.initialRing)
+        let main = EntryRing(capacity: Self.initialRing)
+        guard let small, let main else {
             free(table); free(line); free(ghost)
             sketch.release()
+            small?.release(); main?.release()  // the one that was allocated
             return nil
         }
         self.sketch = sketch
