@@ -215,14 +215,16 @@ public struct BucketImage {
             if control & 8 != 0 {
                 record.withUnsafeMutableBytes { $0.storeBytes(of: RecordHeader.deadMagic.littleEndian, as: UInt32.self) }
             }
-            // A valid value record: its bytes may be returned for its key. A torn one counts too: the cut
-            // may fall in its padding, and the bytes that follow it (garbage, the next record) may by
-            // chance be exactly the ones cut off, and then it is whole again (a fuzzer found such an
-            // input). Its value is still the only one it can yield: other bytes fail the checksum.
+            // A valid value record: its bytes may be returned for its key. A torn one counts too, even one
+            // written broken or dead: the cut may fall in its padding or before the broken byte (or the
+            // dead mark), and the bytes that follow it (garbage, the next record) may by chance be exactly
+            // the original ones cut off, and then it is whole and valid again (a fuzzer found both
+            // inputs: Fuzz/corpus/regression-torn-*). Its value is still the only one it can yield: any
+            // other bytes fail the checksum.
             let intact = !broken && kind == .value && control & 8 == 0
             if control & 3 == 3 {
                 let tornLength: Int = Int(byte()) % max(1, record.count)
-                if intact { values[key, default: []].append(value) }
+                if kind == .value { values[key, default: []].append(value) }
                 bytes += record.prefix(tornLength)  // a torn record
                 continue
             }
