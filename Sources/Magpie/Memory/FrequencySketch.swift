@@ -122,33 +122,37 @@ struct FrequencySketch {
         return Int(Self.minimum(words[word], Self.shifts(mix))) + seen
     }
 
-    /// The two words `add(_:peeked:)` of `hash` will need, read early: a store reads them before it
-    /// looks the key up, so that their cache misses overlap the index's instead of following them.
+    /// Where `hash` lives in the sketch and the two words there, read early: a store reads them before
+    /// it looks the key up, so that their cache misses overlap the index's instead of following them.
     /// Valid until the sketch next changes (an addition, aging, growth or reset).
     struct Peek {
+        fileprivate let mix: UInt64
+        fileprivate let index: Int
+        fileprivate let doorWord: Int
+        fileprivate let bit: UInt64
         fileprivate let word: UInt64
         fileprivate let door: UInt64
     }
 
     @inline(__always)
     func peek(_ hash: UInt64) -> Peek {
-        let (word, doorWord, _) = positions(Self.mix(hash))
-        return Peek(word: words[word], door: words[doorWord])
+        let mix = Self.mix(hash)
+        let (index, doorWord, bit) = positions(mix)
+        return Peek(mix: mix, index: index, doorWord: doorWord, bit: bit, word: words[index], door: words[doorWord])
     }
 
     /// Adds one occurrence of `hash` and returns its estimate, this one included. Ages the sketch after
     /// every `sampleSize` additions.
     mutating func add(_ hash: UInt64) -> Int {
-        add(hash, peeked: peek(hash))
+        add(peek(hash))
     }
 
-    /// ``add(_:)`` with the words ``peek(_:)`` read, the sketch unchanged since.
+    /// ``add(_:)`` of the key ``peek(_:)`` read, the sketch unchanged since.
     @inline(__always)
-    mutating func add(_ hash: UInt64, peeked: Peek) -> Int {
-        let mix = Self.mix(hash)
-        let (index, doorWord, bit) = positions(mix)
+    mutating func add(_ peeked: Peek) -> Int {
+        let (index, doorWord, bit) = (peeked.index, peeked.doorWord, peeked.bit)
         var word = peeked.word
-        let shifts = Self.shifts(mix)
+        let shifts = Self.shifts(peeked.mix)
         let least = Self.minimum(word, shifts)
         let estimate: Int
         if peeked.door & bit == 0 {

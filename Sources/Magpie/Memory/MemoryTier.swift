@@ -310,9 +310,4 @@ public final class MemoryTier: Sendable {
         total.hits &+= ReadEpochs.sum(hitCounts)
         return total
     }
-
-    /// Each shard's admission threshold θ (ShardStorage+Admission.swift), for tests and `magpie-bench`.
-    package var admissionThresholds: [Double] {
-        shards.map { shard in shard.withLock { $0.admission.threshold } }
-    }
 }

@@ -66,7 +66,7 @@ extension ShardStorage {
         }
         if limit > budget { settleLoan(keeping: charge) }
         if !isUpdate {
-            let misses = sketch.add(hash, peeked: peeked)
+            let misses = sketch.add(peeked)
             if ghostTake(hash: hash) {
                 queue = EntryHeader.main
             } else if misses > 1
