@@ -75,7 +75,7 @@ extension BucketState {
                     counters.misses += 1
                     return nil
                 }
-                index[position].referenced = true
+                index[position].credits += 1
                 counters.hits += 1
                 return found
             }

@@ -65,22 +65,45 @@ extension BucketState {
         }
     }
 
-    /// Evicts by the clock until the live records are at most `liveTarget` bytes — and at most what the
-    /// compaction's temporary file may hold (the headroom, plus what the pool lends for the compaction's
-    /// duration) — then compacts.
+    /// Evicts until the live records are at most `liveTarget` bytes — and at most what the compaction's
+    /// temporary file may hold (the headroom, plus what the pool lends for the compaction's duration) —
+    /// then compacts. Unread entries first, then by the clock (see the top of Bucket.swift).
     mutating func evictAndCompact(liveTarget: Int, now: Int64) throws(MagpieError) {
         let headroom = context.ledger.share - BucketFileHeader.size
         let reserved = context.ledger.pool.take(upTo: max(0, min(liveTarget, liveBytes) - headroom))
         defer { context.ledger.pool.give(reserved) }
         let target = min(liveTarget, headroom + reserved)
         var evicted: [DiskSlot] = []
+        if liveBytes > target {
+            // Unread entries (no credits) first, as S3-FIFO's small queue: the oldest first, down to what
+            // the read entries leave of the target, and no further than a tenth of the target while the
+            // read ones take more than the rest (then the clock below evicts read entries too).
+            var unread: [DiskSlot] = []
+            var unreadBytes = 0
+            for slot in index.slots where !slot.isEmpty && slot.credits == 0 {
+                unread.append(slot)
+                unreadBytes += slot.length
+            }
+            let readBytes = liveBytes - unreadBytes
+            let keep = max(target - readBytes, min(unreadBytes, target / 10))
+            unread.sort { $0.offset8 < $1.offset8 }  // the order they were stored in (compactions keep it)
+            for slot in unread {
+                guard liveBytes > target, unreadBytes > keep else { break }
+                if let position = index.positions(tag: slot.tag).first(where: { index[$0].offset8 == slot.offset8 }) {
+                    evicted.append(slot)
+                    drop(at: position)
+                    unreadBytes -= slot.length
+                    counters.evictions += 1
+                }
+            }
+        }
         while liveBytes > target && index.count > 0 {
             let position = index.hand % index.capacity
             var slot = index[position]
             if slot.isEmpty {
                 index.hand = position + 1
-            } else if slot.referenced && !slot.isExpired(nowMilliseconds: now) {
-                slot.referenced = false
+            } else if slot.credits > 0 && !slot.isExpired(nowMilliseconds: now) {
+                slot.credits -= 1
                 index[position] = slot
                 index.hand = position + 1
             } else {

@@ -12,7 +12,7 @@ struct DiskSlot: Equatable {
     static let empty = DiskSlot(tag: 0, offset8: 0, lengthAndReference: 0, expiry: 0)
     static let maximumLength = Int(Int32.max)
 
-    /// The length field as stored, clock bit included (for snapshots).
+    /// The length field as stored, the clock's credits included (for snapshots).
     var rawLength: UInt32 { lengthAndReference }
 
     /// A slot from its stored fields (for snapshots).
@@ -45,11 +45,14 @@ struct DiskSlot: Equatable {
     /// Records are at least 56 bytes, so a zero length marks an empty slot.
     var isEmpty: Bool { lengthAndReference == 0 }
     var offset: Int { Int(offset8) * 8 }
-    var length: Int { Int(lengthAndReference & 0x7fff_ffff) }
-    /// The clock bit: set by a read, cleared by a passing eviction hand.
-    var referenced: Bool {
-        get { lengthAndReference & 0x8000_0000 != 0 }
-        set { lengthAndReference = newValue ? lengthAndReference | 0x8000_0000 : lengthAndReference & 0x7fff_ffff }
+    /// Records are padded to multiples of 8 bytes, so the length's low three bits are free: bits 0–1
+    /// hold the clock's credits. (Bit 31 was the reference bit of older builds: ignored.)
+    var length: Int { Int(lengthAndReference & 0x7fff_fff8) }
+    /// The clock's read credits, 0–3: a read adds one, a passing eviction hand takes one, and the hand
+    /// evicts an entry that has none.
+    var credits: Int {
+        get { Int(lengthAndReference & 3) }
+        set { lengthAndReference = (lengthAndReference & 0x7fff_fff8) | UInt32(min(3, max(0, newValue))) }
     }
 
     func isExpired(nowMilliseconds: Int64) -> Bool {
@@ -65,7 +68,7 @@ struct DiskSlot: Equatable {
 /// layout, and each layout is what makes its tier cheap. The memory index packs a block address, a
 /// tag and the distance from home into 8 bytes, grows by doubling (re-hashing each key from its block)
 /// and may refuse an insert whose run passes 255; its home is taken from hash bits the shard did not use.
-/// This index holds 16-byte slots of offset, length, clock bit and expiry that must be rebuilt from the
+/// This index holds 16-byte slots of offset, length, clock credits and expiry that must be rebuilt from the
 /// file or a snapshot without any key in memory, so a slot's home comes from its 32-bit tag alone
 /// (`tag × capacity >> 32`, monotonic in the tag for any capacity), it grows by half at 3/4 load, and
 /// its deletion derives distances from tags instead of storing them. A generic table over both would

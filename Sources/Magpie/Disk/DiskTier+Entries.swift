@@ -152,7 +152,7 @@ extension DiskTier {
         return present ? try remove(key) : false
     }
 
-    /// Whether `key` has a live, unexpired record. Not counted as a read; leaves the clock bit alone.
+    /// Whether `key` has a live, unexpired record. Not counted as a read; leaves the clock's credits alone.
     package func contains(_ key: HashedKey) throws(MagpieError) -> Bool {
         try checkKey(key)
         let now = configuration.clock.now()

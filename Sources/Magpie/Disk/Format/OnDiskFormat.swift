@@ -56,7 +56,8 @@
 //   16 u64 hash seed      24 u64 bucket file size    32 u64 live bytes     40 u64 maximum sequence
 //   48 u64 slot count (the index's capacity)         56 u64 live entries
 //   64 slots, 16 bytes each: u32 tag (the key hash's low 32 bits), u32 record offset / 8, u32 record
-//      length (bit 31: the clock's reference bit), u32 expiry in whole seconds since 1970 rounded up
+//      length (a multiple of 8; bits 0–1: the clock's read credits;
+//      bit 31, the reference bit of builds before 2026-11-27, is ignored), u32 expiry in whole seconds since 1970 rounded up
 //   end u64 XXH3-64 (seed 0) of everything before it
 //
 // Dead records. When a key's record is superseded (a newer value) or removed (remove, group removal),

@@ -1,0 +1,88 @@
+import Foundation
+import MagpieTestSupport
+import Testing
+
+@testable import Magpie
+
+// The disk tier's clock counts reads (up to three, in the index slot's length; see Disk/Bucket.swift).
+
+private func random(_ length: Int, seed: UInt64) -> [UInt8] {
+    var generator = SeededGenerator(seed: seed)
+    return (0..<length).map { _ in UInt8.random(in: 0...255, using: &generator) }
+}
+
+/// Whether `tier` holds key `i`, without counting a read.
+private func holds(_ tier: DiskTier, _ i: Int) throws -> Bool {
+    try keyBytes(i).withUnsafeBytes { raw throws(MagpieError) in try tier.contains(HashedKey(raw, hasher: tier.hasher)) }
+}
+
+@Suite("DiskTier: the clock counts reads")
+struct DiskClockTests {
+    @Test("a slot's credits saturate at three, never touch its length, and survive the stored form")
+    func credits() {
+        var slot = DiskSlot(hash: 0xfeed_beef_1234_5678, offset: 4096, length: 264, expiryMilliseconds: 0)
+        #expect(slot.credits == 0 && slot.length == 264)
+        for expected in [1, 2, 3, 3, 3] {
+            slot.credits += 1
+            #expect(slot.credits == expected && slot.length == 264 && slot.offset == 4096)
+        }
+        let stored = DiskSlot(tag: slot.tag, offset8: slot.offset8, rawLength: slot.rawLength, expiry: slot.expiry)
+        #expect(stored == slot && stored.credits == 3)
+        slot.credits -= 1
+        #expect(slot.credits == 2 && slot.length == 264)
+        slot.credits = 0
+        #expect(slot.rawLength == 264 && !slot.isEmpty)
+        // A snapshot of an older build: bit 31 was its reference bit. Ignored, and the length stands.
+        let older = DiskSlot(tag: 1, offset8: 8, rawLength: 0x8000_0000 | 264, expiry: 0)
+        #expect(older.length == 264 && older.credits == 0 && !older.isEmpty)
+    }
+
+    @Test("eviction keeps an entry read three times (then overwritten or not) longer than one read once")
+    func readsCounted() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let recordLength = 56 + 8 + 200  // key-NNN keys are 7-8 bytes; padded to 8
+        // One bucket: its share is (budget − 128) / 2, room for 64 records.
+        let tier = try DiskTier(
+            .init(directory: directory.path, budget: 2 * 64 * recordLength + 128, bucketCount: 1, compressionLevel: nil))
+        for i in 0..<50 { try tier.set(random(200, seed: UInt64(i)), forKey: keyBytes(i)) }
+        // Every entry is read, so the clock must choose among read entries (unread ones, the new keys
+        // below, may keep only a tenth of the target): keys 0..<20 read three times, 20..<50 once. Once
+        // the hand has passed them all, the first twenty keep two credits and the rest none, so all of
+        // 20..<50 go before any of 0..<20.
+        for _ in 0..<3 { for j in 0..<20 { #expect(try tier.value(forKey: keyBytes(j)) != nil) } }
+        for j in 20..<50 { #expect(try tier.value(forKey: keyBytes(j)) != nil) }
+        // An overwrite keeps the credits its key earned.
+        for j in 0..<5 { try tier.set(random(200, seed: UInt64(j)), forKey: keyBytes(j)) }
+        var i = 50
+        while try (20..<50).contains(where: { try holds(tier, $0) }) && i < 2_000 {
+            try tier.set(random(200, seed: UInt64(i)), forKey: keyBytes(i))
+            i += 1
+        }
+        let left = try (20..<50).filter { try holds(tier, $0) }
+        let statistics = tier.statistics
+        #expect(i < 2_000, "entries read once never evicted: \(left); \(statistics.evictions) evictions, \(statistics.compactions) compactions")
+        #expect(tier.statistics.compactions >= 2)
+        let kept = try (0..<20).filter { try holds(tier, $0) }
+        #expect(kept.count == 20, "an entry read three times went no later than the entries read once: kept \(kept)")
+    }
+
+    @Test("with nothing read, eviction takes the entries the last compaction kept before those stored since")
+    func unreadOldestFirst() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let recordLength = 56 + 8 + 200
+        let tier = try DiskTier(
+            .init(directory: directory.path, budget: 2 * 64 * recordLength + 128, bucketCount: 1, compressionLevel: nil))
+        var i = 0
+        while tier.statistics.compactions < 5 {
+            try tier.set(random(200, seed: UInt64(i)), forKey: keyBytes(i))
+            i += 1
+        }
+        // The compaction just run made room for key i − 1; the 12 stored before it were the newest of
+        // the bucket then, stored since the compaction before, and stay.
+        let newest = try ((i - 13)..<i).filter { try holds(tier, $0) }
+        #expect(newest.count == 13, "the newest entries were evicted: kept \(newest) of \((i - 13)..<i)")
+        #expect(tier.statistics.evictions >= 4 * 12)
+    }
+}
