@@ -64,4 +64,56 @@ struct BenchReportTests {
         #expect(counter.text.contains("M ops/s vs shard count"))
         #expect(counter.elements["tr"] == 1 + 4)  // header + the four rows that are not sweep points
     }
+
+    final class DashCounter: NSObject, XMLParserDelegate {
+        var dashed = 0
+        var polylines = 0
+        func parser(_ parser: XMLParser, didStartElement name: String, namespaceURI: String?, qualifiedName: String?,
+                    attributes: [String: String] = [:]) {
+            if name == "polyline" { polylines += 1 }
+            if name == "polyline" && attributes["stroke-dasharray"] != nil { dashed += 1 }
+        }
+    }
+
+    @Test("trace replays give a miss-ratio chart per trace; --baseline draws another build's Magpie curves dashed beside them")
+    func missRatioCharts() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        func replay(_ percent: Int, _ system: String, miss: Double, trace: String?) -> String {
+            let traceField = trace.map { #", "trace": "\#($0)""# } ?? ""
+            return Self.row("replay \(percent)%", system, ops: 0, p50: 0, hit: 1 - miss, extra: #"{"miss_ratio": \#(miss)\#(traceField)}"#)
+        }
+        func report(_ rows: [String], config: String = "{}") -> String {
+            """
+            {"tool": "magpie-bench", "version": "0.1.0", "date": "2026-11-27T00:00:00Z",
+             "machine": {"cores": 2, "os": "Linux", "cpu": "test cpu", "memory_bytes": 1073741824, "swift": "6.3+"},
+             "config": \(config), "results": [\(rows.joined(separator: ",\n"))]}
+            """
+        }
+        let current = [
+            replay(1, "magpie-memory", miss: 0.81, trace: "a.bin"), replay(10, "magpie-memory", miss: 0.72, trace: "a.bin"),
+            replay(1, "LRU", miss: 0.83, trace: "a.bin"), replay(10, "LRU", miss: 0.81, trace: "a.bin"),
+            replay(1, "magpie-memory", miss: 0.45, trace: "b.csv"), replay(10, "magpie-memory", miss: 0.30, trace: "b.csv"),
+        ]
+        // An older build's rows name no trace; its configuration does.
+        let older = [
+            replay(1, "magpie-memory", miss: 0.82, trace: nil), replay(10, "magpie-memory", miss: 0.73, trace: nil),
+            replay(1, "LRU", miss: 0.83, trace: nil),
+        ]
+        try report(current).write(toFile: directory.child("new.json"), atomically: true, encoding: .utf8)
+        try report(older, config: #"{"replay": {"trace": "/somewhere/a.bin"}}"#)
+            .write(toFile: directory.child("old.json"), atomically: true, encoding: .utf8)
+        #expect(try runBench(["report", directory.child("new.json"), "--baseline", "before=" + directory.child("old.json")]) == 0)
+        let page = try String(contentsOfFile: directory.child("report.html"), encoding: .utf8)
+        let parser = XMLParser(data: Data(page.utf8))
+        let counter = DashCounter()
+        parser.delegate = counter
+        #expect(parser.parse(), "report.html is not well-formed: \(String(describing: parser.parserError))")
+        // a.bin: magpie-memory, LRU and the baseline's magpie-memory (its LRU row is left out); b.csv: one.
+        #expect(counter.polylines == 4)
+        #expect(counter.dashed == 1)
+        #expect(page.contains("a.bin: miss ratio vs budget") && page.contains("b.csv: miss ratio vs budget"))
+        #expect(page.contains("before: magpie-memory"))
+        #expect(!page.contains("before: LRU"))
+    }
 }

@@ -11,7 +11,8 @@ struct BenchSweepTests {
         defer { directory.cleanup() }
         let status = try runBench([
             "sweep", "--budget-percents", "1", "30", "--shard-counts", "1", "4", "--threads", "1", "--levels", "0", "1",
-            "--keys", "5000", "--ops", "20000", "--disk-keys", "300", "--json", directory.child("sweep.json"),
+            "--keys", "5000", "--ops", "20000", "--disk-keys", "300", "--trace-requests", "20000", "--trace-budgets", "1", "10",
+            "--json", directory.child("sweep.json"),
         ])
         #expect(status == 0)
         let data = try Data(contentsOf: URL(fileURLWithPath: directory.child("sweep.json")))
@@ -30,6 +31,17 @@ struct BenchSweepTests {
         let hitRatios = budget.map { ($0.1["hit_ratio"] as? Double) ?? -1 }
         #expect(hitRatios.count == 2 && hitRatios[0] < hitRatios[1], "\(hitRatios)")
         #expect(points("shards").map(\.0) == [1, 4])
+        // The policy curve: Magpie's memory tier and every reference policy at each budget, Magpie's
+        // misses falling as the budget grows, and no policy better than Belady's optimum.
+        let policy = points("trace_budget_percent")
+        let systems = Set(policy.compactMap { $0.1["system"] as? String })
+        #expect(systems == ["magpie-memory", "LRU", "FIFO", "ARC", "S3-FIFO", "W-TinyLFU", "LIRS", "Belady"], "\(systems)")
+        func miss(_ system: String, _ percent: Double) -> Double {
+            let row = policy.first { $0.0 == percent && $0.1["system"] as? String == system }?.1
+            return ((row?["extra"] as? [String: Any])?["miss_ratio"] as? Double) ?? -1
+        }
+        #expect(miss("magpie-memory", 1) > miss("magpie-memory", 10) && miss("magpie-memory", 10) > 0)
+        for system in systems { for percent in [1.0, 10] { #expect(miss(system, percent) >= miss("Belady", percent)) } }
         let sets = points("zstd_level", scenario: "disk-set")
         #expect(sets.map(\.0) == [0, 1])
         let ratios = sets.map { (($0.1["extra"] as? [String: Any])?["compression_ratio"] as? Double) ?? -1 }

@@ -70,8 +70,9 @@ struct Suite: AsyncParsableCommand {
         // 1 task, and twice the operations).
         let fleetAsync = try FleetAsyncBench.parse(["--tasks", "16", "256", "--operations", "20000", "--hits", "200000"])
         results += try await FleetAsyncScenario(options: fleetAsync).run(progress: progressLine)
-        // Short tuning curves for the report: hit ratio vs budget, throughput vs shards.
-        let sweep = try Sweep.parse(["--curves", "budget", "shards", "--keys", "200000", "--ops", "300000"])
+        // Short tuning curves for the report: hit ratio vs budget, miss ratio vs budget on a trace-gen trace
+        // (Magpie beside the reference policies, about 5 s), throughput vs shards.
+        let sweep = try Sweep.parse(["--curves", "budget", "policy", "shards", "--keys", "200000", "--ops", "300000"])
         let (curves, curveTables) = try sweep.measure()
         results += curves
         let stamp = timestamp()

@@ -79,6 +79,27 @@ struct Replay: ParsableCommand {
     }
 
     func run() throws {
+        let (results, rows) = try measure()
+        print()
+        printAligned(rows)
+        if let json = outputOptions.json {
+            try Report(date: timestamp(), machine: .current(), config: ["replay": .object(config)], results: results)
+                .write(to: json)
+        }
+    }
+
+    var config: [String: JSONValue] {
+        [
+            "scenario": .string("replay"), "trace": .string(trace), "format": .string(format.rawValue),
+            "budgets": .array(budget.map { .string($0) }), "charge": .string(charge.rawValue), "shards": .int(shards),
+            "tier": .string(tier.rawValue), "disk_factor": .double(diskFactor), "store_values": .bool(storeValues),
+            "references": .array(references.map { .string($0) }),
+        ]
+    }
+
+    /// Replays the trace at every budget through the chosen tier and every reference policy: a row per
+    /// budget and system (tagged with the trace's file name), and the table.
+    func measure() throws -> ([BenchResult], [[String]]) {
         progressLine("replay: loading \(trace)")
         let loaded = try Trace.load(trace, format: format, defaultSize: defaultSize)
         progressLine(
@@ -111,18 +132,7 @@ struct Replay: ParsableCommand {
                 results.append(result(text, bytes, name, reference, seconds: seconds, loaded))
             }
         }
-        print()
-        printAligned(rows)
-        if let json = outputOptions.json {
-            let config: [String: JSONValue] = [
-                "scenario": .string("replay"), "trace": .string(trace), "format": .string(format.rawValue),
-                "budgets": .array(budget.map { .string($0) }), "charge": .string(charge.rawValue), "shards": .int(shards),
-                "tier": .string(tier.rawValue), "disk_factor": .double(diskFactor), "store_values": .bool(storeValues),
-                "references": .array(references.map { .string($0) }),
-            ]
-            try Report(date: timestamp(), machine: .current(), config: ["replay": .object(config)], results: results)
-                .write(to: json)
-        }
+        return (results, rows)
     }
 
     /// Cache-aside through a fresh memory tier: a hit is a read (it counts for the eviction policy), a
@@ -256,7 +266,7 @@ struct Replay: ParsableCommand {
         result.extra = [
             "miss_ratio": .double(outcome.missRatio), "byte_miss_ratio": .double(outcome.byteMissRatio),
             "budget_bytes": .int(bytes), "working_set_bytes": .int(trace.workingSetBytes), "objects": .int(trace.objects),
-            "charge": .string(charge.rawValue),
+            "charge": .string(charge.rawValue), "trace": .string(URL(fileURLWithPath: self.trace).lastPathComponent),
         ]
         return result
     }

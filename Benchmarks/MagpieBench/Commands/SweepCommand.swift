@@ -6,14 +6,18 @@ import Magpie
 /// ratio vs budget, memory throughput vs shard count, disk compression ratio and speed vs zstd level.
 struct Sweep: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Tuning curves: hit ratio vs memory budget, throughput vs shards, compression and speed vs zstd level.",
+        abstract:
+            "Tuning curves: hit ratio vs memory budget, miss ratio vs budget on a trace (Magpie and reference policies), throughput vs shards, compression and speed vs zstd level.",
         discussion: """
             Each point is one run of the memory or disk scenario (same workload and seeds as `magpie-bench \
-            memory` and `disk`, shorter by default) with one parameter changed. `--json` writes every row, \
-            tagged with the curve and the point, and the options that reproduce it.
+            memory` and `disk`, shorter by default) with one parameter changed. The policy curve replays a trace \
+            (--trace, or a `trace-gen` trace of --trace-requests requests made for the run) through Magpie's \
+            tiers and the reference policies at each budget, as `magpie-bench replay` does; `magpie-bench report \
+            --baseline` draws another build's curves beside them. `--json` writes every row, tagged with the \
+            curve and the point, and the options that reproduce it.
             """)
 
-    enum Curve: String, ExpressibleByArgument, CaseIterable { case budget, shards, level }
+    enum Curve: String, ExpressibleByArgument, CaseIterable { case budget, policy, shards, level }
 
     @Option(parsing: .upToNextOption, help: "Curves to draw.") var curves: [Curve] = Curve.allCases
     @Option(parsing: .upToNextOption, help: "Memory budgets, in % of the working set (budget curve).")
@@ -25,11 +29,20 @@ struct Sweep: ParsableCommand {
     @Option(help: "Timed operations per thread of each memory point (and as many warm-up operations).")
     var ops = 500_000
     @Option(help: "Keys written per disk point (4 KiB values, half JSON-like).") var diskKeys = 20_000
+    @Option(help: "Trace for the policy curve (any format `replay` reads); default: a trace-gen trace made for the run.")
+    var trace: String?
+    @Option(help: "Requests of the trace made for the policy curve when --trace is not given.") var traceRequests = 400_000
+    @Option(parsing: .upToNextOption, help: "Budgets of the policy curve, in % of the trace's working set.")
+    var traceBudgets: [Double] = [1, 2, 5, 10, 20, 40]
+    @Option(parsing: .upToNextOption, help: "Magpie tiers the policy curve replays: memory, disk, both.")
+    var tiers: [Replay.TierChoice] = [.memory]
     @OptionGroup var outputOptions: OutputOptions
 
     func validate() throws {
-        guard budgetPercents.allSatisfy({ $0 > 0 }), keys > 0, ops > 0, diskKeys > 0 else {
-            throw ValidationError("budgets, --keys, --ops and --disk-keys must be positive")
+        guard budgetPercents.allSatisfy({ $0 > 0 }), traceBudgets.allSatisfy({ $0 > 0 }), keys > 0, ops > 0, diskKeys > 0,
+            traceRequests > 0
+        else {
+            throw ValidationError("budgets, --keys, --ops, --disk-keys and --trace-requests must be positive")
         }
         for s in shardCounts where s < 1 || s > MemoryTier.maximumShardCount || s & (s - 1) != 0 {
             throw ValidationError("shard count \(s) must be a power of two from 1 to \(MemoryTier.maximumShardCount)")
@@ -55,6 +68,8 @@ struct Sweep: ParsableCommand {
             "budget_percents": .array(budgetPercents.map { .double($0) }),
             "shard_counts": .array(shardCounts.map { .int($0) }), "threads": .array(threads.map { .int($0) }),
             "levels": .array(levels.map { .int($0) }), "keys": .int(keys), "ops": .int(ops), "disk_keys": .int(diskKeys),
+            "trace": trace.map { .string($0) } ?? .string("trace-gen --requests \(traceRequests) --objects \(traceRequests / 10)"),
+            "trace_budgets": .array(traceBudgets.map { .double($0) }), "tiers": .array(tiers.map { .string($0.rawValue) }),
         ]
     }
 
@@ -80,6 +95,11 @@ struct Sweep: ParsableCommand {
                 }
             }
             tables.append(("Hit ratio vs memory budget (magpie, 1 thread, Zipf 0.99, \(keys) keys)", rows))
+        }
+        if curves.contains(.policy) {
+            let (rows, points) = try policyCurve()
+            tables.append(("Miss ratio vs budget on \(trace.map { URL(fileURLWithPath: $0).lastPathComponent } ?? "a trace-gen trace")", rows))
+            results += points
         }
         if curves.contains(.shards) {
             var rows = [["shards", "threads", "ops/s", "p99 ns", "hit ratio"]]
@@ -122,6 +142,42 @@ struct Sweep: ParsableCommand {
             tables.append(("Disk compression and speed vs zstd level (\(diskKeys) × 4 KiB, page-cache hot)", rows))
         }
         return (results, tables)
+    }
+
+    /// Replays the trace through each chosen tier (the reference policies with the first) at every
+    /// budget: the table (a column per budget) and the rows, tagged with the budget.
+    func policyCurve() throws -> ([[String]], [BenchResult]) {
+        var path = trace
+        var made: String?
+        if path == nil {
+            let file = NSTemporaryDirectory() + "/magpie-sweep-trace-\(getpid()).csv"
+            progressLine("sweep policy: writing a trace-gen trace of \(traceRequests) requests")
+            try TraceGen.parse(["--requests", "\(traceRequests)", "--objects", "\(max(1, traceRequests / 10))", "-o", file]).run()
+            (path, made) = (file, file)
+        }
+        defer { if let made { try? FileManager.default.removeItem(atPath: made) } }
+        var points: [BenchResult] = []
+        for (n, tier) in tiers.enumerated() {
+            var arguments = [path!, "--tier", tier.rawValue, "--budget"] + traceBudgets.map { String(format: "%g%%", $0) }
+            arguments += ["--references"] + (n == 0 ? ReferencePolicy.allCases.map(\.rawValue) : [])
+            progressLine("sweep policy: magpie-\(tier.rawValue)")
+            let (results, _) = try Replay.parse(arguments).measure()
+            for var r in results {
+                guard let percent = Double(r.scenario.dropFirst("replay ".count).dropLast()) else { continue }
+                tag(&r, "trace_budget_percent", .double(percent))
+                points.append(r)
+            }
+        }
+        var systems: [String] = []
+        for r in points where !systems.contains(r.system) { systems.append(r.system) }
+        var rows = [["system"] + traceBudgets.map { String(format: "%g %%", $0) }]
+        for system in systems {
+            rows.append([system] + traceBudgets.map { percent in
+                points.first { $0.system == system && HTMLReport.number($0.extra["sweep_value"]) == percent }
+                    .map { String(format: "%.4f", 1 - $0.hit_ratio) } ?? "-"
+            })
+        }
+        return (rows, points)
     }
 
     /// Marks a row with the curve's parameter and its value at this point.

@@ -88,7 +88,9 @@ func replayWTinyLFU(_ trace: Trace, capacity: Int) -> ReplayOutcome {
         while window.bytes + main.bytes + size > capacity, window.bytes + main.bytes > 0 { evict() }
         window.pushFront(id, size: size)
         frequency.increment(id)
-        assert(window.bytes + main.bytes <= capacity && main.bytes <= mainCapacity, "W-TinyLFU over its capacity")
+        // Main may pass its share (an insertion into protected while probation holds more than its own
+        // share, as libCacheSim's SLRU allows: found by `sweep`'s small trace); the whole never passes.
+        assert(window.bytes + main.bytes <= capacity, "W-TinyLFU over its capacity")
     }
     return outcome
 }

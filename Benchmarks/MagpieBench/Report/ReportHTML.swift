@@ -12,6 +12,7 @@ enum HTMLReport {
         body += summaryTable(report.results)
         body += latencyCharts(report.results)
         body += hitRatioChart(report.results)
+        body += missRatioCharts(report.results)
         body += throughputCharts(report.results)
         return """
             <?xml version="1.0" encoding="UTF-8"?>
@@ -73,24 +74,48 @@ enum HTMLReport {
         return html
     }
 
-    /// Hit ratio vs memory budget: the budget sweep's points and any trace replay at % budgets.
+    /// Hit ratio vs memory budget: the budget sweep's points (trace replays are in `missRatioCharts`).
     static func hitRatioChart(_ results: [BenchResult]) -> String {
         var series: [String: [(Double, Double)]] = [:]
         for r in results {
             if case .string("budget_percent") = r.extra["sweep_parameter"], let x = number(r.extra["sweep_value"]) {
                 series["\(r.system) (Zipf)", default: []].append((x, r.hit_ratio))
-            } else if r.scenario.hasPrefix("replay "), r.scenario.hasSuffix("%"),
-                let x = Double(r.scenario.dropFirst("replay ".count).dropLast())
-            {
-                series["\(r.system) (trace)", default: []].append((x, r.hit_ratio))
             }
         }
         let html = "<h2>Hit ratio vs memory budget</h2>\n"
-        if series.isEmpty { return html + "<p class=\"note\">No budget points: run `magpie-bench sweep` or `replay`.</p>\n" }
+        if series.isEmpty { return html + "<p class=\"note\">No budget points: run `magpie-bench sweep`.</p>\n" }
         return html
             + SVGChart.lines(
                 title: "hit ratio vs budget (% of the working set, log scale)", xLabel: "budget %", yLabel: "hit ratio",
                 series: series.sorted { $0.key < $1.key }.map { ($0.key, $0.value.sorted { $0.0 < $1.0 }) }, logX: true)
+    }
+
+    /// Miss ratio vs budget, one chart per trace: every replay at % budgets (`replay --json`, the sweep's
+    /// policy curve), Magpie's tiers beside the reference policies, and any baseline rows `report
+    /// --baseline` added (dashed). The y axis spans the points, not 0–1: the policies differ by points.
+    static func missRatioCharts(_ results: [BenchResult]) -> String {
+        var traces: [String] = []
+        var series: [String: [String: [(Double, Double)]]] = [:]
+        var order: [String: [String]] = [:]
+        for r in results where r.scenario.hasPrefix("replay ") && r.scenario.hasSuffix("%") {
+            guard let x = Double(r.scenario.dropFirst("replay ".count).dropLast()) else { continue }
+            let trace = { if case .string(let name) = r.extra["trace"] { return name } else { return "trace" } }()
+            if !traces.contains(trace) { traces.append(trace) }
+            if series[trace, default: [:]][r.system] == nil { order[trace, default: []].append(r.system) }
+            guard !(series[trace]?[r.system]?.contains { $0.0 == x } ?? false) else { continue }  // a point once
+            series[trace, default: [:]][r.system, default: []].append((x, number(r.extra["miss_ratio"]) ?? 1 - r.hit_ratio))
+        }
+        let html = "<h2>Miss ratio vs budget on traces</h2>\n"
+        if traces.isEmpty {
+            return html + "<p class=\"note\">No trace replays: run `magpie-bench sweep --curves policy` or `replay --json`.</p>\n"
+        }
+        return html
+            + traces.map { trace in
+                let lines = order[trace, default: []].map { system in (system, series[trace]![system]!.sorted { $0.0 < $1.0 }) }
+                return SVGChart.lines(
+                    title: "\(trace): miss ratio vs budget (% of the working set, log scale)", xLabel: "budget %",
+                    yLabel: "miss ratio", series: lines, logX: true, fitY: true)
+            }.joined()
     }
 
     /// Throughput vs threads (the plain memory rows) and vs shards (the shard sweep).
@@ -133,7 +158,10 @@ enum HTMLReport {
 
 /// Minimal SVG charts: grouped bars and lines, with axes, ticks and a legend.
 enum SVGChart {
-    static let palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+    static let palette = [
+        "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79",
+        "#ad494a",
+    ]
     static let (width, height, left, right, top, bottom) = (720.0, 340.0, 70.0, 170.0, 30.0, 50.0)
 
     static func text(_ x: Double, _ y: Double, _ content: String, anchor: String = "middle", size: Int = 11) -> String {
@@ -232,11 +260,19 @@ enum SVGChart {
         return frame(title, svg + legend(series.map(\.0)))
     }
 
-    static func lines(title: String, xLabel: String, yLabel: String, series: [(String, [(Double, Double)])], logX: Bool) -> String {
+    /// A line per series. `fitY`: the y axis spans the points (rounded to a twentieth) instead of
+    /// starting at 0. A series whose name has a colon (a baseline's, "label: system") is dashed.
+    static func lines(
+        title: String, xLabel: String, yLabel: String, series: [(String, [(Double, Double)])], logX: Bool, fitY: Bool = false
+    ) -> String {
         let xs = series.flatMap { $0.1.map(\.0) }
         let ys = series.flatMap { $0.1.map(\.1) }
         let (xLower, xUpper) = (xs.min() ?? 0, xs.max() ?? 1)
-        let (yLower, yUpper) = (0.0, niceUpper(max(1e-9, ys.max() ?? 1)))
+        var (yLower, yUpper) = (0.0, niceUpper(max(1e-9, ys.max() ?? 1)))
+        if fitY, let low = ys.min(), let high = ys.max() {
+            yLower = max(0, (low * 20).rounded(.down) / 20)
+            yUpper = max(yLower + 0.05, (high * 20).rounded(.up) / 20)
+        }
         let x = scale(xLower, xUpper, log: logX)
         let y = scale(yLower, yUpper, log: false)
         let plotWidth = width - left - right
@@ -251,7 +287,8 @@ enum SVGChart {
         for (s, (name, points)) in series.enumerated() {
             let color = palette[s % palette.count]
             let path = points.map { "\(f(left + x($0.0) * plotWidth)),\(f(height - bottom - y($0.1) * plotHeight))" }
-            svg += "<polyline fill=\"none\" stroke=\"\(color)\" stroke-width=\"2\" points=\"\(path.joined(separator: " "))\"/>\n"
+            let dash = name.contains(":") ? " stroke-dasharray=\"6 4\"" : ""
+            svg += "<polyline fill=\"none\" stroke=\"\(color)\" stroke-width=\"2\"\(dash) points=\"\(path.joined(separator: " "))\"/>\n"
             for point in points {
                 svg += "<circle cx=\"\(f(left + x(point.0) * plotWidth))\" cy=\"\(f(height - bottom - y(point.1) * plotHeight))\" r=\"3\" fill=\"\(color)\">"
                 svg += "<title>\(HTMLReport.escape("\(name): \(label(point.0)) → \(String(format: "%.4g", point.1))"))</title></circle>\n"
