@@ -12,6 +12,7 @@ struct BenchSweepTests {
         let status = try runBench([
             "sweep", "--budget-percents", "1", "30", "--shard-counts", "1", "4", "--threads", "1", "--levels", "0", "1",
             "--keys", "5000", "--ops", "20000", "--disk-keys", "300", "--trace-requests", "20000", "--trace-budgets", "1", "10",
+            "--tiers", "memory", "disk",
             "--json", directory.child("sweep.json"),
         ])
         #expect(status == 0)
@@ -35,12 +36,14 @@ struct BenchSweepTests {
         // misses falling as the budget grows, and no policy better than Belady's optimum.
         let policy = points("trace_budget_percent")
         let systems = Set(policy.compactMap { $0.1["system"] as? String })
-        #expect(systems == ["magpie-memory", "LRU", "FIFO", "ARC", "S3-FIFO", "W-TinyLFU", "LIRS", "Belady"], "\(systems)")
+        #expect(
+            systems == ["magpie-memory", "magpie-disk", "LRU", "FIFO", "ARC", "S3-FIFO", "W-TinyLFU", "LIRS", "Belady"], "\(systems)")
+        #expect(policy.count == 2 * systems.count)  // the references once, with the first tier
         func miss(_ system: String, _ percent: Double) -> Double {
             let row = policy.first { $0.0 == percent && $0.1["system"] as? String == system }?.1
             return ((row?["extra"] as? [String: Any])?["miss_ratio"] as? Double) ?? -1
         }
-        #expect(miss("magpie-memory", 1) > miss("magpie-memory", 10) && miss("magpie-memory", 10) > 0)
+        for tier in ["magpie-memory", "magpie-disk"] { #expect(miss(tier, 1) > miss(tier, 10) && miss(tier, 10) > 0, "\(tier)") }
         for system in systems { for percent in [1.0, 10] { #expect(miss(system, percent) >= miss("Belady", percent)) } }
         let sets = points("zstd_level", scenario: "disk-set")
         #expect(sets.map(\.0) == [0, 1])

@@ -158,10 +158,10 @@ struct Sweep: ParsableCommand {
         defer { if let made { try? FileManager.default.removeItem(atPath: made) } }
         var points: [BenchResult] = []
         for (n, tier) in tiers.enumerated() {
-            var arguments = [path!, "--tier", tier.rawValue, "--budget"] + traceBudgets.map { String(format: "%g%%", $0) }
-            arguments += ["--references"] + (n == 0 ? ReferencePolicy.allCases.map(\.rawValue) : [])
+            var replay = try Replay.parse([path!, "--tier", tier.rawValue, "--budget"] + traceBudgets.map { String(format: "%g%%", $0) })
+            if n > 0 { replay.references = [] }  // once is enough
             progressLine("sweep policy: magpie-\(tier.rawValue)")
-            let (results, _) = try Replay.parse(arguments).measure()
+            let (results, _) = try replay.measure()
             for var r in results {
                 guard let percent = Double(r.scenario.dropFirst("replay ".count).dropLast()) else { continue }
                 tag(&r, "trace_budget_percent", .double(percent))
