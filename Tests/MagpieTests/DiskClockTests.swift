@@ -85,4 +85,26 @@ struct DiskClockTests {
         #expect(newest.count == 13, "the newest entries were evicted: kept \(newest) of \((i - 13)..<i)")
         #expect(tier.statistics.evictions >= 4 * 12)
     }
+
+    @Test("while read entries take more than the target, the newest unread ones keep a tenth of it")
+    func unreadKeepATenth() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let recordLength = 56 + 8 + 200
+        let tier = try DiskTier(
+            .init(directory: directory.path, budget: 2 * 64 * recordLength + 128, bucketCount: 1, compressionLevel: nil))
+        for i in 0..<52 { try tier.set(random(200, seed: UInt64(i)), forKey: keyBytes(i)) }
+        for _ in 0..<3 { for j in 0..<52 { #expect(try tier.value(forKey: keyBytes(j)) != nil) } }
+        var i = 52
+        while tier.statistics.compactions == 0 && i < 200 {
+            try tier.set(random(200, seed: UInt64(i)), forKey: keyBytes(i))
+            i += 1
+        }
+        // The compaction ran in the store of key i − 1 (before its record went in). 52 read entries
+        // exceed its target (3/4 of 64 records, less one): the unread ones stored since, 52..<(i − 1),
+        // keep a tenth of it (4 records), the newest; the clock takes the rest from the read ones.
+        let unread = try (52..<(i - 1)).filter { try holds(tier, $0) }
+        #expect(unread == Array((i - 5)..<(i - 1)), "unread entries kept: \(unread) of 52..<\(i - 1)")
+        #expect(try holds(tier, i - 1))
+    }
 }

@@ -74,10 +74,13 @@ extension BucketState {
         defer { context.ledger.pool.give(reserved) }
         let target = min(liveTarget, headroom + reserved)
         var evicted: [DiskSlot] = []
+        // The unread entries step 1 keeps (a tenth of the target at most), which the clock then passes
+        // over, as S3-FIFO's main queue never evicts from its small one.
+        var spared = Set<UInt32>()
         if liveBytes > target {
             // Unread entries (no credits) first, as S3-FIFO's small queue: the oldest first, down to what
             // the read entries leave of the target, and no further than a tenth of the target while the
-            // read ones take more than the rest (then the clock below evicts read entries too).
+            // read ones take more than the rest (then the clock below evicts read entries only).
             var unread: [DiskSlot] = []
             var unreadBytes = 0
             for slot in index.slots where !slot.isEmpty && slot.credits == 0 {
@@ -87,8 +90,10 @@ extension BucketState {
             let readBytes = liveBytes - unreadBytes
             let keep = max(target - readBytes, min(unreadBytes, target / 10))
             unread.sort { $0.offset8 < $1.offset8 }  // the order they were stored in (compactions keep it)
-            for slot in unread {
-                guard liveBytes > target, unreadBytes > keep else { break }
+            var next = 0
+            while next < unread.count && liveBytes > target && unreadBytes > keep {
+                let slot = unread[next]
+                next += 1
                 if let position = index.positions(tag: slot.tag).first(where: { index[$0].offset8 == slot.offset8 }) {
                     evicted.append(slot)
                     drop(at: position)
@@ -96,17 +101,28 @@ extension BucketState {
                     counters.evictions += 1
                 }
             }
+            if liveBytes > target { spared = Set(unread[next...].map(\.offset8)) }
         }
+        // Spared entries are at most a tenth of the target, so evicting every other entry reaches it; a
+        // hand that went round four times (credits are at most three) without evicting stops sparing.
+        var idle = 0
         while liveBytes > target && index.count > 0 {
             let position = index.hand % index.capacity
             var slot = index[position]
+            if idle > 4 * index.capacity && !spared.isEmpty { spared.removeAll() }
             if slot.isEmpty {
                 index.hand = position + 1
+                idle += 1
+            } else if spared.contains(slot.offset8) && !slot.isExpired(nowMilliseconds: now) {
+                index.hand = position + 1
+                idle += 1
             } else if slot.credits > 0 && !slot.isExpired(nowMilliseconds: now) {
                 slot.credits -= 1
                 index[position] = slot
                 index.hand = position + 1
+                idle += 1
             } else {
+                idle = 0
                 evicted.append(slot)
                 drop(at: position)  // the hand stays: a later slot may have shifted into this position
                 counters.evictions += 1

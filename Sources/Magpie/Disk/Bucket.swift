@@ -17,13 +17,15 @@ import Logging
 // or since their credits ran out (the small queue's kind) go first, the oldest first (by offset: a log
 // is in the order records were stored, and a compaction copies records in file order) — down to
 // what the read entries leave of the target, and no further than a tenth of the target while the read
-// entries take more than the rest. Then a CLOCK over every entry, counting reads up to three (2 bits in
+// entries take more than the rest. Then a CLOCK over every other entry (it passes over the unread ones
+// kept, as S3-FIFO's main queue never evicts from its small one), counting reads up to three (2 bits in
 // the index slot's length, `DiskSlot.credits`): each read gives the entry a credit, the hand takes one
 // from each entry it passes and evicts an entry that has none, so an entry read n times (n ≤ 3) since
 // the hand last passed survives n passes. An overwrite keeps its key's credits. On the shared trace this
-// misses 0.9–3.6 points less than the 1-bit clock it replaced, at every budget from 1 to 40 %
-// (`replay --tier disk`; other trace families in BENCHMARKS.md, where it loses twice). No ghost: one
-// (S3-FIFO's, of evicted tags) helped and hurt by turns and would cost DRAM per entry.
+// misses 0.9–3.2 points less than the 1-bit clock it replaced, at every budget from 1 to 40 %
+// (`replay --tier disk`; other trace families in BENCHMARKS.md, where it loses on two budgets of
+// eight). No ghost: one (S3-FIFO's, of evicted tags) helped and hurt by turns, and would cost DRAM per
+// entry.
 
 /// What every bucket of a tier shares, and what tells buckets apart.
 struct BucketContext: Sendable {
