@@ -14,7 +14,9 @@ let package = Package(
     name: "MagpieHummingbird",
     platforms: [.macOS(.v14)],
     products: [
-        .library(name: "MagpieHummingbird", targets: ["MagpieHummingbird"])
+        .library(name: "MagpieHummingbird", targets: ["MagpieHummingbird"]),
+        // The driver's calls from 1, 16 and 256 tasks beside `MemoryPersistDriver` (`make bench-persist`).
+        .executable(name: "magpie-persist-bench", targets: ["MagpiePersistBench"]),
     ],
     dependencies: [
         .package(path: "../.."),
@@ -25,6 +27,14 @@ let package = Package(
         .target(
             name: "MagpieHummingbird",
             dependencies: [
+                .product(name: "Magpie", package: magpie),
+                .product(name: "Hummingbird", package: "hummingbird"),
+            ]
+        ),
+        .executableTarget(
+            name: "MagpiePersistBench",
+            dependencies: [
+                "MagpieHummingbird",
                 .product(name: "Magpie", package: magpie),
                 .product(name: "Hummingbird", package: "hummingbird"),
             ]
