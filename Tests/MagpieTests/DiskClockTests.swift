@@ -11,6 +11,13 @@ private func random(_ length: Int, seed: UInt64) -> [UInt8] {
     return (0..<length).map { _ in UInt8.random(in: 0...255, using: &generator) }
 }
 
+/// A tier of one bucket with room for 64 records of key-NNN keys (7–8 bytes) and 200-byte raw values
+/// (56 + 8 + 200 bytes each, padded to 8): its share is (budget − 128) / 2.
+private func oneBucket(_ directory: TemporaryDirectory) throws -> DiskTier {
+    let recordLength = 56 + 8 + 200
+    return try DiskTier(.init(directory: directory.path, budget: 2 * 64 * recordLength + 128, bucketCount: 1, compressionLevel: nil))
+}
+
 /// Whether `tier` holds key `i`, without counting a read.
 private func holds(_ tier: DiskTier, _ i: Int) throws -> Bool {
     try keyBytes(i).withUnsafeBytes { raw throws(MagpieError) in try tier.contains(HashedKey(raw, hasher: tier.hasher)) }
@@ -37,14 +44,30 @@ struct DiskClockTests {
         #expect(older.length == 264 && older.credits == 0 && !older.isEmpty)
     }
 
+    @Test("a snapshot keeps each slot's credits, and one whose slot is shorter than a record header is refused")
+    func snapshotCredits() {
+        func snapshot(_ slot: DiskSlot) -> IndexSnapshot {
+            var slots = [DiskSlot](repeating: .empty, count: 4)
+            slots[1] = slot
+            return IndexSnapshot(
+                bucketIndex: 0, bucketCount: 1, seed: 1, fileSize: 4096, liveBytes: slot.length, maximumSequence: 1,
+                slots: slots, liveCount: 1)
+        }
+        var slot = DiskSlot(hash: 7, offset: 64, length: 264, expiryMilliseconds: 0)
+        slot.credits = 2
+        #expect(IndexSnapshot.decode(snapshot(slot).encoded())?.slots[1] == slot)
+        // Credits alone, no length (say, an older build's reference bit with a zero length): not empty,
+        // yet no record; the snapshot is refused and the bucket scanned instead.
+        for raw: UInt32 in [3, 0x8000_0000, 48] {
+            #expect(IndexSnapshot.decode(snapshot(DiskSlot(tag: 7, offset8: 8, rawLength: raw, expiry: 0)).encoded()) == nil)
+        }
+    }
+
     @Test("eviction keeps an entry read three times (then overwritten or not) longer than one read once")
     func readsCounted() throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
-        let recordLength = 56 + 8 + 200  // key-NNN keys are 7-8 bytes; padded to 8
-        // One bucket: its share is (budget − 128) / 2, room for 64 records.
-        let tier = try DiskTier(
-            .init(directory: directory.path, budget: 2 * 64 * recordLength + 128, bucketCount: 1, compressionLevel: nil))
+        let tier = try oneBucket(directory)
         for i in 0..<50 { try tier.set(random(200, seed: UInt64(i)), forKey: keyBytes(i)) }
         // Every entry is read, so the clock must choose among read entries (unread ones, the new keys
         // below, may keep only a tenth of the target): keys 0..<20 read three times, 20..<50 once. Once
@@ -71,9 +94,7 @@ struct DiskClockTests {
     func unreadOldestFirst() throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
-        let recordLength = 56 + 8 + 200
-        let tier = try DiskTier(
-            .init(directory: directory.path, budget: 2 * 64 * recordLength + 128, bucketCount: 1, compressionLevel: nil))
+        let tier = try oneBucket(directory)
         var i = 0
         while tier.statistics.compactions < 5 {
             try tier.set(random(200, seed: UInt64(i)), forKey: keyBytes(i))
@@ -90,9 +111,7 @@ struct DiskClockTests {
     func unreadKeepATenth() throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
-        let recordLength = 56 + 8 + 200
-        let tier = try DiskTier(
-            .init(directory: directory.path, budget: 2 * 64 * recordLength + 128, bucketCount: 1, compressionLevel: nil))
+        let tier = try oneBucket(directory)
         for i in 0..<52 { try tier.set(random(200, seed: UInt64(i)), forKey: keyBytes(i)) }
         for _ in 0..<3 { for j in 0..<52 { #expect(try tier.value(forKey: keyBytes(j)) != nil) } }
         var i = 52

@@ -227,8 +227,10 @@ struct IndexSnapshot {
                 let at = headerSize + n * 16
                 let slot = DiskSlot(tag: u32(at), offset8: u32(at + 4), rawLength: u32(at + 8), expiry: u32(at + 12))
                 if slot.isEmpty { continue }
-                // Every slot must point inside the file; the rest is checked on each read.
-                guard slot.offset >= BucketFileHeader.size, slot.offset + slot.length <= fileSize else { return nil }
+                // Every slot must point inside the file at something a record's length long (its low
+                // bits, the clock's credits, may say anything); the rest is checked on each read.
+                guard slot.offset >= BucketFileHeader.size, slot.length >= RecordHeader.size, slot.offset + slot.length <= fileSize
+                else { return nil }
                 slots[n] = slot
                 live += 1
                 liveBytes += slot.length
