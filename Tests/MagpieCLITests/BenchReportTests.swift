@@ -103,15 +103,21 @@ struct BenchReportTests {
         try report(current).write(toFile: directory.child("new.json"), atomically: true, encoding: .utf8)
         try report(older, config: #"{"replay": {"trace": "/somewhere/a.bin"}}"#)
             .write(toFile: directory.child("old.json"), atomically: true, encoding: .utf8)
-        #expect(try runBench(["report", directory.child("new.json"), "--baseline", "before=" + directory.child("old.json")]) == 0)
+        #expect(
+            try runBench([
+                "report", directory.child("new.json"), "--baseline", "before=" + directory.child("old.json"), "--baseline",
+                "before=" + directory.child("old.json"),
+            ]) == 0)
         let page = try String(contentsOfFile: directory.child("report.html"), encoding: .utf8)
         let parser = XMLParser(data: Data(page.utf8))
         let counter = DashCounter()
         parser.delegate = counter
         #expect(parser.parse(), "report.html is not well-formed: \(String(describing: parser.parserError))")
-        // a.bin: magpie-memory, LRU and the baseline's magpie-memory (its LRU row is left out); b.csv: one.
-        #expect(counter.polylines == 4)
-        #expect(counter.dashed == 1)
+        // a.bin: magpie-memory, LRU and each baseline's magpie-memory (their LRU rows are left out; the
+        // label given twice is numbered, so both draw); b.csv: one.
+        #expect(counter.polylines == 5)
+        #expect(counter.dashed == 2)
+        #expect(page.contains("before (2): magpie-memory"))
         #expect(page.contains("a.bin: miss ratio vs budget") && page.contains("b.csv: miss ratio vs budget"))
         #expect(page.contains("before: magpie-memory"))
         #expect(!page.contains("before: LRU"))

@@ -32,8 +32,9 @@ struct BenchSweepTests {
         let hitRatios = budget.map { ($0.1["hit_ratio"] as? Double) ?? -1 }
         #expect(hitRatios.count == 2 && hitRatios[0] < hitRatios[1], "\(hitRatios)")
         #expect(points("shards").map(\.0) == [1, 4])
-        // The policy curve: Magpie's memory tier and every reference policy at each budget, Magpie's
-        // misses falling as the budget grows, and no policy better than Belady's optimum.
+        // The policy curve: Magpie's memory tier and every reference policy at each budget, and Magpie's
+        // misses falling as the budget grows. (Belady's choice ignores sizes, so with the trace's mixed
+        // sizes it bounds nothing: not compared.)
         let policy = points("trace_budget_percent")
         let systems = Set(policy.compactMap { $0.1["system"] as? String })
         #expect(
@@ -44,7 +45,7 @@ struct BenchSweepTests {
             return ((row?["extra"] as? [String: Any])?["miss_ratio"] as? Double) ?? -1
         }
         for tier in ["magpie-memory", "magpie-disk"] { #expect(miss(tier, 1) > miss(tier, 10) && miss(tier, 10) > 0, "\(tier)") }
-        for system in systems { for percent in [1.0, 10] { #expect(miss(system, percent) >= miss("Belady", percent)) } }
+        for system in systems { for percent in [1.0, 10] { #expect(miss(system, percent) > 0 && miss(system, percent) <= 1) } }
         let sets = points("zstd_level", scenario: "disk-set")
         #expect(sets.map(\.0) == [0, 1])
         let ratios = sets.map { (($0.1["extra"] as? [String: Any])?["compression_ratio"] as? Double) ?? -1 }

@@ -150,15 +150,19 @@ struct Sweep: ParsableCommand {
         var path = trace
         var made: String?
         if path == nil {
-            let file = NSTemporaryDirectory() + "/magpie-sweep-trace-\(getpid()).csv"
+            // Named after what it holds (trace-gen is seeded), so that the rows of two runs, say two builds'
+            // suites, name the same trace and `report --baseline` draws them in one chart.
+            let folder = NSTemporaryDirectory() + "/magpie-sweep-\(getpid())-\(nowNanoseconds())"
+            try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            let file = folder + "/trace-gen-\(traceRequests).csv"
             progressLine("sweep policy: writing a trace-gen trace of \(traceRequests) requests")
             try TraceGen.parse(["--requests", "\(traceRequests)", "--objects", "\(max(1, traceRequests / 10))", "-o", file]).run()
-            (path, made) = (file, file)
+            (path, made) = (file, folder)
         }
         defer { if let made { try? FileManager.default.removeItem(atPath: made) } }
         var points: [BenchResult] = []
         for (n, tier) in tiers.enumerated() {
-            var replay = try Replay.parse([path!, "--tier", tier.rawValue, "--budget"] + traceBudgets.map { String(format: "%g%%", $0) })
+            var replay = try Replay.parse([path!, "--tier", tier.rawValue, "--budget"] + traceBudgets.map { "\($0)%" })
             if n > 0 { replay.references = [] }  // once is enough
             progressLine("sweep policy: magpie-\(tier.rawValue)")
             let (results, _) = try replay.measure()

@@ -77,6 +77,7 @@ extension BucketState {
         // The unread entries step 1 keeps (a tenth of the target at most), which the clock then passes
         // over, as S3-FIFO's main queue never evicts from its small one.
         var spared = Set<UInt32>()
+        if liveBytes > target { _ = removeExpired(now: now) }  // what has expired goes before anything live
         if liveBytes > target {
             // Unread entries (no credits) first, as S3-FIFO's small queue: the oldest first, down to what
             // the read entries leave of the target, and no further than a tenth of the target while the

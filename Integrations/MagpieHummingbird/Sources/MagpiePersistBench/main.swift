@@ -6,7 +6,7 @@ import MagpieHummingbird
 // `magpie-persist-bench`: Hummingbird's `PersistDriver` calls as a service makes them, from 1, 16 and 256
 // tasks on Swift's global executor at once: `MagpiePersistDriver` over a memory-only `Cache` beside
 // Hummingbird's own `MemoryPersistDriver` (an actor holding the Swift values), in the same run, the
-// systems alternating at each task count. Gets are hits (every key set first); sets replace a value
+// systems alternating at each task count (Magpie first in odd rounds, Hummingbird first in even ones). Gets are hits (every key set first); sets replace a value
 // without an expiry. Each call is timed; throughput is calls over the phase's wall time.
 //
 //   magpie-persist-bench [--tasks 1 16 256] [--gets N] [--sets N] [--keys N] [--rounds N]
@@ -128,8 +128,8 @@ var rows: [[String]] = [["operation", "tasks", "system", "round", "calls/s", "p5
 for operation in ["get", "set"] {
     for tasks in options.tasks {
         for round in 1...options.rounds {
-            var measured: [Double] = []
-            for (name, driver) in systems {
+            var measured: [String: Double] = [:]
+            for (name, driver) in round % 2 == 1 ? systems : systems.reversed() {
                 let keyCount = options.keys
                 let (perSecond, latencies) =
                     if operation == "get" {
@@ -143,11 +143,12 @@ for operation in ["get", "set"] {
                             try await driver.set(key: keys[i], value: values[i], expires: nil)
                         }
                     }
-                measured.append(perSecond)
+                measured[name] = perSecond
+                let ratio = measured.count == 2 ? measured[systems[0].0]! / measured[systems[1].0]! : nil
                 rows.append([
                     operation, String(tasks), name, String(round), rate(perSecond), String(percentile(latencies, 0.5)),
                     String(percentile(latencies, 0.99)), String(percentile(latencies, 0.999)),
-                    measured.count == 2 ? String(format: "%.2f", measured[0] / measured[1]) : "",
+                    ratio.map { String(format: "%.2f", $0) } ?? "",
                 ])
             }
         }

@@ -225,7 +225,8 @@ struct IndexSnapshot {
             var liveBytes = 0
             for n in 0..<slotCount {
                 let at = headerSize + n * 16
-                let slot = DiskSlot(tag: u32(at), offset8: u32(at + 4), rawLength: u32(at + 8), expiry: u32(at + 12))
+                // Bit 31 (an older build's reference bit) cleared: it means nothing now.
+                let slot = DiskSlot(tag: u32(at), offset8: u32(at + 4), rawLength: u32(at + 8) & 0x7fff_ffff, expiry: u32(at + 12))
                 if slot.isEmpty { continue }
                 // Every slot must point inside the file at something a record's length long (its low
                 // bits, the clock's credits, may say anything); the rest is checked on each read.
