@@ -22,7 +22,7 @@ import Logging
 // the index slot's length, `DiskSlot.credits`): each read gives the entry a credit, the hand takes one
 // from each entry it passes and evicts an entry that has none, so an entry read n times (n ≤ 3) since
 // the hand last passed survives n passes. An overwrite keeps its key's credits. On the shared trace this
-// misses 0.9–3.2 points less than the 1-bit clock it replaced, at every budget from 1 to 40 %
+// misses 0.9–3.1 points less than the 1-bit clock it replaced, at every budget from 1 to 40 %
 // (`replay --tier disk`; other trace families in BENCHMARKS.md, where it loses on two budgets of
 // eight). No ghost: one (S3-FIFO's, of evicted tags) helped and hurt by turns, and would cost DRAM per
 // entry.
