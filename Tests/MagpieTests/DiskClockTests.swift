@@ -18,6 +18,11 @@ private func oneBucket(_ directory: TemporaryDirectory) throws -> DiskTier {
     return try DiskTier(.init(directory: directory.path, budget: 2 * 64 * recordLength + 128, bucketCount: 1, compressionLevel: nil))
 }
 
+/// Stores key `i` with its 200-byte value.
+private func store(_ tier: DiskTier, _ i: Int) throws {
+    try tier.set(random(200, seed: UInt64(i)), forKey: keyBytes(i))
+}
+
 /// Whether `tier` holds key `i`, without counting a read.
 private func holds(_ tier: DiskTier, _ i: Int) throws -> Bool {
     try keyBytes(i).withUnsafeBytes { raw throws(MagpieError) in try tier.contains(HashedKey(raw, hasher: tier.hasher)) }
@@ -71,7 +76,7 @@ struct DiskClockTests {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
         let tier = try oneBucket(directory)
-        for i in 0..<50 { try tier.set(random(200, seed: UInt64(i)), forKey: keyBytes(i)) }
+        for i in 0..<50 { try store(tier, i) }
         // Every entry is read, so the clock must choose among read entries (unread ones, the new keys
         // below, may keep only a tenth of the target): keys 0..<20 read three times, 20..<50 once. Once
         // the hand has passed them all, the first twenty keep two credits and the rest none, so all of
@@ -79,10 +84,10 @@ struct DiskClockTests {
         for _ in 0..<3 { for j in 0..<20 { #expect(try tier.value(forKey: keyBytes(j)) != nil) } }
         for j in 20..<50 { #expect(try tier.value(forKey: keyBytes(j)) != nil) }
         // An overwrite keeps the credits its key earned.
-        for j in 0..<5 { try tier.set(random(200, seed: UInt64(j)), forKey: keyBytes(j)) }
+        for j in 0..<5 { try store(tier, j) }
         var i = 50
         while try (20..<50).contains(where: { try holds(tier, $0) }) && i < 2_000 {
-            try tier.set(random(200, seed: UInt64(i)), forKey: keyBytes(i))
+            try store(tier, i)
             i += 1
         }
         let left = try (20..<50).filter { try holds(tier, $0) }
@@ -100,7 +105,7 @@ struct DiskClockTests {
         let tier = try oneBucket(directory)
         var i = 0
         while tier.statistics.compactions < 5 {
-            try tier.set(random(200, seed: UInt64(i)), forKey: keyBytes(i))
+            try store(tier, i)
             i += 1
         }
         // Unread entries go oldest first, and compactions keep the store order: what the bucket holds is
@@ -116,11 +121,11 @@ struct DiskClockTests {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
         let tier = try oneBucket(directory)
-        for i in 0..<52 { try tier.set(random(200, seed: UInt64(i)), forKey: keyBytes(i)) }
+        for i in 0..<52 { try store(tier, i) }
         for _ in 0..<3 { for j in 0..<52 { #expect(try tier.value(forKey: keyBytes(j)) != nil) } }
         var i = 52
         while tier.statistics.compactions == 0 && i < 200 {
-            try tier.set(random(200, seed: UInt64(i)), forKey: keyBytes(i))
+            try store(tier, i)
             i += 1
         }
         // The compaction ran in the store of key i − 1 (before its record went in). 52 read entries
