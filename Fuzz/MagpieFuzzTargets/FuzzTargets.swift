@@ -30,7 +30,8 @@ public enum FuzzTargets {
     /// fields, key, group and payload come from `data`, most of them sealed with a correct key hash and
     /// checksum so that recovery's logic past validation is reached, some deliberately broken, plus torn
     /// and garbage bytes. The file replaces bucket 0 of a one-bucket tier in `directory` (created on
-    /// first use; an odd-length input keeps the previous run's now-stale index snapshot), which is then
+    /// first use; an odd-length input keeps the previous run's now-stale index snapshot, and the input's
+    /// length also picks whether the last close's SIZES stays, goes or is overwritten), which is then
     /// opened, read, written, closed and reopened. Invariants: nothing traps;
     /// every value read for a key is the value of some valid record the image holds for that key; the
     /// tier stays usable (a store can be read back, also after a reopen).
@@ -48,6 +49,20 @@ public enum FuzzTargets {
             // An even-length input also drops the index snapshot the last round's close left; an odd one
             // keeps it, stale for the new file, which the open must detect rather than trust.
             if data.count % 2 == 0 { unlink(bucket + ".index") }
+            // SIZES (the sizes the last close recorded): kept, stale for the new file (its load must
+            // measure it); dropped (the open measures every file); or replaced by the input's first
+            // bytes (which the open must refuse without trapping, and measure).
+            let sizes = directory + "/buckets/SIZES"
+            switch data.count % 3 {
+            case 0: unlink(sizes)
+            case 1:
+                let fd = open(sizes, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0o600)
+                if fd >= 0 {
+                    _ = write(fd, data.baseAddress, min(data.count, 48))
+                    Glibc.close(fd)
+                }
+            default: break
+            }
         } catch {
             return nil  // the file system failed us, not the code under test
         }

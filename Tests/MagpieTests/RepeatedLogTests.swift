@@ -131,7 +131,7 @@ struct RepeatedLogTests {
         }
         // Damage every record's value in every bucket file (the values are runs of one byte).
         let buckets = directory.path + "/buckets"
-        let files = try FileManager.default.contentsOfDirectory(atPath: buckets).filter { !$0.contains(".") }
+        let files = try FileManager.default.contentsOfDirectory(atPath: buckets).filter { !$0.contains(".") && $0 != "SIZES" }
         #expect(files.count == 64)
         var damaged = 0
         for name in files {

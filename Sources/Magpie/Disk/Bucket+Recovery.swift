@@ -53,11 +53,29 @@ extension BucketState {
     /// A failure leaves the bucket unloaded (the next operation tries again) and throws.
     @inline(__always)
     mutating func loadIfNeeded() throws(MagpieError) {
-        if !loaded && fd >= 0 { try load() }
+        if !loaded && !closed { try load() }
+    }
+
+    /// Opens the file of a bucket the open did not open (it had SIZES: see DiskTier.swift, "Reopening"):
+    /// the open's listing saw a regular file at its name; if it is not one of ours now (removed or
+    /// replaced since), it goes the careful way the open would have gone, and counts as recreated. Its
+    /// size is checked against the limit after the load (below), as every bucket's is.
+    private mutating func openRecordedFile() throws(MagpieError) {
+        if let (fd, _) = try FileIO.openExistingRegular(context.directory.fd(.buckets), context.name, path: context.path) {
+            self.fd = fd
+            return
+        }
+        let recreated = try DiskTier.prepareBucketFile(context, hadManifest: true)
+        fd = try context.directory.openOrCreate(.buckets, context.name)
+        if recreated {
+            context.health.noteBucketFileRecreated()
+            context.logs.bucketRecreated.record(metadata: ["path": "\(context.path)"])
+        }
     }
 
     private mutating func load() throws(MagpieError) {
         if let failure = context.health.failure { throw failure }
+        if fd < 0 { try openRecordedFile() }
         remap()
         let now = context.clock.now()
         do throws(MagpieError) {
@@ -72,8 +90,8 @@ extension BucketState {
             context.logs.bucketLoadFailed.record(error: "\(error)", metadata: ["path": "\(context.path)"])
             throw error
         }
-        if snapshotCharge > 0 {
-            // Every successful recovery has deleted the snapshot (used or not): its bytes are free.
+        if snapshotCharge > 0 && !keepsSnapshot {
+            // A recovery that did not use the snapshot has deleted it: its bytes are free.
             context.ledger.pool.give(snapshotCharge)
             snapshotCharge = 0
         }
@@ -95,12 +113,16 @@ extension BucketState {
     }
 
     private mutating func recover(now: Int64) throws(MagpieError) {
+        if index.capacity == 0 { index = BucketIndex() }
         let fileSize = try FileIO.size(fd, path: context.path)
         if fileSize >= BucketFileHeader.size, try headerMatches(), loadSnapshot(fileSize: fileSize) {
+            // Kept until the loader thread or the file's next change deletes it (Bucket+Snapshot.swift).
             counters.openedFromSnapshot = true
+            keepsSnapshot = true
             return
         }
         try? context.directory.unlink(.buckets, snapshotName)  // unusable: never let it be read later
+        try context.sizesFile.retire()  // a scan may truncate or rewrite the file
         let bytes = try readBytes(fileSize, at: 0)
         let read = bytes.count
         let fd = self.fd

@@ -69,6 +69,7 @@ extension BucketState {
     /// temporary file may hold (the headroom, plus what the pool lends for the compaction's duration) —
     /// then compacts. Unread entries first, then by the clock (see the top of Bucket.swift).
     mutating func evictAndCompact(liveTarget: Int, now: Int64) throws(MagpieError) {
+        try beforeFileChange()  // evicted records may be marked dead in the file
         let headroom = context.ledger.share - BucketFileHeader.size
         let reserved = context.ledger.pool.take(upTo: max(0, min(liveTarget, liveBytes) - headroom))
         defer { context.ledger.pool.give(reserved) }

@@ -1,11 +1,55 @@
+import Synchronization
+
 // MARK: - Index snapshots: fast reopen after a clean close
 //
 // `close()` writes each bucket's index to `buckets/<name>.index` (format in Format/OnDiskFormat.swift).
-// Opening uses a snapshot only if it is intact, names this bucket, count and seed, and the bucket
-// file still has the size it records; then it is deleted before anything else happens to the bucket
-// (it is loaded at its first use, or by the loader thread: BucketLoader.swift), so a crash later can
-// never bring back an index older than the file. Even a snapshot that passes these checks
-// is not trusted with data: every read still verifies the record's checksum, key and liveness.
+// A load uses a snapshot only if it is intact, names this bucket, count and seed, and the bucket file
+// still has the size it records. A snapshot used is then kept while it describes the file exactly: it
+// is deleted (``BucketState/beforeFileChange()``) before anything changes the file — the first append,
+// eviction, compaction or emptying — and meanwhile by the loader thread once it has loaded the bucket
+// (BucketLoader.swift), so that a get that loads a bucket pays no `unlink` and a crash can never bring
+// back an index older than the file. A snapshot not used is deleted at the load. Even a snapshot that
+// passes these checks is not trusted with data: every read still verifies the record's checksum, key
+// and liveness.
+
+/// The SIZES file a clean close left (see Format/OnDiskFormat.swift and DiskTier.swift, "Reopening"),
+/// while the open that read it has not deleted it yet: it is deleted, once, before any bucket file first
+/// changes, so that a crash finds SIZES only while every size in it is still true.
+final class SizesFile: Sendable {
+    /// Whether SIZES is still there; read without the lock on every change to a bucket file.
+    private let present: Atomic<Bool>
+    /// The same, changed only with the lock held (so that one thread deletes it, once).
+    private let removal: Mutex<Bool>
+    private let directory: CacheDirectory
+    private let ledger: DiskLedger
+    /// Its bytes, charged to the tier's budget while it is there.
+    let charge: Int
+
+    init(present: Bool, charge: Int, directory: CacheDirectory, ledger: DiskLedger) {
+        self.present = Atomic(present)
+        self.removal = Mutex(present)
+        self.charge = present ? charge : 0
+        self.directory = directory
+        self.ledger = ledger
+    }
+
+    /// The bytes it holds in the directory now.
+    var heldBytes: Int { present.load(ordering: .acquiring) ? charge : 0 }
+
+    /// Deletes SIZES if it is still there (one atomic load otherwise) and frees its charge. A failure
+    /// throws, and SIZES stays.
+    @inline(__always)
+    func retire() throws(MagpieError) {
+        guard present.load(ordering: .acquiring) else { return }
+        try removal.withLock { (isPresent: inout Bool) throws(MagpieError) in
+            guard isPresent else { return }
+            try directory.unlink(.buckets, BucketSizes.fileName)
+            isPresent = false
+            present.store(false, ordering: .releasing)
+            ledger.pool.give(charge)
+        }
+    }
+}
 
 extension BucketState {
     var snapshotName: String { context.name + ".index" }
@@ -13,29 +57,65 @@ extension BucketState {
     /// The bytes of this bucket's snapshot now.
     var snapshotLength: Int { IndexSnapshot.length(slotCount: index.slots.count) }
 
-    /// The bytes a bucket not loaded holds in the directory: its file and the snapshot it may have.
-    var unloadedBytes: Int {
-        let file = (try? FileIO.size(fd, path: context.path)) ?? 0
-        return file + context.directory.size(.buckets, snapshotName)
+    /// What a bucket not loaded holds in the directory: its file's size and its snapshot's (0: none) —
+    /// as SIZES recorded them if the open did not open the file, else measured.
+    var unloadedSizes: (file: Int, snapshot: Int) {
+        guard fd >= 0 else { return (recordedFileSize, snapshotCharge) }
+        return ((try? FileIO.size(fd, path: context.path)) ?? 0, context.directory.size(.buckets, snapshotName))
     }
 
-    /// Writes the index snapshot (after a flush, on close). Best effort: a failure only means the
-    /// next open scans the file.
-    func writeSnapshot() {
-        guard buffer.isEmpty else { return }  // only an index of records that are all in the file
+    /// The bytes the bucket holds in the directory now: its log (or, not loaded, its file) and the
+    /// snapshot it still has.
+    var heldBytes: Int {
+        guard loaded else {
+            let (file, snapshot) = unloadedSizes
+            return file + snapshot
+        }
+        return size + (keepsSnapshot ? snapshotCharge : 0)
+    }
+
+    /// Writes the index snapshot (after a flush, on close) and returns the bytes of the snapshot the
+    /// bucket then has in the directory (the one written; if that failed, what is there). Best effort: a
+    /// failure only means the next open scans the file.
+    func writeSnapshot() -> Int {
+        guard buffer.isEmpty else { return keepsSnapshot ? snapshotCharge : 0 }  // only an index of records all in the file
         let snapshot = IndexSnapshot(
             bucketIndex: context.number, bucketCount: context.bucketCount, seed: context.hasher.seed, fileSize: size,
             liveBytes: liveBytes, maximumSequence: maximumSequence, slots: index.slots, liveCount: index.count)
-        _ = try? context.directory.writeAtomically(.buckets, snapshotName, snapshot.encoded())
+        let bytes = snapshot.encoded()
+        do {
+            try context.directory.writeAtomically(.buckets, snapshotName, bytes)
+            return bytes.count
+        } catch {
+            return context.directory.size(.buckets, snapshotName)
+        }
     }
 
-    /// Loads and deletes the snapshot if it fits the bucket file of `fileSize` bytes. True if loaded.
-    mutating func loadSnapshot(fileSize: Int) -> Bool {
-        guard let bytes = try? context.directory.readFile(.buckets, snapshotName) else {
-            try? context.directory.unlink(.buckets, snapshotName)  // a link or not ours: never read later
-            return false
+    /// Deletes what describes the file as it is, before anything changes it: SIZES, if the tier still
+    /// has it, and the snapshot the bucket was loaded from. A failure throws, and the change does not
+    /// happen.
+    @inline(__always)
+    mutating func beforeFileChange() throws(MagpieError) {
+        try context.sizesFile.retire()
+        try retireSnapshot()
+    }
+
+    /// Deletes the snapshot the bucket was loaded from, if it is still in the directory, and frees its
+    /// charge.
+    mutating func retireSnapshot() throws(MagpieError) {
+        guard keepsSnapshot else { return }
+        try context.directory.unlink(.buckets, snapshotName)
+        keepsSnapshot = false
+        if snapshotCharge > 0 {
+            context.ledger.pool.give(snapshotCharge)
+            snapshotCharge = 0
         }
-        defer { try? context.directory.unlink(.buckets, snapshotName) }
+    }
+
+    /// Loads the snapshot if it fits the bucket file of `fileSize` bytes. True if loaded (the caller then
+    /// keeps it, see above); false leaves it for the caller to delete.
+    mutating func loadSnapshot(fileSize: Int) -> Bool {
+        guard let bytes = (try? context.directory.readFile(.buckets, snapshotName)) ?? nil else { return false }
         guard let snapshot = IndexSnapshot.decode(bytes), snapshot.bucketIndex == context.number,
             snapshot.bucketCount == context.bucketCount, snapshot.seed == context.hasher.seed, snapshot.fileSize == fileSize
         else { return false }

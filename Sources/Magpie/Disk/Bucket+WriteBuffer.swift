@@ -88,6 +88,7 @@ extension BucketState {
     /// `written` (best effort, as after a failed append), and the error is thrown.
     mutating func writePending() throws(MagpieError) {
         guard !buffer.isEmpty else { return }
+        try beforeFileChange()  // already done by the append that filled the buffer; kept as the invariant's guard
         let offset = written
         let (fd, path) = (self.fd, context.path)
         do {
@@ -123,7 +124,7 @@ extension BucketState {
         withUnsafeBytes(of: RecordHeader.deadMagic.littleEndian) { magic in
             if slot.offset >= written {
                 buffer.overwrite(at: slot.offset - written, with: magic)
-            } else {
+            } else if !keepsSnapshot {  // never while a snapshot of the file as it is remains (callers retire it first)
                 _ = try? FileIO.write(fd, magic, at: slot.offset, path: context.path, operation: "mark")
             }
         }

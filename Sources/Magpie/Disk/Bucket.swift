@@ -55,6 +55,8 @@ struct BucketContext: Sendable {
     /// Bytes of appends gathered before one write to the file (Bucket+WriteBuffer.swift); 0 writes
     /// every record through.
     let writeBuffer: Int
+    /// The SIZES a clean close left, deleted before any bucket file first changes (Bucket+Snapshot.swift).
+    let sizesFile: SizesFile
 }
 
 struct BucketCounters {
@@ -84,7 +86,8 @@ struct BucketState {
     var size: Int { written + buffer.count }
     /// Bytes of the records the index points at.
     var liveBytes = 0
-    var index = BucketIndex()
+    /// Empty (no slots allocated) until the load.
+    var index = BucketIndex(capacity: 0)
     var counters = BucketCounters()
     /// The highest sequence number in the file; the bucket stamps its next record with the one after.
     var maximumSequence: UInt64 = 0
@@ -98,16 +101,33 @@ struct BucketState {
     /// Whether the index has been loaded (Bucket+Recovery.swift): until then `index`, `written` and
     /// `liveBytes` say nothing of the file.
     var loaded = false
-    /// The bytes of the index snapshot found at the open, charged to the tier's budget until the load
-    /// deletes it (see ``DiskLedger``).
+    /// The bytes of the index snapshot found at the open, charged to the tier's budget until it is
+    /// deleted (see ``DiskLedger``).
     var snapshotCharge = 0
+    /// Loaded from its snapshot, which is still in the directory (see Bucket+Snapshot.swift): it must
+    /// be deleted (``beforeFileChange()``) before the file changes.
+    var keepsSnapshot = false
+    /// For a bucket whose file the open did not open (SIZES told its size; `fd` is -1 until its load
+    /// opens it): that size.
+    var recordedFileSize = 0
+    /// Set by `close()`: every operation then throws ``MagpieError/Code/closed``.
+    var closed = false
 
     init(context: BucketContext) {
         self.context = context
         self.limit = context.share
     }
 
-    var isOpen: Bool { fd >= 0 }
+    /// A bucket as SIZES describes it: its file not opened yet (its load opens it), its limit from the
+    /// recorded size, its snapshot charged.
+    init(context: BucketContext, recordedFileSize: Int, snapshotCharge: Int) {
+        self.context = context
+        self.limit = max(context.share, recordedFileSize)
+        self.recordedFileSize = recordedFileSize
+        self.snapshotCharge = snapshotCharge
+    }
+
+    var isOpen: Bool { !closed }
 
     func checkOpen() throws(MagpieError) {
         guard isOpen else { throw MagpieError(.closed, "the disk tier is closed", path: context.path) }
@@ -191,6 +211,7 @@ struct BucketState {
     /// Empties the bucket: the file keeps only its header.
     mutating func removeAll() throws(MagpieError) {
         try checkOpen()
+        try beforeFileChange()
         try FileIO.truncate(fd, to: BucketFileHeader.size, path: context.path)
         buffer.removeAll()
         counters.removals += UInt64(index.count)
@@ -229,11 +250,12 @@ struct BucketState {
     }
 
     mutating func close() {
-        if isOpen { try? writePending() }  // best effort: `DiskTier.close()` has flushed already
+        if fd >= 0 && !closed { try? writePending() }  // best effort: `DiskTier.close()` has flushed already
         mapping?.unmap()
         mapping = nil
         if fd >= 0 { Glibc.close(fd) }
         fd = -1
+        closed = true
     }
 
     /// Maps the current file for reads, replacing the mapping of any previous file. Called with the
@@ -273,6 +295,7 @@ struct BucketState {
     /// Makes room if needed, then appends the record stamped with the bucket's next sequence number
     /// (`through`: and writes it and everything buffered before it to the file). Returns its offset.
     private mutating func append(_ draft: RecordDraft, now: Int64, through: Bool = false) throws(MagpieError) -> Int {
+        try beforeFileChange()  // the file is about to change
         let length = draft.length
         if size + length > limit { try makeRoom(for: length, now: now) }
         guard size + length <= limit else {
@@ -302,6 +325,7 @@ struct BucketState {
     /// Rewrites the live records (buffered ones included) into a new file, in writes of up to
     /// `compactionChunk` bytes, and renames it over the bucket file.
     mutating func compact() throws(MagpieError) {
+        try beforeFileChange()
         let temporaryName = context.name + ".compact"
         let temporary = context.path + ".compact"
         let newFD = try context.directory.createExclusive(.buckets, temporaryName)

@@ -3,25 +3,37 @@ import Synchronization
 
 // MARK: - Opening in constant time: bucket indexes load after the open
 //
-// `DiskTier.init` opens the bucket files and nothing more, so that it takes the same time whatever the
-// directory holds. A bucket's index (from the snapshot a clean close left, or by scanning its file) is
-// loaded under the bucket's lock by the first operation that needs it (`BucketState.loadIfNeeded`), and
-// meanwhile by one background thread that loads every bucket in turn. An operation on a bucket not yet
-// loaded waits for that one bucket only; `statistics` waits for all of them.
+// `DiskTier.init` reads no index, and after a clean close opens no bucket file either (SIZES gives
+// their sizes: see DiskTier.swift, "Reopening"), so that it takes the same time whatever the directory
+// holds. A bucket's file is opened and its index loaded (from the snapshot a clean close left, or by
+// scanning its file) under the bucket's lock by the first operation that needs it
+// (`BucketState.loadIfNeeded`), and meanwhile by one background thread that loads every bucket in
+// turn. An operation on a bucket not yet loaded waits for that one bucket only; `statistics` waits for
+// all of them.
 //
-// Crash safety is unchanged: a bucket's snapshot is deleted when it is loaded, before the bucket's first
-// write (as it was deleted at the open before), so a crash after that scans the file; a bucket never
-// loaded keeps its file and its snapshot exactly as the last close left them, which is what the next
-// open then finds. `close()` writes snapshots for loaded buckets only.
+// Crash safety is unchanged: a snapshot is deleted before its bucket file first changes (and by this
+// thread once it has loaded the bucket: Bucket+Snapshot.swift), so a crash after that scans the file; a
+// bucket never loaded keeps its file and its snapshot exactly as the last close left them, which is what
+// the next open then finds. `close()` writes snapshots for loaded buckets only.
 
 /// The thread that loads every bucket's index after the open, until all are loaded or the tier closes.
 final class BucketLoader: Sendable {
     private let stopped = Atomic<Bool>(false)
     private let finished = Atomic<Bool>(false)
 
+    /// What the thread does after loading every bucket, unless stopped: remove the strays of `buckets/`
+    /// that an open which read SIZES did not list (DiskTier.swift, "Reopening"), holding the compaction
+    /// lock, so that no compaction's temporary file is taken for one (`close()` takes that lock after
+    /// stopping the thread, before it writes anything in `buckets/`).
+    struct Strays: Sendable {
+        let directory: CacheDirectory
+        let bucketCount: Int
+        let lock: Locked<UInt64>
+    }
+
     /// Starts loading `buckets` in order on a thread of its own (with `start`; otherwise only their first
-    /// use loads them).
-    init(_ buckets: [Locked<BucketState>], start: Bool) {
+    /// use loads them), then removes `strays` if given.
+    init(_ buckets: [Locked<BucketState>], start: Bool, strays: Strays? = nil) {
         guard start else {
             finished.store(true, ordering: .relaxed)
             return
@@ -31,7 +43,21 @@ final class BucketLoader: Sendable {
             for bucket in buckets {
                 if stopped.load(ordering: .relaxed) { break }
                 // A failure leaves the bucket unloaded: its first operation tries again and throws.
-                bucket.withLock { (state: inout BucketState) in try? state.loadIfNeeded() }
+                bucket.withLock { (state: inout BucketState) in
+                    try? state.loadIfNeeded()
+                    // The snapshot a get loaded the bucket from is deleted here, off the caller's path (a
+                    // failure leaves it to the bucket's next write, which must delete it first).
+                    try? state.retireSnapshot()
+                }
+            }
+            if let strays, !stopped.load(ordering: .relaxed) {
+                strays.lock.withLock { _ in
+                    guard !stopped.load(ordering: .relaxed),
+                        let listing = try? DiskTier.listBuckets(in: strays.directory, count: strays.bucketCount)
+                    else { return }
+                    // Best effort: a stray that cannot be removed now is tried again by the next close.
+                    try? DiskTier.removeStrays(listing.strays, in: strays.directory)
+                }
             }
             finished.store(true, ordering: .releasing)
         }
@@ -42,6 +68,11 @@ final class BucketLoader: Sendable {
     /// Asks the thread to stop after the bucket it is loading.
     func stop() { stopped.store(true, ordering: .relaxed) }
 
-    /// Whether the thread has gone through every bucket (or stopped).
+    /// Whether the thread has gone through every bucket and the strays (or stopped).
     var isFinished: Bool { finished.load(ordering: .acquiring) }
+
+    /// Waits until the thread has finished (see ``isFinished``).
+    func waitUntilFinished() {
+        while !isFinished { usleep(200) }
+    }
 }

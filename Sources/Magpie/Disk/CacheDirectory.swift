@@ -112,6 +112,11 @@ final class CacheDirectory: Sendable {
         try FileIO.list(fd(place), path: place == .root ? path : path + "/buckets")
     }
 
+    /// Calls `body` with each entry of `place` (its name's bytes and `d_type`), without "." and "..".
+    func forEachEntry(_ place: DirectoryPlace, _ body: (UnsafeRawBufferPointer, UInt8) throws(MagpieError) -> Void) throws(MagpieError) {
+        try FileIO.forEachEntry(fd(place), path: place == .root ? path : path + "/buckets", body)
+    }
+
     /// What kind of entry `name` is (without following a link), or nil if there is none.
     func kind(_ place: DirectoryPlace, _ name: String) -> mode_t? {
         var info = stat()

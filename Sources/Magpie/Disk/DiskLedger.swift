@@ -19,10 +19,13 @@
 //    own entries and compact; a record too large for that takes room from the others by making them
 //    evict and compact down to half a share.
 //  - a bucket that compacted, or was emptied, returns what it no longer needs above one share.
-//  - index snapshots: a bucket's snapshot left by the last close is charged from the open until the
-//    bucket's load deletes it (Disk/BucketLoader.swift).
-//  - index snapshots are written on close only while the bucket files and the snapshots together fit
-//    the budget less the MANIFEST allowance (a snapshot that does not fit is skipped: that bucket is
+//  - index snapshots: a bucket's snapshot left by the last close is charged from the open until it is
+//    deleted (at its load if unused, else by the loader thread or before the bucket file changes:
+//    Disk/Bucket+Snapshot.swift). SIZES, likewise, until the first change to a bucket file deletes it.
+//    After an open that read SIZES, a bucket file found larger at its load than SIZES said (a SIZES
+//    restored from a backup) is charged the difference then, from the pool (which may go below zero).
+//  - index snapshots (and SIZES, whose room is set aside first) are written on close only while the
+//    bucket files and the snapshots together fit the budget less the MANIFEST allowance (a snapshot that does not fit is skipped: that bucket is
 //    scanned on the next open).
 // So the largest record is one share plus half a share from every other bucket (about half the
 // budget), at most ``DiskSlot/maximumLength`` (2 GiB), whatever the bucket count.

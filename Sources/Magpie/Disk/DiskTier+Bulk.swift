@@ -106,6 +106,16 @@ extension DiskTier {
         if let failure { throw failure }
     }
 
+    /// Removes what `buckets/` holds besides bucket files, snapshots and SIZES, holding the compaction lock
+    /// (so that no compaction's temporary file is taken for a stray). Whether it succeeded.
+    private func removeStraysAtClose() -> Bool {
+        guard let compaction = buckets.first?.withLock({ $0.context.compaction }) else { return false }
+        return compaction.withLock { _ in
+            guard let listing = try? Self.listBuckets(in: directory, count: bucketCount) else { return false }
+            return (try? Self.removeStrays(listing.strays, in: directory)) != nil
+        }
+    }
+
     /// Flushes, then closes every file and releases the directory. Later calls throw
     /// ``MagpieError/Code/closed``. Closing twice is harmless.
     public func close() throws(MagpieError) {
@@ -115,21 +125,50 @@ extension DiskTier {
         if isOpen {
             do { try flush() } catch { failure = error }
         }
-        // Snapshots only while the bucket files and the snapshots fit the budget (DiskLedger.swift).
-        var room = configuration.budget - DiskLedger.manifestAllowance - journalSize
+        // The loader thread's removal of strays, if under way, ends before anything is written in buckets/.
+        buckets.first?.withLock { $0.context.compaction }.withLock { _ in }
+        // Snapshots and SIZES only while the bucket files, the snapshots and SIZES fit the budget
+        // (DiskLedger.swift); SIZES's room is set aside first (without it the next open measures every
+        // file; without a snapshot it scans that bucket).
+        // (The SIZES this open found, if still there, is replaced by the new one: both count meanwhile.)
+        var room =
+            configuration.budget - DiskLedger.manifestAllowance - journalSize - BucketSizes.length(bucketCount: bucketCount)
+            - sizesFile.heldBytes
         closeJournal()
         logs.flush()
         // A bucket never loaded keeps its file and its snapshot as the open found them (both count).
-        for bucket in buckets { room -= bucket.withLock { $0.isOpen ? ($0.loaded ? $0.size : $0.unloadedBytes) : 0 } }
+        for bucket in buckets { room -= bucket.withLock { $0.isOpen ? $0.heldBytes : 0 } }
+        var sizes: BucketSizes? = failure == nil && isOpen ? BucketSizes(seed: hasher.seed, files: [], snapshots: []) : nil
         for bucket in buckets {
             bucket.withLock { state in
-                // Only a flushed index may be snapshotted: after a failed flush the next open scans.
-                if failure == nil && state.isOpen && state.loaded && state.snapshotLength <= room {
-                    room -= state.snapshotLength
-                    state.writeSnapshot()
+                guard state.isOpen else {
+                    sizes = nil
+                    return
                 }
+                let file: Int
+                var snapshot: Int
+                if state.loaded {
+                    file = state.size
+                    snapshot = state.keepsSnapshot ? state.snapshotCharge : 0
+                    // Only a flushed index may be snapshotted: after a failed flush the next open scans.
+                    if failure == nil && state.snapshotLength <= room {
+                        room -= state.snapshotLength
+                        snapshot = state.writeSnapshot()
+                    }
+                } else {
+                    (file, snapshot) = state.unloadedSizes
+                }
+                sizes?.files.append(file)
+                sizes?.snapshots.append(snapshot)
                 state.close()
             }
+        }
+        // Last, once every file is as the next open will find it, and only once buckets/ holds nothing else
+        // (an open that reads SIZES lists nothing, so it would leave strays: the same user's files, as
+        // the directory is refused if others can write to it). A failure only means that open measures
+        // every file.
+        if let sizes, room >= 0, removeStraysAtClose() {
+            _ = try? directory.writeAtomically(.buckets, BucketSizes.fileName, sizes.encoded())
         }
         lockFile.withLock { fd in
             if fd >= 0 { Glibc.close(fd) }

@@ -137,13 +137,53 @@ extension DiskTier {
         return String(repeating: "0", count: digits - hex.count) + hex
     }
 
-    /// Deletes entries in buckets/ that are not bucket files (or their index snapshots) of this count:
-    /// leftover `.compact` and `.tmp` files of an interrupted compaction or close, and strays (they would
-    /// count against the budget). Links are removed, never followed.
-    static func removeStrays(in directory: CacheDirectory, count: Int) throws(MagpieError) {
-        let buckets = (0..<count).map { bucketName($0, count: count) }
-        let names = Set(buckets + buckets.map { $0 + ".index" })
-        for name in try directory.list(.buckets) where !names.contains(name) {
+    /// What `buckets/` holds besides bucket files and their snapshots: whether SIZES is there (a regular
+    /// file, or of a kind the file system does not say), and every other name (strays).
+    struct BucketListing {
+        var hasSizes = false
+        var strays: [String] = []
+    }
+
+    /// Lists `buckets/` once (see ``BucketListing``). Names are recognised by parsing them, not by
+    /// building every bucket's names: "00" … "ff" (as ``bucketName(_:count:)`` writes them, lower-case hex
+    /// of exactly its digit count) and the same followed by ".index".
+    static func listBuckets(in directory: CacheDirectory, count: Int) throws(MagpieError) -> BucketListing {
+        var listing = BucketListing()
+        let digits = max(2, String(count - 1, radix: 16).count)
+        let index = Array(".index".utf8)
+        let sizesName = Array(BucketSizes.fileName.utf8)
+        try directory.forEachEntry(.buckets) { name, type in
+            let isSnapshot = name.count == digits + index.count && name.suffix(index.count).elementsEqual(index)
+            var number = isSnapshot || name.count == digits ? 0 : -1
+            for byte in name.prefix(digits) where number >= 0 {
+                switch byte {
+                case UInt8(ascii: "0")...UInt8(ascii: "9"): number = number * 16 + Int(byte - UInt8(ascii: "0"))
+                case UInt8(ascii: "a")...UInt8(ascii: "f"): number = number * 16 + Int(byte - UInt8(ascii: "a")) + 10
+                default: number = -1
+                }
+            }
+            if number >= 0 && number < count { return }  // a bucket file or its snapshot
+            if name.elementsEqual(sizesName) && (type == UInt8(DT_REG) || type == UInt8(DT_UNKNOWN)) {
+                listing.hasSizes = true
+            } else {
+                listing.strays.append(String(decoding: name, as: UTF8.self))
+            }
+        }
+        return listing
+    }
+
+    /// The sizes SIZES records, or nil if it is not an intact SIZES of this directory (or not a regular
+    /// file of ours: never read through a link).
+    static func readSizes(_ directory: CacheDirectory, count: Int, seed: UInt64) -> BucketSizes? {
+        guard let bytes = (try? directory.readFile(.buckets, BucketSizes.fileName)) ?? nil else { return nil }
+        return BucketSizes.decode(bytes, bucketCount: count, seed: seed)
+    }
+
+    /// Deletes the entries of buckets/ that are not bucket files (or their index snapshots): leftover
+    /// `.compact` and `.tmp` files of an interrupted compaction or close, SIZES once read, and strays
+    /// (they would count against the budget). Links are removed, never followed.
+    static func removeStrays(_ strays: [String], in directory: CacheDirectory) throws(MagpieError) {
+        for name in strays {
             do {
                 try directory.unlink(.buckets, name)
             } catch {
@@ -225,13 +265,19 @@ extension DiskTier {
         return max(0, seconds * 1000 + attoseconds / 1_000_000_000_000_000)
     }
 
+    /// How many buckets have their file open (for tests of the open; it takes every bucket's lock).
+    package var openBucketFileCount: Int {
+        buckets.reduce(0) { count, bucket in count + (bucket.withLock { $0.fd >= 0 } ? 1 : 0) }
+    }
+
     /// How many buckets have their index loaded (for tests of the open; it takes every bucket's lock).
     package var loadedBucketCount: Int {
         buckets.reduce(0) { count, bucket in count + (bucket.withLock { $0.loaded } ? 1 : 0) }
     }
 
     /// The counters and sizes of all buckets. Waits for the buckets whose indexes are still loading
-    /// after the open (see `Disk/BucketLoader.swift`): a bucket that fails to load counts as empty.
+    /// after the open, and for the loader thread's end (see `Disk/BucketLoader.swift`): a bucket that
+    /// fails to load counts as empty.
     public var statistics: DiskTierStatistics {
         var total = DiskTierStatistics()
         for bucket in buckets {
@@ -256,7 +302,8 @@ extension DiskTier {
                 total.indexBytes += state.index.bytes
             }
         }
-        total.missingBucketFiles = missingBucketFiles
+        loader.waitUntilFinished()  // and for the strays an open that read SIZES left to it
+        total.missingBucketFiles = missingBucketFiles + health.bucketFilesRecreatedSinceOpen
         total.originalValueBytes = originalBytes.load(ordering: .relaxed)
         total.storedValueBytes = storedBytes.load(ordering: .relaxed)
         return total
@@ -273,6 +320,14 @@ final class TierHealth: Sendable {
         guard failed.load(ordering: .acquiring) else { return nil }
         return error.withLock { $0 }
     }
+
+    private let recreated = Atomic<Int>(0)
+
+    /// Bucket files found missing or replaced when their bucket was loaded, after an open that had
+    /// listed them as regular files (see `BucketState.openRecordedFile`).
+    var bucketFilesRecreatedSinceOpen: Int { recreated.load(ordering: .relaxed) }
+
+    func noteBucketFileRecreated() { recreated.add(1, ordering: .relaxed) }
 
     func fail(_ problem: MagpieError) {
         error.withLock { if $0 == nil { $0 = problem } }

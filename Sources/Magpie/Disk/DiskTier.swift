@@ -49,11 +49,22 @@ import Synchronization
 /// group removal that returned is never undone by a restart. ``removeAll()`` empties bucket after
 /// bucket: a crash in the middle leaves the buckets it had not reached.
 ///
-/// **Reopening.** Opening takes the same time whatever the directory holds: it opens the bucket files,
-/// and each bucket's index is loaded at its first use or by a background thread meanwhile (see
+/// **Reopening.** Opening takes the same time whatever the directory holds: each bucket's file is opened
+/// and its index loaded at its first use or by a background thread meanwhile (see
 /// `Disk/BucketLoader.swift`). ``close()`` leaves an index snapshot per bucket, so a load after a clean
-/// close reads the snapshot instead of scanning every record (see `Disk/Bucket+Snapshot.swift`); after a
-/// crash the bucket's file is scanned and verified in full when it loads.
+/// close reads the snapshot instead of scanning every record (see `Disk/Bucket+Snapshot.swift`), and
+/// last `buckets/SIZES`, every bucket file's and snapshot's size: the next open reads that one file,
+/// charges those sizes to the budget, and lists, opens and measures nothing else in `buckets/` (strays
+/// are removed by the background thread, and by every clean close). SIZES is deleted before any bucket
+/// file first changes, and a snapshot a get loaded from before its file changes (or by the background
+/// thread), so a crash finds either only as long as it is still true; a bucket's load checks its file's
+/// real size against what was charged all the same. Without SIZES (after a crash, or one that is
+/// damaged or not ours), the open lists `buckets/`, removes strays, and opens and measures every bucket
+/// file, as before; after a crash a bucket whose snapshot went is scanned and verified in full when it
+/// loads. A bucket file that is not a regular file of ours is found at the open without SIZES, and at
+/// its bucket's load with it: a link or a missing file is replaced by an empty bucket (counted in
+/// ``DiskTierStatistics/missingBucketFiles``), another user's file fails that bucket's operations
+/// with ``MagpieError/Code/directoryUnsafe``.
 ///
 /// **Errors.** Every failure is a ``MagpieError``; after one, the tier is still consistent and usable.
 public final class DiskTier: Sendable {
@@ -103,6 +114,8 @@ public final class DiskTier: Sendable {
     let storedBytes = Atomic<UInt64>(0)
     /// Loads the buckets' indexes in the background after the open (see ``BucketLoader``).
     let loader: BucketLoader
+    /// The SIZES the last clean close left, until the first change to a bucket file deletes it.
+    let sizesFile: SizesFile
 
     /// Opens the directory, creating it if needed, and its bucket files; the buckets' indexes load after
     /// it returns (at first use, and on a background thread), so it takes the same time whatever the
@@ -152,31 +165,53 @@ public final class DiskTier: Sendable {
             let count = manifest.bucketCount
             let share = try Self.bucketBudget(configuration.budget, count: count)
             let hasher = KeyHash(seed: manifest.seed)
-            try Self.removeStrays(in: directory, count: count)
+            // SIZES, if the last close was clean, gives every bucket file's and snapshot's size, so that
+            // nothing in buckets/ need be listed or opened now. It stays until just before the first
+            // change to any bucket file (`SizesFile`), so a crash finds it only while it is still true.
+            // Without it, one listing of buckets/ says which files are there, and removes strays (see
+            // "Reopening" above).
+            let sizes = Self.readSizes(directory, count: count, seed: manifest.seed)
+            // (With no loader thread, which removes them in the background, strays are removed now.)
+            if sizes == nil || !configuration.loadsInBackground {
+                var listing = try Self.listBuckets(in: directory, count: count)
+                if listing.hasSizes && sizes == nil { listing.strays.append(BucketSizes.fileName) }  // unusable: deleted now
+                try Self.removeStrays(listing.strays, in: directory)
+            }
             let compaction = Locked<UInt64>(0)
             let health = TierHealth()
             let ledger = DiskLedger(
                 pool: 0, share: share, maximumLimit: min(Self.maximumBucketBudget, DiskSlot.maximumLength + BucketFileHeader.size))
+            let sizesFile = SizesFile(
+                present: sizes != nil, charge: BucketSizes.length(bucketCount: count), directory: directory, ledger: ledger)
             var buckets: [Locked<BucketState>] = []
             var missing = 0
             var journalReserved = 0
             var journalSize = 0
-            var held = 0
+            var held = sizesFile.charge  // SIZES, while it stays
             do throws(MagpieError) {
+                buckets.reserveCapacity(count)
                 for number in 0..<count {
                     let name = Self.bucketName(number, count: count)
                     let context = BucketContext(
                         number: number, name: name, path: directory.path(.buckets, name), directory: directory,
                         share: share, hasher: hasher, clock: configuration.clock, bucketCount: count, compaction: compaction, ledger: ledger, health: health,
                         logs: logs, mappedReads: configuration.mappedReads,
-                        writeBuffer: max(0, min(configuration.writeBufferSize, share / 8)))
-                    // Only the file is opened (and its size read, for its limit): the index loads at
-                    // the bucket's first use or on the loader thread (Bucket+Recovery.swift).
-                    let (state, recreated) = try BucketState.open(context: context, hadManifest: hadManifest)
-                    if recreated {
-                        // Deleted or replaced from outside: it is recreated empty, and its entries are lost (misses).
-                        missing += 1
-                        logs.bucketRecreated.record(metadata: ["path": "\(context.path)"])
+                        writeBuffer: max(0, min(configuration.writeBufferSize, share / 8)), sizesFile: sizesFile)
+                    let state: BucketState
+                    if let sizes {
+                        // As the last close left it: not even opened until its load (Bucket+Recovery.swift).
+                        state = BucketState(
+                            context: context, recordedFileSize: sizes.files[number], snapshotCharge: sizes.snapshots[number])
+                    } else {
+                        // Only the file is opened (and its size read, for its limit): the index loads at
+                        // the bucket's first use or on the loader thread (Bucket+Recovery.swift).
+                        let (opened, recreated) = try BucketState.open(context: context, hadManifest: hadManifest)
+                        if recreated {
+                            // Deleted or replaced from outside: it is recreated empty, and its entries are lost (misses).
+                            missing += 1
+                            logs.bucketRecreated.record(metadata: ["path": "\(context.path)"])
+                        }
+                        state = opened
                     }
                     held += state.limit + state.snapshotCharge
                     buckets.append(Locked(state))
@@ -206,7 +241,10 @@ public final class DiskTier: Sendable {
             self.ledger = ledger
             self.journal = Locked(JournalState(size: journalSize, reserved: journalReserved))
             self.checkInterval = configuration.directoryCheckInterval.map { Self.milliseconds($0) }
-            self.loader = BucketLoader(buckets, start: configuration.loadsInBackground)
+            self.sizesFile = sizesFile
+            self.loader = BucketLoader(
+                buckets, start: configuration.loadsInBackground,
+                strays: sizes == nil ? nil : BucketLoader.Strays(directory: directory, bucketCount: count, lock: compaction))
         } catch {
             Glibc.close(lockFD)  // releases the flock
             throw error

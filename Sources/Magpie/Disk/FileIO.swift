@@ -202,6 +202,16 @@ package enum FileIO {
 
     /// The names in the open directory `directoryFD` (without "." and ".."); the descriptor stays open.
     static func list(_ directoryFD: Int32, path: String) throws(MagpieError) -> [String] {
+        var names: [String] = []
+        try forEachEntry(directoryFD, path: path) { name, _ in names.append(String(decoding: name, as: UTF8.self)) }
+        return names
+    }
+
+    /// Calls `body` with each entry's name bytes (valid during the call only) and `d_type`, without "."
+    /// and "..", and without making a `String` of each name; the descriptor stays open.
+    static func forEachEntry(
+        _ directoryFD: Int32, path: String, _ body: (UnsafeRawBufferPointer, UInt8) throws(MagpieError) -> Void
+    ) throws(MagpieError) {
         let copy = dup(directoryFD)
         guard copy >= 0 else { throw error("dup", errno, path) }
         guard let dir = fdopendir(copy) else {
@@ -211,13 +221,15 @@ package enum FileIO {
         }
         defer { closedir(dir) }  // closes `copy`
         rewinddir(dir)  // the copy shares its offset with `directoryFD`
-        var names: [String] = []
         while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+            // `d_name` is a fixed 256-byte array in the entry; the name ends at its first NUL.
+            let type = entry.pointee.d_type
+            try withUnsafeBytes(of: &entry.pointee.d_name) { (raw: UnsafeRawBufferPointer) throws(MagpieError) in
+                let length = strnlen(raw.baseAddress!.assumingMemoryBound(to: CChar.self), raw.count)
+                let name = UnsafeRawBufferPointer(rebasing: raw[0..<length])
+                let isDot = (length == 1 && name[0] == 0x2E) || (length == 2 && name[0] == 0x2E && name[1] == 0x2E)
+                if !isDot { try body(name, type) }
             }
-            if name != "." && name != ".." { names.append(name) }
         }
-        return names
     }
 }

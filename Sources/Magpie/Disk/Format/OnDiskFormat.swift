@@ -7,7 +7,10 @@
 //   <directory>/MANIFEST            written once, atomically, when the directory is created
 //   <directory>/LOCK                empty; flock'ed by the one tier that has the directory open
 //   <directory>/buckets/<NN>        a bucket file: file header, then records (append-only log)
-//   <directory>/buckets/<NN>.index  an index snapshot, written by a clean close, deleted when loaded
+//   <directory>/buckets/<NN>.index  an index snapshot, written by a clean close, deleted once loaded
+//                                     (by the loader thread) or before the bucket file next changes
+//   <directory>/buckets/SIZES       every bucket file's and snapshot's size, written last by a clean
+//                                     close, deleted by the next open before it touches any bucket
 //   <directory>/buckets/<NN>.compact  a compaction's new file, renamed over <NN> when complete
 // Names never derive from keys: <NN> is the bucket number in hex, two or more digits.
 //
@@ -59,6 +62,13 @@
 //      length (a multiple of 8; bits 0–1: the clock's read credits;
 //      bit 31, the reference bit of builds before 2026-11-27, is ignored), u32 expiry in whole seconds since 1970 rounded up
 //   end u64 XXH3-64 (seed 0) of everything before it
+//
+// Sizes (SIZES), so that an open needs no system call per bucket (see Disk/DiskTier.swift, "Reopening"):
+//   0  u32 magic "MGPZ"   4 u32 version (1)   8 u32 bucket count   12 u32 reserved (0)   16 u64 hash seed
+//   24 per bucket, in bucket order, 16 bytes: u64 bucket file size, u64 index snapshot size (0: none)
+//   end u64 XXH3-64 (seed 0) of everything before it
+// Only sizes: the ledger charges them at the open; each bucket file is opened, and its size checked, at
+// the bucket's load, and a snapshot is still used only if it passes its own checks.
 //
 // Dead records. When a key's record is superseded (a newer value) or removed (remove, group removal),
 // its magic is overwritten with "DEAD" in place. The checksum leaves the magic out, so a dead record
@@ -154,6 +164,67 @@ package struct BucketFileHeader: Equatable {
         self.bucketIndex = bucketIndex
         self.bucketCount = bucketCount
         self.seed = seed
+    }
+}
+
+/// SIZES (layout above): what a clean close left in `buckets/`, read by the next open instead of
+/// opening and measuring every bucket file.
+struct BucketSizes: Equatable {
+    static let fileName = "SIZES"
+    static let magic: UInt32 = 0x5A50_474D  // "MGPZ"
+    static let version: UInt32 = 1
+    static let headerSize = 24
+
+    var seed: UInt64
+    /// Per bucket: its file's size and its snapshot's (0: none).
+    var files: [Int]
+    var snapshots: [Int]
+
+    static func length(bucketCount: Int) -> Int { headerSize + bucketCount * 16 + 8 }
+
+    func encoded() -> [UInt8] {
+        var bytes = [UInt8](repeating: 0, count: Self.length(bucketCount: files.count))
+        bytes.withUnsafeMutableBytes { raw in
+            raw.storeBytes(of: Self.magic.littleEndian, toByteOffset: 0, as: UInt32.self)
+            raw.storeBytes(of: Self.version.littleEndian, toByteOffset: 4, as: UInt32.self)
+            raw.storeBytes(of: UInt32(files.count).littleEndian, toByteOffset: 8, as: UInt32.self)
+            raw.storeBytes(of: seed.littleEndian, toByteOffset: 16, as: UInt64.self)
+            for n in files.indices {
+                raw.storeBytes(of: UInt64(files[n]).littleEndian, toByteOffset: Self.headerSize + n * 16, as: UInt64.self)
+                raw.storeBytes(of: UInt64(snapshots[n]).littleEndian, toByteOffset: Self.headerSize + n * 16 + 8, as: UInt64.self)
+            }
+            let end = raw.count - 8
+            let sum = KeyHash.formatChecksum(UnsafeRawBufferPointer(rebasing: raw[0..<end]))
+            raw.storeBytes(of: sum.littleEndian, toByteOffset: end, as: UInt64.self)
+        }
+        return bytes
+    }
+
+    /// Nil unless the bytes are intact sizes for `bucketCount` buckets and `seed`, every size within
+    /// what a bucket file (``DiskTier/maximumBucketBudget``) or a snapshot of its index can hold.
+    static func decode(_ bytes: [UInt8], bucketCount: Int, seed: UInt64) -> BucketSizes? {
+        guard bytes.count == length(bucketCount: bucketCount) else { return nil }
+        return bytes.withUnsafeBytes { raw -> BucketSizes? in
+            func u32(_ at: Int) -> UInt32 { UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: at, as: UInt32.self)) }
+            func u64(_ at: Int) -> UInt64 { UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: at, as: UInt64.self)) }
+            let end = raw.count - 8
+            guard u64(end) == KeyHash.formatChecksum(UnsafeRawBufferPointer(rebasing: raw[0..<end])), u32(0) == magic,
+                u32(4) == version, u32(8) == UInt32(bucketCount), u32(12) == 0, u64(16) == seed
+            else { return nil }
+            // Bounded before any conversion, so that no value can make `Int(_:)` trap or a sum overflow.
+            let largest = UInt64(DiskTier.maximumBucketBudget)
+            var sizes = BucketSizes(seed: seed, files: [], snapshots: [])
+            sizes.files.reserveCapacity(bucketCount)
+            sizes.snapshots.reserveCapacity(bucketCount)
+            for n in 0..<bucketCount {
+                let file = u64(headerSize + n * 16)
+                let snapshot = u64(headerSize + n * 16 + 8)
+                guard file <= largest, snapshot <= largest else { return nil }
+                sizes.files.append(Int(file))
+                sizes.snapshots.append(Int(snapshot))
+            }
+            return sizes
+        }
     }
 }
 
