@@ -50,15 +50,22 @@ public enum FuzzTargets {
             // keeps it, stale for the new file, which the open must detect rather than trust.
             if data.count % 2 == 0 { unlink(bucket + ".index") }
             // SIZES (the sizes the last close recorded): kept, stale for the new file (its load must
-            // measure it); dropped (the open measures every file); or replaced by the input's first
-            // bytes (which the open must refuse without trapping, and measure).
+            // measure it); dropped (the open measures every file); or replaced by the input's first 40
+            // bytes sealed with a valid checksum (any header, and any file and snapshot size: the open
+            // must refuse what is out of range without trapping, and a load must charge what it finds).
             let sizes = directory + "/buckets/SIZES"
             switch data.count % 3 {
             case 0: unlink(sizes)
             case 1:
+                var body = Array(data.prefix(40))
+                body += [UInt8](repeating: 0, count: 40 - body.count)
+                if data.count % 2 == 0 {  // a header that matches, so that the sizes are what is tried
+                    body.replaceSubrange(0..<24, with: sizesHeader(seed: seed))
+                }
+                let bytes = BucketSizes.sealed(body)
                 let fd = open(sizes, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0o600)
                 if fd >= 0 {
-                    _ = write(fd, data.baseAddress, min(data.count, 48))
+                    _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
                     Glibc.close(fd)
                 }
             default: break
@@ -92,6 +99,18 @@ public enum FuzzTargets {
             }
         }
         return nil
+    }
+
+    /// The 24-byte header of a one-bucket SIZES for `seed` (Magpie's OnDiskFormat.swift).
+    static func sizesHeader(seed: UInt64) -> [UInt8] {
+        var header = [UInt8](repeating: 0, count: 24)
+        header.withUnsafeMutableBytes { raw in
+            raw.storeBytes(of: UInt32(0x5A50_474D).littleEndian, toByteOffset: 0, as: UInt32.self)  // "MGPZ"
+            raw.storeBytes(of: UInt32(1).littleEndian, toByteOffset: 4, as: UInt32.self)
+            raw.storeBytes(of: UInt32(1).littleEndian, toByteOffset: 8, as: UInt32.self)
+            raw.storeBytes(of: seed.littleEndian, toByteOffset: 16, as: UInt64.self)
+        }
+        return header
     }
 
     /// A seed corpus: inputs in the harness's format (first byte: 0 record decoding, 1 bucket recovery).

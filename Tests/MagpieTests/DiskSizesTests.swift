@@ -65,6 +65,7 @@ struct DiskSizesTests {
         #expect(tier.statistics.bucketsOpenedFromSnapshot == 16)
         #expect(tier.openBucketFileCount == 16)
         try expectAll(tier) { value($0, 0) }
+        #expect(tier.ledgerTotal == Self.budget)
         try tier.close()
         // Closed again with nothing changed: the same shape, and the next open uses it again.
         let again = try DiskTier(configuration(directory.path))
@@ -74,8 +75,14 @@ struct DiskSizesTests {
         try again.close()
     }
 
-    @Test("SIZES and the written bucket's snapshot are gone before its file changes; a crash then measures and scans")
-    func goneBeforeTheFirstChange() throws {
+    /// The first change after an open that read SIZES, and what a crash right after it must find.
+    enum FirstChange: CaseIterable, Sendable {
+        case set, remove, groupRemoval, removeAll
+    }
+
+    @Test("SIZES and the changed buckets' snapshots are gone before a file changes; a crash then measures and scans",
+          arguments: FirstChange.allCases)
+    func goneBeforeTheFirstChange(change: FirstChange) throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
         try filled(directory.path)
@@ -84,16 +91,75 @@ struct DiskSizesTests {
             #expect(try tier.value(forKey: keyBytes(3)) == value(3, 0))  // loads its bucket from the snapshot
             let snapshots = names(directory).filter { $0.hasSuffix(".index") }
             #expect(snapshots.count == 16 && names(directory).contains("SIZES"))
-            try tier.set(value(3, 1), forKey: keyBytes(3))
+            #expect(tier.ledgerTotal == Self.budget)
+            switch change {
+            case .set: try tier.set(value(3, 1), forKey: keyBytes(3))
+            case .remove: #expect(try tier.removeValue(forKey: keyBytes(3)))
+            case .groupRemoval: #expect(try tier.removeAll(inGroup: "nobody's") == 0)  // a tombstone in every bucket
+            case .removeAll: try tier.removeAll()
+            }
             #expect(!names(directory).contains("SIZES"))
-            #expect(names(directory).filter { $0.hasSuffix(".index") }.count == 15)  // that bucket's only
+            let kept = names(directory).filter { $0.hasSuffix(".index") }.count
+            #expect(kept == (change == .set || change == .remove ? 15 : 0), "\(change)")  // the changed buckets' only
+            #expect(tier.ledgerTotal == Self.budget)
             // Dropped without close: as a crash.
         }
         let reopened = try DiskTier(configuration(directory.path))
         #expect(reopened.openBucketFileCount == 16)  // no SIZES: every file measured at the open
-        try expectAll(reopened) { $0 == 3 ? value(3, 1) : value($0, 0) }
-        #expect(reopened.statistics.bucketsOpenedFromSnapshot == 15)
+        try expectAll(reopened) { key in
+            switch change {
+            case .set: key == 3 ? value(3, 1) : value(key, 0)
+            case .remove: key == 3 ? nil : value(key, 0)
+            case .groupRemoval: value(key, 0)
+            case .removeAll: nil
+            }
+        }
+        #expect(reopened.statistics.bucketsOpenedFromSnapshot == (change == .set || change == .remove ? 15 : 0))
+        #expect(reopened.ledgerTotal == Self.budget)
         try reopened.close()
+    }
+
+    @Test("a close with buckets never loaded carries their sizes into the new SIZES; the next open uses them")
+    func closeWithUnloadedBuckets() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        try filled(directory.path)
+        let first = try Data(contentsOf: URL(fileURLWithPath: directory.child("buckets/SIZES")))
+        do {
+            let tier = try DiskTier(configuration(directory.path))
+            #expect(try tier.value(forKey: keyBytes(9)) == value(9, 0))  // one bucket loaded, fifteen never opened
+            #expect(tier.ledgerTotal == Self.budget)
+            try tier.close()
+        }
+        // Nothing changed, so the new SIZES says what the old one said.
+        #expect(try Data(contentsOf: URL(fileURLWithPath: directory.child("buckets/SIZES"))) == first)
+        let tier = try DiskTier(configuration(directory.path))
+        #expect(tier.openBucketFileCount == 0)
+        try expectAll(tier) { value($0, 0) }
+        #expect(tier.statistics.bucketsOpenedFromSnapshot == 16)
+        #expect(tier.ledgerTotal == Self.budget)
+        try tier.close()
+        #expect(directoryBytes(directory) <= Self.budget)
+    }
+
+    @Test("closes and reopens racing the loader thread: every answer exact, the ledger whole, the snapshots used")
+    func closeRacesLoader() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        try filled(directory.path, buckets: 64, count: 640)
+        for round in 0..<20 {
+            let tier = try DiskTier(configuration(directory.path, buckets: 64, background: true))
+            #expect(try tier.value(forKey: keyBytes(round)) == value(round, 0))
+            if round % 4 == 3 { _ = tier.statistics }
+            try tier.close()  // mostly while the loader thread is still loading and deleting snapshots
+        }
+        let tier = try DiskTier(configuration(directory.path, buckets: 64))
+        try expectAll(tier, count: 640) { value($0, 0) }
+        let statistics = tier.statistics
+        #expect(statistics.corruptRecords == 0 && statistics.entries == 640)
+        #expect(statistics.bucketsOpenedFromSnapshot == 64)
+        #expect(tier.ledgerTotal == Self.budget)
+        try tier.close()
     }
 
     @Test("a crash after gets only finds SIZES and the snapshots still true, and uses them")
@@ -124,6 +190,7 @@ struct DiskSizesTests {
         #expect(try tier.value(forKey: keyBytes(5)) == value(5, 0))
         _ = tier.statistics  // waits for the loader thread
         #expect(names(directory).filter { $0.hasSuffix(".index") }.isEmpty)
+        #expect(tier.ledgerTotal == Self.budget)  // their charges freed, once each
         #expect(names(directory).contains("SIZES"))  // no bucket file changed
         try expectAll(tier) { value($0, 0) }
         try tier.close()
@@ -152,6 +219,7 @@ struct DiskSizesTests {
         try expectAll(tier, count: 200) { $0 < 50 ? nil : value($0, 0) }
         // …but no snapshot of a written bucket (bucket 0, and those of the removals) fits its file any more.
         #expect(tier.statistics.bucketsOpenedFromSnapshot <= 15)
+        #expect(tier.ledgerTotal == Self.budget)
         // The ledger took bucket 0's real size at its load: filling the other buckets twice over stays
         // within the budget.
         let others = (100_000..<200_000).lazy.filter { DiskTier.bucket(of: hasher.hash(keyBytes($0)), count: 16) != 0 }

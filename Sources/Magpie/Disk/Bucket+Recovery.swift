@@ -95,6 +95,11 @@ extension BucketState {
             context.ledger.pool.give(snapshotCharge)
             snapshotCharge = 0
         }
+        if recordedFileSize > 0 {
+            // Opened from SIZES: a file smaller than it said gives back what it no longer needs.
+            returnSurplus(keeping: 0)
+            recordedFileSize = 0
+        }
         if size > limit {
             // Only if the file grew since the open (it cannot, unless someone else wrote it): charged to
             // the pool, which may then go below zero; buckets repay as they compact.
@@ -121,8 +126,8 @@ extension BucketState {
             keepsSnapshot = true
             return
         }
-        try? context.directory.unlink(.buckets, snapshotName)  // unusable: never let it be read later
-        try context.sizesFile.retire()  // a scan may truncate or rewrite the file
+        // Unusable: never let it be read later (a failure fails the load, as the scan may change the file).
+        try context.directory.unlink(.buckets, snapshotName)
         let bytes = try readBytes(fileSize, at: 0)
         let read = bytes.count
         let fd = self.fd
@@ -131,6 +136,7 @@ extension BucketState {
         let header = bytes.withUnsafeBytes { BucketFileHeader.decode($0) }
         guard header == expected else {
             if read > 0 { counters.corruptRecords += 1 }
+            try context.sizesFile.retire()  // SIZES goes before the file changes
             try FileIO.truncate(fd, to: 0, path: path)
             try FileIO.write(fd, expected.encoded(), at: 0, path: path)
             written = BucketFileHeader.size
@@ -140,6 +146,7 @@ extension BucketState {
         written = end
         if end < fileSize {
             counters.truncatedTails += 1
+            try context.sizesFile.retire()
             try FileIO.truncate(fd, to: end, path: path)
         }
         if counters.corruptRecords > 0 { heal() }  // the skipped bytes leave the file

@@ -120,6 +120,9 @@ extension BucketState {
             snapshot.bucketCount == context.bucketCount, snapshot.seed == context.hasher.seed, snapshot.fileSize == fileSize
         else { return false }
         index = BucketIndex(slots: snapshot.slots, count: snapshot.liveCount)
+        // It stays (see above): charged at its real length, whatever SIZES said of it.
+        context.ledger.pool.give(snapshotCharge - bytes.count)
+        snapshotCharge = bytes.count
         liveBytes = snapshot.liveBytes
         maximumSequence = snapshot.maximumSequence
         written = fileSize

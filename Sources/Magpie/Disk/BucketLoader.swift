@@ -11,10 +11,13 @@ import Synchronization
 // turn. An operation on a bucket not yet loaded waits for that one bucket only; `statistics` waits for
 // all of them.
 //
-// Crash safety is unchanged: a snapshot is deleted before its bucket file first changes (and by this
-// thread once it has loaded the bucket: Bucket+Snapshot.swift), so a crash after that scans the file; a
-// bucket never loaded keeps its file and its snapshot exactly as the last close left them, which is what
-// the next open then finds. `close()` writes snapshots for loaded buckets only.
+// Crash safety: a snapshot is deleted before its bucket file first changes (and by this thread once it
+// has loaded the bucket: Bucket+Snapshot.swift), and SIZES before any bucket file first changes, so a
+// crash after a change scans that bucket's file and measures every file at the open; a bucket not
+// written keeps its file and (unless this thread deleted it) its snapshot as the last close left them,
+// which is what the next open then finds. (SIZES may then still name a snapshot this thread deleted:
+// an over-charge until that bucket's load, never an under-charge.) `close()` stops this thread and waits
+// for it before it writes anything; it writes snapshots for loaded buckets only.
 
 /// The thread that loads every bucket's index after the open, until all are loaded or the tier closes.
 final class BucketLoader: Sendable {
@@ -44,6 +47,7 @@ final class BucketLoader: Sendable {
                 if stopped.load(ordering: .relaxed) { break }
                 // A failure leaves the bucket unloaded: its first operation tries again and throws.
                 bucket.withLock { (state: inout BucketState) in
+                    guard state.isOpen else { return }  // closed meanwhile: its files are the close's now
                     try? state.loadIfNeeded()
                     // The snapshot a get loaded the bucket from is deleted here, off the caller's path (a
                     // failure leaves it to the bucket's next write, which must delete it first).

@@ -154,11 +154,13 @@ final class CacheDirectory: Sendable {
         try sync(place)
     }
 
-    /// Reads a whole (small) regular file, or nil if it does not exist.
-    func readFile(_ place: DirectoryPlace, _ name: String) throws(MagpieError) -> [UInt8]? {
+    /// Reads a whole (small) regular file, or nil if it does not exist (or is longer than `limit` bytes:
+    /// then nothing is read).
+    func readFile(_ place: DirectoryPlace, _ name: String, limit: Int = .max) throws(MagpieError) -> [UInt8]? {
         guard let fd = try open(place, name, writable: false) else { return nil }
         defer { Glibc.close(fd) }
         let length = try FileIO.size(fd, path: path(place, name))
+        guard length <= limit else { return nil }
         var bytes = [UInt8](repeating: 0, count: length)
         let read = try bytes.withUnsafeMutableBytes { buffer in
             Result { () throws(MagpieError) -> Int in try FileIO.read(fd, into: buffer, at: 0, path: path(place, name)) }

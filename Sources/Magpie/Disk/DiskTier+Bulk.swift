@@ -70,7 +70,8 @@ extension DiskTier {
 
     /// Makes everything written so far durable: fsync of every bucket file and of the directories.
     /// - Throws: ``MagpieError/Code/directoryReplaced`` (checked first) if the directory, `buckets/` or a
-    ///   bucket file was removed or replaced while open; I/O errors; ``MagpieError/Code/closed``.
+    ///   bucket file was removed or replaced while open (a bucket file from when its bucket opened it: see
+    ///   ``DiskTier``, **Reopening**); I/O errors; ``MagpieError/Code/closed``.
     public func flush() throws(MagpieError) {
         try verifyDirectory()
         for bucket in buckets {
@@ -125,8 +126,9 @@ extension DiskTier {
         if isOpen {
             do { try flush() } catch { failure = error }
         }
-        // The loader thread's removal of strays, if under way, ends before anything is written in buckets/.
-        buckets.first?.withLock { $0.context.compaction }.withLock { _ in }
+        // The loader thread stops after its current bucket (or its removal of strays): nothing of it runs
+        // once the close writes in buckets/ (a snapshot, SIZES) or releases the directory.
+        loader.waitUntilFinished()
         // Snapshots and SIZES only while the bucket files, the snapshots and SIZES fit the budget
         // (DiskLedger.swift); SIZES's room is set aside first (without it the next open measures every
         // file; without a snapshot it scans that bucket).
@@ -154,6 +156,7 @@ extension DiskTier {
                     if failure == nil && state.snapshotLength <= room {
                         room -= state.snapshotLength
                         snapshot = state.writeSnapshot()
+                        state.keepsSnapshot = false  // that one is the close's, for the next open
                     }
                 } else {
                     (file, snapshot) = state.unloadedSizes

@@ -55,7 +55,8 @@ extension DiskTier {
         /// anyone plants; see `Disk/CacheDirectory.swift`.)
         public var allowsGroupWritableDirectory = false
         /// How often, at most, a write checks that the directory, `buckets/` and the bucket files are
-        /// still the ones the tier opened (a few `fstat` calls per bucket); `flush()` and
+        /// still the ones the tier opened (a few `fstat` calls per bucket; a bucket file from when its
+        /// bucket opened it, see ``DiskTier``, **Reopening**); `flush()` and
         /// `writeBuffers()` always check. Once one was removed or replaced, every call throws
         /// ``MagpieError/Code/directoryReplaced``. Nil: only `flush()` and `writeBuffers()` check.
         public var directoryCheckInterval: Duration? = .seconds(1)

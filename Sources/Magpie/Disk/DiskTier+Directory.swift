@@ -175,7 +175,8 @@ extension DiskTier {
     /// The sizes SIZES records, or nil if it is not an intact SIZES of this directory (or not a regular
     /// file of ours: never read through a link).
     static func readSizes(_ directory: CacheDirectory, count: Int, seed: UInt64) -> BucketSizes? {
-        guard let bytes = (try? directory.readFile(.buckets, BucketSizes.fileName)) ?? nil else { return nil }
+        let length = BucketSizes.length(bucketCount: count)
+        guard let bytes = (try? directory.readFile(.buckets, BucketSizes.fileName, limit: length)) ?? nil else { return nil }
         return BucketSizes.decode(bytes, bucketCount: count, seed: seed)
     }
 
@@ -263,6 +264,16 @@ extension DiskTier {
     static func milliseconds(_ duration: Duration) -> Int64 {
         let (seconds, attoseconds) = duration.components
         return max(0, seconds * 1000 + attoseconds / 1_000_000_000_000_000)
+    }
+
+    /// Every byte of the budget as the ledger accounts for it (DiskLedger.swift): the MANIFEST allowance,
+    /// the compaction headroom, each bucket's limit and the snapshot it is charged for, SIZES while it is
+    /// there, the journal's reservation and the pool. Equal to the budget whenever no operation is under
+    /// way (for tests; it takes every bucket's lock).
+    package var ledgerTotal: Int {
+        var total = DiskLedger.manifestAllowance + ledger.share + sizesFile.heldBytes + journal.withLock { $0.reserved }
+        for bucket in buckets { total += bucket.withLock { $0.limit + $0.snapshotCharge } }
+        return total + ledger.pool.available
     }
 
     /// How many buckets have their file open (for tests of the open; it takes every bucket's lock).

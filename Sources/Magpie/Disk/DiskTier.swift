@@ -55,7 +55,7 @@ import Synchronization
 /// close reads the snapshot instead of scanning every record (see `Disk/Bucket+Snapshot.swift`), and
 /// last `buckets/SIZES`, every bucket file's and snapshot's size: the next open reads that one file,
 /// charges those sizes to the budget, and lists, opens and measures nothing else in `buckets/` (strays
-/// are removed by the background thread, and by every clean close). SIZES is deleted before any bucket
+/// are removed by the background thread, and by the close that writes SIZES). SIZES is deleted before any bucket
 /// file first changes, and a snapshot a get loaded from before its file changes (or by the background
 /// thread), so a crash finds either only as long as it is still true; a bucket's load checks its file's
 /// real size against what was charged all the same. Without SIZES (after a crash, or one that is
@@ -64,7 +64,9 @@ import Synchronization
 /// loads. A bucket file that is not a regular file of ours is found at the open without SIZES, and at
 /// its bucket's load with it: a link or a missing file is replaced by an empty bucket (counted in
 /// ``DiskTierStatistics/missingBucketFiles``), another user's file fails that bucket's operations
-/// with ``MagpieError/Code/directoryUnsafe``.
+/// with ``MagpieError/Code/directoryUnsafe``, and so does a failure to open it (say, out of file
+/// descriptors). If SIZES or a kept snapshot cannot be deleted, the change that needed it fails (with
+/// the I/O error) rather than leave a description of the files that is no longer true.
 ///
 /// **Errors.** Every failure is a ``MagpieError``; after one, the tier is still consistent and usable.
 public final class DiskTier: Sendable {
@@ -117,9 +119,10 @@ public final class DiskTier: Sendable {
     /// The SIZES the last clean close left, until the first change to a bucket file deletes it.
     let sizesFile: SizesFile
 
-    /// Opens the directory, creating it if needed, and its bucket files; the buckets' indexes load after
-    /// it returns (at first use, and on a background thread), so it takes the same time whatever the
-    /// directory holds.
+    /// Opens the directory, creating it if needed; the bucket files are opened (after a clean close) and
+    /// their indexes loaded after it returns, at each bucket's first use and on a background thread, so
+    /// it takes the same time whatever the directory holds (see **Reopening**). A bucket whose file then
+    /// fails to open or load throws from the operation that needed it.
     /// - Throws: ``MagpieError/Code/directoryLocked`` if another tier has it open (after waiting up to
     ///   a quarter of a second for it to be released);
     ///   ``MagpieError/Code/directoryUnusable`` if it cannot be created or written, holds files Magpie
@@ -253,6 +256,7 @@ public final class DiskTier: Sendable {
 
     deinit {
         loader.stop()
+        loader.waitUntilFinished()  // before the files and the directory's lock are released
         for bucket in buckets { bucket.withLock { $0.close() } }
         lockFile.withLock { fd in
             if fd >= 0 { Glibc.close(fd) }

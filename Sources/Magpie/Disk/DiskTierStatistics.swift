@@ -17,8 +17,9 @@ public struct DiskTierStatistics: Sendable, Hashable {
     public var corruptRecords: UInt64 = 0
     /// Bucket files whose end was cut off on open (a torn last append, or garbage after the last record).
     public var truncatedTails: UInt64 = 0
-    /// Bucket files absent when the tier opened a directory that has a MANIFEST (deleted from outside):
-    /// each was recreated empty, and the entries it held became misses.
+    /// Bucket files absent (or links) when the tier opened a directory that has a MANIFEST (deleted
+    /// from outside) — or, after an open that read SIZES and opened no bucket file, when their bucket
+    /// loaded: each was recreated empty, and the entries it held became misses.
     public var missingBucketFiles = 0
     /// Entries dropped because they had expired.
     public var expired: UInt64 = 0

@@ -10,7 +10,7 @@
 //   <directory>/buckets/<NN>.index  an index snapshot, written by a clean close, deleted once loaded
 //                                     (by the loader thread) or before the bucket file next changes
 //   <directory>/buckets/SIZES       every bucket file's and snapshot's size, written last by a clean
-//                                     close, deleted by the next open before it touches any bucket
+//                                     close, deleted before any bucket file next changes
 //   <directory>/buckets/<NN>.compact  a compaction's new file, renamed over <NN> when complete
 // Names never derive from keys: <NN> is the bucket number in hex, two or more digits.
 //
@@ -169,8 +169,8 @@ package struct BucketFileHeader: Equatable {
 
 /// SIZES (layout above): what a clean close left in `buckets/`, read by the next open instead of
 /// opening and measuring every bucket file.
-struct BucketSizes: Equatable {
-    static let fileName = "SIZES"
+package struct BucketSizes: Equatable {
+    package static let fileName = "SIZES"
     static let magic: UInt32 = 0x5A50_474D  // "MGPZ"
     static let version: UInt32 = 1
     static let headerSize = 24
@@ -181,6 +181,13 @@ struct BucketSizes: Equatable {
     var snapshots: [Int]
 
     static func length(bucketCount: Int) -> Int { headerSize + bucketCount * 16 + 8 }
+
+    /// `bytes` followed by their checksum: a SIZES with any content that passes the checksum (for the fuzz
+    /// target, which must reach the checks after it).
+    package static func sealed(_ bytes: [UInt8]) -> [UInt8] {
+        let sum = bytes.withUnsafeBytes { KeyHash.formatChecksum($0) }
+        return bytes + withUnsafeBytes(of: sum.littleEndian) { Array($0) }
+    }
 
     func encoded() -> [UInt8] {
         var bytes = [UInt8](repeating: 0, count: Self.length(bucketCount: files.count))
