@@ -27,13 +27,9 @@ import Logging
 // eight). No ghost: one (S3-FIFO's, of evicted tags) helped and hurt by turns, and would cost DRAM per
 // entry.
 
-/// What every bucket of a tier shares, and what tells buckets apart.
-struct BucketContext: Sendable {
-    let number: Int
-    /// The file's name in `buckets/` ("00" … "ff").
-    let name: String
-    /// The file's path, for messages and fault injection (files are reached through `directory`).
-    let path: String
+/// What every bucket of a tier shares: one object, so that a bucket's context (and every copy of its
+/// state) holds three references, not a dozen (the open builds one per bucket).
+final class BucketShared: Sendable {
     let directory: CacheDirectory
     let share: Int
     let hasher: KeyHash
@@ -57,6 +53,48 @@ struct BucketContext: Sendable {
     let writeBuffer: Int
     /// The SIZES a clean close left, deleted before any bucket file first changes (Bucket+Snapshot.swift).
     let sizesFile: SizesFile
+
+    init(
+        directory: CacheDirectory, share: Int, hasher: KeyHash, clock: CacheClock, bucketCount: Int,
+        compaction: Locked<UInt64>, ledger: DiskLedger, health: TierHealth, logs: DiskLogs, mappedReads: Bool,
+        writeBuffer: Int, sizesFile: SizesFile
+    ) {
+        self.directory = directory
+        self.share = share
+        self.hasher = hasher
+        self.clock = clock
+        self.bucketCount = bucketCount
+        self.compaction = compaction
+        self.ledger = ledger
+        self.health = health
+        self.logs = logs
+        self.mappedReads = mappedReads
+        self.writeBuffer = writeBuffer
+        self.sizesFile = sizesFile
+    }
+}
+
+/// What tells a bucket apart, and (through `shared`) what every bucket of its tier shares.
+struct BucketContext: Sendable {
+    let number: Int
+    /// The file's name in `buckets/` ("00" … "ff").
+    let name: String
+    /// The file's path, for messages and fault injection (files are reached through `directory`).
+    let path: String
+    let shared: BucketShared
+
+    var directory: CacheDirectory { shared.directory }
+    var share: Int { shared.share }
+    var hasher: KeyHash { shared.hasher }
+    var clock: CacheClock { shared.clock }
+    var bucketCount: Int { shared.bucketCount }
+    var compaction: Locked<UInt64> { shared.compaction }
+    var ledger: DiskLedger { shared.ledger }
+    var health: TierHealth { shared.health }
+    var logs: DiskLogs { shared.logs }
+    var mappedReads: Bool { shared.mappedReads }
+    var writeBuffer: Int { shared.writeBuffer }
+    var sizesFile: SizesFile { shared.sizesFile }
 }
 
 struct BucketCounters {

@@ -132,9 +132,15 @@ extension DiskTier {
 
     /// "00" … "ff" for 256 buckets; at least two hex digits, as many as the largest number needs.
     package static func bucketName(_ number: Int, count: Int) -> String {
-        let digits = max(2, String(count - 1, radix: 16).count)
-        let hex = String(number, radix: 16)
-        return String(repeating: "0", count: digits - hex.count) + hex
+        // Formatted by hand: the open names every bucket, and these are small strings (no allocation).
+        let digits = max(2, (Int.bitWidth - max(1, count - 1).leadingZeroBitCount + 3) / 4)
+        return String(unsafeUninitializedCapacity: digits) { bytes in
+            for position in 0..<digits {
+                let nibble = UInt8((number >> (4 * (digits - 1 - position))) & 0xF)
+                bytes[position] = nibble < 10 ? UInt8(ascii: "0") + nibble : UInt8(ascii: "a") + nibble - 10
+            }
+            return digits
+        }
     }
 
     /// What `buckets/` holds besides bucket files and their snapshots: whether SIZES is there (a regular

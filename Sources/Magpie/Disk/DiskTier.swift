@@ -193,13 +193,14 @@ public final class DiskTier: Sendable {
             var held = sizesFile.charge  // SIZES, while it stays
             do throws(MagpieError) {
                 buckets.reserveCapacity(count)
+                let shared = BucketShared(
+                    directory: directory, share: share, hasher: hasher, clock: configuration.clock, bucketCount: count,
+                    compaction: compaction, ledger: ledger, health: health, logs: logs, mappedReads: configuration.mappedReads,
+                    writeBuffer: max(0, min(configuration.writeBufferSize, share / 8)), sizesFile: sizesFile)
+                let prefix = directory.path(.buckets, "")
                 for number in 0..<count {
                     let name = Self.bucketName(number, count: count)
-                    let context = BucketContext(
-                        number: number, name: name, path: directory.path(.buckets, name), directory: directory,
-                        share: share, hasher: hasher, clock: configuration.clock, bucketCount: count, compaction: compaction, ledger: ledger, health: health,
-                        logs: logs, mappedReads: configuration.mappedReads,
-                        writeBuffer: max(0, min(configuration.writeBufferSize, share / 8)), sizesFile: sizesFile)
+                    let context = BucketContext(number: number, name: name, path: prefix + name, shared: shared)
                     let state: BucketState
                     if let sizes {
                         // As the last close left it: not even opened until its load (Bucket+Recovery.swift).
