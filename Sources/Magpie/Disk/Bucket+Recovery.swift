@@ -56,10 +56,10 @@ extension BucketState {
         if !loaded && !closed { try load() }
     }
 
-    /// Opens the file of a bucket the open did not open (it had SIZES: see DiskTier.swift, "Reopening"):
-    /// the open's listing saw a regular file at its name; if it is not one of ours now (removed or
-    /// replaced since), it goes the careful way the open would have gone, and counts as recreated. Its
-    /// size is checked against the limit after the load (below), as every bucket's is.
+    /// Opens the file of a bucket the open did not open (it had SIZES: see DiskTier.swift, "Reopening"),
+    /// which says the last close left a regular file at its name. If that is not one of ours now
+    /// (removed or replaced since), it goes the careful way the open would have gone, and counts as
+    /// recreated. Its size is checked against the limit after the load (below), as every bucket's is.
     private mutating func openRecordedFile() throws(MagpieError) {
         if let (fd, _) = try FileIO.openExistingRegular(context.directory.fd(.buckets), context.name, path: context.path) {
             self.fd = fd
