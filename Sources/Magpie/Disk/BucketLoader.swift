@@ -56,11 +56,9 @@ final class BucketLoader: Sendable {
             }
             if let strays, !stopped.load(ordering: .relaxed) {
                 strays.lock.withLock { _ in
-                    guard !stopped.load(ordering: .relaxed),
-                        let listing = try? DiskTier.listBuckets(in: strays.directory, count: strays.bucketCount)
-                    else { return }
+                    guard !stopped.load(ordering: .relaxed) else { return }
                     // Best effort: a stray that cannot be removed now is tried again by the next close.
-                    try? DiskTier.removeStrays(listing.strays, in: strays.directory)
+                    try? DiskTier.removeStrays(in: strays.directory, count: strays.bucketCount, keepingSizes: true)
                 }
             }
             finished.store(true, ordering: .releasing)

@@ -112,8 +112,7 @@ extension DiskTier {
     private func removeStraysAtClose() -> Bool {
         guard let compaction = buckets.first?.withLock({ $0.context.compaction }) else { return false }
         return compaction.withLock { _ in
-            guard let listing = try? Self.listBuckets(in: directory, count: bucketCount) else { return false }
-            return (try? Self.removeStrays(listing.strays, in: directory)) != nil
+            (try? Self.removeStrays(in: directory, count: bucketCount, keepingSizes: true)) != nil
         }
     }
 

@@ -143,21 +143,17 @@ extension DiskTier {
         }
     }
 
-    /// What `buckets/` holds besides bucket files and their snapshots: whether SIZES is there (a regular
-    /// file, or of a kind the file system does not say), and every other name (strays).
-    struct BucketListing {
-        var hasSizes = false
-        var strays: [String] = []
-    }
-
-    /// Lists `buckets/` once (see ``BucketListing``). Names are recognised by parsing them, not by
-    /// building every bucket's names: "00" … "ff" (as ``bucketName(_:count:)`` writes them, lower-case hex
-    /// of exactly its digit count) and the same followed by ".index".
-    static func listBuckets(in directory: CacheDirectory, count: Int) throws(MagpieError) -> BucketListing {
-        var listing = BucketListing()
+    /// Deletes the entries of buckets/ that are not bucket files (or their index snapshots): leftover
+    /// `.compact` and `.tmp` files of an interrupted compaction or close, strays (they would count against
+    /// the budget), and SIZES unless `keepingSizes` (and it is a regular file, or of a kind the file system
+    /// does not say). Links are removed, never followed. One listing; names are recognised by parsing
+    /// them, not by building every bucket's names: "00" … "ff" (as ``bucketName(_:count:)`` writes them,
+    /// lower-case hex of exactly its digit count) and the same followed by ".index".
+    static func removeStrays(in directory: CacheDirectory, count: Int, keepingSizes: Bool) throws(MagpieError) {
         let digits = max(2, String(count - 1, radix: 16).count)
         let index = Array(".index".utf8)
         let sizesName = Array(BucketSizes.fileName.utf8)
+        var strays: [String] = []
         try directory.forEachEntry(.buckets) { name, type in
             let isSnapshot = name.count == digits + index.count && name.suffix(index.count).elementsEqual(index)
             var number = isSnapshot || name.count == digits ? 0 : -1
@@ -169,13 +165,16 @@ extension DiskTier {
                 }
             }
             if number >= 0 && number < count { return }  // a bucket file or its snapshot
-            if name.elementsEqual(sizesName) && (type == UInt8(DT_REG) || type == UInt8(DT_UNKNOWN)) {
-                listing.hasSizes = true
-            } else {
-                listing.strays.append(String(decoding: name, as: UTF8.self))
+            if keepingSizes && name.elementsEqual(sizesName) && (type == UInt8(DT_REG) || type == UInt8(DT_UNKNOWN)) { return }
+            strays.append(String(decoding: name, as: UTF8.self))
+        }
+        for name in strays {
+            do {
+                try directory.unlink(.buckets, name)
+            } catch {
+                throw MagpieError(.directoryUnusable, "cannot remove the stray file", errno: error.errno, path: error.path)
             }
         }
-        return listing
     }
 
     /// The sizes SIZES records, or nil if it is not an intact SIZES of this directory (or not a regular
@@ -184,19 +183,6 @@ extension DiskTier {
         let length = BucketSizes.length(bucketCount: count)
         guard let bytes = (try? directory.readFile(.buckets, BucketSizes.fileName, limit: length)) ?? nil else { return nil }
         return BucketSizes.decode(bytes, bucketCount: count, seed: seed)
-    }
-
-    /// Deletes the entries of buckets/ that are not bucket files (or their index snapshots): leftover
-    /// `.compact` and `.tmp` files of an interrupted compaction or close, SIZES once read, and strays
-    /// (they would count against the budget). Links are removed, never followed.
-    static func removeStrays(_ strays: [String], in directory: CacheDirectory) throws(MagpieError) {
-        for name in strays {
-            do {
-                try directory.unlink(.buckets, name)
-            } catch {
-                throw MagpieError(.directoryUnusable, "cannot remove the stray file", errno: error.errno, path: error.path)
-            }
-        }
     }
 
     /// Deletes a cache directory's Magpie files (MANIFEST, buckets, LOCK), so the next open starts empty.

@@ -171,14 +171,12 @@ public final class DiskTier: Sendable {
             // SIZES, if the last close was clean, gives every bucket file's and snapshot's size, so that
             // nothing in buckets/ need be listed or opened now. It stays until just before the first
             // change to any bucket file (`SizesFile`), so a crash finds it only while it is still true.
-            // Without it, one listing of buckets/ says which files are there, and removes strays (see
-            // "Reopening" above).
+            // Without it, one listing of buckets/ removes strays, and every bucket file is opened and
+            // measured (see "Reopening" above).
             let sizes = Self.readSizes(directory, count: count, seed: manifest.seed)
             // (With no loader thread, which removes them in the background, strays are removed now.)
             if sizes == nil || !configuration.loadsInBackground {
-                var listing = try Self.listBuckets(in: directory, count: count)
-                if listing.hasSizes && sizes == nil { listing.strays.append(BucketSizes.fileName) }  // unusable: deleted now
-                try Self.removeStrays(listing.strays, in: directory)
+                try Self.removeStrays(in: directory, count: count, keepingSizes: sizes != nil)  // an unusable SIZES too
             }
             let compaction = Locked<UInt64>(0)
             let health = TierHealth()
