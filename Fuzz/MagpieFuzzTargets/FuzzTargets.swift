@@ -15,10 +15,9 @@ public enum FuzzTargets {
         let body = { (offset: Int, count: Int) in UnsafeRawBufferPointer(rebasing: data[offset..<(offset + count)]) }
         // The metadata blocks through the one decoder the disk and remote records share.
         let metadata = RecordHeader.metadata(of: data, header)
-        var rebuilt = RecordHeader.makeRecord(
+        let rebuilt = RecordHeader.makeRecord(
             header, key: body(header.keyOffset, header.keyLength), group: body(header.groupOffset, header.groupLength),
             payload: body(header.payloadOffset, header.storedLength), metadata: metadata)
-        if header.isDead { rebuilt.withUnsafeMutableBytes { $0.storeBytes(of: RecordHeader.deadMagic.littleEndian, as: UInt32.self) } }
         let original = Array(data.prefix(RecordHeader.size + header.bodyLength))
         guard Array(rebuilt.prefix(original.count)) == original else {
             return "a valid record does not re-encode to its own bytes: \(original.prefix(64))"
@@ -26,10 +25,11 @@ public enum FuzzTargets {
         return nil
     }
 
-    /// Bucket recovery. `data` drives the building of a bucket file (see ``BucketImage``): records whose
-    /// fields, key, group and payload come from `data`, most of them sealed with a correct key hash and
-    /// checksum so that recovery's logic past validation is reached, some deliberately broken, plus torn
-    /// and garbage bytes. The file replaces bucket 0 of a one-bucket tier in `directory` (created on
+    /// Bucket recovery. `data` drives the building of a bucket file (see ``BucketImage``): regions of
+    /// records whose fields, key, group and payload come from `data`, most of them sealed with a correct
+    /// key hash, checksum and payload hash so that recovery's logic past validation is reached, some
+    /// deliberately broken, plus torn and garbage bytes, broken region headers and slots that still hold
+    /// an older region's records. The file replaces bucket 0 of a one-bucket tier in `directory` (created on
     /// first use; an odd-length input keeps the previous run's now-stale index snapshot, and the input's
     /// length also picks whether the last close's SIZES stays, goes or is overwritten), which is then
     /// opened, read, written, closed and reopened. Invariants: nothing traps;
@@ -173,21 +173,27 @@ public enum FuzzTargets {
     }
 }
 
-/// A bucket file built from fuzzer bytes. The data is consumed as a sequence of instructions:
+/// A bucket file built from fuzzer bytes: its header, then regions of 4 KiB slots. The data is consumed
+/// as a sequence of instructions:
 ///   control byte: bits 0-1 what to emit (0, 1: a record; 2: garbage bytes; 3: a torn record),
-///     bit 2: leave the checksum wrong, bit 3: write the "DEAD" magic, bit 4: a valid zstd payload,
+///     bit 2: leave the checksum (or, with bit 4, the payload hash) wrong, bit 3: open a new region first
+///     (with bit 2 also: give that region a broken header; with bit 7 also: open it in the slot of the
+///     oldest region, whose records stay behind the new ones), bit 4: a valid zstd payload,
 ///     bits 5-6: kind (value, value, tombstone, group tombstone), bit 7: set the memory-policy flag;
 ///   then key length (mod 24), group length (mod 6), payload length (two bytes, mod 600), expiry byte
 ///   (0: none, else a past or future instant), and the key, group and payload bytes themselves.
-/// Keys are drawn from a small alphabet so that records of one key meet.
+/// Keys are drawn from a small alphabet so that records of one key meet. A record that does not fit
+/// its region opens the next one.
 public struct BucketImage {
+    static let regionSize = 4096
     var bytes: [UInt8]
     /// For every key, the values that valid records hold (what a read may return).
     var values: [[UInt8]: [[UInt8]]] = [:]
 
     init(_ data: UnsafeRawBufferPointer, seed: UInt64) {
         let hasher = KeyHash(seed: seed)
-        bytes = BucketFileHeader(bucketIndex: 0, bucketCount: 1, seed: seed).encoded()
+        let regionSize = Self.regionSize
+        bytes = BucketFileHeader(bucketIndex: 0, bucketCount: 1, seed: seed, regionSize: regionSize).encoded()
         var input = data[...]
         func take(_ count: Int) -> [UInt8] {
             let part = Array(input.prefix(count))
@@ -196,12 +202,44 @@ public struct BucketImage {
         }
         func byte() -> UInt8 { take(1).first ?? 0 }
         var sequence: UInt64 = 1
+        var regionSequence: UInt64 = 1
+        var regionSlots: [Int] = []  // slots of the regions opened, oldest first
+        var cursor = 0  // where the next bytes go in the file; 0: no region open yet
+        var regionEnd = 0
+        func openRegion(broken: Bool, reuseOldest: Bool, firstSequence: UInt64) {
+            var slot = (bytes.count - BucketFileHeader.size) / regionSize
+            if reuseOldest, let oldest = regionSlots.first {
+                slot = oldest
+                regionSlots.removeFirst()
+            } else {
+                bytes += [UInt8](repeating: 0, count: regionSize)
+            }
+            regionSlots.append(slot)
+            var header = RegionHeader(bucketIndex: 0, slots: 1, sequence: regionSequence, firstRecordSequence: firstSequence)
+                .encoded(hasher: hasher)
+            if broken { header[20] ^= 0x5a }
+            let start = BucketFileHeader.size + slot * regionSize
+            bytes.replaceSubrange(start..<(start + RegionHeader.size), with: header)
+            regionSequence += 1
+            cursor = start + RegionHeader.size
+            regionEnd = start + regionSize
+        }
+        // (A record's own sequence number is the region's first when it opens one.)
+        func emit(_ part: [UInt8], sequence: UInt64) {
+            if cursor == 0 || cursor + part.count > regionEnd { openRegion(broken: false, reuseOldest: false, firstSequence: sequence) }
+            let count = min(part.count, regionEnd - cursor)
+            bytes.replaceSubrange(cursor..<(cursor + count), with: part.prefix(count))
+            cursor += count
+        }
         let kinds: [RecordKind] = [.value, .value, .tombstone, .groupTombstone]
         while !input.isEmpty && bytes.count < 1 << 19 {
             let control: UInt8 = byte()
+            if control & 8 != 0 {
+                openRegion(broken: control & 4 != 0 && control & 3 == 2, reuseOldest: control & 128 != 0, firstSequence: sequence)
+            }
             if control & 3 == 2 {
                 let garbageLength: Int = Int(byte())
-                bytes += take(garbageLength)  // garbage, possibly misaligned
+                emit(take(garbageLength), sequence: sequence)  // garbage, possibly misaligned
                 continue
             }
             let kind: RecordKind = kinds[Int(control >> 5) & 3]
@@ -220,7 +258,7 @@ public struct BucketImage {
             let payloadLength: Int = kind == .value ? (high * 256 + low) % 600 : 0
             let value: [UInt8] = take(payloadLength)
             var expiry: Int64 = 0
-            if expiryByte != 0 { expiry = expiryByte < 128 ? 1 : Int64.max - 1 }
+            if kind == .value && expiryByte != 0 { expiry = expiryByte < 128 ? 1 : Int64.max - 1 }
             var codec = Codec.raw
             var payload = value
             if kind == .value && control & 16 != 0, !value.isEmpty,
@@ -233,7 +271,7 @@ public struct BucketImage {
             let flags: RecordFlags = kind == .value && control & 128 != 0 ? [.memoryPolicy, .freshness] : []
             let header = RecordHeader(
                 kind: kind, codec: codec, keyLength: key.count, groupLength: group.count, storedLength: payload.count,
-                originalLength: value.count, expiry: expiry, sequence: sequence, keyHash: hasher.hash(key), flags: flags)
+                originalLength: kind == .value ? value.count : 0, expiry: expiry, sequence: sequence, keyHash: hasher.hash(key), flags: flags)
             var record = key.withUnsafeBytes { k in
                 group.withUnsafeBytes { g in
                     payload.withUnsafeBytes { p in
@@ -245,25 +283,23 @@ public struct BucketImage {
             }
             sequence += 1
             let broken = control & 4 != 0
-            if broken { record[RecordHeader.size + header.bodyLength - 1] ^= 0x5a }  // the last body byte, or the checksum
-            if control & 8 != 0 {
-                record.withUnsafeMutableBytes { $0.storeBytes(of: RecordHeader.deadMagic.littleEndian, as: UInt32.self) }
-            }
+            // The last body byte: in the payload (its hash breaks), or in key, group or metadata (the checksum).
+            if broken { record[RecordHeader.size + header.bodyLength - 1] ^= 0x5a }
+            if broken && header.bodyLength == 0 { record[60] ^= 0x5a }  // the checksum itself
             // A valid value record: its bytes may be returned for its key. A torn one counts too, even one
-            // written broken or dead: the cut may fall in its padding or before the broken byte (or the
-            // dead mark), and the bytes that follow it (garbage, the next record) may by chance be exactly
-            // the original ones cut off, and then it is whole and valid again (a fuzzer found both
-            // inputs: Fuzz/corpus/regression-torn-*). Its value is still the only one it can yield: any
-            // other bytes fail the checksum.
-            let intact = !broken && kind == .value && control & 8 == 0
+            // written broken: the cut may fall in its padding or before the broken byte, and the bytes that
+            // follow it (garbage, the next record) may by chance be exactly the original ones cut off, and
+            // then it is whole and valid again (a fuzzer found both inputs: Fuzz/corpus/regression-torn-*).
+            // Its value is still the only one it can yield: any other bytes fail the checksum and hash.
+            let intact = !broken && kind == .value
             if control & 3 == 3 {
                 let tornLength: Int = Int(byte()) % max(1, record.count)
                 if kind == .value { values[key, default: []].append(value) }
-                bytes += record.prefix(tornLength)  // a torn record
+                emit(Array(record.prefix(tornLength)), sequence: sequence - 1)  // a torn record
                 continue
             }
             if intact { values[key, default: []].append(value) }
-            bytes += record
+            emit(record, sequence: sequence - 1)
         }
     }
 }

@@ -79,18 +79,22 @@ struct DiskMappedReadTests {
         }
     }
 
-    @Test("mapped, pread and write-through tiers give the same answers through evictions, compactions, removals and a reopen")
+    @Test("mapped, pread and write-through tiers give the same answers through evictions, reclaims, removals and a reopen")
     func mappedAgreesWithPread() throws {
         let seed = TestSeed.value(default: 515)
-        // Mapped reads with the write buffer (the defaults), pread with it, mapped with every record
-        // written through: the same operations must give the same answers and the same evictions.
+        // Mapped reads with memtables (the defaults, but written by the storing thread, so that the file
+        // layout does not depend on a thread's timing), pread with them, mapped with every record written
+        // at once: the first two must give the same answers and the same evictions; the third, which lays
+        // its files out otherwise, answers nil or the latest value.
         let kinds: [(mapped: Bool, buffer: Int?)] = [(true, nil), (false, nil), (true, 0)]
+        var latest: [[UInt8]: [UInt8]] = [:]
         let directories = kinds.map { _ in TemporaryDirectory() }
         defer { for directory in directories { directory.cleanup() } }
         func open() throws -> [DiskTier] {
             try kinds.enumerated().map { index, kind in
                 var configuration = Self.configuration(directories[index].path, mapped: kind.mapped, budget: 256 << 10)
                 if let buffer = kind.buffer { configuration.writeBufferSize = buffer }
+                configuration.sealsInBackground = false
                 return try DiskTier(configuration)
             }
         }
@@ -115,16 +119,19 @@ struct DiskMappedReadTests {
                 default: return try tier.value(forKey: key)
                 }
             }
-            #expect(results[0] == results[1] && results[0] == results[2],
-                "seed \(seed) step \(step): mapped, pread and write-through tiers disagree")
+            #expect(results[0] == results[1], "seed \(seed) step \(step): mapped and pread tiers disagree")
+            if choice < 5 { latest[key] = value } else if choice == 5 { latest[key] = nil }
+            if choice > 5 {
+                for (n, result) in results.enumerated() where result != nil {
+                    #expect(result == latest[key], "seed \(seed) step \(step): tier \(n) read a value that is not the latest")
+                }
+            }
         }
         let statistics = tiers.map(\.statistics)
-        #expect(statistics[0].compactions > 0, "no compaction ran: the remap after one went untested")
-        #expect(statistics[2].bufferedBytes == 0 && bufferedReads > 1000, "the write buffer went untested")
-        for other in statistics.dropFirst() {
-            #expect(statistics[0].hits == other.hits && statistics[0].evictions == other.evictions)
-            #expect(statistics[0].compactions == other.compactions && statistics[0].entries == other.entries)
-        }
+        #expect(statistics.allSatisfy { $0.regionsReclaimed > 0 }, "no region was reclaimed: the slot reuse went untested")
+        #expect(statistics[2].bufferedBytes == 0 && bufferedReads > 1000, "the memtables went untested")
+        #expect(statistics[0].hits == statistics[1].hits && statistics[0].evictions == statistics[1].evictions)
+        #expect(statistics[0].regionsReclaimed == statistics[1].regionsReclaimed && statistics[0].entries == statistics[1].entries)
         #expect(statistics.allSatisfy { $0.corruptRecords == 0 && $0.lostBufferedStores == 0 })
     }
 
@@ -197,10 +204,12 @@ struct DiskMappedReadTests {
         let repeated = block + block
         #expect(repeated.withUnsafeBytes { Compressibility.looksIncompressible($0) })
         try tier.set(repeated, forKey: "noise")
+        try tier.writeBuffers()  // compression happens when the memtable is written
         #expect(tier.statistics.compressionRatio == 1.0)
         #expect(try tier.value(forKey: "noise") == repeated)
         let json = Array(String(repeating: #"{"id":12,"user":"ada","tags":["x","y"]},"#, count: 100).utf8)
         try tier.set(json, forKey: "json")
+        try tier.writeBuffers()
         #expect(tier.statistics.storedValueBytes - UInt64(repeated.count) < UInt64(json.count / 4))
         #expect(try tier.value(forKey: "json") == json)
     }

@@ -116,7 +116,7 @@ struct DiskTierPersistenceTests {
             for i in 0..<10 { #expect(try tier.removeValue(forKey: keyBytes(i))) }
             // Push everything else out, compacting both buckets several times.
             for i in 100..<400 { try tier.set(random(600, seed: UInt64(i)), forKey: keyBytes(i)) }
-            #expect(tier.statistics.compactions > 2)
+            #expect(tier.statistics.regionsReclaimed > 2)
             // Key 15 was evicted (its record may still be on disk); removing it must still be durable.
             if try tier.value(forKey: keyBytes(15)) == nil { #expect(try !tier.removeValue(forKey: keyBytes(15))) }
             try tier.removeValue(forKey: keyBytes(15))
@@ -147,7 +147,7 @@ struct DiskTierPersistenceTests {
             for i in stride(from: 2, to: 40, by: 2) { #expect(try tier.value(forKey: keyBytes(i)) == nil, "key \(i) of a removed group came back") }
             for i in stride(from: 1, to: 40, by: 2) { #expect(try tier.value(forKey: keyBytes(i)) == json(i, 300)) }
             for i in 1000..<1600 { try tier.set(random(700, seed: UInt64(i)), forKey: keyBytes(i)) }  // compactions
-            #expect(tier.statistics.compactions > 0)
+            #expect(tier.statistics.regionsReclaimed > 0)
             try tier.close()
         }
         let tier = try DiskTier(config(directory.path, budget: budget, buckets: 4))
@@ -205,23 +205,33 @@ struct DiskTierPersistenceTests {
 
 @Suite("DiskTier: budget, errors and hostile input")
 struct DiskTierRobustnessTests {
-    @Test("eviction gives an entry read since the hand last passed a second chance")
-    func clockSecondChance() throws {
+    @Test("a reclaim reinserts the entries of the oldest region read often enough for their size, and evicts the rest")
+    func reclaimReinsertsReadEntries() throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
-        let recordLength = 56 + 8 + 200  // key-NNN keys are 7-8 bytes; padded to 8
-        // One bucket: its share is (budget − 128) / 2, room for 64 records.
-        let tier = try DiskTier(.init(directory: directory.path, budget: 2 * 64 * recordLength + 128, bucketCount: 1, compressionLevel: nil))
+        // One bucket of 16 regions of 2 KiB: 7 records of 200-byte values (64 + 8 + 200 bytes) each.
+        let recordLength = 64 + 8 + 200
+        var configuration = DiskTier.Configuration(directory: directory.path, budget: 16 * 2048 + 64 + 128, bucketCount: 1, compressionLevel: nil)
+        configuration.writeBufferSize = 0  // every store written at once: one reclaim at a time
+        let tier = try DiskTier(configuration)
+        #expect(tier.configuration.reinsertionThreshold == 5)
         var i = 0
-        while tier.statistics.compactions == 0 {
+        while tier.statistics.regionsReclaimed == 0 {
             try tier.set(random(200, seed: UInt64(i)), forKey: keyBytes(i))
-            if i == 60 {  // the bucket is nearly full: read the first 20, then keep writing
-                for j in 0..<20 { #expect(try tier.value(forKey: keyBytes(j)) != nil) }
+            if i == 60 {  // the bucket is nearly full: read the even ones of the first 20, five times each
+                for _ in 0..<5 { for j in stride(from: 0, to: 20, by: 2) { #expect(try tier.value(forKey: keyBytes(j)) != nil) } }
             }
             i += 1
         }
-        #expect(tier.statistics.evictions >= 10)
-        for j in 0..<20 { #expect(try tier.value(forKey: keyBytes(j)) != nil, "read entry \(j) was evicted in the first sweep") }
+        let statistics = tier.statistics
+        // The oldest region held keys 0..<7: the even ones were read five times (as often as the threshold
+        // asks of a record of the mean length), the odd ones never.
+        #expect(statistics.reinsertions == 4 && statistics.reinsertedBytes == UInt64(4 * recordLength))
+        #expect(statistics.evictions == 3)
+        for j in 0..<20 {
+            let held = try tier.value(forKey: keyBytes(j)) != nil
+            #expect(held == (j % 2 == 0 || j >= 7), "key \(j)")
+        }
     }
 
     @Test("random operations: reads are nil or the last value set, and the files stay within the budget")
@@ -257,7 +267,7 @@ struct DiskTierRobustnessTests {
             #expect(stats.bytesOnDisk <= budget)
             #expect(directoryBytes(directory.path + "/buckets") <= budget, "seed \(seed) step \(step)")
         }
-        #expect(tier.statistics.evictions > 0 && tier.statistics.compactions > 0)
+        #expect(tier.statistics.evictions > 0 && tier.statistics.regionsReclaimed > 0)
     }
 
     @Test("a second opener, in this process, gets directoryLocked; after close it opens")
@@ -412,7 +422,7 @@ struct DiskTierConcurrencyTests {
         }
         #expect(wrong == 0)
         let stats = tier.statistics
-        #expect(stats.compactions > 0 && stats.corruptRecords == 0)
+        #expect(stats.regionsReclaimed > 0 && stats.corruptRecords == 0)
         #expect(stats.bytesOnDisk <= 512 * 1024)
         try tier.close()
         let reopened = try DiskTier(.init(directory: directory.path, budget: 512 * 1024, bucketCount: 4))

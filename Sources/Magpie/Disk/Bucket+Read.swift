@@ -1,22 +1,20 @@
 import Glibc
 
-// MARK: - Reads: a record is copied out of the file (through its mapping), then verified in the copy
+// MARK: - Reads: a record's first bytes verified in a copy, its payload copied once and hashed
 //
-// A value read (`readValue`) copies the record whole into its thread's read scratch (reused: no
-// allocation), verifies it there (header against the slot, checksum, key), and copies the payload out
-// into the array it returns: for a raw value, the value itself. Verifying a copy means a check and a use
-// always see the same bytes, whatever happens to the file meanwhile. A record too long for the scratch,
-// and the other lookups (`find`: a contains, a removal), copy the record into an array of its own.
+// A value read (`readValue`) copies the record's first bytes — header, key, group, metadata — into its
+// thread's read scratch (reused: no allocation), verifies them there (header against the slot, checksum,
+// key), then copies the payload once, out of the file's mapping (or with `pread`) straight into the
+// array it returns, and checks that copy against the payload hash. Verifying copies means a check and a
+// use always see the same bytes, whatever happens to the file meanwhile. A compressed payload is
+// decompressed from its copy outside the lock (DiskTier+Entries.swift).
+//
+// A pending slot's record is in a memtable (Disk/Memtable.swift), which this process wrote and nothing
+// else can: it is read without hashes (it has none yet).
 
-/// A record read for a key: its bytes and parsed header.
-struct FoundRecord {
-    var header: RecordHeader
-    var bytes: [UInt8]
-}
-
-/// The calling thread's buffer for reading records into: ``limit`` bytes, allocated on the thread's first
-/// disk read and freed when the thread exits. Per thread rather than per bucket: 256 buckets would each
-/// keep one, and a thread reads one record at a time (a read never starts another on its thread).
+/// The calling thread's buffer for reading records' first bytes into: ``limit`` bytes, allocated on the
+/// thread's first disk read and freed when the thread exits. Per thread rather than per bucket: 256
+/// buckets would each keep one, and a thread reads one record at a time.
 enum ReadScratch {
     // Invariant: the thread-specific value is nil or a live allocation of `limit` bytes, owned by its
     // thread, freed once by the key's destructor when the thread exits; only its thread touches it.
@@ -26,7 +24,7 @@ enum ReadScratch {
         return key
     }()
 
-    /// The longest record read through the scratch: longer ones get an array of their own.
+    /// The longest prefix read through the scratch: longer ones get an array of their own.
     static let limit = 16 * 1024
 
     /// `length` bytes of this thread's scratch (length ≤ ``limit``), or nil when memory runs out.
@@ -49,19 +47,26 @@ private enum Verdict {
 }
 
 extension BucketState {
+    /// The memtable of `parity`, if the bucket has it.
+    func memtable(parity: Int) -> Memtable? {
+        if let active, active.parity == parity { return active }
+        if let sealing, sealing.parity == parity { return sealing }
+        return nil
+    }
+
     /// The live value record of `key`, or nil. Corrupt records of the key met on the way are counted
-    /// and dropped from the index (and the file is healed once the read is done); an expired one is
+    /// and dropped from the index (and their region emptied once the read is done); an expired one is
     /// dropped too. The clock is read only for a record that has an expiry.
     mutating func readValue(_ key: HashedKey) throws(MagpieError) -> DiskEntry? {
         try checkOpen()
-        defer { healIfNeeded() }
+        defer { if needsScrub { healIfNeeded(now: context.clock.now()) } }
         let tag = DiskSlot.tag(of: key.hash)
         var position = index.home(tag)
         while let next = index.position(of: tag, from: position) {
             position = next
             let slot = index[position]
             var verdict = Verdict.corrupt
-            let found = try candidate(slot, key, &verdict)
+            let found = slot.isPending ? pendingCandidate(slot, key, &verdict) : try candidate(slot, key, &verdict)
             switch verdict {
             case .otherKey:
                 position = index.next(position)
@@ -84,99 +89,168 @@ extension BucketState {
         return nil
     }
 
-    /// Reads the record `slot` points at as a value of `key` (see the top of this file); the entry when
-    /// `verdict` says `.value`.
+    /// Reads the record `slot` (in the file) points at as a value of `key` (see the top of this file);
+    /// the entry when `verdict` says `.value`.
     private func candidate(_ slot: DiskSlot, _ key: HashedKey, _ verdict: inout Verdict) throws(MagpieError) -> DiskEntry? {
-        guard slot.length <= ReadScratch.limit, let record = ReadScratch.bytes(slot.length) else {
-            let bytes = try readRecord(slot)
-            return bytes.withUnsafeBytes { Self.entry(in: $0, slot, key, &verdict) }
+        // The first bytes: header and key, and a little more (a short group, the metadata blocks), at once.
+        let guess = min(slot.length, RecordHeader.size + key.count + 48)
+        guard guess >= RecordHeader.size, guess <= ReadScratch.limit, let scratch = ReadScratch.bytes(ReadScratch.limit) else {
+            return try candidateInArray(slot, key, &verdict)
         }
-        guard try copyOut(slot, from: 0, into: record) else { return nil }
-        return Self.entry(in: UnsafeRawBufferPointer(record), slot, key, &verdict)
+        guard try copyOut(slot.offset, into: UnsafeMutableRawBufferPointer(rebasing: scratch[0..<guess])),
+            let header = RecordHeader.decode(UnsafeRawBufferPointer(rebasing: scratch[0..<guess])),
+            header.kind == .value, header.recordLength == slot.length
+        else { return nil }
+        guard header.payloadOffset <= ReadScratch.limit else { return try candidateInArray(slot, key, &verdict) }
+        if header.payloadOffset > guess {
+            guard try copyOut(slot.offset + guess, into: UnsafeMutableRawBufferPointer(rebasing: scratch[guess..<header.payloadOffset]))
+            else { return nil }
+        }
+        let prefix = UnsafeRawBufferPointer(rebasing: scratch[0..<header.payloadOffset])
+        guard RecordHeader.validatePrefix(prefix) != nil else { return nil }
+        guard Self.isKey(key, in: prefix, header) else {
+            verdict = .otherKey
+            return nil
+        }
+        // The payload: one copy, into the array returned, checked against its hash.
+        if header.storedLength == 0 {
+            guard RecordHeader.payloadMatches(UnsafeRawBufferPointer(start: nil, count: 0), header) else { return nil }
+            verdict = .value
+            return Self.entry(prefix, header, payload: [])
+        }
+        let payloadAt = slot.offset + header.payloadOffset
+        var failure: MagpieError? = nil
+        var intact = false
+        let payload = [UInt8](unsafeUninitializedCapacity: header.storedLength) { buffer, initialized in
+            do throws(MagpieError) {
+                let raw = UnsafeMutableRawBufferPointer(buffer)
+                if try copyOut(payloadAt, into: raw) {
+                    initialized = header.storedLength
+                    intact = RecordHeader.payloadMatches(UnsafeRawBufferPointer(raw), header)
+                } else {
+                    initialized = 0
+                }
+            } catch {
+                failure = error
+                initialized = 0
+            }
+        }
+        if let failure { throw failure }
+        guard intact else { return nil }
+        verdict = .value
+        return Self.entry(prefix, header, payload: payload)
     }
 
-    /// The entry in a copied record, after verifying it (see the top of this file).
-    private static func entry(in bytes: UnsafeRawBufferPointer, _ slot: DiskSlot, _ key: HashedKey, _ verdict: inout Verdict)
-        -> DiskEntry?
-    {
-        guard let header = RecordHeader.validate(bytes), header.kind == .value, !header.isDead,
-            header.recordLength == slot.length
-        else { return nil }
-        guard header.keyHash == key.hash, header.keyLength == key.count,
-            key.count == 0 || memcmp(bytes.baseAddress! + header.keyOffset, key.bytes.baseAddress!, key.count) == 0
-        else {
+    /// `candidate` for a record read whole into an array of its own (its first bytes too long for the
+    /// scratch, or no scratch).
+    private func candidateInArray(_ slot: DiskSlot, _ key: HashedKey, _ verdict: inout Verdict) throws(MagpieError) -> DiskEntry? {
+        let bytes = try readRecord(slot)
+        return bytes.withUnsafeBytes { raw -> DiskEntry? in
+            guard let header = RecordHeader.validatePrefix(raw), header.kind == .value, header.recordLength == slot.length,
+                raw.count >= header.payloadOffset + header.storedLength
+            else { return nil }
+            let prefix = UnsafeRawBufferPointer(rebasing: raw[0..<header.payloadOffset])
+            guard Self.isKey(key, in: prefix, header) else {
+                verdict = .otherKey
+                return nil
+            }
+            let payload = UnsafeRawBufferPointer(rebasing: raw[header.payloadOffset..<(header.payloadOffset + header.storedLength)])
+            guard RecordHeader.payloadMatches(payload, header) else { return nil }
+            verdict = .value
+            return Self.entry(prefix, header, payload: [UInt8](payload))
+        }
+    }
+
+    /// A pending slot's record, read out of its memtable.
+    private func pendingCandidate(_ slot: DiskSlot, _ key: HashedKey, _ verdict: inout Verdict) -> DiskEntry? {
+        guard let memtable = memtable(parity: slot.memtableParity), slot.memtableOffset + slot.length <= memtable.count else { return nil }
+        let record = memtable.bytes(at: slot.memtableOffset, length: slot.length)
+        guard let header = RecordHeader.decode(record), header.kind == .value, header.recordLength == slot.length else { return nil }
+        let prefix = UnsafeRawBufferPointer(rebasing: record[0..<header.payloadOffset])
+        guard Self.isKey(key, in: prefix, header) else {
             verdict = .otherKey
             return nil
         }
         verdict = .value
+        let payload = [UInt8](UnsafeRawBufferPointer(rebasing: record[header.payloadOffset..<(header.payloadOffset + header.storedLength)]))
+        return Self.entry(prefix, header, payload: payload)
+    }
+
+    /// Whether the record whose first bytes are `prefix` is `key`'s.
+    private static func isKey(_ key: HashedKey, in prefix: UnsafeRawBufferPointer, _ header: RecordHeader) -> Bool {
+        header.keyHash == key.hash && header.keyLength == key.count
+            && (key.count == 0 || memcmp(prefix.baseAddress! + header.keyOffset, key.bytes.baseAddress!, key.count) == 0)
+    }
+
+    /// The entry of a verified value record: its first bytes and its payload.
+    private static func entry(_ prefix: UnsafeRawBufferPointer, _ header: RecordHeader, payload: [UInt8]) -> DiskEntry {
         let group = header.groupLength == 0 ? nil
-            : String(decoding: UnsafeRawBufferPointer(rebasing: bytes[header.groupOffset..<header.groupEnd]), as: UTF8.self)
-        let metadata = RecordHeader.metadata(of: bytes, header)
-        // One copy out of the verified bytes, through the specialised array initialiser.
-        let payload = [UInt8](UnsafeRawBufferPointer(rebasing: bytes[header.payloadOffset..<(header.payloadOffset + header.storedLength)]))
+            : String(decoding: UnsafeRawBufferPointer(rebasing: prefix[header.groupOffset..<header.groupEnd]), as: UTF8.self)
         return DiskEntry(
-            value: payload, expiry: header.expiry, placement: metadata,
+            value: payload, expiry: header.expiry, placement: RecordHeader.metadata(of: prefix, header),
             group: group, compressedLength: header.codec == .zstd ? header.originalLength : nil)
     }
 
-    /// Copies `destination.count` bytes of the record `slot` points at, from byte `start` of it: out of
-    /// the write buffer, the file's mapping, or with `pread`. False when the log ends first.
-    private func copyOut(_ slot: DiskSlot, from start: Int, into destination: UnsafeMutableRawBufferPointer) throws(MagpieError)
-        -> Bool
-    {
+    /// Copies `destination.count` bytes of the file from `offset`: out of the file's mapping, or with
+    /// `pread`. False when the file ends first.
+    private func copyOut(_ offset: Int, into destination: UnsafeMutableRawBufferPointer) throws(MagpieError) -> Bool {
         if destination.isEmpty { return true }
-        if slot.offset >= written {
-            return buffer.withBytes { bytes in
-                let from = slot.offset - written + start
-                guard from + destination.count <= bytes.count else { return false }
-                destination.copyMemory(from: UnsafeRawBufferPointer(rebasing: bytes[from..<(from + destination.count)]))
-                return true
-            }
-        }
-        let mapping = slot.offset + slot.length <= written ? self.mapping : nil  // never map-read past the records
-        return try FileIO.read(fd, mapping: mapping, into: destination, at: slot.offset + start, path: context.path)
-            == destination.count
+        return try FileIO.read(fd, mapping: mapping, into: destination, at: offset, path: context.path) == destination.count
     }
 
-    /// Counts and logs a corrupt record met by a read, drops its slot, and marks the file for healing.
+    /// Counts and logs a corrupt record met by a read, drops its slot, and has the bucket's regions
+    /// checked (and healed) when the operation ends (Bucket+Heal.swift).
     mutating func dropCorrupt(at position: Int) {
+        let slot = index[position]
         counters.corruptRecords += 1
-        context.logs.corruptRecord.record(metadata: ["path": "\(context.path)", "offset": "\(index[position].offset)"])
+        context.logs.corruptRecord.record(metadata: ["path": "\(context.path)", "offset": "\(slot.offset)"])
         drop(at: position)
-        needsHealing = true
+        needsScrub = true
     }
 
-    /// The index position and record of `key`. Verifies each candidate's checksum and key. Corrupt
-    /// candidates are dropped and the file is marked for healing: the caller calls `healIfNeeded()` once
-    /// it no longer needs the position (a compaction may move slots).
-    mutating func find(tag: UInt32, key: UnsafeRawBufferPointer) throws(MagpieError) -> (Int, FoundRecord)? {
+    /// The record `slot` points at, its first bytes verified: its header and those bytes (header, key,
+    /// group, metadata); nil when it does not verify (a read meeting it will drop it).
+    func recordPrefix(_ slot: DiskSlot) throws(MagpieError) -> (RecordHeader, [UInt8])? {
+        if slot.isPending {
+            guard let memtable = memtable(parity: slot.memtableParity), slot.memtableOffset + slot.length <= memtable.count else { return nil }
+            let record = memtable.bytes(at: slot.memtableOffset, length: slot.length)
+            guard let header = RecordHeader.decode(record) else { return nil }
+            return (header, [UInt8](UnsafeRawBufferPointer(rebasing: record[0..<header.payloadOffset])))
+        }
+        let head = try readBytes(min(slot.length, RecordHeader.size), at: slot.offset, mapping: mapping)
+        guard let header = head.withUnsafeBytes({ RecordHeader.decode($0) }), header.recordLength == slot.length else { return nil }
+        let prefix = header.payloadOffset == head.count ? head : try readBytes(header.payloadOffset, at: slot.offset, mapping: mapping)
+        guard prefix.withUnsafeBytes({ RecordHeader.validatePrefix($0) }) != nil else { return nil }
+        return (header, prefix)
+    }
+
+    /// The index position and header of `key`'s live record, its first bytes verified (a pending one is
+    /// taken as it is). Corrupt candidates are dropped and their region noted for healing: the caller lets
+    /// `healIfNeeded` run once it no longer needs the position.
+    mutating func find(tag: UInt32, key: UnsafeRawBufferPointer) throws(MagpieError) -> (Int, RecordHeader)? {
         var position = index.home(tag)
         while let next = index.position(of: tag, from: position) {
             position = next
-            let slot = index[position]
-            let bytes = try readRecord(slot)
-            guard let header = bytes.withUnsafeBytes({ RecordHeader.validate($0) }), header.kind == .value,
-                !header.isDead, header.recordLength == slot.length
-            else {
+            guard let (header, prefix) = try recordPrefix(index[position]), header.kind == .value else {
                 dropCorrupt(at: position)  // a later slot of the run may shift into `position`: look again
                 continue
             }
-            let matches = bytes.withUnsafeBytes { raw in
+            let matches = prefix.withUnsafeBytes { raw in
                 header.keyLength == key.count
                     && (key.isEmpty || memcmp(raw.baseAddress! + header.keyOffset, key.baseAddress!, key.count) == 0)
             }
-            if matches { return (position, FoundRecord(header: header, bytes: bytes)) }
+            if matches { return (position, header) }
             position = index.next(position)
         }
         return nil
     }
 
     /// The index position of `key`'s record, for a store that replaces it: confirmed by the record's
-    /// header and key alone (56 + key bytes, read without an allocation for keys up to a few KiB), not
+    /// header and key alone (64 + key bytes, read without an allocation for keys up to a few KiB), not
     /// by its checksum, so an overwrite neither copies nor hashes the old value. Enough here: the
-    /// position is only dropped from the index and its record marked dead, which a damaged record
-    /// (that a full read would have dropped anyway) or a stale slot cannot turn into a wrong value. A
-    /// candidate whose header does not parse or match is left to the next read, which verifies it.
+    /// position is only dropped from the index (with a tombstone written first when its record is in the
+    /// file), which a damaged record or a stale slot cannot turn into a wrong value. A candidate whose
+    /// header does not parse or match is left to the next read, which verifies it.
     mutating func position(of key: HashedKey) throws(MagpieError) -> Int? {
         let tag = DiskSlot.tag(of: key.hash)
         var position = index.home(tag)
@@ -188,18 +262,14 @@ extension BucketState {
         return nil
     }
 
-    /// Whether the record `slot` points at is a live value record of `key` (header and key compared).
+    /// Whether the record `slot` points at is a value record of `key` (header and key compared).
     private func recordHolds(_ key: HashedKey, _ slot: DiskSlot) throws(MagpieError) -> Bool {
         let length = RecordHeader.size + key.count
-        if slot.offset >= written {
-            return buffer.withBytes { bytes in
-                let start = slot.offset - written
-                guard start + length <= bytes.count else { return false }
-                return Self.holds(UnsafeRawBufferPointer(rebasing: bytes[start..<(start + length)]), key, slot)
-            }
+        if slot.isPending {
+            guard let memtable = memtable(parity: slot.memtableParity), slot.memtableOffset + length <= memtable.count else { return false }
+            return Self.holds(memtable.bytes(at: slot.memtableOffset, length: length), key, slot)
         }
-        let mapping = slot.offset + slot.length <= written ? self.mapping : nil
-        let (fd, path) = (self.fd, context.path)
+        let (fd, path, mapping) = (self.fd, context.path, self.mapping)
         return try withUnsafeTemporaryAllocation(byteCount: length, alignment: 8) { buffer in
             Result { () throws(MagpieError) -> Bool in
                 let read = try FileIO.read(fd, mapping: mapping, into: buffer, at: slot.offset, path: path)
@@ -209,19 +279,20 @@ extension BucketState {
     }
 
     private static func holds(_ prefix: UnsafeRawBufferPointer, _ key: HashedKey, _ slot: DiskSlot) -> Bool {
-        guard let header = RecordHeader.decode(prefix), header.kind == .value, !header.isDead,
-            header.keyHash == key.hash, header.keyLength == key.count, header.recordLength == slot.length
+        guard let header = RecordHeader.decode(prefix), header.kind == .value, header.keyHash == key.hash,
+            header.keyLength == key.count, header.recordLength == slot.length
         else { return false }
         return key.count == 0 || memcmp(prefix.baseAddress! + header.keyOffset, key.bytes.baseAddress!, key.count) == 0
     }
 
-    /// The bytes of the record `slot` points at: from the write buffer if it is still there, from the
-    /// file's mapping when there is one and the record lies in the written part of the file, else with
-    /// `pread`. Fewer than the slot's length only if the file ends early (which fails validation).
+    /// The bytes of the record `slot` points at: out of its memtable for a pending slot, else from the
+    /// file (through its mapping when there is one). Fewer than the slot's length only if the file ends
+    /// early (which fails validation).
     func readRecord(_ slot: DiskSlot) throws(MagpieError) -> [UInt8] {
-        let written = self.written
-        if slot.offset >= written { return pendingRecord(slot) }
-        let mapping = slot.offset + slot.length <= written ? self.mapping : nil  // never map-read past the records
+        if slot.isPending {
+            guard let memtable = memtable(parity: slot.memtableParity), slot.memtableOffset + slot.length <= memtable.count else { return [] }
+            return [UInt8](memtable.bytes(at: slot.memtableOffset, length: slot.length))
+        }
         return try readBytes(slot.length, at: slot.offset, mapping: mapping)
     }
 

@@ -2,19 +2,28 @@ import Glibc
 
 // MARK: - Recovery: rebuilding a bucket's index from its file
 //
-// The file is read whole and scanned from the end of its header. A record counts only if it is valid
-// (see Format/OnDiskFormat.swift) and lies wholly inside the file. Records apply in file order:
-//  - a value replaces the key's previous record (an expired value only removes it);
-//  - a tombstone removes the key;
-//  - a group tombstone removes the group's values written before it.
-// Dead records (superseded or removed, see Format/OnDiskFormat.swift) are stepped over.
-// At an invalid record the scan resyncs: it tries every following 8-byte boundary for a valid record.
-// If one is found, the bytes skipped count as one corrupt record; if none, the rest of the file is a
-// torn tail (an append cut short by a crash) or trailing garbage, and is truncated. A file whose
-// header is missing or belongs elsewhere (another bucket, count or seed) is reset to empty and counted.
-// A file in which corrupt records were skipped is then rewritten without them (healed, by a compaction),
-// so the damage is counted once, not at every open.
-
+// The file is read whole. Its header must name this bucket, count and seed (else the file is reset to
+// empty, and counted); its region size says where the slots are. Every slot whose first bytes are a
+// valid region header of this bucket starts a region; a region overlapping a newer one is a leftover and is
+// ignored. Regions apply oldest first, and within a region records apply in file order (Format/
+// OnDiskFormat.swift, "Validity"):
+//  - a value replaces the key's earlier record (an expired value only removes it);
+//  - a tombstone removes the key's record if that record's sequence number is below the tombstone's cover;
+//  - a group tombstone removes, likewise, the group's values below its cover.
+// A record counts only if it is valid, lies wholly inside its region, belongs to this bucket, and its
+// sequence number is at least the region's first and above the previous record's. Damage is of two kinds:
+//  - known: a value record whose first bytes verify (so its key is known) but whose payload does not. It
+//    counts as one corrupt record, and its key is removed (the record replaced the key's earlier value,
+//    which must not come back); the scan goes on after it. The region is emptied into the newest one once
+//    the bucket has loaded (`damaged`), so the damage is counted once, not at every open.
+//  - unknown: bytes that are no record of this region. The scan resyncs: it tries every following 8-byte
+//    boundary of the region for a valid record. If none is found, the region's records end there (a torn
+//    last write, zeros, or what a reused slot held before; counted as a torn tail when it looks like a
+//    record of this region). If one is found, the bytes skipped count as one corrupt record, and since
+//    they may have held a tombstone (or a newer value) for any key written before them, every entry
+//    recovered so far is dropped (counted in `droppedForDamage`): damage costs misses, never a removed or
+//    replaced value brought back. Such a region is left to be reclaimed in turn (emptying it out of turn
+//    would drop the tombstones the damage hides).
 extension BucketState {
     /// Opens (creating if needed) the bucket file, and nothing more: its index is loaded by
     /// ``loadIfNeeded()`` (at the bucket's first use, or by the tier's loader thread), so that opening a
@@ -84,8 +93,12 @@ extension BucketState {
             // As before the load: nothing indexed, nothing counted; the file as the failed step left it.
             index = BucketIndex()
             liveBytes = 0
-            written = BucketFileHeader.size
+            regions = []
+            freeSlots = []
+            slotCount = 0
             maximumSequence = 0
+            nextRegionSequence = 1
+            damaged = []
             counters = BucketCounters()
             context.logs.bucketLoadFailed.record(error: "\(error)", metadata: ["path": "\(context.path)"])
             throw error
@@ -102,11 +115,11 @@ extension BucketState {
         }
         if size > limit {
             // Only if the file grew since the open (it cannot, unless someone else wrote it): charged to
-            // the pool, which may then go below zero; buckets repay as they compact.
+            // the pool, which may then go below zero; buckets repay as they give back room.
             context.ledger.pool.give(limit - size)
             limit = size
-            remap()
         }
+        remap()
         loaded = true
         if counters.corruptRecords > 0 || counters.truncatedTails > 0 {
             context.logs.bucketRecovered.record(
@@ -115,12 +128,18 @@ extension BucketState {
                     "truncated_tails": "\(counters.truncatedTails)",
                 ])
         }
+        healIfNeeded(now: now)  // the damaged regions leave the file
+    }
+
+    /// The header this bucket's file must have (with `regionSize`).
+    private func expectedHeader(regionSize: Int) -> BucketFileHeader {
+        BucketFileHeader(bucketIndex: context.number, bucketCount: context.bucketCount, seed: context.hasher.seed, regionSize: regionSize)
     }
 
     private mutating func recover(now: Int64) throws(MagpieError) {
         if index.capacity == 0 { index = BucketIndex() }
         let fileSize = try FileIO.size(fd, path: context.path)
-        if fileSize >= BucketFileHeader.size, try headerMatches(), loadSnapshot(fileSize: fileSize) {
+        if fileSize >= BucketFileHeader.size, let header = try fileHeader(), loadSnapshot(fileSize: fileSize, regionSize: header.regionSize) {
             // Kept until the loader thread or the file's next change deletes it (Bucket+Snapshot.swift).
             counters.openedFromSnapshot = true
             keepsSnapshot = true
@@ -129,78 +148,184 @@ extension BucketState {
         // Unusable: never let it be read later (a failure fails the load, as the scan may change the file).
         try context.directory.unlink(.buckets, snapshotName)
         let bytes = try readBytes(fileSize, at: 0)
-        let read = bytes.count
-        let fd = self.fd
-        let path = context.path
-        let expected = BucketFileHeader(bucketIndex: context.number, bucketCount: context.bucketCount, seed: context.hasher.seed)
         let header = bytes.withUnsafeBytes { BucketFileHeader.decode($0) }
-        guard header == expected else {
-            if read > 0 { counters.corruptRecords += 1 }
+        guard let header, header == expectedHeader(regionSize: header.regionSize) else {
+            if !bytes.isEmpty { counters.corruptRecords += 1 }
             try context.sizesFile.retire()  // SIZES goes before the file changes
-            try FileIO.truncate(fd, to: 0, path: path)
-            try FileIO.write(fd, expected.encoded(), at: 0, path: path)
-            written = BucketFileHeader.size
+            try FileIO.truncate(fd, to: 0, path: context.path)
+            try FileIO.write(fd, expectedHeader(regionSize: context.shared.regionSize).encoded(), at: 0, path: context.path)
+            regionSize = context.shared.regionSize
+            slotCount = 0
+            freeSlots = []
             return
         }
-        let end = bytes.withUnsafeBytes { scan($0, now: now) }
-        written = end
-        if end < fileSize {
-            counters.truncatedTails += 1
-            try context.sizesFile.retire()
-            try FileIO.truncate(fd, to: end, path: path)
+        regionSize = header.regionSize
+        // The last slot may be written in part only: it counts whole.
+        slotCount = (bytes.count - BucketFileHeader.size + regionSize - 1) / regionSize
+        freeSlots = [Bool](repeating: true, count: slotCount)
+        let ignored = bytes.withUnsafeBytes { file in findRegions(in: file) }
+        var tornTail = false
+        bytes.withUnsafeBytes { file in
+            var groups: [[UInt8]: [UInt32]] = [:]  // group name -> offset8 of its values, in file order
+            for position in regions.indices {
+                let region = regions[position]
+                let low = start(of: region)
+                let bytes = UnsafeRawBufferPointer(rebasing: file[low..<min(file.count, low + capacity(of: region))])
+                let scan = Self.forEachRecord(inRegion: bytes, firstSequence: region.firstRecordSequence, context: context) { event in
+                    switch event {
+                    case .record(let offset, let header):
+                        let record = UnsafeRawBufferPointer(rebasing: bytes[offset..<(offset + header.recordLength)])
+                        apply(header, record, at: low + offset, groups: &groups, file: file, now: now)
+                        maximumSequence = max(maximumSequence, header.sequence)
+                    case .brokenValue(let offset, let header):
+                        // Its key's earlier value was replaced by it: gone too.
+                        let key = UnsafeRawBufferPointer(rebasing: bytes[(offset + header.keyOffset)..<(offset + header.groupOffset)])
+                        removeRecovered(keyHash: header.keyHash, key: key, below: .max, file: file)
+                        maximumSequence = max(maximumSequence, header.sequence)
+                        counters.corruptRecords += 1
+                        if !damaged.contains(region.sequence) { damaged.append(region.sequence) }
+                    case .unknownDamage:
+                        counters.corruptRecords += 1
+                        counters.droppedForDamage += UInt64(index.count)
+                        _ = dropAll { _ in true }
+                        groups = [:]
+                        if !hiddenDamage.contains(region.sequence) { hiddenDamage.append(region.sequence) }
+                    }
+                }
+                regions[position].end = scan.end
+                if position == regions.count - 1 { tornTail = scan.torn }
+            }
         }
-        if counters.corruptRecords > 0 { heal() }  // the skipped bytes leave the file
+        if tornTail, let newest = regions.last {
+            // What the torn write left is zeroed (up to the end of the region, or of the file), so that it is
+            // counted once, not at every scan until the next write goes over it.
+            counters.truncatedTails += 1
+            let from = start(of: newest) + newest.end
+            let to = min(bytes.count, start(of: newest) + capacity(of: newest))
+            if to > from {
+                try context.sizesFile.retire()
+                try FileIO.write(fd, [UInt8](repeating: 0, count: to - from), at: from, path: context.path)
+            }
+        }
+        if let newest = regions.last {
+            maximumSequence = max(maximumSequence, newest.firstRecordSequence &- 1)
+            nextRegionSequence = newest.sequence &+ 1
+        }
+        // Leftover headers outside every region (overlapped by a newer one): zeroed, so that they stay
+        // free slots' headers (a leftover inside a region's bytes is that region's data, and stays).
+        let leftovers = ignored.filter { freeSlots[$0] }
+        if !leftovers.isEmpty {
+            try context.sizesFile.retire()
+            let zeros = [UInt8](repeating: 0, count: RegionHeader.size)
+            for slot in leftovers { try FileIO.write(fd, zeros, at: BucketFileHeader.size + slot * regionSize, path: context.path) }
+        }
     }
 
-    /// Whether the file starts with this bucket's header.
-    private func headerMatches() throws(MagpieError) -> Bool {
-        let header = try readBytes(BucketFileHeader.size, at: 0)
-        let expected = BucketFileHeader(bucketIndex: context.number, bucketCount: context.bucketCount, seed: context.hasher.seed)
-        return header.withUnsafeBytes { BucketFileHeader.decode($0) } == expected
+    /// Fills `regions` (oldest first) and `freeSlots` from the region headers in `file`; returns the slots
+    /// of valid headers that were left out (overlapping a newer region).
+    private mutating func findRegions(in file: UnsafeRawBufferPointer) -> [Int] {
+        var found: [Region] = []
+        for slot in 0..<slotCount {
+            let at = BucketFileHeader.size + slot * regionSize
+            guard at + RegionHeader.size <= file.count,
+                let header = RegionHeader.decode(UnsafeRawBufferPointer(rebasing: file[at..<(at + RegionHeader.size)]), hasher: context.hasher),
+                header.bucketIndex == context.number, header.slots <= slotCount - slot
+            else { continue }
+            found.append(
+                Region(slot: slot, slots: header.slots, sequence: header.sequence, firstRecordSequence: header.firstRecordSequence,
+                    end: RegionHeader.size))
+        }
+        // Newest first: a region whose slots another (newer) one already holds is a leftover.
+        found.sort { $0.sequence > $1.sequence }
+        var ignored: [Int] = []
+        var kept: [Region] = []
+        for region in found {
+            let slots = region.slot..<(region.slot + region.slots)
+            if slots.allSatisfy({ freeSlots[$0] }) && !kept.contains(where: { $0.sequence == region.sequence }) {
+                for slot in slots { freeSlots[slot] = false }
+                kept.append(region)
+            } else {
+                ignored.append(region.slot)
+            }
+        }
+        regions = kept.reversed()
+        return ignored
     }
 
-    /// Applies every valid record; returns the end of the last one.
-    private mutating func scan(_ file: UnsafeRawBufferPointer, now: Int64) -> Int {
-        var offset = BucketFileHeader.size
+    /// What a region's scan meets (see the top of this file): a record (its offset from the region's
+    /// start, its header), a value whose payload does not verify, or unknown damage skipped.
+    enum ScanEvent {
+        case record(Int, RecordHeader)
+        case brokenValue(Int, RecordHeader)
+        case unknownDamage
+    }
+
+    /// Calls `body` with what the scan of `region`'s bytes meets, in order (see the top of this file).
+    /// Returns where the records end and whether they end at what looks like a torn record of this region.
+    static func forEachRecord(
+        inRegion region: UnsafeRawBufferPointer, firstSequence: UInt64, context: BucketContext, _ body: (ScanEvent) -> Void
+    ) -> (end: Int, torn: Bool) {
+        var offset = RegionHeader.size
         var end = offset
-        var groups: [[UInt8]: [UInt32]] = [:]  // group name -> offset8 of its values, in file order
-        while offset + RecordHeader.size <= file.count {
-            guard let header = validRecord(file, at: offset) else {
-                var next = offset + 8
-                while next + RecordHeader.size <= file.count && validRecord(file, at: next) == nil { next += 8 }
-                if next + RecordHeader.size > file.count { break }  // nothing valid after: a tail
-                counters.corruptRecords += 1
-                offset = next
+        var previous: UInt64? = nil
+        // A record here whose first bytes verify: inside the region, of this bucket, and in sequence; with
+        // whether its payload verifies too.
+        func record(at offset: Int) -> (RecordHeader, intact: Bool)? {
+            guard offset + RecordHeader.size <= region.count,
+                UInt32(littleEndian: region.loadUnaligned(fromByteOffset: offset, as: UInt32.self)) == RecordHeader.magic,
+                let header = RecordHeader.validatePrefix(UnsafeRawBufferPointer(rebasing: region[offset...])),
+                header.sequence >= firstSequence, previous.map({ header.sequence > $0 }) ?? true,
+                offset + header.recordLength <= region.count,
+                belongsHere(header, UnsafeRawBufferPointer(rebasing: region[offset...]), context: context)
+            else { return nil }
+            let payload = UnsafeRawBufferPointer(
+                rebasing: region[(offset + header.payloadOffset)..<(offset + header.payloadOffset + header.storedLength)])
+            return (header, RecordHeader.payloadMatches(payload, header))
+        }
+        var torn = false
+        while offset + RecordHeader.size <= region.count {
+            if let (header, intact) = record(at: offset) {
+                // A tombstone has no payload to break: its hash is in its verified first bytes.
+                body(intact || header.kind != .value ? .record(offset, header) : .brokenValue(offset, header))
+                previous = header.sequence
+                offset += header.recordLength
+                end = offset
                 continue
             }
-            let record = UnsafeRawBufferPointer(rebasing: file[offset..<(offset + header.recordLength)])
-            if header.isDead {
-                // Superseded or removed: stepped over, never applied.
-            } else if belongsHere(header, record) {
-                apply(header, record, at: offset, groups: &groups, file: file, now: now)
-            } else {
-                counters.corruptRecords += 1
+            // Something of this region's that failed: torn or damaged.
+            let head = RecordHeader.decode(UnsafeRawBufferPointer(rebasing: region[offset...]))
+            let looksOurs = head.map { header in header.sequence >= firstSequence && (previous.map { header.sequence > $0 } ?? true) } ?? false
+            var next = offset + 8
+            while next + RecordHeader.size <= region.count && record(at: next) == nil { next += 8 }
+            if next + RecordHeader.size > region.count {
+                torn = looksOurs
+                break  // nothing valid after: the region's records end here
             }
-            maximumSequence = max(maximumSequence, header.sequence)
-            offset += header.recordLength
-            end = offset
+            body(.unknownDamage)
+            offset = next
         }
-        return end
+        return (end, torn)
     }
 
-    private func validRecord(_ file: UnsafeRawBufferPointer, at offset: Int) -> RecordHeader? {
-        guard let header = RecordHeader.validate(UnsafeRawBufferPointer(rebasing: file[offset...])),
-            offset + header.recordLength <= file.count
+    /// Whether the bucket file starts with this bucket's header; the header, nil if not.
+    private func fileHeader() throws(MagpieError) -> BucketFileHeader? {
+        let bytes = try readBytes(BucketFileHeader.size, at: 0)
+        guard let header = bytes.withUnsafeBytes({ BucketFileHeader.decode($0) }), header == expectedHeader(regionSize: header.regionSize)
         else { return nil }
         return header
     }
 
     /// A valid record may still be foreign: its key must hash to its key hash, and that to this bucket.
-    private func belongsHere(_ header: RecordHeader, _ record: UnsafeRawBufferPointer) -> Bool {
+    private static func belongsHere(_ header: RecordHeader, _ record: UnsafeRawBufferPointer, context: BucketContext) -> Bool {
         if header.kind == .groupTombstone { return header.keyHash == 0 }
         let key = UnsafeRawBufferPointer(rebasing: record[header.keyOffset..<header.groupOffset])
         return context.hasher.hash(key) == header.keyHash
             && DiskTier.bucket(of: header.keyHash, count: context.bucketCount) == context.number
+    }
+
+    /// The sequence number of the record at `offset` in `file`.
+    private static func sequence(at offset: Int, in file: UnsafeRawBufferPointer) -> UInt64 {
+        UInt64(littleEndian: file.loadUnaligned(fromByteOffset: offset + 32, as: UInt64.self))
     }
 
     private mutating func apply(
@@ -210,40 +335,46 @@ extension BucketState {
         switch header.kind {
         case .value:
             let key = UnsafeRawBufferPointer(rebasing: record[header.keyOffset..<header.groupOffset])
-            removeRecovered(keyHash: header.keyHash, key: key, file: file)
+            removeRecovered(keyHash: header.keyHash, key: key, below: .max, file: file)
             if header.expiry != 0 && header.expiry <= now {
                 counters.expired += 1
                 return
             }
-            index.insert(DiskSlot(hash: header.keyHash, offset: offset, length: header.recordLength, expiryMilliseconds: header.expiry))
-            liveBytes += header.recordLength
+            insert(DiskSlot(hash: header.keyHash, offset: offset, length: header.recordLength, expiryMilliseconds: header.expiry))
             if header.groupLength > 0 {
                 groups[Array(record[header.groupOffset..<header.groupEnd]), default: []].append(UInt32(offset / 8))
             }
         case .tombstone:
             let key = UnsafeRawBufferPointer(rebasing: record[header.keyOffset..<header.groupOffset])
-            removeRecovered(keyHash: header.keyHash, key: key, file: file)
+            removeRecovered(keyHash: header.keyHash, key: key, below: header.covers, file: file)
         case .groupTombstone:
             let name = Array(record[header.groupOffset..<header.groupEnd])
-            for offset8 in groups.removeValue(forKey: name) ?? [] {
+            guard let members = groups[name] else { return }
+            var kept: [UInt32] = []
+            for offset8 in members {
+                let memberOffset = Int(offset8) * 8
+                guard Self.sequence(at: memberOffset, in: file) < header.covers else {
+                    kept.append(offset8)  // written after what this tombstone removes
+                    continue
+                }
                 // The member's own record gives its tag; the slot still points at it unless replaced.
-                let member = UnsafeRawBufferPointer(rebasing: file[(Int(offset8) * 8)...])
-                guard let memberHeader = RecordHeader.decode(member) else { continue }
-                let tag = DiskSlot.tag(of: memberHeader.keyHash)
+                let tag = DiskSlot.tag(of: UInt64(littleEndian: file.loadUnaligned(fromByteOffset: memberOffset + 40, as: UInt64.self)))
                 if let position = index.positions(tag: tag).first(where: { index[$0].offset8 == offset8 }) {
                     drop(at: position)
                 }
             }
+            groups[name] = kept.isEmpty ? nil : kept
         }
     }
 
-    /// Removes the recovered slot of `key`, comparing keys against the file in memory.
-    private mutating func removeRecovered(keyHash: UInt64, key: UnsafeRawBufferPointer, file: UnsafeRawBufferPointer) {
+    /// Removes the recovered slot of `key` if its record's sequence number is below `cover`, comparing
+    /// keys against the file in memory.
+    private mutating func removeRecovered(keyHash: UInt64, key: UnsafeRawBufferPointer, below cover: UInt64, file: UnsafeRawBufferPointer) {
         for position in index.positions(tag: DiskSlot.tag(of: keyHash)) {
             let slotRecord = UnsafeRawBufferPointer(rebasing: file[index[position].offset...])
             guard let header = RecordHeader.decode(slotRecord), header.keyLength == key.count else { continue }
             if key.isEmpty || memcmp(slotRecord.baseAddress! + header.keyOffset, key.baseAddress!, key.count) == 0 {
-                drop(at: position)
+                if header.sequence < cover { drop(at: position) }
                 return
             }
         }

@@ -5,8 +5,8 @@ import Synchronization
 // `close()` writes each bucket's index to `buckets/<name>.index` (format in Format/OnDiskFormat.swift).
 // A load uses a snapshot only if it is intact, names this bucket, count and seed, and the bucket file
 // still has the size it records. A snapshot used is then kept while it describes the file exactly: it
-// is deleted (``BucketState/beforeFileChange()``) before anything changes the file — the first append,
-// eviction, compaction or emptying — and meanwhile by the loader thread once it has loaded the bucket
+// is deleted (``BucketState/beforeFileChange()``) before anything changes the file — the first write of
+// a record or region header, a growth, a reclaim, an emptying — and meanwhile by the loader thread once it has loaded the bucket
 // (BucketLoader.swift), so that a get that loads a bucket pays no `unlink` and a crash can never bring
 // back an index older than the file. A snapshot not used is deleted at the load. Even a snapshot that
 // passes these checks is not trusted with data: every read still verifies the record's checksum, key
@@ -55,7 +55,7 @@ extension BucketState {
     var snapshotName: String { context.name + ".index" }
 
     /// The bytes of this bucket's snapshot now.
-    var snapshotLength: Int { IndexSnapshot.length(slotCount: index.slots.count) }
+    var snapshotLength: Int { IndexSnapshot.length(slotCount: index.slots.count, regionCount: regions.count) }
 
     /// What a bucket not loaded holds in the directory: its file's size and its snapshot's (0: none) —
     /// as SIZES recorded them if the open did not open the file, else measured.
@@ -64,8 +64,7 @@ extension BucketState {
         return ((try? FileIO.size(fd, path: context.path)) ?? 0, context.directory.size(.buckets, snapshotName))
     }
 
-    /// The bytes the bucket holds in the directory now: its log (or, not loaded, its file) and the
-    /// snapshot it still has.
+    /// The bytes the bucket holds in the directory now: its file and the snapshot it still has.
     var heldBytes: Int {
         guard loaded else {
             let (file, snapshot) = unloadedSizes
@@ -74,14 +73,17 @@ extension BucketState {
         return size + (keepsSnapshot ? snapshotCharge : 0)
     }
 
-    /// Writes the index snapshot (after a flush, on close) and returns the bytes of the snapshot the
-    /// bucket then has in the directory (the one written; if that failed, what is there). Best effort: a
-    /// failure only means the next open scans the file.
+    /// Writes the index snapshot (after every memtable was written and the file flushed, on close) and
+    /// returns the bytes of the snapshot the bucket then has in the directory (the one written; if that
+    /// failed, what is there). Best effort: a failure only means the next open scans the file.
     func writeSnapshot() -> Int {
-        guard buffer.isEmpty else { return keepsSnapshot ? snapshotCharge : 0 }  // only an index of records all in the file
+        // Only an index of records all in the file.
+        guard pendingCount == 0 else { return keepsSnapshot ? snapshotCharge : 0 }
         let snapshot = IndexSnapshot(
-            bucketIndex: context.number, bucketCount: context.bucketCount, seed: context.hasher.seed, fileSize: size,
-            liveBytes: liveBytes, maximumSequence: maximumSequence, slots: index.slots, liveCount: index.count)
+            bucketIndex: context.number, bucketCount: context.bucketCount, seed: context.hasher.seed,
+            fileSize: (try? FileIO.size(fd, path: context.path)) ?? size,
+            liveBytes: liveBytes, maximumSequence: maximumSequence, regionSize: regionSize, slotCount: slotCount,
+            nextRegionSequence: nextRegionSequence, regions: regions, slots: index.slots, liveCount: index.count)
         let bytes = snapshot.encoded()
         do {
             try context.directory.writeAtomically(.buckets, snapshotName, bytes)
@@ -112,20 +114,64 @@ extension BucketState {
         }
     }
 
-    /// Loads the snapshot if it fits the bucket file of `fileSize` bytes. True if loaded (the caller then
-    /// keeps it, see above); false leaves it for the caller to delete.
-    mutating func loadSnapshot(fileSize: Int) -> Bool {
+    /// Whether the file still is as `snapshot` describes it. The file's size alone does not tell (records
+    /// go into slots it already has), so every slot's first bytes are read: each region's header must be
+    /// there with its sequence number, no other slot may hold a valid region header, and no record of a
+    /// newer sequence number may follow the newest region's records. Every change to a file is one of
+    /// these: an append (to the newest region, or to a region opened in a free slot), a reclaim or an
+    /// evacuation (a region's header overwritten or zeroed), an emptying (a new file). A few hundred bytes
+    /// read per bucket, from its mapping.
+    private func matchesFile(_ snapshot: IndexSnapshot) -> Bool {
+        var firstSlots: [Int: Region] = [:]
+        var inside = Set<Int>()
+        for region in snapshot.regions {
+            firstSlots[region.slot] = region
+            for slot in (region.slot + 1)..<(region.slot + region.slots) { inside.insert(slot) }
+        }
+        for slot in 0..<snapshot.slotCount where !inside.contains(slot) {
+            // (A slot past the end of the file holds nothing: a short read.)
+            guard let head = try? readBytes(RegionHeader.size, at: BucketFileHeader.size + slot * snapshot.regionSize, mapping: mapping)
+            else { return false }
+            let header = head.count < RegionHeader.size ? nil : head.withUnsafeBytes { RegionHeader.decode($0, hasher: context.hasher) }
+            if let region = firstSlots[slot] {
+                guard let header, header.sequence == region.sequence, header.slots == region.slots,
+                    header.firstRecordSequence == region.firstRecordSequence
+                else { return false }
+            } else if header != nil {
+                return false
+            }
+        }
+        guard let newest = snapshot.regions.last, newest.end + RecordHeader.size <= newest.slots * snapshot.regionSize else { return true }
+        let at = BucketFileHeader.size + newest.slot * snapshot.regionSize + newest.end
+        guard let next = try? readBytes(RecordHeader.size, at: at, mapping: mapping) else { return false }
+        let appended = next.withUnsafeBytes { RecordHeader.decode($0) }.map { $0.sequence > snapshot.maximumSequence } ?? false
+        return !appended
+    }
+
+    /// Loads the snapshot if it fits the bucket file of `fileSize` bytes and `regionSize`. True if loaded
+    /// (the caller then keeps it, see above); false leaves it for the caller to delete.
+    mutating func loadSnapshot(fileSize: Int, regionSize: Int) -> Bool {
         guard let bytes = (try? context.directory.readFile(.buckets, snapshotName)) ?? nil else { return false }
         guard let snapshot = IndexSnapshot.decode(bytes), snapshot.bucketIndex == context.number,
-            snapshot.bucketCount == context.bucketCount, snapshot.seed == context.hasher.seed, snapshot.fileSize == fileSize
+            snapshot.bucketCount == context.bucketCount, snapshot.seed == context.hasher.seed, snapshot.fileSize == fileSize,
+            snapshot.regionSize == regionSize, matchesFile(snapshot)
         else { return false }
         index = BucketIndex(slots: snapshot.slots, count: snapshot.liveCount)
         // It stays (see above): charged at its real length, whatever SIZES said of it.
         context.ledger.pool.give(snapshotCharge - bytes.count)
         snapshotCharge = bytes.count
         liveBytes = snapshot.liveBytes
+        pendingCount = 0
+        pendingBytes = 0
         maximumSequence = snapshot.maximumSequence
-        written = fileSize
+        self.regionSize = regionSize
+        slotCount = snapshot.slotCount
+        regions = snapshot.regions
+        freeSlots = [Bool](repeating: true, count: slotCount)
+        for region in regions {
+            for slot in region.slot..<(region.slot + region.slots) { freeSlots[slot] = false }
+        }
+        nextRegionSequence = snapshot.nextRegionSequence
         return true
     }
 }

@@ -1,31 +1,38 @@
 import Glibc
 import Logging
 
-// MARK: - A bucket: one append-only file, its index, its lock
+// MARK: - A bucket: one file of regions, its memtables, its index, its lock
 //
 // Every operation on a bucket runs with its lock held (`Locked<BucketState>`), so a bucket's file,
-// size and index always change together. I/O that fails leaves the index as it was before the call.
+// regions, memtables and index always change together. I/O that fails leaves the index describing only
+// records that are in the file or in a memtable.
 //
-// Room: the file never grows past the bucket's `limit`, which it may raise by borrowing from the tier
-// (see DiskLedger.swift and Bucket+Room.swift). When the tier has no room left to lend, the clock hand
-// evicts live entries until the live records fit in 3/4 of the limit, then the bucket is compacted: its
-// live records are copied to `<name>.compact`, which is fsynced and renamed over the file, and the
-// directory fsynced. One compaction runs at a time in the whole tier, and its temporary file fits the
-// headroom the ledger keeps for it, so everything in the directory stays within the budget.
+// Writes. A store copies its record, unsealed, into the bucket's active memtable and points the key's
+// index slot at it (Disk/Memtable.swift); the tier's sealer thread later compresses and hashes the
+// memtable's records outside the lock and writes the live ones into the file under it
+// (Disk/Bucket+Seal.swift). A removal, and an overwrite of a record already in the file, write a small
+// tombstone at once (so that a returned removal, or a returned overwrite whose new value was still in a
+// memtable, survives the process being killed); a removal of a record still in a memtable writes nothing.
+// Nothing in the file is ever changed in place: liveness is the index's, and tombstones'.
 //
-// What goes (Bucket+Room.swift), in S3-FIFO's spirit on a log: entries never read since they were stored
-// or since their credits ran out (the small queue's kind) go first, the oldest first (by offset: a log
-// is in the order records were stored, and a compaction copies records in file order) — down to
-// what the read entries leave of the target, and no further than a tenth of the target while the read
-// entries take more than the rest. Then a CLOCK over every other entry (it passes over the unread ones
-// kept, as S3-FIFO's main queue never evicts from its small one), counting reads up to three (2 bits in
-// the index slot's length, `DiskSlot.credits`): each read gives the entry a credit, the hand takes one
-// from each entry it passes and evicts an entry that has none, so an entry read n times (n ≤ 3) since
-// the hand last passed survives n passes. An overwrite keeps its key's credits. On the shared trace this
-// misses 0.9–3.1 points less than the 1-bit clock it replaced, at every budget from 1 to 40 %
-// (`replay --tier disk`; other trace families in BENCHMARKS.md, where it loses on two budgets of
-// eight). No ghost: one (S3-FIFO's, of evicted tags) helped and hurt by turns, and would cost DRAM per
-// entry.
+// The file is a header and slots of `regionSize` bytes; records are appended to the newest region, and
+// when it is full a new region opens in a free slot (Format/OnDiskFormat.swift; Disk/Bucket+Regions.swift).
+// A bucket short of slots first grows its file, borrowing room from the tier (DiskLedger.swift,
+// Bucket+Room.swift); only when the tier has none left does it reclaim its oldest region (FIFO):
+//
+//   Reclaim. The oldest region's live entries are evicted — all but those read often enough since they
+//   were written (or last reinserted) for their size: credits × mean record length ≥ `reinsertion` ×
+//   length (`DiskTier.Configuration.reinsertionThreshold`, default 5; credits count reads, up to 7), which
+//   are copied into the newest region (reinserted, with their credits back to 0), at most three quarters of
+//   a region's worth per reclaim. Then the region's slot is reused (its header overwritten) or its header
+//   zeroed. Its tombstones go with it: everything they cover is older, so it was in that region or an
+//   older one, which are gone. So a reclaim copies only the entries that were read, never cold ones (the
+//   write amplification of a plain FIFO plus what is reinserted), and needs no temporary file: the whole
+//   budget holds entries.
+//
+// Why size-aware: on the eviction-heavy benchmark a 4 KiB random value costs 7 times the bytes of a
+// compressed JSON value to reinsert, for the same hit; reinserting every read entry raised the hit ratio
+// by 5 points over FIFO but the bytes written by 45 % (Python model in BENCHMARKS.md, "#29 regions").
 
 /// What every bucket of a tier shares: one object, so that a bucket's context (and every copy of its
 /// state) holds three references, not a dozen (the open builds one per bucket).
@@ -36,10 +43,6 @@ final class BucketShared: Sendable {
     /// The clock expiry is judged by.
     let clock: CacheClock
     let bucketCount: Int
-    /// Held while compacting: one temporary file at a time in the whole tier.
-    /// (It holds the tier's count of compactions begun rather than Void: Thread Sanitizer reports the
-    /// zero-sized state's accesses as racing with reads of the lock's own fields.)
-    let compaction: Locked<UInt64>
     /// The tier's budget beyond the buckets' own limits (DiskLedger.swift).
     let ledger: DiskLedger
     /// The tier's health: once the directory was found replaced, every operation fails.
@@ -48,29 +51,39 @@ final class BucketShared: Sendable {
     let logs: DiskLogs
     /// Read through a mapping of the file (``DiskTier/Configuration/mappedReads``).
     let mappedReads: Bool
-    /// Bytes of appends gathered before one write to the file (Bucket+WriteBuffer.swift); 0 writes
-    /// every record through.
+    /// Bytes of a memtable (Disk/Memtable.swift); 0: every store is written before it returns.
     let writeBuffer: Int
     /// The SIZES a clean close left, deleted before any bucket file first changes (Bucket+Snapshot.swift).
     let sizesFile: SizesFile
+    /// The region size of a new (or emptied) bucket file.
+    let regionSize: Int
+    /// Reinsert an entry when credits × mean length ≥ this × its length (see the top of this file).
+    let reinsertionThreshold: Int
+    /// Compression of the sealed records; nil stores every value raw.
+    let compression: ZstdPool?
+    /// Values shorter than this are stored raw.
+    let minimumCompressibleLength: Int
 
     init(
-        directory: CacheDirectory, share: Int, hasher: KeyHash, clock: CacheClock, bucketCount: Int,
-        compaction: Locked<UInt64>, ledger: DiskLedger, health: TierHealth, logs: DiskLogs, mappedReads: Bool,
-        writeBuffer: Int, sizesFile: SizesFile
+        directory: CacheDirectory, share: Int, hasher: KeyHash, clock: CacheClock, bucketCount: Int, ledger: DiskLedger,
+        health: TierHealth, logs: DiskLogs, mappedReads: Bool, writeBuffer: Int, sizesFile: SizesFile, regionSize: Int,
+        reinsertionThreshold: Int, compression: ZstdPool?, minimumCompressibleLength: Int
     ) {
         self.directory = directory
         self.share = share
         self.hasher = hasher
         self.clock = clock
         self.bucketCount = bucketCount
-        self.compaction = compaction
         self.ledger = ledger
         self.health = health
         self.logs = logs
         self.mappedReads = mappedReads
         self.writeBuffer = writeBuffer
         self.sizesFile = sizesFile
+        self.regionSize = regionSize
+        self.reinsertionThreshold = reinsertionThreshold
+        self.compression = compression
+        self.minimumCompressibleLength = minimumCompressibleLength
     }
 }
 
@@ -88,7 +101,6 @@ struct BucketContext: Sendable {
     var hasher: KeyHash { shared.hasher }
     var clock: CacheClock { shared.clock }
     var bucketCount: Int { shared.bucketCount }
-    var compaction: Locked<UInt64> { shared.compaction }
     var ledger: DiskLedger { shared.ledger }
     var health: TierHealth { shared.health }
     var logs: DiskLogs { shared.logs }
@@ -103,40 +115,92 @@ struct BucketCounters {
     var writes: UInt64 = 0
     var removals: UInt64 = 0
     var evictions: UInt64 = 0
-    var compactions: UInt64 = 0
+    /// Regions reclaimed (oldest first) to make room.
+    var reclaims: UInt64 = 0
+    /// Regions emptied out of turn: to heal damage, or to give room back to the tier.
+    var evacuations: UInt64 = 0
+    /// Entries copied into a newer region by a reclaim or an evacuation, and their bytes.
+    var reinsertions: UInt64 = 0
+    var reinsertedBytes: UInt64 = 0
+    /// Bytes written to the file: records, region headers.
+    var bytesWritten: UInt64 = 0
     var corruptRecords: UInt64 = 0
     var truncatedTails: UInt64 = 0
     var expired: UInt64 = 0
-    /// Buffered records lost because writing the buffer failed.
+    /// Stores lost because writing their memtable failed.
     var lostBufferedRecords: UInt64 = 0
+    /// Entries recovery dropped because unknown damage followed them (Bucket+Recovery.swift).
+    var droppedForDamage: UInt64 = 0
     var openedFromSnapshot = false
+}
+
+/// What a store did besides storing.
+enum DiskStoreOutcome {
+    /// Stored; the bucket's memtables need nothing now.
+    case stored
+    /// Stored, and a memtable was detached: it must be handed to the sealer (or, with no write buffer,
+    /// sealed before the store returns).
+    case storedAndDetached
+    /// Not stored: the active memtable is full and the sealing one is still being written. The caller
+    /// waits for it (or writes it), then tries again.
+    case busy
 }
 
 struct BucketState {
     let context: BucketContext
     var fd: Int32 = -1
-    /// Bytes of the log in the file: header and records up to the last complete write.
-    var written = BucketFileHeader.size
-    /// Records appended but not yet written to the file (see Bucket+WriteBuffer.swift): they belong
-    /// at `written`. (A read of a written record never touches the buffer, not even its count.)
-    var buffer = WriteBuffer()
-    /// Bytes of the log: `written` and the buffered records after them.
-    var size: Int { written + buffer.count }
-    /// Bytes of the records the index points at.
+    /// The size of this file's slots: its header's (the tier's for a new or emptied file).
+    var regionSize: Int
+    /// Slots in the file: it takes `BucketFileHeader.size + slotCount × regionSize` bytes of the budget
+    /// (`size`), and is as long as what was written of them, no longer (its last slot may be written in
+    /// part only, and a free slot past the end of what was written is not in it).
+    var slotCount = 0
+    /// The file's regions, oldest first; records are appended to the last (Bucket+Regions.swift).
+    var regions: [Region] = []
+    /// Per slot: whether no region holds it.
+    var freeSlots: [Bool] = []
+    /// Regions open only in slots below this (while the file shrinks: Bucket+Room.swift).
+    var allocationCeiling = Int.max
+    /// The sequence number of the next region opened.
+    var nextRegionSequence: UInt64 = 1
+    /// The highest record sequence number written; the bucket stamps its next record with the one after.
+    var maximumSequence: UInt64 = 0
+    /// Bytes of the budget the file takes: its header and its slots (the file itself may be shorter).
+    var size: Int { BucketFileHeader.size + slotCount * regionSize }
+    /// Bytes of the live records in the file (the index's slots that are not pending).
     var liveBytes = 0
+    /// Live records still in a memtable, and their bytes.
+    var pendingCount = 0
+    var pendingBytes = 0
+    /// The memtable stores append to, and the one being written (Disk/Memtable.swift).
+    var active: Memtable? = nil
+    var sealing: Memtable? = nil
+    /// Whether a thread has taken `sealing` to write it.
+    var sealingClaimed = false
+    /// The parity of the next memtable made.
+    var nextParity = 0
     /// Empty (no slots allocated) until the load.
     var index = BucketIndex(capacity: 0)
     var counters = BucketCounters()
-    /// The highest sequence number in the file; the bucket stamps its next record with the one after.
-    var maximumSequence: UInt64 = 0
     /// The file's mapping for reads (see FileMapping.swift); nil: reads use `pread`.
     var mapping: FileMapping? = nil
-    /// A read met a corrupt record: the file is rewritten without it when the operation ends (not at
-    /// once: the operation may still hold index positions, which a compaction can move).
-    var needsHealing = false
+    /// Healing (Bucket+Heal.swift), done when the operation that found damage ends (not at once: it may
+    /// still hold index positions): regions (by sequence) whose damage is known (a value whose payload
+    /// does not verify), emptied into the newest region; regions whose damage may hide tombstones, which go
+    /// with every older region; whether a read met damage, so that every region is checked.
+    var damaged: [UInt64] = []
+    var hiddenDamage: [UInt64] = []
+    var needsScrub = false
+    /// A memtable that failed to be written, its stores lost: thrown by the next store, `writeBuffers` or
+    /// `flush`.
+    var sealFailure: MagpieError? = nil
+    /// A write that failed may have left records in the file that no slot points at (the sequence of its
+    /// region): until that region is gone, removals and overwrites of keys that are not indexed write a
+    /// tombstone all the same.
+    var unindexedRegion: UInt64? = nil
     /// The most bytes the file may hold now: its share, plus what it borrowed, less what it lent.
     var limit: Int
-    /// Whether the index has been loaded (Bucket+Recovery.swift): until then `index`, `written` and
+    /// Whether the index has been loaded (Bucket+Recovery.swift): until then `index`, the regions and
     /// `liveBytes` say nothing of the file.
     var loaded = false
     /// The bytes of the index snapshot found at the open, charged to the tier's budget until it is
@@ -154,6 +218,7 @@ struct BucketState {
     init(context: BucketContext) {
         self.context = context
         self.limit = context.share
+        self.regionSize = context.shared.regionSize
     }
 
     /// A bucket as SIZES describes it: its file not opened yet (its load opens it), its limit from the
@@ -163,6 +228,7 @@ struct BucketState {
         self.limit = max(context.share, recordedFileSize)
         self.recordedFileSize = recordedFileSize
         self.snapshotCharge = snapshotCharge
+        self.regionSize = context.shared.regionSize
     }
 
     var isOpen: Bool { !closed }
@@ -171,6 +237,9 @@ struct BucketState {
         guard isOpen else { throw MagpieError(.closed, "the disk tier is closed", path: context.path) }
         if let failure = context.health.failure { throw failure }
     }
+
+    /// Live entries in the file (not pending).
+    var fileEntryCount: Int { index.count - pendingCount }
 
     /// Removes the slot at `position` from the index and returns it.
     mutating func take(at position: Int) -> DiskSlot {
@@ -181,81 +250,151 @@ struct BucketState {
 
     /// Removes the slot at `position` from the index (its record becomes garbage).
     mutating func drop(at position: Int) {
-        liveBytes -= index[position].length
+        let slot = index[position]
+        if slot.isPending {
+            pendingCount -= 1
+            pendingBytes -= slot.length
+        } else {
+            liveBytes -= slot.length
+        }
         index.remove(at: position)
+    }
+
+    /// Adds `slot` to the index.
+    mutating func insert(_ slot: DiskSlot) {
+        if slot.isPending {
+            pendingCount += 1
+            pendingBytes += slot.length
+        } else {
+            liveBytes += slot.length
+        }
+        index.insert(slot)
     }
 
     // MARK: Writes
 
-    /// Appends a value record for `key` and points the index at it. The previous record of the key, if
-    /// any, becomes garbage. On failure the index is as before.
+    /// Stores `draft` for `key` in the active memtable and points the index at it; a previous record of
+    /// the key in the file gets a tombstone first (written at once), one still in a memtable is simply
+    /// replaced. On `.short` (room for that tombstone) or `.busy` nothing changed.
     mutating func store(_ draft: RecordDraft, key: HashedKey, now: Int64, policy: RoomPolicy) throws(MagpieError)
-        -> RoomOutcome<Void>
+        -> RoomOutcome<DiskStoreOutcome>
     {
         try checkOpen()
-        if let short = reserveRoom(draft.length, policy: policy) { return .short(short) }
-        defer { healIfNeeded() }
-        let previous = try position(of: key).map { take(at: $0) }
-        let offset = try append(draft, replacing: previous, now: now)
-        var slot = DiskSlot(hash: key.hash, offset: offset, length: draft.length, expiryMilliseconds: draft.header.expiry)
-        slot.credits = previous?.credits ?? 0  // an overwrite keeps the reads the key earned
-        index.insert(slot)
-        liveBytes += draft.length
-        counters.writes += 1
-        return .done(())
-    }
-
-    /// Removes `key` and appends a tombstone, so the removal survives a restart even if an older record
-    /// of the key (say, of an evicted entry) is still in the file. Returns whether the key was live.
-    mutating func remove(_ key: HashedKey, tombstone: RecordDraft, now: Int64, policy: RoomPolicy) throws(MagpieError)
-        -> RoomOutcome<Bool>
-    {
-        try checkOpen()
-        if let short = reserveRoom(tombstone.length, policy: policy) { return .short(short) }
-        defer { healIfNeeded() }
-        let previous = try find(tag: DiskSlot.tag(of: key.hash), key: key.bytes).map { take(at: $0.0) }
-        _ = try append(tombstone, replacing: previous, now: now, through: true)
-        if previous != nil { counters.removals += 1 }
-        return .done(previous != nil)
-    }
-
-    /// Removes every live entry whose group is `group` and appends a group tombstone (always: older
-    /// records of the group may remain in the file). Returns the number of live entries removed.
-    mutating func removeGroup(_ group: UnsafeRawBufferPointer, tombstone: RecordDraft, now: Int64, policy: RoomPolicy)
-        throws(MagpieError) -> RoomOutcome<Int>
-    {
-        try checkOpen()
-        if let short = reserveRoom(tombstone.length, policy: policy) { return .short(short) }
-        var members: [DiskSlot] = []
-        for slot in index.slots where !slot.isEmpty {
-            let bytes = try readRecord(slot)
-            let inGroup = bytes.withUnsafeBytes { raw -> Bool in
-                guard let header = RecordHeader.validate(raw), header.groupLength == group.count, !group.isEmpty
-                else { return false }
-                return memcmp(raw.baseAddress! + header.groupOffset, group.baseAddress!, group.count) == 0
+        // The bucket's last memtable write failed (say, the disk is full): its stores are lost, and the next
+        // store learns it (this one is not stored). The next `flush` would have, had no store come first.
+        if let failure = sealFailure {
+            sealFailure = nil
+            throw failure
+        }
+        defer { healIfNeeded(now: now) }
+        // Room in the memtables first, so that a busy store has written nothing.
+        guard let detached = makeMemtableRoom(for: draft.length) else { return .done(.busy) }
+        if let position = try position(of: key) {
+            if !index[position].isPending {
+                if case .short(let short) = try writeTombstone(for: key, policy: policy, now: now) { return .short(short) }
             }
-            if inGroup { members.append(slot) }
+        } else if unindexedRegion != nil {
+            // A failed write may have left a record of the key in the file that nothing points at.
+            if case .short(let short) = try writeTombstone(for: key, policy: policy, now: now) { return .short(short) }
+        }
+        // (Found again: writing a tombstone may have reclaimed a region, which moves slots.)
+        let credits = try position(of: key).map { take(at: $0).credits } ?? 0
+        guard let memtable = active else { throw MagpieError(.ioFailure, "out of memory for a memtable", path: context.path) }
+        let offset = memtable.append(draft)
+        var slot = DiskSlot(
+            hash: key.hash, memtableParity: memtable.parity, offset: offset, length: draft.length,
+            expiryMilliseconds: draft.header.expiry)
+        slot.credits = credits  // an overwrite keeps the reads the key earned
+        insert(slot)
+        counters.writes += 1
+        var outcome = detached ? DiskStoreOutcome.storedAndDetached : .stored
+        // A record longer than the write buffer has a memtable of its own, and no write buffer means every
+        // store is written before it returns: detach it now (the sealing slot is free, see makeMemtableRoom).
+        if (draft.length > context.writeBuffer || context.writeBuffer == 0) && sealing == nil {
+            detach()
+            outcome = .storedAndDetached
+        }
+        return .done(outcome)
+    }
+
+    /// Removes `key`. A record of it in the file gets a tombstone (written at once, so the removal
+    /// survives a restart); one still in a memtable is simply forgotten. Returns whether it was live.
+    mutating func remove(_ key: HashedKey, now: Int64, policy: RoomPolicy) throws(MagpieError) -> RoomOutcome<Bool> {
+        try checkOpen()
+        defer { healIfNeeded(now: now) }
+        let tag = DiskSlot.tag(of: key.hash)
+        let found = try find(tag: tag, key: key.bytes)
+        if found == nil && unindexedRegion == nil { return .done(false) }
+        if found.map({ !index[$0.0].isPending }) ?? true {
+            if case .short(let short) = try writeTombstone(for: key, policy: policy, now: now) { return .short(short) }
+        }
+        guard let (position, _) = try find(tag: tag, key: key.bytes) else { return .done(found != nil) }
+        drop(at: position)
+        counters.removals += 1
+        return .done(true)
+    }
+
+    /// Removes every live entry whose group is `group`; a group tombstone is written at once when any of
+    /// them is in the file. Returns the number of live entries removed.
+    mutating func removeGroup(_ group: UnsafeRawBufferPointer, now: Int64, policy: RoomPolicy) throws(MagpieError)
+        -> RoomOutcome<Int>
+    {
+        try checkOpen()
+        defer { healIfNeeded(now: now) }
+        var members = try groupMembers(group)
+        guard !members.isEmpty || unindexedRegion != nil else { return .done(0) }
+        if members.contains(where: { !$0.isPending }) || unindexedRegion != nil {
+            if case .short(let short) = try writeGroupTombstone(group, policy: policy, now: now) { return .short(short) }
+            members = try groupMembers(group)  // a reclaim may have evicted some, and moved slots
         }
         for member in members {
-            if let position = index.positions(tag: member.tag).first(where: { index[$0].offset8 == member.offset8 }) {
-                drop(at: position)
-            }
+            if let position = index.positions(tag: member.tag).first(where: { index[$0] == member }) { drop(at: position) }
         }
-        _ = try append(tombstone, replacing: nil, and: members, now: now, through: true)
         counters.removals += UInt64(members.count)
         return .done(members.count)
     }
 
-    /// Empties the bucket: the file keeps only its header.
+    /// The live slots whose record's group is `group` (each record's first bytes read and verified; a
+    /// corrupt one is left to the read that meets it).
+    private mutating func groupMembers(_ group: UnsafeRawBufferPointer) throws(MagpieError) -> [DiskSlot] {
+        var members: [DiskSlot] = []
+        for slot in index.slots where !slot.isEmpty {
+            guard let (header, prefix) = try recordPrefix(slot), header.groupLength == group.count, !group.isEmpty else { continue }
+            let inGroup = prefix.withUnsafeBytes { raw in
+                memcmp(raw.baseAddress! + header.groupOffset, group.baseAddress!, group.count) == 0
+            }
+            if inGroup { members.append(slot) }
+        }
+        return members
+    }
+
+    /// Empties the bucket: the file keeps only its header (with the tier's region size now), the
+    /// memtables are dropped.
     mutating func removeAll() throws(MagpieError) {
         try checkOpen()
         try beforeFileChange()
-        try FileIO.truncate(fd, to: BucketFileHeader.size, path: context.path)
-        buffer.removeAll()
+        let header = BucketFileHeader(
+            bucketIndex: context.number, bucketCount: context.bucketCount, seed: context.hasher.seed,
+            regionSize: context.shared.regionSize)
+        try FileIO.truncate(fd, to: 0, path: context.path)
+        try FileIO.write(fd, header.encoded(), at: 0, path: context.path)
         counters.removals += UInt64(index.count)
         index.removeAll()
         liveBytes = 0
-        written = BucketFileHeader.size
+        pendingCount = 0
+        pendingBytes = 0
+        active = nil
+        if !sealingClaimed { sealing = nil }  // a claimed one finds nothing live when it is written
+        regionSize = context.shared.regionSize
+        slotCount = 0
+        regions = []
+        freeSlots = []
+        damaged = []
+        hiddenDamage = []
+        needsScrub = false
+        unindexedRegion = nil
+        sealFailure = nil  // the stores it lost are removed anyway
+        remap()
         returnSurplus(keeping: 0)
     }
 
@@ -283,160 +422,24 @@ struct BucketState {
 
     mutating func flush() throws(MagpieError) {
         try checkOpen()
-        try writePending()
         try FileIO.sync(fd, path: context.path)
     }
 
     mutating func close() {
-        if fd >= 0 && !closed { try? writePending() }  // best effort: `DiskTier.close()` has flushed already
         mapping?.unmap()
         mapping = nil
         if fd >= 0 { Glibc.close(fd) }
         fd = -1
+        active = nil
+        if !sealingClaimed { sealing = nil }
         closed = true
     }
 
-    /// Maps the current file for reads, replacing the mapping of any previous file. Called with the
-    /// lock held whenever `fd` changes, before anything reads through it.
+    /// Maps the current file for reads, replacing the mapping of any previous one. Called with the lock
+    /// held whenever `fd` changes or the file grows past the mapping, before anything reads through it.
     mutating func remap(length: Int? = nil) {
         mapping?.unmap()
         mapping = context.mappedReads && fd >= 0 ? FileMapping.map(fd, length: length ?? max(context.share, limit)) : nil
     }
 
-    // MARK: Room
-
-    /// Appends `draft` in place of the records of `replaced` and `others`, whose slots the caller has
-    /// dropped from the index: if the append fails they are put back (unless a compaction since the drop
-    /// has discarded them: then they are gone for good); once it succeeds their records are marked dead.
-    /// Returns the new record's offset.
-    private mutating func append(
-        _ draft: RecordDraft, replacing replaced: DiskSlot?, and others: [DiskSlot] = [], now: Int64, through: Bool = false
-    ) throws(MagpieError) -> Int {
-        let compactions = counters.compactions
-        let offset: Int
-        do {
-            offset = try append(draft, now: now, through: through)
-        } catch {
-            if counters.compactions == compactions {
-                if let replaced { restore(replaced) }
-                for slot in others { restore(slot) }
-            }
-            throw error
-        }
-        if counters.compactions == compactions {
-            if let replaced { markDead(replaced) }
-            for slot in others { markDead(slot) }
-        }
-        return offset
-    }
-
-    /// Makes room if needed, then appends the record stamped with the bucket's next sequence number
-    /// (`through`: and writes it and everything buffered before it to the file). Returns its offset.
-    private mutating func append(_ draft: RecordDraft, now: Int64, through: Bool = false) throws(MagpieError) -> Int {
-        try beforeFileChange()  // the file is about to change
-        let length = draft.length
-        if size + length > limit { try makeRoom(for: length, now: now) }
-        guard size + length <= limit else {
-            throw MagpieError(.valueTooLarge, "a \(length)-byte record does not fit the disk tier's budget")
-        }
-        let sequence = maximumSequence &+ 1
-        let offset = size
-        try put(draft, sequence: sequence)
-        maximumSequence = sequence
-        if through { try writePending() }
-        return offset
-    }
-
-    /// After corruption was found: rewrites the bucket without the damaged bytes (a compaction keeps
-    /// only the indexed records that verify again), so that the damage is gone from the file and is
-    /// neither met nor counted again. Index positions may move (damaged slots are dropped): call it only
-    /// when none is held. A failure leaves the file as it was (still correct: the damage stays skipped)
-    /// and is logged.
-    mutating func heal() {
-        do {
-            try compactWithinHeadroom()
-        } catch {
-            context.logs.healFailed.record(error: "\(error)", metadata: ["path": "\(context.path)"])
-        }
-    }
-
-    /// Rewrites the live records (buffered ones included) into a new file, in writes of up to
-    /// `compactionChunk` bytes, and renames it over the bucket file.
-    mutating func compact() throws(MagpieError) {
-        try beforeFileChange()
-        let temporaryName = context.name + ".compact"
-        let temporary = context.path + ".compact"
-        let newFD = try context.directory.createExclusive(.buckets, temporaryName)
-        var moved = index
-        var newSize = BucketFileHeader.size
-        // The new file's bytes not yet written: they start at `chunkOffset`.
-        var chunk = BucketFileHeader(bucketIndex: context.number, bucketCount: context.bucketCount, seed: context.hasher.seed)
-            .encoded()
-        chunk.reserveCapacity(Self.compactionChunk)
-        var chunkOffset = 0
-        do {
-            // In the order of the old file, so that offsets keep telling the order records were stored
-            // in (the eviction takes unread entries oldest first) and the old file is read front to back.
-            var order = (0..<index.slots.count).filter { !index[$0].isEmpty }
-            order.sort { index[$0].offset8 < index[$1].offset8 }
-            for position in order {
-                let slot = index[position]
-                let bytes = try readRecord(slot)
-                // Verified again: damage done to the file since the record was indexed stays behind
-                // (the slot is dropped below) instead of being copied into the new file.
-                let intact = bytes.withUnsafeBytes { raw in
-                    guard raw.count == slot.length, let header = RecordHeader.validate(raw), header.kind == .value,
-                        !header.isDead, header.recordLength == slot.length
-                    else { return false }
-                    return true
-                }
-                guard intact else {
-                    moved[position].offset8 = Self.damagedOffset8
-                    continue
-                }
-                if chunk.count + bytes.count > Self.compactionChunk && !chunk.isEmpty {
-                    try FileIO.write(newFD, chunk, at: chunkOffset, path: temporary)
-                    chunkOffset += chunk.count
-                    chunk.removeAll(keepingCapacity: true)
-                }
-                chunk.append(contentsOf: bytes)
-                moved[position].offset8 = UInt32(newSize / 8)
-                newSize += bytes.count
-            }
-            try FileIO.write(newFD, chunk, at: chunkOffset, path: temporary)
-            try FileIO.sync(newFD, path: temporary)
-            try context.directory.rename(.buckets, temporaryName, to: context.name)
-        } catch {
-            Glibc.close(newFD)
-            try? context.directory.unlink(.buckets, temporaryName)
-            throw error
-        }
-        // The renamed file is the bucket now, whatever happens next.
-        Glibc.close(fd)
-        fd = newFD
-        remap()
-        written = newSize
-        buffer.removeAll()
-        index = moved
-        counters.compactions += 1
-        needsHealing = false
-        let damaged = dropAll { $0.offset8 == Self.damagedOffset8 }
-        if damaged > 0 {
-            counters.corruptRecords += UInt64(damaged)
-            context.logs.damagedLeftOut.record(metadata: ["path": "\(context.path)", "records": "\(damaged)"])
-        }
-        try context.directory.sync(.buckets)
-    }
-
-    /// The most bytes a compaction gathers before one write to the new file.
-    static let compactionChunk = 256 * 1024
-
-    /// Marks, during a compaction, a slot whose record failed verification (no record starts there:
-    /// the largest bucket's last 8 bytes cannot hold one).
-    private static let damagedOffset8 = UInt32.max
-
-    /// Rewrites the file without the damage a read of this operation met (see `needsHealing`).
-    mutating func healIfNeeded() {
-        if needsHealing { heal() }
-    }
 }

@@ -1,29 +1,38 @@
-/// One index slot: where a key's newest record lies in its bucket file. 16 bytes.
+/// One index slot: where a key's newest record lies. 16 bytes.
 ///
 /// `tag` is the low 32 bits of the key hash (a hint: a match is confirmed against the record's key),
-/// `offset8` the record's offset / 8, `length` its length on disk, `expiry` its deadline in whole
-/// seconds since 1970 rounded up (0 = never; the record holds the exact milliseconds).
+/// `offset8` the record's offset / 8, `length` its length, `expiry` its deadline in whole seconds since
+/// 1970 rounded up (0 = never; the record holds the exact milliseconds).
+///
+/// A slot is *pending* while its record is still in one of its bucket's memtables (Disk/Memtable.swift),
+/// not yet in the file: then `offset8` holds the memtable's parity in bit 31 and the record's offset in
+/// it / 8 below, and `length` is the record's length there (unsealed, uncompressed).
 struct DiskSlot: Equatable {
     var tag: UInt32
     var offset8: UInt32
-    private var lengthAndReference: UInt32
+    private var lengthAndFlags: UInt32
     var expiry: UInt32
 
-    static let empty = DiskSlot(tag: 0, offset8: 0, lengthAndReference: 0, expiry: 0)
-    static let maximumLength = Int(Int32.max)
+    static let empty = DiskSlot(tag: 0, offset8: 0, lengthAndFlags: 0, expiry: 0)
+    static let maximumLength = Int(Int32.max) & ~7
+    /// Bit 31 of the length field: the record is in a memtable.
+    private static let pendingBit: UInt32 = 1 << 31
+    private static let lengthMask: UInt32 = 0x7fff_fff8
+    /// The most read credits a slot holds.
+    static let maximumCredits = 7
 
-    /// The length field as stored, the clock's credits included (for snapshots).
-    var rawLength: UInt32 { lengthAndReference }
+    /// The length field as stored, the credits included (for snapshots).
+    var rawLength: UInt32 { lengthAndFlags }
 
     /// A slot from its stored fields (for snapshots).
     init(tag: UInt32, offset8: UInt32, rawLength: UInt32, expiry: UInt32) {
-        self.init(tag: tag, offset8: offset8, lengthAndReference: rawLength, expiry: expiry)
+        self.init(tag: tag, offset8: offset8, lengthAndFlags: rawLength, expiry: expiry)
     }
 
-    private init(tag: UInt32, offset8: UInt32, lengthAndReference: UInt32, expiry: UInt32) {
+    private init(tag: UInt32, offset8: UInt32, lengthAndFlags: UInt32, expiry: UInt32) {
         self.tag = tag
         self.offset8 = offset8
-        self.lengthAndReference = lengthAndReference
+        self.lengthAndFlags = lengthAndFlags
         self.expiry = expiry
     }
 
@@ -33,26 +42,53 @@ struct DiskSlot: Equatable {
         UInt32(truncatingIfNeeded: hash)
     }
 
+    /// A slot for a record in the file at `offset`.
     init(hash: UInt64, offset: Int, length: Int, expiryMilliseconds: Int64) {
         tag = Self.tag(of: hash)
         offset8 = UInt32(offset / 8)
-        lengthAndReference = UInt32(length)
-        // Rounded up without overflow: an instant near Int64.max (a far-future expiry) is valid.
-        let seconds = expiryMilliseconds <= 0 ? 0 : expiryMilliseconds / 1000 + (expiryMilliseconds % 1000 == 0 ? 0 : 1)
-        expiry = UInt32(min(seconds, Int64(UInt32.max)))
+        lengthAndFlags = UInt32(length)
+        expiry = Self.expirySeconds(expiryMilliseconds)
     }
 
-    /// Records are at least 56 bytes, so a zero length marks an empty slot.
-    var isEmpty: Bool { lengthAndReference == 0 }
+    /// A pending slot: a record at `offset` in the memtable of `parity`.
+    init(hash: UInt64, memtableParity parity: Int, offset: Int, length: Int, expiryMilliseconds: Int64) {
+        tag = Self.tag(of: hash)
+        offset8 = UInt32(parity) << 31 | UInt32(offset / 8)
+        lengthAndFlags = UInt32(length) | Self.pendingBit
+        expiry = Self.expirySeconds(expiryMilliseconds)
+    }
+
+    /// Whole seconds, rounded up without overflow (an instant near Int64.max, a far-future expiry, is valid).
+    private static func expirySeconds(_ milliseconds: Int64) -> UInt32 {
+        let seconds = milliseconds <= 0 ? 0 : milliseconds / 1000 + (milliseconds % 1000 == 0 ? 0 : 1)
+        return UInt32(min(seconds, Int64(UInt32.max)))
+    }
+
+    /// Records are at least 64 bytes, so a zero length marks an empty slot.
+    var isEmpty: Bool { lengthAndFlags == 0 }
+    /// Whether the record is in a memtable, not yet in the file.
+    var isPending: Bool { lengthAndFlags & Self.pendingBit != 0 }
+    /// The file offset (of a slot that is not pending).
     var offset: Int { Int(offset8) * 8 }
-    /// Records are padded to multiples of 8 bytes, so the length's low three bits are free: bits 0–1
-    /// hold the clock's credits. (Bit 31 was the reference bit of older builds: ignored.)
-    var length: Int { Int(lengthAndReference & 0x7fff_fff8) }
-    /// The clock's read credits, 0–3: a read adds one, a passing eviction hand takes one, and the hand
-    /// evicts an entry that has none.
+    /// The parity of the memtable a pending slot's record is in.
+    var memtableParity: Int { Int(offset8 >> 31) }
+    /// The offset of a pending slot's record in its memtable.
+    var memtableOffset: Int { Int(offset8 & 0x7fff_ffff) * 8 }
+    /// Records are padded to multiples of 8 bytes, so the length's low three bits are free: they hold
+    /// the eviction's read credits.
+    var length: Int { Int(lengthAndFlags & Self.lengthMask) }
+    /// The read credits, 0–7: a read adds one; a region reclaim reinserts the entry if it has enough for
+    /// its size (see Disk/Bucket+Regions.swift), and the reinserted copy starts again from 0.
     var credits: Int {
-        get { Int(lengthAndReference & 3) }
-        set { lengthAndReference = (lengthAndReference & 0x7fff_fff8) | UInt32(min(3, max(0, newValue))) }
+        get { Int(lengthAndFlags & 7) }
+        set { lengthAndFlags = (lengthAndFlags & ~7) | UInt32(min(Self.maximumCredits, max(0, newValue))) }
+    }
+
+    /// Points the slot at a record in the file (its credits kept): for a pending slot whose record was
+    /// written, or an entry reinserted.
+    mutating func place(at offset: Int, length: Int) {
+        offset8 = UInt32(offset / 8)
+        lengthAndFlags = UInt32(length) | (lengthAndFlags & 7)
     }
 
     func isExpired(nowMilliseconds: Int64) -> Bool {

@@ -2,42 +2,41 @@
 //
 // Everything the tier writes in its directory fits in ``DiskTier/Configuration/budget`` bytes:
 //
-//   budget = MANIFEST allowance (128 B) + headroom (one share) + Σ bucket limits + pool
+//   budget = MANIFEST allowance (128 B) + Σ bucket limits + index snapshots + SIZES + journal + pool
 //
-//  - `share` = (budget − 128) / (bucketCount + 1): a bucket's nominal part.
-//  - headroom: one share, kept free for the one compaction that may run at a time (compactions take
-//    the tier-wide compaction lock), so its temporary file never passes the budget. A compaction whose
-//    live records exceed the headroom borrows the difference from the pool for its duration, or evicts
-//    until they fit.
-//  - limit (per bucket, under its lock): the most bytes its file may hold. Invariant: size ≤ limit.
-//    Limits start at one share each.
-//  - pool (here, atomic): bytes no bucket holds. A bucket whose next append would pass its limit first
+//  - `share` = (budget − 128) / bucketCount: a bucket's nominal part.
+//  - limit (per bucket, under its lock): the most bytes its file may hold. Invariant: size ≤ limit (a
+//    file is its header and its slots; it grows and shrinks by whole slots). Limits start at one share
+//    each.
+//  - pool (here, atomic): bytes no bucket holds. A bucket whose file must grow past its limit first
 //    takes from the pool; if the pool is short, the tier (holding no bucket lock) asks the other
 //    buckets, one at a time, to lend their free room (limit − size beyond a little slack, however far
 //    below a share that takes them), so a store evicts nothing while the tier has room anywhere, a
-//    record of the largest storable size included. Only when no bucket has room does a bucket evict its
-//    own entries and compact; a record too large for that takes room from the others by making them
-//    evict and compact down to half a share.
-//  - a bucket that compacted, or was emptied, returns what it no longer needs above one share.
+//    record of the largest storable size included. Only when no bucket has room does a bucket reclaim
+//    its own oldest region; a record too large for that takes room from the others by making them give
+//    up their last slots (their regions emptied, entries evicted) down to half a share.
+//  - a bucket that was emptied, or gave up slots, returns what it no longer needs above one share.
 //  - index snapshots: a bucket's snapshot left by the last close is charged from the open until it is
 //    deleted (at its load if unused, else by the loader thread or before the bucket file changes:
 //    Disk/Bucket+Snapshot.swift). SIZES, likewise, until the first change to a bucket file deletes it.
 //    After an open that read SIZES, a bucket file found larger at its load than SIZES said (a SIZES
 //    restored from a backup) is charged the difference then, from the pool (which may go below zero).
 //  - index snapshots (and SIZES, whose room is set aside first) are written on close only while the
-//    bucket files and the snapshots together fit the budget less the MANIFEST allowance (a snapshot that does not fit is skipped: that bucket is
-//    scanned on the next open).
-// So the largest record is one share plus half a share from every other bucket (about half the
-// budget), at most ``DiskSlot/maximumLength`` (2 GiB), whatever the bucket count.
+//    bucket files and the snapshots together fit the budget less the MANIFEST allowance (a snapshot that
+//    does not fit is skipped: that bucket is scanned on the next open).
+// There is no room to keep free for rewriting files: nothing is rewritten (regions are reclaimed in
+// place, Disk/Bucket+Regions.swift). So the largest record is one share plus half a share from every
+// other bucket (about half the budget), less a region header, at most ``DiskSlot/maximumLength``
+// (2 GiB), whatever the bucket count.
 //
 // The pool can go below zero only when a directory is opened with a smaller budget than its files
-// hold: no bucket can then borrow, and buckets repay as they compact.
+// hold: no bucket can then borrow, and buckets repay as they give room back.
 
 /// The shared part of the disk tier's budget (see the comment above).
 final class DiskLedger: Sendable {
     /// Bytes of the budget that no bucket holds.
     let pool: BudgetPool
-    /// A bucket's nominal part of the budget; also the compaction headroom.
+    /// A bucket's nominal part of the budget.
     let share: Int
     /// The most bytes a bucket's limit may reach (its index addresses 32 GiB; a record is at most 2 GiB).
     let maximumLimit: Int
@@ -51,8 +50,8 @@ final class DiskLedger: Sendable {
         self.maximumLimit = maximumLimit
     }
 
-    /// The nominal share for a budget over `count` buckets (the headroom is one more share).
+    /// The nominal share for a budget over `count` buckets.
     static func share(budget: Int, count: Int) -> Int {
-        max(0, budget - manifestAllowance) / (count + 1)
+        max(0, budget - manifestAllowance) / count
     }
 }

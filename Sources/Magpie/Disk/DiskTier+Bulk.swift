@@ -1,12 +1,13 @@
 import Glibc
 
 // The disk tier's operations on every bucket: group removal, remove all, expiry sweeps, flush, the
-// buffer writes, close.
+// memtable writes, close.
 
 extension DiskTier {
-    /// Removes every entry stored with `group`, durably: each bucket gets a group tombstone, so none of
-    /// them comes back after a restart. Costs a read of every live record's header. The empty group is no
-    /// group (a store with group "" has none): removing it removes nothing and writes nothing.
+    /// Removes every entry stored with `group`, durably: each bucket with a member in its file gets a
+    /// group tombstone, so none of them comes back after a restart. Costs a read of every live record's
+    /// first bytes. The empty group is no group (a store with group "" has none): removing it removes
+    /// nothing and writes nothing.
     /// - Returns: the number of live entries removed.
     /// - Throws: ``MagpieError/Code/keyTooLong`` for a name over ``maximumGroupLength`` UTF-8 bytes; I/O
     ///   errors; ``MagpieError/Code/closed``.
@@ -21,18 +22,13 @@ extension DiskTier {
             throw MagpieError(.keyTooLong, "group names are 1 to \(Self.maximumGroupLength) bytes, not \(name.count)")
         }
         try checkDirectoryIfDue()
-        let header = RecordHeader(
-            kind: .groupTombstone, codec: .raw, keyLength: 0, groupLength: name.count, storedLength: 0, originalLength: 0,
-            expiry: 0, sequence: 0, keyHash: 0)
         let now = configuration.clock.now()
         var removed = 0
         for number in 0..<bucketCount {
             removed += try name.withUnsafeBytes { group in
                 Result { () throws(MagpieError) -> Int in
-                    let none = UnsafeRawBufferPointer(start: nil, count: 0)
-                    let tombstone = RecordDraft(header: header, key: none, group: group, payload: none)
-                    return try withRoom(number, now: now) { (state, policy) throws(MagpieError) in
-                        try state.removeGroup(group, tombstone: tombstone, now: now, policy: policy)
+                    try withRoom(number, now: now) { (state, policy) throws(MagpieError) in
+                        try state.removeGroup(group, now: now, policy: policy)
                     }
                 }
             }.get()
@@ -51,8 +47,8 @@ extension DiskTier {
         }
     }
 
-    /// Drops every expired entry from the index now (their records are reclaimed by the next
-    /// compaction). Expired entries are misses at once whether or not this runs.
+    /// Drops every expired entry from the index now (their records go when their region is reclaimed).
+    /// Expired entries are misses at once whether or not this runs.
     /// - Returns: the number dropped.
     @discardableResult
     public func removeExpired() throws(MagpieError) -> Int {
@@ -68,12 +64,13 @@ extension DiskTier {
         return removed
     }
 
-    /// Makes everything written so far durable: fsync of every bucket file and of the directories.
+    /// Makes everything stored so far durable: every memtable written (``writeBuffers()``), then fsync of
+    /// every bucket file and of the directories.
     /// - Throws: ``MagpieError/Code/directoryReplaced`` (checked first) if the directory, `buckets/` or a
     ///   bucket file was removed or replaced while open (a bucket file from when its bucket opened it: see
     ///   ``DiskTier``, **Reopening**); I/O errors; ``MagpieError/Code/closed``.
     public func flush() throws(MagpieError) {
-        try verifyDirectory()
+        try writeBuffers()
         for bucket in buckets {
             try bucket.withLock { (state: inout BucketState) throws(MagpieError) in
                 try state.checkOpen()
@@ -85,33 +82,27 @@ extension DiskTier {
         try directory.sync(.root)
     }
 
-    /// Writes every bucket's write buffer to its file: everything stored so far has then reached the
-    /// kernel's page cache and survives the process being killed (not a power loss: that is
-    /// ``flush()``). A `Cache` calls it every ``Cache/Configuration/diskBufferWriteInterval``.
-    /// - Throws: the first bucket's failure (every bucket is still tried; the stores a failed buffer
+    /// Writes every bucket's memtables to its file (compressing them on this thread, or waiting for the
+    /// background thread where it has one): everything stored so far has then reached the kernel's page
+    /// cache and survives the process being killed (not a power loss: that is ``flush()``). A `Cache`
+    /// calls it every ``Cache/Configuration/diskBufferWriteInterval``.
+    /// - Throws: the first bucket's failure (every bucket is still tried; the stores a failed memtable
     ///   held become misses, see ``DiskTierStatistics/lostBufferedStores``), ``MagpieError/Code/closed``,
     ///   ``MagpieError/Code/directoryReplaced`` (checked first, see ``flush()``).
     public func writeBuffers() throws(MagpieError) {
         try verifyDirectory()
+        try checkOpen()
         var failure: MagpieError? = nil
-        for bucket in buckets {
-            do {
-                try bucket.withLock { (state: inout BucketState) throws(MagpieError) in
-                    try state.checkOpen()
-                    if state.loaded { try state.writePending() }
-                }
-            } catch {
-                failure = failure ?? error
-            }
+        for number in 0..<bucketCount {
+            do { try bucketSet.writeMemtables(number) } catch { failure = failure ?? error }
         }
         if let failure { throw failure }
     }
 
-    /// Removes what `buckets/` holds besides bucket files, snapshots and SIZES, holding the compaction lock
-    /// (so that no compaction's temporary file is taken for a stray). Whether it succeeded.
+    /// Removes what `buckets/` holds besides bucket files, snapshots and SIZES, holding the stray lock.
+    /// Whether it succeeded.
     private func removeStraysAtClose() -> Bool {
-        guard let compaction = buckets.first?.withLock({ $0.context.compaction }) else { return false }
-        return compaction.withLock { _ in
+        strayLock.withLock { _ in
             (try? Self.removeStrays(in: directory, count: bucketCount, keepingSizes: true)) != nil
         }
     }
@@ -119,6 +110,8 @@ extension DiskTier {
     /// Flushes, then closes every file and releases the directory. Later calls throw
     /// ``MagpieError/Code/closed``. Closing twice is harmless.
     public func close() throws(MagpieError) {
+        sealer.stop()  // after the seal it is in: the flush below writes the rest on this thread
+        sealer.setWork(nil)
         loader.stop()
         let isOpen = buckets.first?.withLock { $0.isOpen } ?? false
         var failure: MagpieError? = nil

@@ -34,15 +34,22 @@ extension DiskTier {
         /// inside its own copy into a fallback to `pread` and passes every other SIGBUS on to the handler
         /// installed before it. Set false to keep the process's signal handling untouched.
         public var mappedReads = true
-        /// Bytes of appends each bucket gathers in memory before writing them to its file with one
-        /// `pwrite` (at most an eighth of ``DiskTier/bucketBudget``): 30 % less time per set on our
-        /// machine (BENCHMARKS.md). The price: a set reaches the kernel only when its bucket's buffer is
-        /// written (when full, by a removal, a compaction, ``DiskTier/writeBuffers()``,
-        /// ``DiskTier/flush()`` or ``DiskTier/close()``; a `Cache` calls `writeBuffers()` every second),
-        /// so a process crash loses the sets still buffered; they read as misses after a restart, never
-        /// as older values. Removals are always written through. Memory: up to this many bytes per
-        /// bucket. 0 writes every record to the kernel before the call returns.
+        /// Bytes of each bucket's memtable (at most an eighth of ``DiskTier/bucketBudget``): a store copies
+        /// its record there and returns; a background thread compresses and writes the memtable when it is
+        /// full (see ``DiskTier``, **Writes**). The price: a store reaches the kernel only when its memtable
+        /// is written (when full, by ``DiskTier/writeBuffers()``, ``DiskTier/flush()`` or
+        /// ``DiskTier/close()``; a `Cache` calls `writeBuffers()` every second), so a process crash loses the
+        /// stores still in memtables; they read as misses after a restart, never as older values. Memory:
+        /// up to about twice this per bucket. 0 compresses and writes every record before the store returns.
         public var writeBufferSize = 64 * 1024
+        /// When a bucket reclaims its oldest region, an entry there is copied into the newest region
+        /// (reinserted) rather than evicted when it was read at least `reinsertionThreshold` times since it
+        /// was written or last reinserted — scaled by its size against the bucket's mean record, so a
+        /// record half the mean's size needs half as many reads, one twice as large twice as many — and at
+        /// most 7 reads count. Lower keeps more of what is read (a higher hit ratio) and writes more; high
+        /// (say 1000) reinserts nothing: a plain FIFO, which writes every byte once. Default 5: on the
+        /// eviction-heavy benchmark (BENCHMARKS.md) it keeps small, hot values and lets large ones go.
+        public var reinsertionThreshold = 5
         /// The mode of the files the tier creates (0600: only the owner reads the data and the MANIFEST's
         /// hash seed). The process's umask can only narrow it.
         public var fileMode: UInt32 = 0o600
@@ -60,6 +67,9 @@ extension DiskTier {
         /// `writeBuffers()` always check. Once one was removed or replaced, every call throws
         /// ``MagpieError/Code/directoryReplaced``. Nil: only `flush()` and `writeBuffers()` check.
         public var directoryCheckInterval: Duration? = .seconds(1)
+        /// Whether a thread writes full memtables (true), or the store that filled one does, before it
+        /// returns (false: for tests that need the same file layout from run to run).
+        package var sealsInBackground = true
         /// Whether a thread loads the buckets' indexes after the open (true), or only their first use
         /// does (false: for tests that need buckets left unloaded; see `Disk/BucketLoader.swift`).
         package var loadsInBackground = true

@@ -109,7 +109,7 @@ extension DiskTier {
     /// indexed.
     static func bucketBudget(_ budget: Int, count: Int) throws(MagpieError) -> Int {
         let share = DiskLedger.share(budget: budget, count: count)
-        guard share >= BucketFileHeader.size + 64 else {
+        guard share >= BucketFileHeader.size + RegionHeader.minimumRegionSize else {
             throw MagpieError(.invalidConfiguration, "a budget of \(budget) bytes is too small for \(count) buckets")
         }
         // Index slots hold offset / 8 in 32 bits: a bucket file may not pass 32 GiB.
@@ -119,6 +119,13 @@ extension DiskTier {
                 "a budget of \(budget) bytes over \(count) buckets exceeds \(maximumBucketBudget) bytes per bucket; use more buckets")
         }
         return share
+    }
+
+    /// The region size of a new bucket file: a sixteenth of a share (so a bucket at its share has 16
+    /// regions, and a reclaim evicts at most a sixteenth of it at a time), a multiple of 1 KiB from 1 KiB
+    /// to 4 MiB.
+    static func regionSize(share: Int) -> Int {
+        max(RegionHeader.minimumRegionSize, min(4 << 20, share / 16) / 1024 * 1024)
     }
 
     /// The bucket of a hash: its high bits.
@@ -259,11 +266,11 @@ extension DiskTier {
     }
 
     /// Every byte of the budget as the ledger accounts for it (DiskLedger.swift): the MANIFEST allowance,
-    /// the compaction headroom, each bucket's limit and the snapshot it is charged for, SIZES while it is
+    /// each bucket's limit and the snapshot it is charged for, SIZES while it is
     /// there, the journal's reservation and the pool. Equal to the budget whenever no operation is under
     /// way (for tests; it takes every bucket's lock).
     package var ledgerTotal: Int {
-        var total = DiskLedger.manifestAllowance + ledger.share + sizesFile.heldBytes + journal.withLock { $0.reserved }
+        var total = DiskLedger.manifestAllowance + sizesFile.heldBytes + journal.withLock { $0.reserved }
         for bucket in buckets { total += bucket.withLock { $0.limit + $0.snapshotCharge } }
         return total + ledger.pool.available
     }
@@ -292,7 +299,11 @@ extension DiskTier {
                 total.writes += c.writes
                 total.removals += c.removals
                 total.evictions += c.evictions
-                total.compactions += c.compactions
+                total.regionsReclaimed += c.reclaims
+                total.regionsEvacuated += c.evacuations
+                total.reinsertions += c.reinsertions
+                total.reinsertedBytes += c.reinsertedBytes
+                total.bytesWritten += c.bytesWritten
                 total.corruptRecords += c.corruptRecords
                 total.truncatedTails += c.truncatedTails
                 total.expired += c.expired
@@ -300,15 +311,17 @@ extension DiskTier {
                 total.entries += state.index.count
                 total.liveBytes += state.liveBytes
                 total.bytesOnDisk += state.size
-                total.bufferedBytes += state.buffer.count
+                total.bufferedBytes += (state.active?.count ?? 0) + (state.sealing?.count ?? 0)
+                total.regions += state.regions.count
                 total.lostBufferedStores += c.lostBufferedRecords
+                total.droppedForDamage += c.droppedForDamage
                 total.indexBytes += state.index.bytes
             }
         }
         loader.waitUntilFinished()  // and for the strays an open that read SIZES left to it
         total.missingBucketFiles = missingBucketFiles + health.bucketFilesRecreatedSinceOpen
-        total.originalValueBytes = originalBytes.load(ordering: .relaxed)
-        total.storedValueBytes = storedBytes.load(ordering: .relaxed)
+        total.originalValueBytes = bucketSet.originalBytes.load(ordering: .relaxed)
+        total.storedValueBytes = bucketSet.storedBytes.load(ordering: .relaxed)
         return total
     }
 }

@@ -52,8 +52,8 @@ extension DiskTier {
         }
     }
 
-    /// Stores `value` for `key` with `placement` beside it, replacing any previous value. The record is
-    /// written once, where it lands, by the bucket (see `RecordDraft`).
+    /// Stores `value` for `key` with `placement` beside it, replacing any previous value: into its bucket's
+    /// memtable (see **Writes** above). The record is written once, unsealed, where it lands.
     package func store(
         _ value: UnsafeRawBufferPointer, for key: HashedKey, expiry: Expiry, group: String?, placement: EntryMetadata
     ) throws(MagpieError) {
@@ -71,39 +71,41 @@ extension DiskTier {
             _ = try remove(key)  // expired on arrival: the key must not keep an older value
             return
         }
+        // Only a value too long to store raw is compressed here, to be measured as stored; every other one
+        // is compressed, off this thread, when its memtable is written.
         var compressed: [UInt8]? = nil
-        // Noise-like values are not offered to zstd (see Compressibility.swift).
-        if compresses && value.count >= configuration.minimumCompressibleLength && !Compressibility.looksIncompressible(value) {
-            compressed = try compression.compress(value)
+        if value.count > largestStorableRecord - RecordHeader.size - key.count {
+            if compresses && value.count >= configuration.minimumCompressibleLength && !Compressibility.looksIncompressible(value) {
+                compressed = try compression.compress(value)
+            }
+            if compressed == nil {
+                throw MagpieError(.valueTooLarge, "value of \(value.count) bytes; this tier stores values up to \(largestStorableValue) bytes")
+            }
         }
-        if compressed == nil && value.count > largestStorableRecord {
-            throw MagpieError(.valueTooLarge, "value of \(value.count) bytes; this tier stores values up to \(largestStorableValue) bytes")
-        }
-        let stored = try withBytes((group ?? "").utf8) { group in
-            Result { () throws(MagpieError) -> Int in
+        try withBytes((group ?? "").utf8) { group in
+            Result { () throws(MagpieError) in
                 guard group.count <= Self.maximumGroupLength else {
                     throw MagpieError(.keyTooLong, "group name of \(group.count) bytes; the limit is \(Self.maximumGroupLength)")
                 }
                 if let compressed {
-                    return try compressed.withUnsafeBytes { payload in
-                        Result { () throws(MagpieError) -> Int in
+                    try compressed.withUnsafeBytes { payload in
+                        Result { () throws(MagpieError) in
                             try store(payload, codec: .zstd, of: value, for: key, deadline: deadline, group: group, placement: placement, now: now)
                         }
                     }.get()
+                } else {
+                    try store(value, codec: .raw, of: value, for: key, deadline: deadline, group: group, placement: placement, now: now)
                 }
-                return try store(value, codec: .raw, of: value, for: key, deadline: deadline, group: group, placement: placement, now: now)
             }
         }.get()
-        originalBytes.add(UInt64(value.count), ordering: .relaxed)
-        storedBytes.add(UInt64(stored), ordering: .relaxed)
     }
 
-    /// Appends the value record of `payload` (`value` encoded by `codec`) to the key's bucket. Returns
-    /// the payload's length.
+    /// Puts the record of `payload` (`value` encoded by `codec`) into the key's bucket's memtable; hands a
+    /// memtable the store detached to the sealer (or, with no write buffer, writes it before returning).
     private func store(
         _ payload: UnsafeRawBufferPointer, codec: Codec, of value: UnsafeRawBufferPointer, for key: HashedKey,
         deadline: Int64, group: UnsafeRawBufferPointer, placement: EntryMetadata, now: Int64
-    ) throws(MagpieError) -> Int {
+    ) throws(MagpieError) {
         // A memory-only entry never reaches this tier; its flag would make the record unreadable.
         let flags = placement.flags.intersection(.all)
         let header = RecordHeader(
@@ -116,40 +118,41 @@ extension DiskTier {
                 "value of \(value.count) bytes\(compressed) with a \(key.count)-byte key and a \(group.count)-byte group; this tier stores values up to \(largestStorableValue) bytes, measured as stored")
         }
         let draft = RecordDraft(header: header, key: key.bytes, group: group, payload: payload, metadata: placement)
-        try withRoom(Self.bucket(of: key.hash, count: bucketCount), now: now) { (state, policy) throws(MagpieError) in
-            try state.store(draft, key: key, now: now, policy: policy)
+        let number = Self.bucket(of: key.hash, count: bucketCount)
+        while true {
+            let before = sealer.completed
+            let outcome = try withRoom(number, now: now) { (state, policy) throws(MagpieError) -> RoomOutcome<DiskStoreOutcome> in
+                try state.store(draft, key: key, now: now, policy: policy)
+            }
+            switch outcome {
+            case .stored:
+                return
+            case .storedAndDetached:
+                try bucketSet.handOver(number)
+                return
+            case .busy:
+                bucketSet.sealOrWait(number, before: before)
+            }
         }
-        return payload.count
     }
 
-    /// Removes `key`, durably (a tombstone is appended). Returns whether it was present.
+    /// Removes `key`, durably when its record is in the file (a tombstone is written). Returns whether it
+    /// was present.
     package func remove(_ key: HashedKey) throws(MagpieError) -> Bool {
         try checkKey(key)
         try checkDirectoryIfDue()
-        let header = RecordHeader(
-            kind: .tombstone, codec: .raw, keyLength: key.count, groupLength: 0, storedLength: 0, originalLength: 0,
-            expiry: 0, sequence: 0, keyHash: key.hash)
-        let none = UnsafeRawBufferPointer(start: nil, count: 0)
-        let tombstone = RecordDraft(header: header, key: key.bytes, group: none, payload: none)
         let now = configuration.clock.now()
         return try withRoom(Self.bucket(of: key.hash, count: bucketCount), now: now) { (state, policy) throws(MagpieError) in
-            try state.remove(key, tombstone: tombstone, now: now, policy: policy)
+            try state.remove(key, now: now, policy: policy)
         }
     }
 
-    /// Removes `key` if the index holds it (durably, with a tombstone); writes nothing when it does not.
-    /// For `Cache`'s memory-only stores, which must not leave an older disk value behind. Unindexed
-    /// records of the key in the file are dead-marked or compacted away (see `makeRoom`), so recovery
-    /// cannot bring one back.
+    /// Removes `key` if the index holds it (durably, with a tombstone when its record is in the file);
+    /// writes nothing when it does not. For `Cache`'s memory-only stores, which must not leave an older
+    /// disk value behind. (The same as ``remove(_:)``: no valid record of a key the index does not hold is
+    /// left in a file, see `Disk/Bucket+Regions.swift`.)
     package func removeIfPresent(_ key: HashedKey) throws(MagpieError) -> Bool {
-        try checkKey(key)
-        let present = try buckets[Self.bucket(of: key.hash, count: bucketCount)].withLock {
-            (state: inout BucketState) throws(MagpieError) -> Bool in
-            try state.checkOpen()
-            try state.loadIfNeeded()
-            return state.index.positions(tag: DiskSlot.tag(of: key.hash)).isEmpty == false
-        }
-        return present ? try remove(key) : false
+        try remove(key)
     }
 
     /// Whether `key` has a live, unexpired record. Not counted as a read; leaves the clock's credits alone.
@@ -160,9 +163,9 @@ extension DiskTier {
             (state: inout BucketState) throws(MagpieError) -> Bool in
             try state.checkOpen()
             try state.loadIfNeeded()
-            defer { state.healIfNeeded() }
-            guard let (_, found) = try state.find(tag: DiskSlot.tag(of: key.hash), key: key.bytes) else { return false }
-            return (found.header.expiry == 0 || found.header.expiry > now) && !found.header.flags.contains(.negative)
+            defer { state.healIfNeeded(now: now) }
+            guard let (_, header) = try state.find(tag: DiskSlot.tag(of: key.hash), key: key.bytes) else { return false }
+            return (header.expiry == 0 || header.expiry > now) && !header.flags.contains(.negative)
         }
     }
 
@@ -177,8 +180,9 @@ extension DiskTier {
     /// The longest value this tier stores (with an empty key, no group and no memory policy; a key, a
     /// group or a `Cache`'s memory policy take their bytes from it, and a compressible value is
     /// measured compressed): one bucket's share plus half a share from every other bucket, about half
-    /// the budget (at least 1/16 of it whatever the bucket count, up to 2 GiB). A value up to it is
-    /// stored even into a full tier, by evicting; while the tier has room a store evicts nothing.
+    /// the budget (at least 1/16 of it whatever the bucket count, up to 2 GiB), less a region's header.
+    /// A value up to it is stored even into a full tier, by evicting; while the tier has room a store
+    /// evicts nothing.
     public var largestStorableValue: Int {
         (largestStorableRecord & ~7) - RecordHeader.recordLength(key: 0, group: 0, stored: 0)
     }
@@ -187,46 +191,19 @@ extension DiskTier {
     /// never be described, however well it compresses).
     static let largestCompressibleValue = Int(UInt32.max)
 
-    /// The longest record: what a bucket's limit can reach, less its file header.
+    /// The longest record: what a region as large as a bucket's limit can reach holds, less the region's
+    /// header (and a bucket file's slots are of the size a new file gets: an older file's differ a little).
     var largestStorableRecord: Int {
-        let reachable = bucketBudget + (bucketCount - 1) * (bucketBudget - bucketBudget / 2)
-        return min(ledger.maximumLimit, reachable) - BucketFileHeader.size
+        let reachable = min(ledger.maximumLimit, bucketBudget + (bucketCount - 1) * (bucketBudget - bucketBudget / 2))
+        let slots = (reachable - BucketFileHeader.size) / shared.regionSize
+        return min(DiskSlot.maximumLength, slots * shared.regionSize - RegionHeader.size)
     }
 
-    /// Runs `operation` on bucket `number` with room for what it appends: the bucket borrows from the
-    /// pool; if that is short, the other buckets lend their free room (one at a time, holding no other
-    /// bucket's lock) and the operation runs again; only when no bucket has room does the bucket evict its
-    /// own entries (or, for a record larger than it could hold alone, the others evict to lend).
+    /// Runs `operation` on bucket `number` with room for what it appends (``BucketSet/withRoom(_:now:_:)``).
+    @inline(__always)
     func withRoom<R>(
         _ number: Int, now: Int64, _ operation: (inout BucketState, RoomPolicy) throws(MagpieError) -> RoomOutcome<R>
     ) throws(MagpieError) -> R {
-        try withBorrowedRoom { (policy) throws(MagpieError) in
-            try buckets[number].withLock { (state: inout BucketState) throws(MagpieError) in
-                try state.loadIfNeeded()
-                return try operation(&state, policy)
-            }
-        } gather: { (bytes, evicting) throws(MagpieError) in
-            try gatherRoom(bytes, for: number, evicting: evicting, now: now)
-        }
-    }
-
-    /// Asks the buckets other than `number`, one at a time, to lend up to `bytes` into the pool (see
-    /// `BucketState.lend`). Returns what they lent.
-    func gatherRoom(_ bytes: Int, for number: Int, evicting: Bool, now: Int64) throws(MagpieError) -> Int {
-        var gathered = 0
-        defer { ledger.pool.give(gathered) }
-        var step = 1
-        while step < bucketCount && gathered < bytes {
-            let wanted = bytes - gathered
-            gathered += try buckets[(number + step) & (bucketCount - 1)].withLock {
-                (state: inout BucketState) throws(MagpieError) -> Int in
-                // Its room is known once its index is; a bucket that cannot load lends nothing (its own
-                // operations report the failure), rather than failing a store into another bucket.
-                do { try state.loadIfNeeded() } catch { return 0 }
-                return try state.lend(upTo: wanted, evicting: evicting, now: now)
-            }
-            step += 1
-        }
-        return gathered
+        try bucketSet.withRoom(number, now: now, operation)
     }
 }

@@ -2,7 +2,7 @@ import Glibc
 import Logging
 import Synchronization
 
-/// The disk tier: a directory of a fixed set of fixed-name bucket files, each an append-only log of
+/// The disk tier: a directory of a fixed set of fixed-name bucket files, each a file of regions of
 /// checksummed records, within a byte budget.
 ///
 /// ```
@@ -12,27 +12,37 @@ import Synchronization
 /// ```
 ///
 /// A key's hash picks its bucket (high bits); each bucket has its own lock, in-memory index (16-byte
-/// slots) and a share of the budget, which buckets lend each other (see **Budget**). Values of at least ``Configuration/minimumCompressibleLength``
-/// bytes are stored zstd-compressed when that is smaller. The record format and recovery rules are
-/// described once, in `Disk/Format/OnDiskFormat.swift`, and the recovery rules in `Disk/Bucket+Recovery.swift`.
+/// slots), memtables and a share of the budget, which buckets lend each other (see **Budget**). The
+/// record format and the file layout are described once, in `Disk/Format/OnDiskFormat.swift`; the
+/// eviction in `Disk/Bucket.swift`.
 ///
-/// **Reads.** Under the bucket's lock, a read copies the key's record out of a read-only mapping of its
-/// bucket file (or reads it with `pread`, see ``Configuration/mappedReads``; or out of the bucket's write
-/// buffer) into its thread's read scratch, verifies it there (checksum, key), and copies the value out
-/// into the array it returns; a compressed value is decompressed from its copy outside the lock. Values
-/// that look like noise (see `Compression/Compressibility.swift`) are stored raw without asking zstd.
+/// **Writes.** A store copies its record into its bucket's memtable, under the bucket's lock, and
+/// returns: it neither compresses nor hashes nor writes (a few hundred nanoseconds for 4 KiB). The record
+/// is readable at once (from the memtable). When the memtable is full (``Configuration/writeBufferSize``,
+/// 64 KiB) a background thread compresses its values with zstd where that pays (values of at least
+/// ``Configuration/minimumCompressibleLength`` bytes that do not look like noise), hashes them, and
+/// appends them to the bucket's newest region, in one `pwrite`. A removal, and an overwrite of a value
+/// already in the file, write a small tombstone before they return. Nothing is ever rewritten in place.
 ///
-/// **Writes.** A store compresses outside the lock; under it, the bucket writes the record straight into
-/// its write buffer, stamped with the bucket's next sequence number and sealed there once (see
-/// `Disk/Format/Record.swift`), and marks the key's previous record dead.
+/// **Eviction.** A bucket that needs a new region takes a free slot of its file, else grows its file
+/// (borrowing from the tier's budget), else reclaims its oldest region: the entries there that were read
+/// often enough since they were written, for their size, are copied into the newest region; the others
+/// are evicted; nothing else is copied (see `Disk/Bucket.swift`). ``Configuration/reinsertionThreshold``
+/// sets how often is often enough.
 ///
-/// **Budget.** Everything the tier writes in its directory — bucket files, the one compaction's
-/// temporary file, the index snapshots a close leaves, MANIFEST and LOCK — stays within
-/// ``Configuration/budget`` bytes (file sizes; `du` adds block rounding). The budget acts as one: a
-/// bucket that fills borrows room the others do not use, so a store evicts nothing while the tier has
-/// room, and a value of up to ``largestStorableValue`` bytes (about half the budget) is stored whatever
-/// the bucket count. One share of the budget is kept free for compactions. The rules are in
-/// `Disk/DiskLedger.swift`.
+/// **Reads.** Under the bucket's lock, a read verifies the record's first bytes (header, key, group,
+/// metadata) in a copy in its thread's read scratch, then copies the payload once, out of a read-only
+/// mapping of the bucket file (or with `pread`, see ``Configuration/mappedReads``; or out of a memtable),
+/// straight into the array it returns, and checks it against its hash; a compressed value is
+/// decompressed from its copy outside the lock.
+///
+/// **Budget.** Everything the tier writes in its directory — bucket files, the index snapshots a close
+/// leaves, SIZES, MANIFEST and LOCK, the journal of owed removals — stays within ``Configuration/budget``
+/// bytes (file sizes; `du` adds block rounding). The budget acts as one: a bucket that fills borrows room
+/// the others do not use, so a store evicts nothing while the tier has room, and a value of up to
+/// ``largestStorableValue`` bytes (about half the budget) is stored whatever the bucket count. The rules
+/// are in `Disk/DiskLedger.swift`. Memtables are memory, not disk: up to about twice
+/// ``Configuration/writeBufferSize`` per bucket.
 ///
 /// **Trust.** The directory is held open and every file is reached relative to it, never through a
 /// symbolic link; a directory another user owns or can write to is refused, files are created 0600
@@ -40,14 +50,17 @@ import Synchronization
 /// open is reported as ``MagpieError/Code/directoryReplaced``. See `Disk/CacheDirectory.swift`.
 ///
 /// **Durability.** A removal or group removal has reached the kernel's page cache when the call
-/// returns: it survives the process being killed, not a power loss. A store has too with
-/// ``Configuration/writeBufferSize`` 0; by default it may wait in its bucket's write buffer (at most
-/// 64 KiB) until the buffer is written (see ``writeBuffers()``), and is lost if the process dies first. ``flush()`` makes
-/// everything stored so far durable (the buffers written, fsync of every bucket file and of the
-/// directories). After a crash, recent stores may be lost, but a read returns either nothing or
-/// exactly a value that was stored for its key (never one a later store replaced), and a removal or
-/// group removal that returned is never undone by a restart. ``removeAll()`` empties bucket after
-/// bucket: a crash in the middle leaves the buckets it had not reached.
+/// returns: it survives the process being killed, not a power loss. So has an overwrite's tombstone. A
+/// store has reached the kernel once its memtable is written: by the background thread when the
+/// memtable fills, by ``writeBuffers()`` (a `Cache` calls it every second), ``flush()`` or ``close()``;
+/// with ``Configuration/writeBufferSize`` 0, before the call returns. If the process dies first the
+/// store is lost: its key then reads as a miss after the restart, never as the value it replaced (that
+/// value's tombstone was written before the store returned). ``flush()`` makes everything stored so far
+/// durable (the memtables written, fsync of every bucket file and of the directories). After a crash,
+/// recent stores may be lost, but a read returns either nothing or exactly a value that was stored for its
+/// key (never one a later store replaced), and a removal or group removal that returned is never undone
+/// by a restart. ``removeAll()`` empties bucket after bucket: a crash in the middle leaves the buckets it
+/// had not reached.
 ///
 /// **Reopening.** Opening takes the same time whatever the directory holds: each bucket's file is opened
 /// and its index loaded at its first use or by a background thread meanwhile (see
@@ -83,9 +96,8 @@ public final class DiskTier: Sendable {
     public let configuration: Configuration
     /// The number of bucket files.
     public let bucketCount: Int
-    /// A bucket's share of the budget: (budget − 128) / (bucketCount + 1). Buckets lend each other
-    /// room beyond it, so it bounds no value (see ``largestStorableValue``); one share is kept free for
-    /// compactions.
+    /// A bucket's share of the budget: (budget − 128) / bucketCount. Buckets lend each other room beyond
+    /// it, so it bounds no value (see ``largestStorableValue``).
     public let bucketBudget: Int
     let hasher: KeyHash
 
@@ -94,6 +106,12 @@ public final class DiskTier: Sendable {
     /// `buckets` holds them (as long as this tier lives).
     let unownedBuckets: [Unmanaged<Locked<BucketState>>]
     let compression: ZstdPool
+    /// The buckets apart from this object, for the sealer thread (Disk/BucketSet.swift).
+    let bucketSet: BucketSet
+    /// What every bucket shares (their files' region size, the compression of sealed records, …).
+    var shared: BucketShared { bucketSet.shared }
+    /// The thread that writes full memtables (Disk/Sealer.swift).
+    var sealer: Sealer { bucketSet.sealer }
     /// Damage and failures, each kind logged at most twice per ``Configuration/logInterval``.
     let logs: DiskLogs
     let compresses: Bool
@@ -112,8 +130,8 @@ public final class DiskTier: Sendable {
     let lastCheck = Atomic<Int64>(0)
     /// Bucket files that were absent at open although the directory had a MANIFEST.
     let missingBucketFiles: Int
-    let originalBytes = Atomic<UInt64>(0)
-    let storedBytes = Atomic<UInt64>(0)
+    /// Held by whatever removes strays from `buckets/`: the loader thread, a close.
+    let strayLock: Locked<UInt64>
     /// Loads the buckets' indexes in the background after the open (see ``BucketLoader``).
     let loader: BucketLoader
     /// The SIZES the last clean close left, until the first change to a bucket file deletes it.
@@ -178,10 +196,11 @@ public final class DiskTier: Sendable {
             if sizes == nil || !configuration.loadsInBackground {
                 try Self.removeStrays(in: directory, count: count, keepingSizes: sizes != nil)  // an unusable SIZES too
             }
-            let compaction = Locked<UInt64>(0)
+            // Held by whatever removes strays from buckets/ (the loader thread, a close).
+            let strayLock = Locked<UInt64>(0)
             let health = TierHealth()
             let ledger = DiskLedger(
-                pool: 0, share: share, maximumLimit: min(Self.maximumBucketBudget, DiskSlot.maximumLength + BucketFileHeader.size))
+                pool: 0, share: share, maximumLimit: Self.maximumBucketBudget)
             let sizesFile = SizesFile(
                 present: sizes != nil, charge: BucketSizes.length(bucketCount: count), directory: directory, ledger: ledger)
             var buckets: [Locked<BucketState>] = []
@@ -189,12 +208,15 @@ public final class DiskTier: Sendable {
             var journalReserved = 0
             var journalSize = 0
             var held = sizesFile.charge  // SIZES, while it stays
+            let shared = BucketShared(
+                    directory: directory, share: share, hasher: hasher, clock: configuration.clock, bucketCount: count,
+                    ledger: ledger, health: health, logs: logs, mappedReads: configuration.mappedReads,
+                    writeBuffer: max(0, min(configuration.writeBufferSize, share / 8)), sizesFile: sizesFile,
+                    regionSize: Self.regionSize(share: share), reinsertionThreshold: max(1, configuration.reinsertionThreshold),
+                    compression: configuration.compressionLevel == nil ? nil : compression,
+                    minimumCompressibleLength: configuration.minimumCompressibleLength)
             do throws(MagpieError) {
                 buckets.reserveCapacity(count)
-                let shared = BucketShared(
-                    directory: directory, share: share, hasher: hasher, clock: configuration.clock, bucketCount: count,
-                    compaction: compaction, ledger: ledger, health: health, logs: logs, mappedReads: configuration.mappedReads,
-                    writeBuffer: max(0, min(configuration.writeBufferSize, share / 8)), sizesFile: sizesFile)
                 let prefix = directory.path(.buckets, "")
                 for number in 0..<count {
                     let name = Self.bucketName(number, count: count)
@@ -219,11 +241,11 @@ public final class DiskTier: Sendable {
                     buckets.append(Locked(state))
                 }
                 // Whatever the buckets do not hold is the pool (below zero if the files hold more than
-                // this budget allows: buckets then repay as they compact).
+                // this budget allows: buckets then repay as they give room back).
                 // A journal of owed removals left in the directory is charged at once (DiskTier+Journal.swift).
                 journalSize = Self.leftJournalSize(directory)
                 journalReserved = Self.rounded(journalSize)
-                ledger.pool.give(configuration.budget - DiskLedger.manifestAllowance - share - held - journalReserved)
+                ledger.pool.give(configuration.budget - DiskLedger.manifestAllowance - held - journalReserved)
             } catch {
                 for bucket in buckets { bucket.withLock { $0.close() } }
                 throw error
@@ -246,7 +268,12 @@ public final class DiskTier: Sendable {
             self.sizesFile = sizesFile
             self.loader = BucketLoader(
                 buckets, start: configuration.loadsInBackground,
-                strays: sizes == nil ? nil : BucketLoader.Strays(directory: directory, bucketCount: count, lock: compaction))
+                strays: sizes == nil ? nil : BucketLoader.Strays(directory: directory, bucketCount: count, lock: strayLock))
+            self.strayLock = strayLock
+            let set = BucketSet(buckets: buckets, shared: shared, sealer: Sealer(bucketCount: count), sealsInBackground: configuration.sealsInBackground)
+            self.bucketSet = set
+            // The sealer thread holds the bucket set, never this object (Disk/BucketSet.swift).
+            bucketSet.sealer.setWork { number in set.sealInBackground(number) }
         } catch {
             Glibc.close(lockFD)  // releases the flock
             throw error
@@ -254,6 +281,12 @@ public final class DiskTier: Sendable {
     }
 
     deinit {
+        sealer.stop()  // after the seal it is in
+        sealer.setWork(nil)  // the set's only reference to itself
+        // Released without `close()`: what the memtables hold is written, best effort (a crash would lose it).
+        if buckets.first?.withLock({ $0.isOpen }) == true {
+            for number in 0..<bucketCount { try? bucketSet.writeMemtables(number) }
+        }
         loader.stop()
         loader.waitUntilFinished()  // before the files and the directory's lock are released
         for bucket in buckets { bucket.withLock { $0.close() } }
@@ -288,8 +321,9 @@ public final class DiskTier: Sendable {
     /// - Throws: ``MagpieError/Code/keyTooLong`` (key or group), ``MagpieError/Code/valueTooLarge`` for a
     ///   value longer than ``largestStorableValue`` (measured compressed, with its key and group),
     ///   ``MagpieError/Code/directoryReplaced``, ``MagpieError/Code/noSpace`` and
-    ///   ``MagpieError/Code/ioFailure``, ``MagpieError/Code/closed``. On a throw the key keeps its
-    ///   previous value (or, if a compaction ran in the meantime, has none).
+    ///   ``MagpieError/Code/ioFailure`` (writing the tombstone of the value it replaces, or — with
+    ///   ``Configuration/writeBufferSize`` 0 — the value itself), ``MagpieError/Code/closed``. On a throw
+    ///   the key keeps its previous value (or, if a region was reclaimed meanwhile, has none).
     public func set(
         _ value: some Sequence<UInt8>, forKey key: some Sequence<UInt8>, expiry: Expiry = .never, group: String? = nil
     ) throws(MagpieError) {

@@ -10,8 +10,18 @@ public struct DiskTierStatistics: Sendable, Hashable {
     public var removals: UInt64 = 0
     /// Live entries evicted to keep the tier within its budget (only when no bucket had room to lend).
     public var evictions: UInt64 = 0
-    /// Bucket files rewritten to drop evicted, removed and replaced records.
-    public var compactions: UInt64 = 0
+    /// Regions reclaimed, oldest first, to make room (their entries evicted but for those reinserted).
+    public var regionsReclaimed: UInt64 = 0
+    /// Regions emptied out of turn: to heal damage met by a read, or to give room back to the tier.
+    public var regionsEvacuated: UInt64 = 0
+    /// Entries a reclaim (or a heal) copied into the newest region rather than evict, and their bytes.
+    public var reinsertions: UInt64 = 0
+    public var reinsertedBytes: UInt64 = 0
+    /// Bytes the tier wrote to its bucket files since the open: records (reinserted ones too) and region
+    /// headers. Divided by the bytes of keys and values stored, the tier's own write amplification.
+    public var bytesWritten: UInt64 = 0
+    /// Regions in the bucket files.
+    public var regions: Int = 0
     /// Records (or byte ranges, or whole bucket files) found corrupt by their checksums or structure,
     /// on open or on read. Each was skipped and dropped; none was ever returned.
     public var corruptRecords: UInt64 = 0
@@ -29,12 +39,16 @@ public struct DiskTierStatistics: Sendable, Hashable {
     public var entries: Int = 0
     /// Bytes of the live entries' records.
     public var liveBytes: Int = 0
-    /// Bytes of all bucket files, with the bytes still in their write buffers (never more than the budget).
+    /// Bytes of all bucket files (never more than the budget).
     public var bytesOnDisk: Int = 0
-    /// Bytes stored but still in the buckets' write buffers (see ``DiskTier/Configuration/writeBufferSize``).
+    /// Bytes of the buckets' memtables: stores not yet written to the files (see
+    /// ``DiskTier/Configuration/writeBufferSize``); memory, not disk.
     public var bufferedBytes: Int = 0
-    /// Stores that had returned but were lost while in a write buffer, because writing the buffer
-    /// failed (they read as misses).
+    /// Entries a recovery dropped because damage it could not read followed them in their bucket (it may
+    /// have held their removal or a newer value: see ``DiskTier``, **Errors**).
+    public var droppedForDamage: UInt64 = 0
+    /// Stores that had returned but were lost while in a memtable, because writing it failed (they read
+    /// as misses).
     public var lostBufferedStores: UInt64 = 0
     /// Bytes of the in-memory indexes.
     public var indexBytes: Int = 0

@@ -68,8 +68,16 @@ package enum FileIO {
     static func write(
         _ fd: Int32, _ bytes: UnsafeRawBufferPointer, at offset: Int, path: String, operation: String = "pwrite"
     ) throws(MagpieError) {
-        try injected(operation, path)
         var done = 0
+        try write(fd, bytes, at: offset, path: path, operation: operation, done: &done)
+    }
+
+    /// `pwrite(2)` of all of `bytes` at `offset`; `done` says how many were written, also when it throws.
+    static func write(
+        _ fd: Int32, _ bytes: UnsafeRawBufferPointer, at offset: Int, path: String, operation: String = "pwrite", done: inout Int
+    ) throws(MagpieError) {
+        done = 0
+        try injected(operation, path)
         while done < bytes.count {
             let n = pwrite(fd, bytes.baseAddress! + done, bytes.count - done, off_t(offset + done))
             if n > 0 {

@@ -56,12 +56,25 @@ package struct KeyHash: Sendable, Hashable {
 }
 
 extension KeyHash {
-    /// The disk record checksum: XXH3-64 of `body`, seeded with XXH3-64 of `header` (so one call
-    /// covers two separate regions without a streaming state).
-    /// The body goes through libxxhash's run-time dispatcher where it has one (AVX2 on x86-64).
+    /// The disk record checksum: XXH3-64 of `body` (key, group, metadata: short), seeded with XXH3-64 of
+    /// `header` (so one call covers two separate regions without a streaming state).
     static func checksum(header: UnsafeRawBufferPointer, body: UnsafeRawBufferPointer) -> UInt64 {
         let headerHash = XXH3_64bits_withSeed(header.baseAddress, header.count, 0)
         return magpie_xxh3_64_long(body.baseAddress, body.count, headerHash)
+    }
+
+    /// A record's payload hash: XXH3-64 (seed 0) of its stored payload, through libxxhash's run-time
+    /// dispatcher where it has one (AVX2 on x86-64).
+    @inline(__always)
+    static func payloadHash(_ payload: UnsafeRawBufferPointer) -> UInt64 {
+        magpie_xxh3_64_long(payload.baseAddress, payload.count, 0)
+    }
+
+    /// XXH3-64 of a format header seeded with this hasher's seed: a checksum only the directory's owner
+    /// (who can read the MANIFEST) can forge, for headers whose forgery could make recovery apply bytes
+    /// that a stored value carried (region headers).
+    func sealedChecksum(_ bytes: UnsafeRawBufferPointer) -> UInt64 {
+        XXH3_64bits_withSeed(bytes.baseAddress, bytes.count, seed ^ 0x7265_6769_6f6e_7321)
     }
 
     /// The checksum through the plain (non-dispatching) entry point: for the test that both agree.

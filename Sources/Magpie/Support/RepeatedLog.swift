@@ -140,7 +140,7 @@ package final class RepeatedLog: Sendable {
 package struct DiskLogs: Sendable {
     let corruptRecord: RepeatedLog
     let healFailed: RepeatedLog
-    let damagedLeftOut: RepeatedLog
+    let sealFailed: RepeatedLog
     let undecompressible: RepeatedLog
     let bucketRecreated: RepeatedLog
     let bucketRecovered: RepeatedLog
@@ -148,9 +148,11 @@ package struct DiskLogs: Sendable {
 
     init(_ logger: Logger?, interval: Duration) {
         corruptRecord = RepeatedLog(logger, level: .warning, "magpie: corrupt record dropped from the index", interval: interval)
-        healFailed = RepeatedLog(logger, level: .warning, "magpie: could not rewrite a damaged bucket file", interval: interval)
-        damagedLeftOut = RepeatedLog(
-            logger, level: .warning, "magpie: damaged records were left out of a compacted bucket", interval: interval)
+        healFailed = RepeatedLog(
+            logger, level: .warning, "magpie: could not move a damaged region's entries out (the damage stays skipped)",
+            interval: interval)
+        sealFailed = RepeatedLog(
+            logger, level: .error, "magpie: writing a memtable failed; the stores it held are lost (misses)", interval: interval)
         undecompressible = RepeatedLog(logger, level: .warning, "magpie: a stored zstd frame did not decompress", interval: interval)
         bucketRecreated = RepeatedLog(
             logger, level: .warning, "magpie: a bucket file was missing or not a regular file; recreated empty", interval: interval)
@@ -163,7 +165,7 @@ package struct DiskLogs: Sendable {
     }
 
     func flush() {
-        for log in [corruptRecord, healFailed, damagedLeftOut, undecompressible, bucketRecreated, bucketRecovered, bucketLoadFailed] {
+        for log in [corruptRecord, healFailed, sealFailed, undecompressible, bucketRecreated, bucketRecovered, bucketLoadFailed] {
             log.flush()
         }
     }

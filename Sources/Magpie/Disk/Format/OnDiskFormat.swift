@@ -1,36 +1,57 @@
-// MARK: - The on-disk format (format version 1): every file the disk tier writes, byte by byte
+// MARK: - The on-disk format (format version 2): every file the disk tier writes, byte by byte
 //
 // This comment is the one description of the format; the types in this folder encode and decode it
-// (Record.swift: records; this file: MANIFEST, bucket file headers, index snapshots). All integers are
-// little-endian. The DocC article "The on-disk format" explains it for users.
+// (Record.swift: records; this file: MANIFEST, bucket file and region headers, index snapshots, SIZES).
+// All integers are little-endian. The DocC article "The on-disk format" explains it for users.
 //
 //   <directory>/MANIFEST            written once, atomically, when the directory is created
 //   <directory>/LOCK                empty; flock'ed by the one tier that has the directory open
-//   <directory>/buckets/<NN>        a bucket file: file header, then records (append-only log)
+//   <directory>/buckets/<NN>        a bucket file: file header, then region slots
 //   <directory>/buckets/<NN>.index  an index snapshot, written by a clean close, deleted once loaded
 //                                     (by the loader thread) or before the bucket file next changes
 //   <directory>/buckets/SIZES       every bucket file's and snapshot's size, written last by a clean
 //                                     close, deleted before any bucket file next changes
-//   <directory>/buckets/<NN>.compact  a compaction's new file, renamed over <NN> when complete
-// Names never derive from keys: <NN> is the bucket number in hex, two or more digits.
+// Names never derive from keys: <NN> is the bucket number in hex, two or more digits. Format 1 (2026-11:
+// one append-only log per bucket, records marked "DEAD" in place, compactions) is not read: its MANIFEST
+// makes the open throw `manifestMismatch`, and `DiskTier.destroy(directory:)` resets the directory.
 //
 // MANIFEST (56 bytes):
-//   0  16-byte magic "MAGPIE-MANIFEST\n"   16 u32 format version (1)   20 u32 bucket count
+//   0  16-byte magic "MAGPIE-MANIFEST\n"   16 u32 format version (2)   20 u32 bucket count
 //   24 u64 hash seed                       32 i64 creation time (ms since 1970)   40 u64 reserved (0)
 //   48 u64 XXH3-64 (seed 0) of bytes 0..<48
 //
-// Bucket file header (32 bytes):
-//   0  u32 magic "MGPB"        4  u32 format version (1)   8  u32 bucket index   12 u32 bucket count
-//   16 u64 hash seed           24 u64 XXH3-64 (seed 0) of bytes 0..<24
+// Bucket file (`H` = 64 bytes of header, then slots of `G` bytes, the region size):
+//   0  u32 magic "MGPB"        4  u32 format version (2)   8  u32 bucket index   12 u32 bucket count
+//   16 u64 hash seed           24 u32 region size G (a multiple of 8, at least 1024)   28..<56 reserved (0)
+//   56 u64 XXH3-64 (seed 0) of bytes 0..<56
+//   64 slot 0, 64 + G slot 1, ...: a bucket takes H + n × G bytes of its budget (it grows and shrinks by
+//      slots); the file is as long as what was written of them (its last slot may be written in part).
+// A slot is free or holds a region; a region takes one slot, or m consecutive ones for a record longer
+// than a slot (a "jumbo" region).
 //
-// Record (each starts on an 8-byte boundary): a 56-byte header, then key, group, the optional 8-byte
-// memory policy, the optional 16-byte freshness block, the optional 8-byte coherence stamp and payload
-// bytes, then zero padding to a multiple of 8:
-//   0  u32 magic "MGPR", or "DEAD" once the record is superseded or removed (see below)
-//   4  u8  format version (1)
-//   5  u8  kind: 1 value, 2 tombstone (deletes the key: key set, group and payload empty), 3 group
-//          tombstone (deletes the group's records written before it: the group name in the group
-//          field, key and payload empty, key hash 0)
+// Region (at the start of its first slot; its records follow from byte 64 of the region, each on an
+// 8-byte boundary, none crossing the region's end):
+//   0  u32 magic "MGRG"        4  u32 version (1)          8  u32 bucket index   12 u32 slots (m ≥ 1)
+//   16 u64 region sequence (per bucket, increasing: the order regions were opened in)
+//   24 u64 first record sequence: every record written into this region has a sequence number at least
+//          this (so records a reused slot still holds from its previous region are told apart)
+//   32..<56 reserved (0)
+//   56 u64 XXH3-64 of bytes 0..<56, seeded with the directory's hash seed (so bytes inside a stored value
+//          can never pass for a region header: forging one takes the seed, which only the MANIFEST holds)
+// A region's records are the valid records from byte 64 on whose sequence numbers increase from its
+// first record sequence; the first byte that does not start one ends them (a torn last write, zeros, or
+// what the slot held before). A free slot's first 64 bytes never hold a valid region header: a region is
+// invalidated (its header zeroed, or overwritten by the next region's) under its bucket's lock before
+// anything else may happen in the bucket, and a slot past the old end of a file reads as zeros.
+//
+// Record (a 64-byte header, then key, group, the optional 8-byte memory policy, the optional 16-byte
+// freshness block, the optional 8-byte coherence stamp and payload bytes, then zero padding to a
+// multiple of 8):
+//   0  u32 magic "MGPR"
+//   4  u8  format version (2)
+//   5  u8  kind: 1 value, 2 tombstone (removes the key: key set, group and payload empty), 3 group
+//          tombstone (removes the group's values: the group name in the group field, key and payload
+//          empty, key hash 0)
 //   6  u8  codec: 0 raw, 1 zstd (one frame)
 //   7  u8  flags (value records only, else 0): bit 0 = an 8-byte memory policy follows the group
 //          (i64: 0 none, > 0 an absolute memory deadline in ms, < 0 minus a memory lifetime in ms; the
@@ -43,24 +64,39 @@
 //          freshness block (i64 ms since 1970: when a cache with a remote tier last knew this copy to
 //          match the shared store; such a cache serves no local copy without one, a cache without a
 //          remote tier ignores it). Other bits 0. Records written by `DiskTier` alone have flags 0.
-//          Bits 2, 3 and 4 came after the first release of format 1: an older reader drops such a
-//          record as corrupt (a miss), never misreads it. These flags and the blocks after the group
-//          are EntryMetadata's encoding (Support/EntryMetadata.swift), which the remote record shares;
-//          bit 5 (memory only) exists there only, and a disk record carrying it is corrupt.
+//          These flags and the blocks after the group are EntryMetadata's encoding
+//          (Support/EntryMetadata.swift), which the remote record shares; bit 5 (memory only) exists
+//          there only, and a disk record carrying it is corrupt.
 //   8  u16 key length          10 u16 group length         12 u32 stored (payload) length
-//   16 u32 original value length (= stored for raw)         20 u32 reserved, 0
-//   24 i64 expiry, milliseconds since 1970 (0 = never)      32 u64 sequence number (per bucket)
-//   40 u64 key hash (XXH3-64 of the key with the cache's seed; picks the bucket)
-//   48 u64 checksum: XXH3-64 of key ‖ group ‖ memory policy ‖ freshness ‖ stamp ‖ payload, seeded with XXH3-64 of header
-//          bytes 4..<48
+//   16 u32 original value length (= stored for raw; 0 for tombstones)   20 u32 reserved, 0
+//   24 i64 a value's expiry, milliseconds since 1970 (0 = never); a tombstone's or group tombstone's
+//          cover (u64): it removes records of its key or group whose sequence number is lower
+//   32 u64 sequence number (per bucket, assigned when the record is written to the file: increasing in
+//          the order records were written, across regions in region order)
+//   40 u64 key hash (XXH3-64 of the key with the directory's seed; picks the bucket)
+//   48 u64 payload hash: XXH3-64 (seed 0) of the stored payload
+//   56 u64 checksum: XXH3-64 (seed: XXH3-64 (seed 0) of bytes 4..<56) of key ‖ group ‖ memory policy ‖
+//          freshness ‖ stamp: everything before the payload is covered by it, the payload by its hash
+//
+// Tombstones. A removal of a key whose record is in the file, an overwrite of one (before the new value
+// is in the file itself) and a group removal with members in the file write a tombstone at once, with a
+// cover equal to its own sequence number. Every record a tombstone covers is older, so it lies in the
+// same region or an older one: when the oldest region is reclaimed its tombstones go with it. A region
+// reclaimed out of turn (emptied to heal damage, or to give back room) carries its tombstones forward
+// into the newest region: with new sequence numbers, so that they belong there, and their old covers, so
+// that they never remove a record written after them.
 //
 // Index snapshot (<NN>.index):
-//   0  u32 magic "MGPI"   4 u32 snapshot version (2)   8 u32 bucket index   12 u32 bucket count
-//   16 u64 hash seed      24 u64 bucket file size    32 u64 live bytes     40 u64 maximum sequence
+//   0  u32 magic "MGPI"   4 u32 snapshot version (3)   8 u32 bucket index   12 u32 bucket count
+//   16 u64 hash seed      24 u64 bucket file size (as written)   32 u64 live bytes   40 u64 last record sequence
 //   48 u64 slot count (the index's capacity)         56 u64 live entries
-//   64 slots, 16 bytes each: u32 tag (the key hash's low 32 bits), u32 record offset / 8, u32 record
-//      length (a multiple of 8; bits 0–1: the clock's read credits;
-//      bit 31, the reference bit of builds before 2026-11-27, is ignored), u32 expiry in whole seconds since 1970 rounded up
+//   64 u32 region size    68 u32 the bucket's slots   72 u32 regions   76 u32 reserved (0)
+//   80 u64 next region sequence                      88 u64 reserved (0)
+//   96 regions, oldest first, 32 bytes each: u32 first slot, u32 slots, u64 region sequence, u64 first
+//      record sequence, u32 bytes used (from the region's start, its header included), u32 reserved (0)
+//   then slots, 16 bytes each: u32 tag (the key hash's low 32 bits), u32 record offset / 8, u32 record
+//      length (a multiple of 8; bits 0–2: the eviction's read credits; bit 31 never set), u32 expiry in
+//      whole seconds since 1970 rounded up
 //   end u64 XXH3-64 (seed 0) of everything before it
 //
 // Sizes (SIZES), so that an open needs no system call per bucket (see Disk/DiskTier.swift, "Reopening"):
@@ -70,26 +106,18 @@
 // Only sizes: the ledger charges them at the open; each bucket file is opened, and its size checked, at
 // the bucket's load, and a snapshot is still used only if it passes its own checks.
 //
-// Dead records. When a key's record is superseded (a newer value) or removed (remove, group removal),
-// its magic is overwritten with "DEAD" in place. The checksum leaves the magic out, so a dead record
-// still parses and recovery steps over it; but it is never applied. So at most one record per key is
-// live in a file, and losing a later record to corruption (a tombstone, a newer value) can only lose
-// that key, never bring back a removed or older value. Tombstones are still written: marking is
-// best-effort (a failed mark is harmless while the tombstone survives) and covers records that are
-// no longer indexed (evicted ones).
-//
-// Validity. A record is valid when every field is in range, it lies wholly inside the file, the
-// checksum matches, its key hash is the hash of its key, and that hash belongs to the file's bucket.
-// Within a bucket, a later record overrides an earlier one for the same key: file order is the truth,
-// and the sequence numbers (assigned by the bucket, under its lock) agree with it. A snapshot is used
-// only if intact and naming this bucket, count, seed and the file's current size, and is never trusted
-// with data: every read still verifies the record's checksum and key.
+// Validity. A record is valid when every field is in range, it lies wholly inside its region, its
+// checksum and payload hash match, its key hash is the hash of its key, and that hash belongs to the
+// file's bucket. Recovery applies the records of every valid region in region order, and within a region
+// in file order: a value replaces the key's earlier record, a tombstone or group tombstone removes the
+// records it covers. A snapshot is used only if intact and naming this bucket, count, seed, region size
+// and the file's current size, and is never trusted with data: every read still verifies the record's
+// checksum, payload hash and key.
 
-/// The MANIFEST: what a directory was created with (layout above).
 struct Manifest: Equatable {
     static let size = 56
     static let magic = Array("MAGPIE-MANIFEST\n".utf8)
-    static let formatVersion: UInt32 = 1
+    static let formatVersion: UInt32 = 2
 
     var formatVersion: UInt32 = Manifest.formatVersion
     var bucketCount: Int
@@ -124,15 +152,17 @@ struct Manifest: Equatable {
     }
 }
 
-/// The 32-byte header of a bucket file (layout above).
+/// The 64-byte header of a bucket file (layout above).
 package struct BucketFileHeader: Equatable {
-    package static let size = 32
+    package static let size = 64
     package static let magic: UInt32 = 0x4250_474D  // "MGPB"
-    package static let formatVersion: UInt32 = 1
+    package static let formatVersion: UInt32 = 2
 
     package var bucketIndex: Int
     package var bucketCount: Int
     package var seed: UInt64
+    /// The size of the file's slots.
+    package var regionSize: Int
 
     package func encoded() -> [UInt8] {
         var bytes = [UInt8](repeating: 0, count: Self.size)
@@ -142,28 +172,92 @@ package struct BucketFileHeader: Equatable {
             raw.storeBytes(of: UInt32(bucketIndex).littleEndian, toByteOffset: 8, as: UInt32.self)
             raw.storeBytes(of: UInt32(bucketCount).littleEndian, toByteOffset: 12, as: UInt32.self)
             raw.storeBytes(of: seed.littleEndian, toByteOffset: 16, as: UInt64.self)
-            let sum = KeyHash.formatChecksum(UnsafeRawBufferPointer(rebasing: raw[0..<24]))
-            raw.storeBytes(of: sum.littleEndian, toByteOffset: 24, as: UInt64.self)
+            raw.storeBytes(of: UInt32(regionSize).littleEndian, toByteOffset: 24, as: UInt32.self)
+            let sum = KeyHash.formatChecksum(UnsafeRawBufferPointer(rebasing: raw[0..<56]))
+            raw.storeBytes(of: sum.littleEndian, toByteOffset: 56, as: UInt64.self)
         }
         return bytes
     }
 
+    /// Nil unless the bytes are an intact header whose region size is one this format allows.
     package static func decode(_ bytes: UnsafeRawBufferPointer) -> BucketFileHeader? {
         guard bytes.count >= size,
             UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 0, as: UInt32.self)) == magic,
             UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 4, as: UInt32.self)) == formatVersion,
-            UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 24, as: UInt64.self))
-                == KeyHash.formatChecksum(UnsafeRawBufferPointer(rebasing: bytes[0..<24]))
+            UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 56, as: UInt64.self))
+                == KeyHash.formatChecksum(UnsafeRawBufferPointer(rebasing: bytes[0..<56]))
         else { return nil }
+        let regionSize = Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 24, as: UInt32.self)))
+        guard RegionHeader.isValidRegionSize(regionSize) else { return nil }
         return BucketFileHeader(
             bucketIndex: Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 8, as: UInt32.self))),
             bucketCount: Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 12, as: UInt32.self))),
-            seed: UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 16, as: UInt64.self)))
+            seed: UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 16, as: UInt64.self)), regionSize: regionSize)
     }
-    package init(bucketIndex: Int, bucketCount: Int, seed: UInt64) {
+
+    package init(bucketIndex: Int, bucketCount: Int, seed: UInt64, regionSize: Int) {
         self.bucketIndex = bucketIndex
         self.bucketCount = bucketCount
         self.seed = seed
+        self.regionSize = regionSize
+    }
+}
+
+/// The 64-byte header that opens a region (layout above).
+package struct RegionHeader: Equatable {
+    package static let size = 64
+    package static let magic: UInt32 = 0x4752_474D  // "MGRG"
+    package static let version: UInt32 = 1
+    /// The smallest and largest region sizes (slots) a bucket file may have.
+    package static let minimumRegionSize = 1024
+    package static let maximumRegionSize = 1 << 26
+
+    package var bucketIndex: Int
+    /// Consecutive slots the region takes (1, or more for a record longer than a slot).
+    package var slots: Int
+    package var sequence: UInt64
+    package var firstRecordSequence: UInt64
+
+    package static func isValidRegionSize(_ size: Int) -> Bool {
+        size >= minimumRegionSize && size <= maximumRegionSize && size % 8 == 0
+    }
+
+    package func encoded(hasher: KeyHash) -> [UInt8] {
+        var bytes = [UInt8](repeating: 0, count: Self.size)
+        bytes.withUnsafeMutableBytes { raw in
+            raw.storeBytes(of: Self.magic.littleEndian, toByteOffset: 0, as: UInt32.self)
+            raw.storeBytes(of: Self.version.littleEndian, toByteOffset: 4, as: UInt32.self)
+            raw.storeBytes(of: UInt32(bucketIndex).littleEndian, toByteOffset: 8, as: UInt32.self)
+            raw.storeBytes(of: UInt32(slots).littleEndian, toByteOffset: 12, as: UInt32.self)
+            raw.storeBytes(of: sequence.littleEndian, toByteOffset: 16, as: UInt64.self)
+            raw.storeBytes(of: firstRecordSequence.littleEndian, toByteOffset: 24, as: UInt64.self)
+            let sum = hasher.sealedChecksum(UnsafeRawBufferPointer(rebasing: raw[0..<56]))
+            raw.storeBytes(of: sum.littleEndian, toByteOffset: 56, as: UInt64.self)
+        }
+        return bytes
+    }
+
+    /// Nil unless the bytes start with an intact region header sealed with `hasher`'s seed.
+    package static func decode(_ bytes: UnsafeRawBufferPointer, hasher: KeyHash) -> RegionHeader? {
+        guard bytes.count >= size,
+            UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 0, as: UInt32.self)) == magic,
+            UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 4, as: UInt32.self)) == version,
+            UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 56, as: UInt64.self))
+                == hasher.sealedChecksum(UnsafeRawBufferPointer(rebasing: bytes[0..<56]))
+        else { return nil }
+        let slots = Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 12, as: UInt32.self)))
+        guard slots >= 1 else { return nil }
+        return RegionHeader(
+            bucketIndex: Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 8, as: UInt32.self))), slots: slots,
+            sequence: UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 16, as: UInt64.self)),
+            firstRecordSequence: UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 24, as: UInt64.self)))
+    }
+
+    package init(bucketIndex: Int, slots: Int, sequence: UInt64, firstRecordSequence: UInt64) {
+        self.bucketIndex = bucketIndex
+        self.slots = slots
+        self.sequence = sequence
+        self.firstRecordSequence = firstRecordSequence
     }
 }
 
@@ -235,12 +329,13 @@ package struct BucketSizes: Equatable {
     }
 }
 
-/// An index snapshot (layout above): a bucket's index and what it was taken against.
+/// An index snapshot (layout above): a bucket's index and regions, and what they were taken against.
 struct IndexSnapshot {
     static let magic: UInt32 = 0x4950_474D  // "MGPI"
-    static let headerSize = 64
-    /// 2: tags are the key hash's low 32 bits.
-    static let version: UInt32 = 2
+    static let headerSize = 96
+    /// 3: format 2's regions.
+    static let version: UInt32 = 3
+    static let regionEntrySize = 32
 
     var bucketIndex: Int
     var bucketCount: Int
@@ -248,14 +343,20 @@ struct IndexSnapshot {
     var fileSize: Int
     var liveBytes: Int
     var maximumSequence: UInt64
+    var regionSize: Int
+    var slotCount: Int
+    var nextRegionSequence: UInt64
+    var regions: [Region]
     var slots: [DiskSlot]
     var liveCount: Int
 
-    /// The encoded length of a snapshot of `slotCount` slots.
-    static func length(slotCount: Int) -> Int { headerSize + slotCount * 16 + 8 }
+    /// The encoded length of a snapshot of `slotCount` index slots and `regionCount` regions.
+    static func length(slotCount: Int, regionCount: Int) -> Int {
+        headerSize + regionCount * regionEntrySize + slotCount * 16 + 8
+    }
 
     func encoded() -> [UInt8] {
-        var bytes = [UInt8](repeating: 0, count: Self.length(slotCount: slots.count))
+        var bytes = [UInt8](repeating: 0, count: Self.length(slotCount: slots.count, regionCount: regions.count))
         bytes.withUnsafeMutableBytes { raw in
             raw.storeBytes(of: Self.magic.littleEndian, toByteOffset: 0, as: UInt32.self)
             raw.storeBytes(of: Self.version.littleEndian, toByteOffset: 4, as: UInt32.self)
@@ -267,8 +368,21 @@ struct IndexSnapshot {
             raw.storeBytes(of: maximumSequence.littleEndian, toByteOffset: 40, as: UInt64.self)
             raw.storeBytes(of: UInt64(slots.count).littleEndian, toByteOffset: 48, as: UInt64.self)
             raw.storeBytes(of: UInt64(liveCount).littleEndian, toByteOffset: 56, as: UInt64.self)
+            raw.storeBytes(of: UInt32(regionSize).littleEndian, toByteOffset: 64, as: UInt32.self)
+            raw.storeBytes(of: UInt32(slotCount).littleEndian, toByteOffset: 68, as: UInt32.self)
+            raw.storeBytes(of: UInt32(regions.count).littleEndian, toByteOffset: 72, as: UInt32.self)
+            raw.storeBytes(of: nextRegionSequence.littleEndian, toByteOffset: 80, as: UInt64.self)
+            for (n, region) in regions.enumerated() {
+                let at = Self.headerSize + n * Self.regionEntrySize
+                raw.storeBytes(of: UInt32(region.slot).littleEndian, toByteOffset: at, as: UInt32.self)
+                raw.storeBytes(of: UInt32(region.slots).littleEndian, toByteOffset: at + 4, as: UInt32.self)
+                raw.storeBytes(of: region.sequence.littleEndian, toByteOffset: at + 8, as: UInt64.self)
+                raw.storeBytes(of: region.firstRecordSequence.littleEndian, toByteOffset: at + 16, as: UInt64.self)
+                raw.storeBytes(of: UInt32(region.end).littleEndian, toByteOffset: at + 24, as: UInt32.self)
+            }
+            let slotsStart = Self.headerSize + regions.count * Self.regionEntrySize
             for (n, slot) in slots.enumerated() {
-                let at = Self.headerSize + n * 16
+                let at = slotsStart + n * 16
                 raw.storeBytes(of: slot.tag.littleEndian, toByteOffset: at, as: UInt32.self)
                 raw.storeBytes(of: slot.offset8.littleEndian, toByteOffset: at + 4, as: UInt32.self)
                 raw.storeBytes(of: slot.rawLength.littleEndian, toByteOffset: at + 8, as: UInt32.self)
@@ -281,8 +395,9 @@ struct IndexSnapshot {
         return bytes
     }
 
-    /// Nil unless the bytes are an intact snapshot whose counts agree with its slots, every live slot
-    /// lying inside a file of the recorded size.
+    /// Nil unless the bytes are an intact snapshot whose counts agree with its contents: regions inside
+    /// the file's slots, not overlapping, in increasing sequence; every live slot a record's length long
+    /// inside the used part of one region.
     static func decode(_ bytes: [UInt8]) -> IndexSnapshot? {
         bytes.withUnsafeBytes { raw -> IndexSnapshot? in
             guard raw.count >= headerSize + 8 else { return nil }
@@ -292,24 +407,65 @@ struct IndexSnapshot {
             // Counts are read with a bound before any conversion: a hostile snapshot with a valid checksum
             // must not make `Int(_:)` trap.
             guard u64(end) == KeyHash.formatChecksum(UnsafeRawBufferPointer(rebasing: raw[0..<end])),
-                u32(0) == magic, u32(4) == version, u64(24) <= UInt64(UInt32.max) * 8,
-                u64(48) >= 1, u64(48) == UInt64((end - headerSize) / 16), (end - headerSize) % 16 == 0,
-                u64(56) <= u64(48), u64(32) <= u64(24)
+                u32(0) == magic, u32(4) == version, u64(24) <= UInt64(DiskTier.maximumBucketBudget),
+                u32(76) == 0, u64(88) == 0, u64(48) >= 1, u64(48) <= UInt64(end), u32(72) <= UInt32(end),
+                RegionHeader.isValidRegionSize(Int(u32(64))), u64(56) <= u64(48), u64(32) <= u64(24)
             else { return nil }
-            let fileSize = Int(u64(24))
+            let regionCount = Int(u32(72))
             let slotCount = Int(u64(48))
+            guard headerSize + regionCount * regionEntrySize + slotCount * 16 == end else { return nil }
+            let regionSize = Int(u32(64))
+            let fileSlots = Int(u32(68))
+            let fileSize = Int(u64(24))
+            guard fileSize >= BucketFileHeader.size, fileSize <= BucketFileHeader.size + fileSlots * regionSize else { return nil }
+            var regions: [Region] = []
+            regions.reserveCapacity(regionCount)
+            var previous: UInt64 = 0
+            for n in 0..<regionCount {
+                let at = headerSize + n * regionEntrySize
+                let first = Int(u32(at))
+                let count = Int(u32(at + 4))
+                let sequence = u64(at + 8)
+                let bytesUsed = Int(u32(at + 24))
+                guard count >= 1, first < fileSlots, count <= fileSlots - first, sequence > previous || n == 0,
+                    bytesUsed >= RegionHeader.size, bytesUsed <= count * regionSize, bytesUsed % 8 == 0, u32(at + 28) == 0
+                else { return nil }
+                previous = sequence
+                regions.append(
+                    Region(slot: first, slots: count, sequence: sequence, firstRecordSequence: u64(at + 16), end: bytesUsed))
+            }
+            guard regionCount == 0 || u64(80) > previous else { return nil }
+            // The regions by first slot, to check that none overlaps another and to find each index slot's
+            // region (a binary search: nothing is allocated per slot of the file, however large it claims to be).
+            let bySlot = regions.indices.sorted { regions[$0].slot < regions[$1].slot }
+            for (a, b) in zip(bySlot, bySlot.dropFirst()) where regions[a].slot + regions[a].slots > regions[b].slot {
+                return nil
+            }
+            func region(containing slotIndex: Int) -> Region? {
+                var (low, high) = (0, bySlot.count)
+                while low < high {
+                    let middle = (low + high) / 2
+                    if regions[bySlot[middle]].slot <= slotIndex { low = middle + 1 } else { high = middle }
+                }
+                guard low > 0 else { return nil }
+                let candidate = regions[bySlot[low - 1]]
+                return slotIndex < candidate.slot + candidate.slots ? candidate : nil
+            }
+            let slotsStart = headerSize + regionCount * regionEntrySize
             var slots = [DiskSlot](repeating: .empty, count: slotCount)
             var live = 0
             var liveBytes = 0
             for n in 0..<slotCount {
-                let at = headerSize + n * 16
-                // Bit 31 (an older build's reference bit) cleared: it means nothing now.
-                let slot = DiskSlot(tag: u32(at), offset8: u32(at + 4), rawLength: u32(at + 8) & 0x7fff_ffff, expiry: u32(at + 12))
+                let at = slotsStart + n * 16
+                let slot = DiskSlot(tag: u32(at), offset8: u32(at + 4), rawLength: u32(at + 8), expiry: u32(at + 12))
                 if slot.isEmpty { continue }
-                // Every slot must point inside the file at something a record's length long (its low
-                // bits, the clock's credits, may say anything); the rest is checked on each read.
-                guard slot.offset >= BucketFileHeader.size, slot.length >= RecordHeader.size, slot.offset + slot.length <= fileSize
+                // Every slot must point at something a record's length long inside the used part of a
+                // region (its credits may say anything); the rest is checked on each read.
+                guard !slot.isPending, slot.length >= RecordHeader.size, slot.offset >= BucketFileHeader.size + RegionHeader.size
                 else { return nil }
+                guard let region = region(containing: (slot.offset - BucketFileHeader.size) / regionSize) else { return nil }
+                let start = BucketFileHeader.size + region.slot * regionSize
+                guard slot.offset >= start + RegionHeader.size, slot.offset + slot.length <= start + region.end else { return nil }
                 slots[n] = slot
                 live += 1
                 liveBytes += slot.length
@@ -317,7 +473,8 @@ struct IndexSnapshot {
             guard live == Int(u64(56)), liveBytes == Int(u64(32)) else { return nil }
             return IndexSnapshot(
                 bucketIndex: Int(u32(8)), bucketCount: Int(u32(12)), seed: u64(16), fileSize: fileSize,
-                liveBytes: liveBytes, maximumSequence: u64(40), slots: slots, liveCount: live)
+                liveBytes: liveBytes, maximumSequence: u64(40), regionSize: regionSize, slotCount: fileSlots,
+                nextRegionSequence: u64(80), regions: regions, slots: slots, liveCount: live)
         }
     }
 }

@@ -40,11 +40,18 @@ package enum Codec: UInt8 {
     case zstd = 1
 }
 
+/// A record's 64-byte header (layout in OnDiskFormat.swift).
+///
+/// Two checks protect a record: the *payload hash* (XXH3-64 of the stored payload, in the header) and the
+/// *checksum* (XXH3-64 of the key, group and metadata blocks, seeded with XXH3-64 of header bytes 4..<56,
+/// which include the payload hash). So the part a lookup needs — header, key, group, metadata — verifies
+/// on its own, without the payload; a read copies the payload once, straight into the array it returns,
+/// and hashes that copy; and a record re-stamped with a new sequence number (when its bucket writes it, or
+/// reinserts it into a newer region) costs one hash of its first bytes, not of its payload.
 package struct RecordHeader: Equatable {
-    package static let size = 56
+    package static let size = 64
     package static let magic: UInt32 = 0x5250_474D  // "MGPR"
-    package static let deadMagic: UInt32 = 0x4441_4544  // "DEAD"
-    package static let formatVersion: UInt8 = 1
+    package static let formatVersion: UInt8 = 2
 
     package var kind: RecordKind
     package var codec: Codec
@@ -52,16 +59,18 @@ package struct RecordHeader: Equatable {
     package var groupLength: Int
     package var storedLength: Int
     package var originalLength: Int
+    /// For a value: its deadline in ms since 1970 (0: never). For a tombstone or group tombstone: the
+    /// sequence number below which it removes records (see OnDiskFormat.swift, "Tombstones").
     package var expiry: Int64
     package var sequence: UInt64
     package var keyHash: UInt64
-    /// Whether the magic says "DEAD" (superseded or removed).
-    package var isDead = false
+    /// XXH3-64 (seed 0) of the stored payload.
+    package var payloadHash: UInt64 = 0
     package var flags: RecordFlags = []
 
     package init(
         kind: RecordKind, codec: Codec, keyLength: Int, groupLength: Int, storedLength: Int, originalLength: Int,
-        expiry: Int64, sequence: UInt64, keyHash: UInt64, isDead: Bool = false, flags: RecordFlags = []
+        expiry: Int64, sequence: UInt64, keyHash: UInt64, payloadHash: UInt64 = 0, flags: RecordFlags = []
     ) {
         self.kind = kind
         self.codec = codec
@@ -72,10 +81,11 @@ package struct RecordHeader: Equatable {
         self.expiry = expiry
         self.sequence = sequence
         self.keyHash = keyHash
-        self.isDead = isDead
+        self.payloadHash = payloadHash
         self.flags = flags
     }
 
+    /// Key, group, metadata blocks and payload.
     package var bodyLength: Int {
         @inline(__always) get { keyLength + groupLength + EntryMetadata.blocksLength(flags) + storedLength }
     }
@@ -88,9 +98,13 @@ package struct RecordHeader: Equatable {
     package var groupEnd: Int { Self.size + keyLength + groupLength }
     /// Where the metadata blocks start (``EntryMetadata``'s encoding: policy, freshness, stamp).
     package var metadataOffset: Int { groupEnd }
+    /// Where the payload starts: the header, key, group and metadata before it are what the checksum
+    /// covers.
     package var payloadOffset: Int {
         @inline(__always) get { groupEnd + EntryMetadata.blocksLength(flags) }
     }
+    /// For a tombstone or group tombstone: the sequence number below which it removes records.
+    package var covers: UInt64 { UInt64(bitPattern: expiry) }
 
     /// The record length of an entry with these lengths (`policy`: the memory policy, freshness and
     /// stamp blocks together).
@@ -98,7 +112,7 @@ package struct RecordHeader: Equatable {
         (size + key + group + policy + stored + 7) & ~7
     }
 
-    /// Writes the 48 bytes before the checksum.
+    /// Writes bytes 0..<56 (everything before the checksum).
     package func encode(into raw: UnsafeMutableRawPointer) {
         raw.storeBytes(of: Self.magic.littleEndian, toByteOffset: 0, as: UInt32.self)
         raw.storeBytes(of: Self.formatVersion, toByteOffset: 4, as: UInt8.self)
@@ -113,12 +127,13 @@ package struct RecordHeader: Equatable {
         raw.storeBytes(of: expiry.littleEndian, toByteOffset: 24, as: Int64.self)
         raw.storeBytes(of: sequence.littleEndian, toByteOffset: 32, as: UInt64.self)
         raw.storeBytes(of: keyHash.littleEndian, toByteOffset: 40, as: UInt64.self)
+        raw.storeBytes(of: payloadHash.littleEndian, toByteOffset: 48, as: UInt64.self)
     }
 
-    /// Parses and range-checks a header (not the checksum). Nil when any field is out of range.
+    /// Parses and range-checks a header (neither the checksum nor the payload hash). Nil when any field is
+    /// out of range.
     package static func decode(_ bytes: UnsafeRawBufferPointer) -> RecordHeader? {
-        let recordMagic = bytes.count >= size ? UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 0, as: UInt32.self)) : 0
-        guard recordMagic == magic || recordMagic == deadMagic,
+        guard bytes.count >= size, UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 0, as: UInt32.self)) == magic,
             bytes[4] == formatVersion, RecordFlags.all.isSuperset(of: RecordFlags(rawValue: bytes[7])),
             bytes.loadUnaligned(fromByteOffset: 20, as: UInt32.self) == 0,
             let kind = RecordKind(rawValue: bytes[5]), let codec = Codec(rawValue: bytes[6])
@@ -132,23 +147,26 @@ package struct RecordHeader: Equatable {
             expiry: Int64(littleEndian: bytes.loadUnaligned(fromByteOffset: 24, as: Int64.self)),
             sequence: UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 32, as: UInt64.self)),
             keyHash: UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 40, as: UInt64.self)),
-            isDead: recordMagic == deadMagic, flags: RecordFlags(rawValue: bytes[7]))
+            payloadHash: UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 48, as: UInt64.self)),
+            flags: RecordFlags(rawValue: bytes[7]))
         if kind != .value && !header.flags.isEmpty { return nil }
         switch kind {
         case .value:
             if codec == .raw && header.storedLength != header.originalLength { return nil }
             if header.flags.contains(.negative) && (codec != .raw || header.storedLength != 0) { return nil }
         case .tombstone:
-            if header.storedLength != 0 || header.groupLength != 0 { return nil }
+            if header.storedLength != 0 || header.groupLength != 0 || header.originalLength != 0 { return nil }
         case .groupTombstone:
-            if header.storedLength != 0 || header.keyLength != 0 || header.groupLength == 0 { return nil }
+            if header.storedLength != 0 || header.keyLength != 0 || header.groupLength == 0 || header.originalLength != 0 {
+                return nil
+            }
         }
         if codec == .zstd && header.storedLength == 0 { return nil }
         return header
     }
 
-    /// A whole record, sealed with `header.sequence`: for tests and the fuzz harness (the tier writes
-    /// records where they land, see ``RecordDraft``).
+    /// Whole records, sealed: for tests and the fuzz harness (the tier writes records where they land, see
+    /// ``RecordDraft``).
     package static func makeRecord(
         _ header: RecordHeader, key: UnsafeRawBufferPointer, group: UnsafeRawBufferPointer,
         payload: UnsafeRawBufferPointer, memoryPolicy: Int64 = 0, freshUntil: Int64 = 0, loadedAt: Int64 = 0, stamp: Int64 = 0
@@ -158,12 +176,18 @@ package struct RecordHeader: Equatable {
         return makeRecord(header, key: key, group: group, payload: payload, metadata: metadata)
     }
 
-    /// A whole record with `metadata`'s blocks (those `header.flags` announce).
+    /// A whole record with `metadata`'s blocks (those `header.flags` announce), sealed with
+    /// `header.sequence` (its payload hash computed here).
     package static func makeRecord(
         _ header: RecordHeader, key: UnsafeRawBufferPointer, group: UnsafeRawBufferPointer,
         payload: UnsafeRawBufferPointer, metadata: EntryMetadata
     ) -> [UInt8] {
-        RecordDraft(header: header, key: key, group: group, payload: payload, metadata: metadata).makeRecord(sequence: header.sequence)
+        var record = RecordDraft(header: header, key: key, group: group, payload: payload, metadata: metadata).makeUnsealed()
+        record.withUnsafeMutableBytes { raw in
+            sealPayload(raw)
+            seal(raw, sequence: header.sequence)
+        }
+        return record
     }
 
     /// The metadata of a validated value record (its flags and the blocks after its group).
@@ -171,25 +195,73 @@ package struct RecordHeader: Equatable {
         EntryMetadata(flags: header.flags, blocks: record.baseAddress! + header.metadataOffset)
     }
 
-    package static func checksum(of record: UnsafeRawBufferPointer, _ header: RecordHeader) -> UInt64 {
+    /// The checksum of a record whose first `header.payloadOffset` bytes are `prefix` (see the type's
+    /// comment): header bytes 4..<56 seed a hash of key, group and metadata.
+    @inline(__always)
+    package static func checksum(ofPrefix prefix: UnsafeRawBufferPointer, _ header: RecordHeader) -> UInt64 {
         KeyHash.checksum(
-            header: UnsafeRawBufferPointer(rebasing: record[4..<48]),
-            body: UnsafeRawBufferPointer(rebasing: record[size..<(size + header.bodyLength)]))
+            header: UnsafeRawBufferPointer(rebasing: prefix[4..<56]),
+            body: UnsafeRawBufferPointer(rebasing: prefix[size..<header.payloadOffset]))
     }
 
-    /// Validates the record that starts `bytes` (which may run past it): structure, bounds, checksum.
+    /// Validates the part of a record before its payload: structure and checksum. `prefix` holds at
+    /// least the header; nil when it holds less than `header.payloadOffset` bytes. The payload is checked
+    /// apart (``payloadMatches(_:_:)``).
+    @inline(__always)
+    package static func validatePrefix(_ prefix: UnsafeRawBufferPointer) -> RecordHeader? {
+        guard let header = decode(prefix), header.payloadOffset <= prefix.count else { return nil }
+        let stored = UInt64(littleEndian: prefix.loadUnaligned(fromByteOffset: 56, as: UInt64.self))
+        return checksum(ofPrefix: prefix, header) == stored ? header : nil
+    }
+
+    /// Whether `payload` is the payload `header` describes (its length and hash).
+    @inline(__always)
+    package static func payloadMatches(_ payload: UnsafeRawBufferPointer, _ header: RecordHeader) -> Bool {
+        payload.count == header.storedLength && KeyHash.payloadHash(payload) == header.payloadHash
+    }
+
+    /// Validates the record that starts `bytes` (which may run past it): structure, bounds, checksum and
+    /// payload hash.
     @inline(__always)
     package static func validate(_ bytes: UnsafeRawBufferPointer) -> RecordHeader? {
-        guard let header = decode(bytes), size + header.bodyLength <= bytes.count else { return nil }
-        let stored = UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 48, as: UInt64.self))
-        return checksum(of: bytes, header) == stored ? header : nil
+        guard let header = validatePrefix(bytes), size + header.bodyLength <= bytes.count else { return nil }
+        let payload = UnsafeRawBufferPointer(rebasing: bytes[header.payloadOffset..<(header.payloadOffset + header.storedLength)])
+        return payloadMatches(payload, header) ? header : nil
+    }
+
+    /// Sets the payload hash of an unsealed record (`record` holds it whole, its header already encoded).
+    package static func sealPayload(_ record: UnsafeMutableRawBufferPointer) {
+        let stored = Int(UInt32(littleEndian: record.loadUnaligned(fromByteOffset: 12, as: UInt32.self)))
+        let flags = RecordFlags(rawValue: record[7])
+        let keyLength = Int(UInt16(littleEndian: record.loadUnaligned(fromByteOffset: 8, as: UInt16.self)))
+        let groupLength = Int(UInt16(littleEndian: record.loadUnaligned(fromByteOffset: 10, as: UInt16.self)))
+        let start = size + keyLength + groupLength + EntryMetadata.blocksLength(flags)
+        let hash = KeyHash.payloadHash(UnsafeRawBufferPointer(rebasing: record[start..<(start + stored)]))
+        record.storeBytes(of: hash.littleEndian, toByteOffset: 48, as: UInt64.self)
+    }
+
+    /// Stamps a record whose payload hash is set with `sequence` (for a tombstone or group tombstone
+    /// whose cover is 0, also as its cover) and writes its checksum: the record's first bytes are hashed,
+    /// never its payload. `record` holds at least the part before the payload.
+    package static func seal(_ record: UnsafeMutableRawBufferPointer, sequence: UInt64) {
+        record.storeBytes(of: sequence.littleEndian, toByteOffset: 32, as: UInt64.self)
+        if record[5] != RecordKind.value.rawValue && record.loadUnaligned(fromByteOffset: 24, as: UInt64.self) == 0 {
+            record.storeBytes(of: sequence.littleEndian, toByteOffset: 24, as: UInt64.self)
+        }
+        let flags = RecordFlags(rawValue: record[7])
+        let keyLength = Int(UInt16(littleEndian: record.loadUnaligned(fromByteOffset: 8, as: UInt16.self)))
+        let groupLength = Int(UInt16(littleEndian: record.loadUnaligned(fromByteOffset: 10, as: UInt16.self)))
+        let end = size + keyLength + groupLength + EntryMetadata.blocksLength(flags)
+        let sum = KeyHash.checksum(
+            header: UnsafeRawBufferPointer(rebasing: record[4..<56]), body: UnsafeRawBufferPointer(rebasing: record[size..<end]))
+        record.storeBytes(of: sum.littleEndian, toByteOffset: 56, as: UInt64.self)
     }
 }
 
-/// A record about to be appended: its header (the sequence number is the bucket's to assign), where its
-/// key, group and payload bytes are, and its metadata (written as the header's flags say). The bucket
-/// writes it where it lands (its write buffer, or a buffer for a write-through) and seals it there,
-/// once: the checksum covers the sequence number, which is known only under the bucket's lock.
+/// A record about to be stored: its header (the sequence number and the payload hash are filled in
+/// when the bucket writes it to its file), where its key, group and payload bytes are, and its metadata
+/// (written as the header's flags say). A store writes it, unsealed, into its bucket's memtable
+/// (Disk/Memtable.swift); the bucket seals it when it writes it (Disk/Bucket+Seal.swift).
 struct RecordDraft {
     var header: RecordHeader
     var key: UnsafeRawBufferPointer
@@ -197,32 +269,28 @@ struct RecordDraft {
     var payload: UnsafeRawBufferPointer
     var metadata = EntryMetadata()
 
-    /// The record's length on disk.
+    /// The record's length.
     var length: Int { header.recordLength }
 
-    /// Writes the sealed record, stamped with `sequence`, into `destination` (exactly ``length`` bytes):
-    /// header, key, group, memory policy, freshness and stamp (when the flags say so), payload, zero padding,
-    /// checksum.
-    func write(into destination: UnsafeMutableRawBufferPointer, sequence: UInt64) {
+    /// Writes the record, unsealed (sequence, payload hash and checksum as `header` has them, normally
+    /// 0), into `destination` (exactly ``length`` bytes): header, key, group, memory policy, freshness
+    /// and stamp (when the flags say so), payload, zero padding.
+    func write(into destination: UnsafeMutableRawBufferPointer) {
         let base = destination.baseAddress!
-        var header = self.header
-        header.sequence = sequence
         header.encode(into: base)
-        base.storeBytes(of: UInt64(0), toByteOffset: 48, as: UInt64.self)
+        base.storeBytes(of: UInt64(0), toByteOffset: 56, as: UInt64.self)
         copyBytes(key, to: base + header.keyOffset)
         copyBytes(group, to: base + header.groupOffset)
         metadata.writeBlocks(header.flags, to: base + header.metadataOffset)
         copyBytes(payload, to: base + header.payloadOffset)
         let end = header.payloadOffset + payload.count
         (base + end).initializeMemory(as: UInt8.self, repeating: 0, count: header.recordLength - end)
-        let sum = RecordHeader.checksum(of: UnsafeRawBufferPointer(destination), header)
-        base.storeBytes(of: sum.littleEndian, toByteOffset: 48, as: UInt64.self)
     }
 
-    /// The sealed record in a new array.
-    func makeRecord(sequence: UInt64) -> [UInt8] {
+    /// The unsealed record in a new array.
+    func makeUnsealed() -> [UInt8] {
         [UInt8](unsafeUninitializedCapacity: length) { buffer, initialized in
-            write(into: UnsafeMutableRawBufferPointer(buffer), sequence: sequence)
+            write(into: UnsafeMutableRawBufferPointer(buffer))
             initialized = length
         }
     }

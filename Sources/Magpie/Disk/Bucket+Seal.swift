@@ -1,0 +1,147 @@
+// MARK: - Sealing: a detached memtable's records, compressed and hashed, written into the regions
+//
+// The memtables are described in Disk/Memtable.swift. Sealing one takes three steps:
+//  1. claim (under the bucket's lock): the sealing memtable is taken by one thread (the tier's sealer, or
+//     a store that found both memtables full, or `writeBuffers`/`flush`/`close`), with the offsets of its
+//     records that are still live then;
+//  2. seal (no lock): each of those records is compressed (zstd, when it is long enough, does not look
+//     like noise, and shrinks; see Compression/Compressibility.swift) and its payload hashed, into a
+//     `WriteBatch` — the costly part, which RocksDB's memtable flush also does off the writer's path;
+//  3. commit (under the lock, through the tier's room-finding loop, DiskTier.withRoom): the records still
+//     live are stamped and written (Bucket+Regions.swift), their slots then point into the file, and the
+//     sealing memtable is released. A record replaced or removed during step 2 is left out.
+// If the commit fails, the memtable's records still pending are lost (misses, counted in
+// `lostBufferedStores`) and the memtable is released all the same.
+
+extension BucketState {
+    /// Makes room in the active memtable for a record of `length` bytes, detaching a full one into
+    /// `sealing` (and, for a record that gets a memtable of its own — longer than the write buffer, or no
+    /// write buffer at all — a non-empty one). Returns whether it detached one; nil when it cannot, because
+    /// the sealing memtable is still there (or memory ran out): the store is then busy.
+    mutating func makeMemtableRoom(for length: Int) -> Bool? {
+        let ownMemtable = length > context.writeBuffer || context.writeBuffer == 0
+        var detached = false
+        if let current = active, ownMemtable ? !current.isEmpty || current.capacity < length : !current.fits(length) {
+            if current.isEmpty {
+                active = nil
+            } else {
+                guard sealing == nil else { return nil }
+                detach()
+                detached = true
+            }
+        }
+        // Its memtable is detached right after the store: the sealing one must be gone by then.
+        if ownMemtable && sealing != nil { return nil }
+        if active == nil {
+            guard let memtable = Memtable(capacity: ownMemtable ? length : context.writeBuffer, parity: sealing.map { 1 - $0.parity } ?? 0)
+            else { return nil }
+            active = memtable
+        }
+        return detached
+    }
+
+    /// Makes the active memtable, if it holds records, the sealing one. Precondition: none is sealing.
+    mutating func detach() {
+        guard let current = active else { return }
+        active = nil
+        guard !current.isEmpty else { return }
+        sealing = current
+        sealingClaimed = false
+    }
+
+    /// Takes the sealing memtable for this thread to write, with the offsets of its records that are
+    /// still live (in order); nil when there is none or another thread has it.
+    mutating func claimSealing() -> (memtable: Memtable, live: [Int])? {
+        guard let memtable = sealing, !sealingClaimed else { return nil }
+        sealingClaimed = true
+        var live: [Int] = []
+        for slot in index.slots where slot.isPending && slot.memtableParity == memtable.parity {
+            live.append(slot.memtableOffset)
+        }
+        live.sort()
+        return (memtable, live)
+    }
+
+    /// Writes the claimed memtable's batch (step 3 above) and releases it.
+    mutating func commitSeal(_ memtable: Memtable, _ batch: inout WriteBatch, policy: RoomPolicy, now: Int64) throws(MagpieError)
+        -> RoomOutcome<Void>
+    {
+        try checkOpen()
+        // Expired while it waited: not written.
+        for item in batch.items {
+            guard case .memtable(let parity, let offset, let tag) = item.origin,
+                let position = pendingPosition(tag: tag, parity: parity, offset: offset), index[position].isExpired(nowMilliseconds: now)
+            else { continue }
+            drop(at: position)
+            counters.expired += 1
+        }
+        if case .short(let short) = try write(&batch, policy: policy, now: now) { return .short(short) }
+        release(memtable)
+        return .done(())
+    }
+
+    /// After a failed commit: the memtable's records still pending are lost (counted, unless they are the
+    /// record of a store that throws the failure itself); the memtable is released; a failure no caller
+    /// throws is kept for the next store, `writeBuffers` or `flush` to throw (a flush promises that
+    /// everything stored before it reached the file).
+    mutating func abandonSeal(_ memtable: Memtable, failure: MagpieError?, countingLost: Bool = true) {
+        guard sealing === memtable else { return }  // let go of by `removeAll`: its stores are gone anyway
+        sealFailure = sealFailure ?? failure
+        let lost = dropAll { $0.isPending && $0.memtableParity == memtable.parity }
+        if countingLost { counters.lostBufferedRecords += UInt64(lost) }
+        release(memtable)
+    }
+
+    /// Releases the claimed memtable (if it is still this bucket's: `removeAll` and `close` let go of it).
+    private mutating func release(_ memtable: Memtable) {
+        guard sealing === memtable else { return }
+        sealing = nil
+        sealingClaimed = false
+    }
+
+    /// Step 2 above: the batch of the memtable's records at `live` offsets, compressed and hashed. Runs
+    /// without the bucket's lock (the memtable is read-only once detached). Returns the batch and the
+    /// value bytes before and after compression.
+    static func seal(_ memtable: Memtable, live: [Int], shared: BucketShared) -> (WriteBatch, original: Int, stored: Int) {
+        var batch = WriteBatch()
+        var original = 0
+        var stored = 0
+        batch.bytes.reserveCapacity(memtable.count)
+        for offset in live {
+            let head = memtable.bytes(at: offset, length: min(RecordHeader.size, memtable.count - offset))
+            guard let header = RecordHeader.decode(head), offset + header.recordLength <= memtable.count else { continue }
+            let record = memtable.bytes(at: offset, length: header.recordLength)
+            let payload = UnsafeRawBufferPointer(rebasing: record[header.payloadOffset..<(header.payloadOffset + header.storedLength)])
+            var compressed: [UInt8]? = nil
+            if header.codec == .raw, let compression = shared.compression, payload.count >= shared.minimumCompressibleLength,
+                !Compressibility.looksIncompressible(payload)
+            {
+                // A failure to compress (out of memory for a context) stores the value raw.
+                compressed = (try? compression.compress(payload)) ?? nil
+            }
+            var sealed = header
+            if let compressed {
+                sealed.codec = .zstd
+                sealed.storedLength = compressed.count
+            }
+            let tag = DiskSlot.tag(of: header.keyHash)
+            batch.append(length: sealed.recordLength, origin: .memtable(parity: memtable.parity, offset: offset, tag: tag)) { raw in
+                let base = raw.baseAddress!
+                sealed.encode(into: base)
+                // Key, group and metadata as they are; then the payload; then zero padding.
+                copyBytes(UnsafeRawBufferPointer(rebasing: record[RecordHeader.size..<header.payloadOffset]), to: base + RecordHeader.size)
+                if let compressed {
+                    compressed.withUnsafeBytes { copyBytes($0, to: base + sealed.payloadOffset) }
+                } else {
+                    copyBytes(payload, to: base + sealed.payloadOffset)
+                }
+                let end = sealed.payloadOffset + sealed.storedLength
+                (base + end).initializeMemory(as: UInt8.self, repeating: 0, count: sealed.recordLength - end)
+                RecordHeader.sealPayload(raw)
+            }
+            original += header.originalLength
+            stored += sealed.storedLength
+        }
+        return (batch, original, stored)
+    }
+}
