@@ -98,7 +98,7 @@ unit: build
 # continuations (each with its cause).
 tsan: deps
 	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan-suppressions.txt" swift test --sanitize=thread --scratch-path .build-tsan \
-	  --filter "Cache|MemoryTierPropertyTests|MemoryBudgetTests|DiskTierConcurrencyTests|DiskLazyOpenTests|DiskSizesTests"
+	  --filter "Cache|MemoryTierPropertyTests|MemoryBudgetTests|DiskTierConcurrencyTests|DiskLazyOpenTests|DiskSizesTests|DiskMemtableTests"
 	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan-suppressions.txt" swift test --sanitize=thread --scratch-path .build-tsan \
 	  --filter MemoryLockFreeReadTests
 	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan-suppressions.txt" swift test --sanitize=thread --scratch-path .build-tsan \

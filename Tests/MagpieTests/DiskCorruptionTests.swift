@@ -166,6 +166,56 @@ struct DiskCorruptionTests {
         #expect(kept > 0, "the records written after the damage are kept")
     }
 
+    /// The closed length in bucket file `path`'s header, nil if the header does not decode.
+    static func closedLength(_ path: String) throws -> Int? {
+        let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)).prefix(BucketFileHeader.size))
+        return bytes.withUnsafeBytes { BucketFileHeader.decode($0)?.closedLength }
+    }
+
+    @Test("a file cut after a clean close (its tombstones with it) is emptied, never scanned; a change after a reopen clears the closed length first")
+    func cutAfterClose() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let written = try Self.populate(directory.path, count: 200)
+        let files = Self.bucketFiles(directory.path).filter { $0.hasSuffix("/00") || $0.hasSuffix("/01") || $0.hasSuffix("/02") || $0.hasSuffix("/03") }
+        #expect(files.count == 4)
+        for file in files {
+            let length = try #require(try Self.closedLength(file))
+            #expect(length == (try FileManager.default.attributesOfItem(atPath: file)[.size] as? Int), "\(file)")
+        }
+        // Bucket 0 loses its last 8 bytes (the end of its group tombstone), and everything that could tell
+        // the tier what the file was goes too.
+        var bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: files[0])))
+        bytes.removeLast(8)
+        try Data(bytes).write(to: URL(fileURLWithPath: files[0]))
+        for file in Self.bucketFiles(directory.path) where file.hasSuffix(".index") || file.hasSuffix("SIZES") {
+            try FileManager.default.removeItem(atPath: file)
+        }
+        let hasher = KeyHash(seed: 77)
+        let tier = try DiskTier(.init(directory: directory.path, budget: 4 << 20, bucketCount: 4, hashSeed: 77))
+        var inZero = 0
+        for i in 0..<200 {
+            let got = try tier.value(forKey: keyBytes(i))
+            if DiskTier.bucket(of: hasher.hash(keyBytes(i)), count: 4) == 0 {
+                #expect(got == nil, "key \(i) of the cut file was served")
+                inZero += 1
+            } else {
+                #expect(got == written[i], "key \(i)")
+            }
+        }
+        #expect(inZero > 20)
+        #expect(tier.statistics.truncatedTails == 1)
+        // Bucket 1's file changes: its header says 0 before it does (a crash now must not find it "cut").
+        let keyOfOne = try #require((1000..<2000).first { DiskTier.bucket(of: hasher.hash(keyBytes($0)), count: 4) == 1 })
+        try tier.set([7], forKey: keyBytes(keyOfOne))
+        #expect(try Self.closedLength(files[1]) ?? 0 > 0)  // in a memtable: the file has not changed yet
+        try tier.flush()
+        #expect(try Self.closedLength(files[1]) == 0)
+        #expect(try Self.closedLength(files[2]) ?? 0 > 0)  // unchanged files keep theirs
+        try tier.close()
+        for file in files { #expect(try Self.closedLength(file) ?? 0 > 0) }
+    }
+
     @Test("damaged bucket files never crash, never yield a wrong value, and are counted", arguments: Damage.allCases)
     func damaged(_ kind: Damage) throws {
         let seed = TestSeed.value(default: 4242)

@@ -1,5 +1,6 @@
 import Foundation
 import Magpie
+import Synchronization
 import MagpieTestSupport
 import Testing
 
@@ -354,12 +355,14 @@ struct DiskTierRobustnessTests {
     func injectedWriteFailures() throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
-        // Every record written through, so that each call meets its own failure (the write buffer's
-        // failures are DiskWriteBufferTests').
+        // Every record written through, so that each call meets its own failure (the memtables'
+        // failures are DiskMemtableTests').
         var configuration = config(directory.path, budget: 64 * 1024, buckets: 2)
         configuration.writeBufferSize = 0
         let tier = try DiskTier(configuration)
         try tier.set(json(1, 200), forKey: "kept")
+        // A member of "g" in the file: removing the group must write a group tombstone, which fails.
+        try tier.set(json(4, 100), forKey: "member", group: "g")
         let prefix = directory.path
         FileIOFaults.set(under: prefix) { call, path in call == "pwrite" ? ENOSPC : nil }
         let full = #expect(throws: MagpieError.self) { try tier.set(json(2, 200), forKey: "kept") }
@@ -368,8 +371,12 @@ struct DiskTierRobustnessTests {
         #expect(throws: MagpieError.self) { try tier.removeAll(inGroup: "g") }
         FileIOFaults.set(under: prefix) { call, path in call == "fsync" ? EIO : nil }
         #expect(throws: MagpieError.self) { try tier.flush() }
-        // Compaction fails half-way: the bucket keeps its old file and index.
-        FileIOFaults.set(under: prefix) { call, path in call == "rename" ? EIO : nil }
+        // Every third write fails, while the stores below fill the regions and reclaim them: a failed
+        // record, region header or tombstone leaves the index as it was, never pointing at unwritten bytes.
+        let writes = Atomic<Int>(0)
+        FileIOFaults.set(under: prefix) { call, path in
+            call == "pwrite" && writes.add(1, ordering: .relaxed).newValue % 3 == 0 ? EIO : nil
+        }
         for i in 0..<200 { _ = try? tier.set(random(900, seed: UInt64(i)), forKey: keyBytes(i)) }
         FileIOFaults.set(under: prefix, nil)
         // "kept" may have been evicted by the writes above, but it is never anything but its own value.

@@ -119,7 +119,8 @@ extension BucketState {
             context.ledger.pool.give(limit - size)
             limit = size
         }
-        remap()
+        // The mapping made above covers max(share, limit); only a limit raised since needs a new one.
+        if let mapping, limit > mapping.length { remap() }
         loaded = true
         if counters.corruptRecords > 0 || counters.truncatedTails > 0 {
             context.logs.bucketRecovered.record(
@@ -131,26 +132,37 @@ extension BucketState {
         healIfNeeded(now: now)  // the damaged regions leave the file
     }
 
-    /// The header this bucket's file must have (with `regionSize`).
-    private func expectedHeader(regionSize: Int) -> BucketFileHeader {
-        BucketFileHeader(bucketIndex: context.number, bucketCount: context.bucketCount, seed: context.hasher.seed, regionSize: regionSize)
+    /// The header this bucket's file must have (with `regionSize`; its closed length aside).
+    func expectedHeader(regionSize: Int, closedLength: Int = 0) -> BucketFileHeader {
+        BucketFileHeader(
+            bucketIndex: context.number, bucketCount: context.bucketCount, seed: context.hasher.seed, regionSize: regionSize,
+            closedLength: closedLength)
     }
 
     private mutating func recover(now: Int64) throws(MagpieError) {
         if index.capacity == 0 { index = BucketIndex() }
         let fileSize = try FileIO.size(fd, path: context.path)
-        if fileSize >= BucketFileHeader.size, let header = try fileHeader(), loadSnapshot(fileSize: fileSize, regionSize: header.regionSize) {
+        closedLength = 0
+        if fileSize >= BucketFileHeader.size, let header = try fileHeader(), fileSize >= header.closedLength,
+            loadSnapshot(fileSize: fileSize, regionSize: header.regionSize)
+        {
             // Kept until the loader thread or the file's next change deletes it (Bucket+Snapshot.swift).
             counters.openedFromSnapshot = true
             keepsSnapshot = true
+            closedLength = header.closedLength
             return
         }
         // Unusable: never let it be read later (a failure fails the load, as the scan may change the file).
         try context.directory.unlink(.buckets, snapshotName)
         let bytes = try readBytes(fileSize, at: 0)
         let header = bytes.withUnsafeBytes { BucketFileHeader.decode($0) }
-        guard let header, header == expectedHeader(regionSize: header.regionSize) else {
+        // Shorter than at the last clean close: its end was cut off since (not by a crash: nothing is written
+        // after the close sets the length). A tombstone may have gone with it, and any record before could
+        // be one it removed: nothing in the file is trusted.
+        let cut = header.map { $0.closedLength > bytes.count } ?? false
+        guard let header, header.isSameFile(as: expectedHeader(regionSize: header.regionSize)), !cut else {
             if !bytes.isEmpty { counters.corruptRecords += 1 }
+            if cut { counters.truncatedTails += 1 }
             try context.sizesFile.retire()  // SIZES goes before the file changes
             try FileIO.truncate(fd, to: 0, path: context.path)
             try FileIO.write(fd, expectedHeader(regionSize: context.shared.regionSize).encoded(), at: 0, path: context.path)
@@ -159,6 +171,7 @@ extension BucketState {
             freeSlots = []
             return
         }
+        closedLength = header.closedLength
         regionSize = header.regionSize
         // The last slot may be written in part only: it counts whole.
         slotCount = (bytes.count - BucketFileHeader.size + regionSize - 1) / regionSize
@@ -310,7 +323,7 @@ extension BucketState {
     /// Whether the bucket file starts with this bucket's header; the header, nil if not.
     private func fileHeader() throws(MagpieError) -> BucketFileHeader? {
         let bytes = try readBytes(BucketFileHeader.size, at: 0)
-        guard let header = bytes.withUnsafeBytes({ BucketFileHeader.decode($0) }), header == expectedHeader(regionSize: header.regionSize)
+        guard let header = bytes.withUnsafeBytes({ BucketFileHeader.decode($0) }), header.isSameFile(as: expectedHeader(regionSize: header.regionSize))
         else { return nil }
         return header
     }

@@ -18,8 +18,10 @@ import Synchronization
 final class SizesFile: Sendable {
     /// Whether SIZES is still there; read without the lock on every change to a bucket file.
     private let present: Atomic<Bool>
-    /// The same, changed only with the lock held (so that one thread deletes it, once).
-    private let removal: Mutex<Bool>
+    /// The same, changed only with the lock held (so that one thread deletes it, once). A pthread lock:
+    /// Thread Sanitizer sees it (it cannot see `Mutex`'s), and stores and the sealer thread retire SIZES
+    /// concurrently.
+    private let removal: Locked<Bool>
     private let directory: CacheDirectory
     private let ledger: DiskLedger
     /// Its bytes, charged to the tier's budget while it is there.
@@ -27,7 +29,7 @@ final class SizesFile: Sendable {
 
     init(present: Bool, charge: Int, directory: CacheDirectory, ledger: DiskLedger) {
         self.present = Atomic(present)
-        self.removal = Mutex(present)
+        self.removal = Locked(present)
         self.charge = present ? charge : 0
         self.directory = directory
         self.ledger = ledger
@@ -100,6 +102,21 @@ extension BucketState {
     mutating func beforeFileChange() throws(MagpieError) {
         try context.sizesFile.retire()
         try retireSnapshot()
+        if closedLength > 0 { try forgetClosedLength() }
+    }
+
+    /// Sets the file header's closed length back to 0: the file may change (and shrink) from now on.
+    mutating func forgetClosedLength() throws(MagpieError) {
+        try FileIO.write(fd, expectedHeader(regionSize: regionSize).encoded(), at: 0, path: context.path)
+        closedLength = 0
+    }
+
+    /// At a clean close, after the flush: the file header records the file's length, which the next
+    /// load checks (a file found shorter lost its end). Best effort: a failure only leaves it 0.
+    mutating func recordClosedLength() {
+        guard let length = try? FileIO.size(fd, path: context.path), length != closedLength, length >= BucketFileHeader.size else { return }
+        let header = expectedHeader(regionSize: regionSize, closedLength: length)
+        if (try? FileIO.write(fd, header.encoded(), at: 0, path: context.path)) != nil { closedLength = length }
     }
 
     /// Deletes the snapshot the bucket was loaded from, if it is still in the directory, and frees its
@@ -129,10 +146,14 @@ extension BucketState {
             for slot in (region.slot + 1)..<(region.slot + region.slots) { inside.insert(slot) }
         }
         for slot in 0..<snapshot.slotCount where !inside.contains(slot) {
-            // (A slot past the end of the file holds nothing: a short read.)
-            guard let head = try? readBytes(RegionHeader.size, at: BucketFileHeader.size + slot * snapshot.regionSize, mapping: mapping)
-            else { return false }
-            let header = head.count < RegionHeader.size ? nil : head.withUnsafeBytes { RegionHeader.decode($0, hasher: context.hasher) }
+            // A slot past the end of the file holds nothing (and is never read through the mapping: a read
+            // past the end of a mapped file is a SIGBUS).
+            let at = BucketFileHeader.size + slot * snapshot.regionSize
+            var header: RegionHeader? = nil
+            if at + RegionHeader.size <= snapshot.fileSize {
+                guard let head = try? readBytes(RegionHeader.size, at: at, mapping: mapping), head.count == RegionHeader.size else { return false }
+                header = head.withUnsafeBytes { RegionHeader.decode($0, hasher: context.hasher) }
+            }
             if let region = firstSlots[slot] {
                 guard let header, header.sequence == region.sequence, header.slots == region.slots,
                     header.firstRecordSequence == region.firstRecordSequence
@@ -143,6 +164,7 @@ extension BucketState {
         }
         guard let newest = snapshot.regions.last, newest.end + RecordHeader.size <= newest.slots * snapshot.regionSize else { return true }
         let at = BucketFileHeader.size + newest.slot * snapshot.regionSize + newest.end
+        guard at + RecordHeader.size <= snapshot.fileSize else { return true }  // nothing can follow: the file ends
         guard let next = try? readBytes(RecordHeader.size, at: at, mapping: mapping) else { return false }
         let appended = next.withUnsafeBytes { RecordHeader.decode($0) }.map { $0.sequence > snapshot.maximumSequence } ?? false
         return !appended

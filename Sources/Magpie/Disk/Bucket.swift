@@ -209,6 +209,9 @@ struct BucketState {
     /// Loaded from its snapshot, which is still in the directory (see Bucket+Snapshot.swift): it must
     /// be deleted (``beforeFileChange()``) before the file changes.
     var keepsSnapshot = false
+    /// The closed length the file's header holds (OnDiskFormat.swift); set back to 0 in the file before
+    /// its first change (``beforeFileChange()``).
+    var closedLength = 0
     /// For a bucket whose file the open did not open (SIZES told its size; `fd` is -1 until its load
     /// opens it): that size.
     var recordedFileSize = 0
@@ -378,6 +381,7 @@ struct BucketState {
             regionSize: context.shared.regionSize)
         try FileIO.truncate(fd, to: 0, path: context.path)
         try FileIO.write(fd, header.encoded(), at: 0, path: context.path)
+        closedLength = 0
         counters.removals += UInt64(index.count)
         index.removeAll()
         liveBytes = 0

@@ -142,6 +142,9 @@ extension DiskTier {
                 let file: Int
                 var snapshot: Int
                 if state.loaded {
+                    // Its length, for the next load to check (OnDiskFormat.swift, "closed length"), once
+                    // everything stored reached the file.
+                    if failure == nil { state.recordClosedLength() }
                     file = state.size
                     snapshot = state.keepsSnapshot ? state.snapshotCharge : 0
                     // Only a flushed index may be snapshotted: after a failed flush the next open scans.

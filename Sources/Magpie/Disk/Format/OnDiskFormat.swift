@@ -22,7 +22,11 @@
 //
 // Bucket file (`H` = 64 bytes of header, then slots of `G` bytes, the region size):
 //   0  u32 magic "MGPB"        4  u32 format version (2)   8  u32 bucket index   12 u32 bucket count
-//   16 u64 hash seed           24 u32 region size G (a multiple of 8, at least 1024)   28..<56 reserved (0)
+//   16 u64 hash seed           24 u32 region size G (a multiple of 8, at least 1024)   28 u32 reserved (0)
+//   32 u64 closed length: the file's length when the tier closed it cleanly, or 0 (set at the close, after
+//          the flush; set back to 0 before the file's next change). A file found shorter than it lost its
+//          end since (a truncation: tombstones may have gone with it) and is emptied, never scanned.
+//   40..<56 reserved (0)
 //   56 u64 XXH3-64 (seed 0) of bytes 0..<56
 //   64 slot 0, 64 + G slot 1, ...: a bucket takes H + n × G bytes of its budget (it grows and shrinks by
 //      slots); the file is as long as what was written of them (its last slot may be written in part).
@@ -163,6 +167,8 @@ package struct BucketFileHeader: Equatable {
     package var seed: UInt64
     /// The size of the file's slots.
     package var regionSize: Int
+    /// The file's length at the tier's last clean close; 0 once anything may have changed it since.
+    package var closedLength: Int = 0
 
     package func encoded() -> [UInt8] {
         var bytes = [UInt8](repeating: 0, count: Self.size)
@@ -173,6 +179,7 @@ package struct BucketFileHeader: Equatable {
             raw.storeBytes(of: UInt32(bucketCount).littleEndian, toByteOffset: 12, as: UInt32.self)
             raw.storeBytes(of: seed.littleEndian, toByteOffset: 16, as: UInt64.self)
             raw.storeBytes(of: UInt32(regionSize).littleEndian, toByteOffset: 24, as: UInt32.self)
+            raw.storeBytes(of: UInt64(closedLength).littleEndian, toByteOffset: 32, as: UInt64.self)
             let sum = KeyHash.formatChecksum(UnsafeRawBufferPointer(rebasing: raw[0..<56]))
             raw.storeBytes(of: sum.littleEndian, toByteOffset: 56, as: UInt64.self)
         }
@@ -189,17 +196,26 @@ package struct BucketFileHeader: Equatable {
         else { return nil }
         let regionSize = Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 24, as: UInt32.self)))
         guard RegionHeader.isValidRegionSize(regionSize) else { return nil }
+        let closedLength = UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 32, as: UInt64.self))
+        guard closedLength <= UInt64(Int.max) else { return nil }
         return BucketFileHeader(
             bucketIndex: Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 8, as: UInt32.self))),
             bucketCount: Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 12, as: UInt32.self))),
-            seed: UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 16, as: UInt64.self)), regionSize: regionSize)
+            seed: UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 16, as: UInt64.self)), regionSize: regionSize,
+            closedLength: Int(closedLength))
     }
 
-    package init(bucketIndex: Int, bucketCount: Int, seed: UInt64, regionSize: Int) {
+    package init(bucketIndex: Int, bucketCount: Int, seed: UInt64, regionSize: Int, closedLength: Int = 0) {
         self.bucketIndex = bucketIndex
         self.bucketCount = bucketCount
         self.seed = seed
         self.regionSize = regionSize
+        self.closedLength = closedLength
+    }
+
+    /// Whether it is `other`'s header but for the closed length.
+    package func isSameFile(as other: BucketFileHeader) -> Bool {
+        bucketIndex == other.bucketIndex && bucketCount == other.bucketCount && seed == other.seed && regionSize == other.regionSize
     }
 }
 
