@@ -39,6 +39,8 @@ struct Replay: ParsableCommand {
     @Option(help: "What to replay through: memory, disk or both.") var tier: TierChoice = .memory
     @Option(help: "With --tier both: the disk budget as a multiple of the memory budget.") var diskFactor = 10.0
     @Option(help: "Parent directory for disk-tier directories (removed afterwards).") var workDirectory: String?
+    @Option(help: "With --tier disk: the disk tier's reinsertion threshold (DiskTier.Configuration); default: the tier's.")
+    var reinsertionThreshold: Int?
     @Option(
         parsing: .upToNextOption, help: "Reference policies to run (LRU, FIFO, ARC, S3-FIFO, W-TinyLFU, LIRS, Belady).")
     var references: [String] = ReferencePolicy.allCases.map(\.rawValue)
@@ -206,11 +208,12 @@ struct Replay: ParsableCommand {
         let count = bucketCount(budget: budget, largest: Int(trace.sizes.max() ?? 0))
         // A fixed seed (--hash-seed), as the memory and Cache replays: a random one moved keys between
         // buckets from run to run, and the miss ratio with them (up to 0.4 points on the shared trace).
-        let tier = try DiskTier(
-            .init(directory: directory, budget: budget, bucketCount: count, compressionLevel: nil, hashSeed: hashSeed))
+        var configuration = DiskTier.Configuration(directory: directory, budget: budget, bucketCount: count, compressionLevel: nil, hashSeed: hashSeed)
+        if let reinsertionThreshold { configuration.reinsertionThreshold = reinsertionThreshold }
+        let tier = try DiskTier(configuration)
         var refused = 0
-        // Overhead: a record's 56-byte header and the key.
-        let (outcome, seconds) = try drive(trace, overhead: 56 + MemoryLayout<UInt64>.size) { key, value in
+        // Overhead: a record's 64-byte header and the key.
+        let (outcome, seconds) = try drive(trace, overhead: RecordHeader.size + MemoryLayout<UInt64>.size) { key, value in
             if try tier.value(forKey: key) != nil { return true }
             if (try? tier.set(value, forKey: key)) == nil { refused += 1 }
             return false

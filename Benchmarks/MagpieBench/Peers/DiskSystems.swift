@@ -33,8 +33,10 @@ final class MagpieDisk: DiskSystem {
     let level: Int?
     var name: String { "magpie" }
 
-    init(directory: String, budget: Int, level: Int?, buckets: Int?) throws {
-        tier = try DiskTier(.init(directory: directory, budget: budget, bucketCount: buckets, compressionLevel: level))
+    init(directory: String, budget: Int, level: Int?, buckets: Int?, reinsertionThreshold: Int? = nil) throws {
+        var configuration = DiskTier.Configuration(directory: directory, budget: budget, bucketCount: buckets, compressionLevel: level)
+        if let reinsertionThreshold { configuration.reinsertionThreshold = reinsertionThreshold }
+        tier = try DiskTier(configuration)
         self.budget = budget
         self.level = level
     }

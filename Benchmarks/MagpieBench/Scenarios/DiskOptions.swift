@@ -12,6 +12,8 @@ struct DiskOptions: ParsableArguments {
     @Option(help: "Random gets in the get phase (uniform over the keys, page-cache hot).") var gets = 200_000
     @Option(help: "Seed of the values and the get sequence.") var seed: UInt64 = 42
     @Option(help: "zstd level for Magpie; 0 stores raw.") var level = 1
+    @Option(help: "Magpie's reinsertion threshold (DiskTier.Configuration.reinsertionThreshold); default: the tier's.")
+    var reinsertionThreshold: Int?
     @Option(help: "Magpie bucket count; default: from the budget.") var buckets: Int?
     @Option(parsing: .upToNextOption, help: "Systems to run (\(knownSystems.joined(separator: ", "))).")
     var systems = knownSystems

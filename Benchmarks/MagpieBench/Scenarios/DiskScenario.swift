@@ -96,7 +96,7 @@ struct DiskScenario {
         case "magpie":
             return try MagpieDisk(
                 directory: directory, budget: budget, level: options.level == 0 ? nil : options.level,
-                buckets: options.buckets)
+                buckets: options.buckets, reinsertionThreshold: options.reinsertionThreshold)
         case "rocksdb": return try RocksDBDisk(directory: directory, budget: budget)
         case "lmdb": return try LMDBDisk(directory: directory, budget: budget)
         case "sqlite": return try SQLiteDisk(directory: directory, budget: budget)
