@@ -1,5 +1,5 @@
-// The libFuzzer harness: one input, two targets. The first byte picks the target (even: record
-// decoding, odd: bucket recovery); the rest is that target's input. A broken invariant aborts, so that
+// The libFuzzer harness: one input, three targets. The first byte picks the target (2: index snapshot
+// decoding; else even: record decoding, odd: bucket recovery); the rest is that target's input. A broken invariant aborts, so that
 // libFuzzer saves the input as a crash reproducer.
 import MagpieFuzzTargets
 
@@ -22,10 +22,7 @@ enum Harness {
     }
 
     static func run(_ input: UnsafeRawBufferPointer) -> String? {
-        guard let selector = input.first else { return nil }
-        let rest = UnsafeRawBufferPointer(rebasing: input.dropFirst())
-        if selector & 1 == 0 { return FuzzTargets.decodeRecord(rest) }
-        return FuzzTargets.recoverBucket(rest, directory: directory)
+        FuzzTargets.run(input, directory: directory)
     }
 }
 

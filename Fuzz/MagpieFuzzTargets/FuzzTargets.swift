@@ -7,6 +7,52 @@ import Magpie
 /// Each returns a description of a broken invariant, or nil. They never trap on any input: the harness
 /// turns a returned violation into a crash so that libFuzzer records the input.
 public enum FuzzTargets {
+    /// One input of the harness (and of the corpus replay): the first byte picks the target — 2: index
+    /// snapshot decoding; else even: record decoding, odd: bucket recovery — the rest is its input.
+    public static func run(_ input: UnsafeRawBufferPointer, directory: String) -> String? {
+        guard let selector = input.first else { return nil }
+        let rest = UnsafeRawBufferPointer(rebasing: input.dropFirst())
+        if selector == 2 { return decodeSnapshot(rest) }
+        return selector & 1 == 0 ? decodeRecord(rest) : recoverBucket(rest, directory: directory)
+    }
+
+    /// Index snapshot decoding, of `data` as it is and with its last 8 bytes made its right checksum (so
+    /// that the structural checks, not the checksum, are what is fuzzed). Invariants: decoding never traps;
+    /// a decoded snapshot re-encodes to bytes that decode to it again; its regions lie inside the file's
+    /// slots without overlapping, and every live index slot points inside the used bytes of one region and
+    /// past its header (checked here independently of the decoder's own checks).
+    public static func decodeSnapshot(_ data: UnsafeRawBufferPointer) -> String? {
+        var bytes = Array(data)
+        for pass in 0..<2 {
+            if pass == 1 {
+                guard bytes.count >= 8 else { return nil }
+                let end = bytes.count - 8
+                let sum = bytes.withUnsafeBytes { KeyHash.formatChecksum(UnsafeRawBufferPointer(rebasing: $0[0..<end])) }
+                withUnsafeBytes(of: sum.littleEndian) { for i in 0..<8 { bytes[end + i] = $0[i] } }
+            }
+            guard let snapshot = IndexSnapshot.decode(bytes) else { continue }
+            guard IndexSnapshot.decode(snapshot.encoded()) == snapshot else { return "a decoded snapshot does not survive re-encoding" }
+            let regions = snapshot.regionSpans
+            for region in regions {
+                guard region.slot >= 0, region.slots >= 1, region.slot + region.slots <= snapshot.slotCount,
+                    region.end >= RegionHeader.size, region.end <= region.slots * snapshot.regionSize
+                else { return "a region outside the file's slots: \(region)" }
+            }
+            let sorted = regions.sorted { $0.slot < $1.slot }
+            for (a, b) in zip(sorted, sorted.dropFirst()) where a.slot + a.slots > b.slot {
+                return "overlapping regions: \(a), \(b)"
+            }
+            for record in snapshot.liveRecords {
+                let inside = regions.contains { region in
+                    let start = BucketFileHeader.size + region.slot * snapshot.regionSize
+                    return record.offset >= start + RegionHeader.size && record.offset + record.length <= start + region.end
+                }
+                guard inside, record.length >= RecordHeader.size else { return "a live slot outside every region: \(record)" }
+            }
+        }
+        return nil
+    }
+
     /// Record decoding. `data` is taken as the bytes of one record (it may run past it). Invariants:
     /// decoding never traps; a record that validates re-encodes, from its parsed header and body, to
     /// exactly its own bytes (so the parser and the writer agree on every field).
@@ -101,6 +147,41 @@ public enum FuzzTargets {
         return nil
     }
 
+    /// The index snapshot a clean close leaves for a one-bucket tier holding a few values (nothing if the
+    /// temporary directory cannot be made).
+    static func snapshotSeeds() -> [[UInt8]] {
+        var template = Array("/tmp/magpie-fuzz-seed-XXXXXX".utf8CString)
+        guard let made = mkdtemp(&template) else { return [] }
+        let directory = String(cString: made)
+        defer { _ = try? DiskTier.destroy(directory: directory); rmdir(directory) }
+        var configuration = DiskTier.Configuration(directory: directory, budget: 256 * 1024, bucketCount: 1, hashSeed: 0x5EED)
+        configuration.writeBufferSize = 0
+        guard let tier = try? DiskTier(configuration) else { return [] }
+        // Noise (zstd would shrink repeated bytes to nothing), from a fixed linear congruential sequence.
+        var state: UInt64 = 0x5EED
+        func noise(_ count: Int) -> [UInt8] {
+            (0..<count).map { _ in
+                state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+                return UInt8(truncatingIfNeeded: state >> 56)
+            }
+        }
+        for i in 0..<12 { try? tier.set(noise(300 + 97 * i), forKey: "k\(i)") }
+        try? tier.set(noise(40_000), forKey: "jumbo")
+        _ = try? tier.removeValue(forKey: "k3")
+        guard (try? tier.close()) != nil else { return [] }
+        let path = directory + "/buckets/" + DiskTier.bucketName(0, count: 1) + ".index"
+        guard let file = fopen(path, "rb") else { return [] }
+        defer { fclose(file) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { fread($0.baseAddress, 1, $0.count, file) }
+            if n <= 0 { break }
+            bytes += chunk.prefix(n)
+        }
+        return bytes.isEmpty ? [] : [bytes]
+    }
+
     /// The 24-byte header of a one-bucket SIZES for `seed` (Magpie's OnDiskFormat.swift).
     static func sizesHeader(seed: UInt64) -> [UInt8] {
         var header = [UInt8](repeating: 0, count: 24)
@@ -169,6 +250,9 @@ public enum FuzzTargets {
         seeds.append([1] + instruction(0, key: a, payload: json) + instruction(4, key: a, payload: [9]) + instruction(8, key: b, payload: [8]))
         seeds.append([1] + instruction(0, key: a, payload: json) + [2, 17] + Array(repeating: 0xAB, count: 17) + instruction(0, key: b, payload: json))
         seeds.append([1] + instruction(0, key: a, payload: json) + instruction(3, key: b, payload: json) + [40])
+        // Index snapshots, as a clean close writes them: a few regions (one of them a jumbo region) and
+        // their entries, one of them removed.
+        seeds += snapshotSeeds().map { [2] + $0 }
         return seeds
     }
 }

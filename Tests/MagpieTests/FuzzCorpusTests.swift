@@ -13,11 +13,7 @@ struct FuzzCorpusTests {
         .deletingLastPathComponent().appendingPathComponent("Fuzz/corpus").path
 
     func run(_ input: [UInt8], directory: String) -> String? {
-        input.withUnsafeBytes { raw in
-            guard let selector = raw.first else { return nil }
-            let rest = UnsafeRawBufferPointer(rebasing: raw.dropFirst())
-            return selector & 1 == 0 ? FuzzTargets.decodeRecord(rest) : FuzzTargets.recoverBucket(rest, directory: directory)
-        }
+        input.withUnsafeBytes { FuzzTargets.run($0, directory: directory) }
     }
 
     @Test("the committed corpus (seeds and reproducers of fixed faults) breaks no invariant")
@@ -42,6 +38,21 @@ struct FuzzCorpusTests {
             #expect(record.withUnsafeBytes { FuzzTargets.decodeRecord($0) } == nil)
             record[40] ^= 1  // the key hash, under the checksum
             #expect(record.withUnsafeBytes { RecordHeader.validate($0) } == nil)
+        }
+    }
+
+    @Test("snapshot seeds decode (regions, a jumbo region, live slots), so the structural checks are reached; a flipped byte fails")
+    func snapshotSeedsDecode() throws {
+        let snapshots = FuzzTargets.seeds().filter { $0.first == 2 }.map { Array($0.dropFirst()) }
+        #expect(snapshots.count == 1)
+        for bytes in snapshots {
+            let snapshot = try #require(IndexSnapshot.decode(bytes))
+            #expect(snapshot.regionSpans.count >= 2 && snapshot.regionSpans.contains { $0.slots > 1 })
+            #expect(snapshot.liveRecords.count == 12)
+            #expect(bytes.withUnsafeBytes { FuzzTargets.decodeSnapshot($0) } == nil)
+            var flipped = bytes
+            flipped[100] ^= 1  // the first region's slot count, under the checksum
+            #expect(IndexSnapshot.decode(flipped) == nil)
         }
     }
 

@@ -137,35 +137,42 @@ extension BucketState {
     /// newer sequence number may follow the newest region's records. Every change to a file is one of
     /// these: an append (to the newest region, or to a region opened in a free slot), a reclaim or an
     /// evacuation (a region's header overwritten or zeroed), an emptying (a new file). A few hundred bytes
-    /// read per bucket, from its mapping.
+    /// read per bucket, with `pread` (a fresh mapping would fault each page in).
     private func matchesFile(_ snapshot: IndexSnapshot) -> Bool {
-        var firstSlots: [Int: Region] = [:]
-        var inside = Set<Int>()
-        for region in snapshot.regions {
-            firstSlots[region.slot] = region
-            for slot in (region.slot + 1)..<(region.slot + region.slots) { inside.insert(slot) }
-        }
-        for slot in 0..<snapshot.slotCount where !inside.contains(slot) {
-            // A slot past the end of the file holds nothing (and is never read through the mapping: a read
-            // past the end of a mapped file is a SIGBUS).
-            let at = BucketFileHeader.size + slot * snapshot.regionSize
+        // Plain arrays, no hashed collections: a bucket's first load is a reopen's first get, and the
+        // first Dictionary of a new element type costs the process a few hundred microseconds of runtime
+        // type instantiation (measured: 0.30 ms of a 0.55 ms first get).
+        let regionSize = snapshot.regionSize
+        // Slots from the end of the file on hold nothing (and are never read: through the mapping, a read
+        // past the end of a mapped file is a SIGBUS); a region cannot start there.
+        let written = min(snapshot.slotCount, (snapshot.fileSize - BucketFileHeader.size + regionSize - 1) / regionSize)
+        let byFirstSlot = snapshot.regions.sorted { $0.slot < $1.slot }
+        guard byFirstSlot.last.map({ $0.slot < written }) ?? true else { return false }
+        var next = 0  // the first region (by slot) not yet passed
+        var slot = 0
+        while slot < written {
+            let at = BucketFileHeader.size + slot * regionSize
             var header: RegionHeader? = nil
             if at + RegionHeader.size <= snapshot.fileSize {
-                guard let head = try? readBytes(RegionHeader.size, at: at, mapping: mapping), head.count == RegionHeader.size else { return false }
+                guard let head = try? readBytes(RegionHeader.size, at: at), head.count == RegionHeader.size else { return false }
                 header = head.withUnsafeBytes { RegionHeader.decode($0, hasher: context.hasher) }
             }
-            if let region = firstSlots[slot] {
+            if next < byFirstSlot.count && byFirstSlot[next].slot == slot {
+                let region = byFirstSlot[next]
                 guard let header, header.sequence == region.sequence, header.slots == region.slots,
                     header.firstRecordSequence == region.firstRecordSequence
                 else { return false }
-            } else if header != nil {
-                return false
+                next += 1
+                slot += region.slots  // its other slots are its data
+            } else {
+                if header != nil { return false }
+                slot += 1
             }
         }
         guard let newest = snapshot.regions.last, newest.end + RecordHeader.size <= newest.slots * snapshot.regionSize else { return true }
         let at = BucketFileHeader.size + newest.slot * snapshot.regionSize + newest.end
         guard at + RecordHeader.size <= snapshot.fileSize else { return true }  // nothing can follow: the file ends
-        guard let next = try? readBytes(RecordHeader.size, at: at, mapping: mapping) else { return false }
+        guard let next = try? readBytes(RecordHeader.size, at: at) else { return false }
         let appended = next.withUnsafeBytes { RecordHeader.decode($0) }.map { $0.sequence > snapshot.maximumSequence } ?? false
         return !appended
     }

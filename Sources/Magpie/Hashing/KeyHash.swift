@@ -84,7 +84,7 @@ extension KeyHash {
     }
 
     /// XXH3-64 with seed 0 of a format header (file headers, MANIFEST, snapshots): not a key hash.
-    static func formatChecksum(_ bytes: UnsafeRawBufferPointer) -> UInt64 {
+    package static func formatChecksum(_ bytes: UnsafeRawBufferPointer) -> UInt64 {
         XXH3_64bits_withSeed(bytes.baseAddress, bytes.count, 0)
     }
 }

@@ -346,7 +346,8 @@ package struct BucketSizes: Equatable {
 }
 
 /// An index snapshot (layout above): a bucket's index and regions, and what they were taken against.
-struct IndexSnapshot {
+/// (Package-visible for the fuzz target over its decoding, Fuzz/MagpieFuzzTargets.)
+package struct IndexSnapshot: Equatable {
     static let magic: UInt32 = 0x4950_474D  // "MGPI"
     static let headerSize = 96
     /// 3: format 2's regions.
@@ -356,22 +357,27 @@ struct IndexSnapshot {
     var bucketIndex: Int
     var bucketCount: Int
     var seed: UInt64
-    var fileSize: Int
+    package var fileSize: Int
     var liveBytes: Int
     var maximumSequence: UInt64
-    var regionSize: Int
-    var slotCount: Int
+    package var regionSize: Int
+    package var slotCount: Int
     var nextRegionSequence: UInt64
     var regions: [Region]
     var slots: [DiskSlot]
     var liveCount: Int
+
+    /// Its regions: first slot, slots, bytes used.
+    package var regionSpans: [(slot: Int, slots: Int, end: Int)] { regions.map { ($0.slot, $0.slots, $0.end) } }
+    /// Its live index slots: file offset and length of the record each points at.
+    package var liveRecords: [(offset: Int, length: Int)] { slots.filter { !$0.isEmpty }.map { ($0.offset, $0.length) } }
 
     /// The encoded length of a snapshot of `slotCount` index slots and `regionCount` regions.
     static func length(slotCount: Int, regionCount: Int) -> Int {
         headerSize + regionCount * regionEntrySize + slotCount * 16 + 8
     }
 
-    func encoded() -> [UInt8] {
+    package func encoded() -> [UInt8] {
         var bytes = [UInt8](repeating: 0, count: Self.length(slotCount: slots.count, regionCount: regions.count))
         bytes.withUnsafeMutableBytes { raw in
             raw.storeBytes(of: Self.magic.littleEndian, toByteOffset: 0, as: UInt32.self)
@@ -414,7 +420,7 @@ struct IndexSnapshot {
     /// Nil unless the bytes are an intact snapshot whose counts agree with its contents: regions inside
     /// the file's slots, not overlapping, in increasing sequence; every live slot a record's length long
     /// inside the used part of one region.
-    static func decode(_ bytes: [UInt8]) -> IndexSnapshot? {
+    package static func decode(_ bytes: [UInt8]) -> IndexSnapshot? {
         bytes.withUnsafeBytes { raw -> IndexSnapshot? in
             guard raw.count >= headerSize + 8 else { return nil }
             func u32(_ at: Int) -> UInt32 { UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: at, as: UInt32.self)) }
