@@ -88,6 +88,42 @@ struct DiskRegionTests {
         #expect(statistics.bytesOnDisk <= 16 * 2048 + 64 && statistics.regions == 16)
     }
 
+    @Test("a snapshot put back after its file changed in place (regions reclaimed, the same length) is never trusted")
+    func staleSnapshotSameLength() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let bucket = directory.path + "/buckets/" + DiskTier.bucketName(0, count: 1)
+        var tier = try oneBucket(directory)
+        var i = 0
+        while tier.statistics.regionsReclaimed < 2 {  // the file is as long as it gets: 16 slots
+            try tier.set(random(200, seed: UInt64(i)), forKey: keyBytes(i))
+            i += 1
+        }
+        // A full tier's close has no room for a snapshot: one is written here, as a close with room would.
+        try tier.flush()
+        #expect(tier.buckets[0].withLock { $0.writeSnapshot() } > 0)
+        let stale = try Data(contentsOf: URL(fileURLWithPath: bucket + ".index"))
+        try tier.close()
+        let length = try FileManager.default.attributesOfItem(atPath: bucket)[.size] as? Int
+        // Reopened: more stores reclaim regions in place, and one key still in an old region is removed.
+        tier = try oneBucket(directory)
+        let removed = i - 60
+        #expect(try tier.removeValue(forKey: keyBytes(removed)))
+        let first = i
+        for _ in 0..<40 {
+            try tier.set(random(200, seed: UInt64(i)), forKey: keyBytes(i))
+            i += 1
+        }
+        try tier.close()
+        #expect(try FileManager.default.attributesOfItem(atPath: bucket)[.size] as? Int == length)
+        // The old snapshot comes back (a backup restored): same file length, other regions.
+        try stale.write(to: URL(fileURLWithPath: bucket + ".index"))
+        tier = try oneBucket(directory)
+        #expect(try tier.value(forKey: keyBytes(removed)) == nil, "a removed value came back")
+        for k in first..<i { #expect(try tier.value(forKey: keyBytes(k)) == random(200, seed: UInt64(k)), "key \(k)") }
+        #expect(tier.statistics.bucketsOpenedFromSnapshot == 0)
+    }
+
     @Test("a reclaim reinserts by reads per byte: a small entry needs fewer reads than one of the mean length, a large one more")
     func sizeAware() throws {
         let directory = TemporaryDirectory()
