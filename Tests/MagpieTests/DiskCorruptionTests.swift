@@ -112,6 +112,33 @@ struct DiskCorruptionTests {
                 #expect(IndexSnapshot.decode(bytes) == nil, "offset \(offset), value \(value)")
             }
         }
+        // A full index (every slot live: a probe for a missing key would never end), encoded as a writer
+        // would, and a file of 2³² - 1 slots (the free-slot table and the bucket's charge would be sized by
+        // it), with a valid sum.
+        let regionStart = BucketFileHeader.size + 4096
+        var full = snapshot
+        full.regions = [Region(slot: 1, slots: 1, sequence: 1, firstRecordSequence: 1, end: 64 + 4 * 64)]
+        full.slots = (0..<4).map { n in
+            var slot = DiskSlot(hash: UInt64(n + 1) << 40, memtableParity: 0, offset: 0, length: 64, expiryMilliseconds: 0)
+            slot.place(at: regionStart + 64 + n * 64, length: 64)
+            return slot
+        }
+        full.liveCount = 4
+        full.liveBytes = 4 * 64
+        #expect(IndexSnapshot.decode(full.encoded()) == nil, "a full index")
+        var three = full
+        three.slots[3] = .empty
+        three.liveCount = 3
+        three.liveBytes = 3 * 64
+        #expect(IndexSnapshot.decode(three.encoded()) != nil, "an index with an empty slot")
+        var bytes = snapshot.encoded()
+        bytes.withUnsafeMutableBytes { raw in
+            raw.storeBytes(of: UInt32.max.littleEndian, toByteOffset: 68, as: UInt32.self)
+            let end = raw.count - 8
+            let sum = KeyHash.formatChecksum(UnsafeRawBufferPointer(rebasing: raw[0..<end]))
+            raw.storeBytes(of: sum.littleEndian, toByteOffset: end, as: UInt64.self)
+        }
+        #expect(IndexSnapshot.decode(bytes) == nil, "2^32 - 1 slots")
     }
 
     @Test("tombstones alone keep removals and updates durable (nothing in a file is changed in place)")

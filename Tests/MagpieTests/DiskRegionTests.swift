@@ -88,6 +88,39 @@ struct DiskRegionTests {
         #expect(statistics.bytesOnDisk <= 16 * 2048 + 64 && statistics.regions == 16)
     }
 
+    @Test("a removal whose tombstone's write reclaims the region of the key's read-often value evicts it: a crash never brings it back")
+    func removalDuringReclaim() throws {
+        var reached = 0
+        for filler in 0..<60 {
+            let directory = TemporaryDirectory()
+            defer { directory.cleanup() }
+            var target = -1
+            do {
+                let tier = try oneBucket(directory)
+                var i = 0
+                while tier.statistics.regionsReclaimed < 1 {
+                    try tier.set(random(200, seed: UInt64(i)), forKey: keyBytes(i))
+                    i += 1
+                }
+                // The oldest region's first key, read often enough to be copied forward by its reclaim.
+                target = try #require(try (0..<i).first { try holds(tier, $0) })
+                for _ in 0..<7 { _ = try tier.value(forKey: keyBytes(target)) }
+                for _ in 0..<filler {
+                    try tier.set(random(40, seed: UInt64(i)), forKey: keyBytes(i))
+                    i += 1
+                }
+                guard tier.statistics.regionsReclaimed == 1 else { continue }  // the fillers reclaimed it already
+                #expect(try tier.removeValue(forKey: keyBytes(target)))
+                guard tier.statistics.regionsReclaimed == 2 else { continue }  // the tombstone fitted: no reclaim
+                reached += 1
+                // Dropped without a close: as a crash.
+            }
+            let reopened = try oneBucket(directory)
+            #expect(try reopened.value(forKey: keyBytes(target)) == nil, "filler \(filler): the removed value came back")
+        }
+        #expect(reached >= 1, "no filler count made the tombstone's write reclaim the region")
+    }
+
     @Test("a snapshot put back after its file changed in place (regions reclaimed, the same length) is never trusted")
     func staleSnapshotSameLength() throws {
         let directory = TemporaryDirectory()

@@ -513,6 +513,10 @@ extension BucketState {
 
     /// Writes a tombstone for `key` at once (see the top of Bucket.swift).
     mutating func writeTombstone(for key: HashedKey, policy: RoomPolicy, now: Int64) throws(MagpieError) -> RoomOutcome<Void> {
+        // A reclaim this write makes must not copy the key's record forward: the copy would get a newer
+        // sequence number than the tombstone's cover, and come back after a crash (the caller drops the
+        // key from the index, not from the file). With no credits it is evicted, not reinserted.
+        if let position = try position(of: key), !index[position].isPending { index[position].credits = 0 }
         let header = RecordHeader(
             kind: .tombstone, codec: .raw, keyLength: key.count, groupLength: 0, storedLength: 0, originalLength: 0,
             expiry: 0, sequence: 0, keyHash: key.hash)

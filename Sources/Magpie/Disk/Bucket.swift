@@ -292,7 +292,9 @@ struct BucketState {
         defer { healIfNeeded(now: now) }
         // Room in the memtables first, so that a busy store has written nothing.
         guard let detached = makeMemtableRoom(for: draft.length) else { return .done(.busy) }
+        var earned = 0  // the reads the key earned, kept by the new value (writeTombstone zeroes them)
         if let position = try position(of: key) {
+            earned = index[position].credits
             if !index[position].isPending {
                 if case .short(let short) = try writeTombstone(for: key, policy: policy, now: now) { return .short(short) }
             }
@@ -301,7 +303,7 @@ struct BucketState {
             if case .short(let short) = try writeTombstone(for: key, policy: policy, now: now) { return .short(short) }
         }
         // (Found again: writing a tombstone may have reclaimed a region, which moves slots.)
-        let credits = try position(of: key).map { take(at: $0).credits } ?? 0
+        let credits = max(earned, try position(of: key).map { take(at: $0).credits } ?? 0)
         guard let memtable = active else { throw MagpieError(.ioFailure, "out of memory for a memtable", path: context.path) }
         let offset = memtable.append(draft)
         var slot = DiskSlot(
@@ -347,6 +349,11 @@ struct BucketState {
         var members = try groupMembers(group)
         guard !members.isEmpty || unindexedRegion != nil else { return .done(0) }
         if members.contains(where: { !$0.isPending }) || unindexedRegion != nil {
+            // No member may be copied forward past the group tombstone by a reclaim during its write (see
+            // writeTombstone): with no credits they are evicted instead.
+            for member in members where !member.isPending {
+                if let position = index.positions(tag: member.tag).first(where: { index[$0] == member }) { index[position].credits = 0 }
+            }
             if case .short(let short) = try writeGroupTombstone(group, policy: policy, now: now) { return .short(short) }
             members = try groupMembers(group)  // a reclaim may have evicted some, and moved slots
         }

@@ -431,7 +431,8 @@ package struct IndexSnapshot: Equatable {
             guard u64(end) == KeyHash.formatChecksum(UnsafeRawBufferPointer(rebasing: raw[0..<end])),
                 u32(0) == magic, u32(4) == version, u64(24) <= UInt64(DiskTier.maximumBucketBudget),
                 u32(76) == 0, u64(88) == 0, u64(48) >= 1, u64(48) <= UInt64(end), u32(72) <= UInt32(end),
-                RegionHeader.isValidRegionSize(Int(u32(64))), u64(56) <= u64(48), u64(32) <= u64(24)
+                // (An index always has an empty slot: a full one would make a probe for a missing key endless.)
+                RegionHeader.isValidRegionSize(Int(u32(64))), u64(56) < u64(48), u64(32) <= u64(24)
             else { return nil }
             let regionCount = Int(u32(72))
             let slotCount = Int(u64(48))
@@ -439,7 +440,11 @@ package struct IndexSnapshot: Equatable {
             let regionSize = Int(u32(64))
             let fileSlots = Int(u32(68))
             let fileSize = Int(u64(24))
-            guard fileSize >= BucketFileHeader.size, fileSize <= BucketFileHeader.size + fileSlots * regionSize else { return nil }
+            // No more slots than a bucket's largest file holds (a hostile count would size the free-slot
+            // table, and the bucket's charge, by it).
+            guard fileSlots <= DiskTier.maximumBucketBudget / regionSize, fileSize >= BucketFileHeader.size,
+                fileSize <= BucketFileHeader.size + fileSlots * regionSize
+            else { return nil }
             var regions: [Region] = []
             regions.reserveCapacity(regionCount)
             var previous: UInt64 = 0
