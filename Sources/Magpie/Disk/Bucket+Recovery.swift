@@ -224,6 +224,32 @@ extension BucketState {
             maximumSequence = max(maximumSequence, newest.firstRecordSequence &- 1)
             nextRegionSequence = newest.sequence &+ 1
         }
+        // A region freed with nothing written after it (its header zeroed: a heal or an evacuation that
+        // had nothing to copy) may have held the highest sequence numbers, and its records stay in its
+        // slots. A region opened there later must start above them, or a scan would take them for its own:
+        // the records free slots still hold count too (each run of free slots read as one region: a freed
+        // jumbo region's record spans its slots; every free byte is read once).
+        bytes.withUnsafeBytes { file in
+            var slot = 0
+            while slot < slotCount {
+                guard freeSlots[slot] else {
+                    slot += 1
+                    continue
+                }
+                var end = slot + 1
+                while end < slotCount && freeSlots[end] { end += 1 }
+                let low = BucketFileHeader.size + slot * regionSize
+                let high = min(file.count, BucketFileHeader.size + end * regionSize)
+                slot = end
+                guard low + RegionHeader.size + RecordHeader.size <= high else { continue }
+                _ = Self.forEachRecord(inRegion: UnsafeRawBufferPointer(rebasing: file[low..<high]), firstSequence: 0, context: context) { event in
+                    switch event {
+                    case .record(_, let header), .brokenValue(_, let header): maximumSequence = max(maximumSequence, header.sequence)
+                    case .unknownDamage: break
+                    }
+                }
+            }
+        }
         // Leftover headers outside every region (overlapped by a newer one): zeroed, so that they stay
         // free slots' headers (a leftover inside a region's bytes is that region's data, and stays).
         let leftovers = ignored.filter { freeSlots[$0] }

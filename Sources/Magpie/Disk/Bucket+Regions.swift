@@ -303,6 +303,16 @@ extension BucketState {
             }
         }
         let slot = first!
+        // Regions reclaimed for it whose slots it does not take lose their headers first: it may overwrite a
+        // newer reclaimed region's (a record longer than a slot spans several), and a crash must never
+        // leave an older region behind a newer one that went (the newer one's tombstones may cover the
+        // older one's records). Reclaims take the oldest regions, whose live entries are in `batch`: a crash
+        // after this costs those entries, nothing else.
+        let others = freed.filter { $0 < slot || $0 >= slot + count }
+        if !others.isEmpty {
+            try zeroHeaders(of: others)
+            freed.removeAll { $0 < slot || $0 >= slot + count }
+        }
         let header = RegionHeader(
             bucketIndex: context.number, slots: count, sequence: nextRegionSequence, firstRecordSequence: maximumSequence &+ 1)
         try FileIO.write(fd, header.encoded(hasher: context.hasher), at: BucketFileHeader.size + slot * regionSize, path: context.path)
@@ -512,11 +522,10 @@ extension BucketState {
     // MARK: Tombstones
 
     /// Writes a tombstone for `key` at once (see the top of Bucket.swift).
+    /// The caller first sets the credits of the key's slot in the file, if it has one, to zero: a reclaim
+    /// this write makes must not copy that record forward (the copy would get a newer sequence number than
+    /// the tombstone's cover, and come back after a crash); with no credits it is evicted, not reinserted.
     mutating func writeTombstone(for key: HashedKey, policy: RoomPolicy, now: Int64) throws(MagpieError) -> RoomOutcome<Void> {
-        // A reclaim this write makes must not copy the key's record forward: the copy would get a newer
-        // sequence number than the tombstone's cover, and come back after a crash (the caller drops the
-        // key from the index, not from the file). With no credits it is evicted, not reinserted.
-        if let position = try position(of: key), !index[position].isPending { index[position].credits = 0 }
         let header = RecordHeader(
             kind: .tombstone, codec: .raw, keyLength: key.count, groupLength: 0, storedLength: 0, originalLength: 0,
             expiry: 0, sequence: 0, keyHash: key.hash)

@@ -296,6 +296,7 @@ struct BucketState {
         if let position = try position(of: key) {
             earned = index[position].credits
             if !index[position].isPending {
+                index[position].credits = 0  // see writeTombstone
                 if case .short(let short) = try writeTombstone(for: key, policy: policy, now: now) { return .short(short) }
             }
         } else if unindexedRegion != nil {
@@ -331,6 +332,7 @@ struct BucketState {
         let found = try find(tag: tag, key: key.bytes)
         if found == nil && unindexedRegion == nil { return .done(false) }
         if found.map({ !index[$0.0].isPending }) ?? true {
+            if let (position, _) = found { index[position].credits = 0 }  // see writeTombstone
             if case .short(let short) = try writeTombstone(for: key, policy: policy, now: now) { return .short(short) }
         }
         guard let (position, _) = try find(tag: tag, key: key.bytes) else { return .done(found != nil) }
