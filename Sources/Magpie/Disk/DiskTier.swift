@@ -82,6 +82,10 @@ import Synchronization
 /// the I/O error) rather than leave a description of the files that is no longer true.
 ///
 /// **Errors.** Every failure is a ``MagpieError``; after one, the tier is still consistent and usable.
+/// Damage found in a bucket file costs misses, never a wrong value: a corrupt record is skipped and
+/// counted; damage that may hide a tombstone drops every entry of that bucket indexed before it
+/// (``DiskTierStatistics/droppedForDamage``); a file cut short since the last clean close is emptied (see
+/// <doc:DurabilityAndCrashSafety>).
 public final class DiskTier: Sendable {
     /// The longest key, in bytes.
     public static let maximumKeyLength = HashedKey.maximumLength
