@@ -78,7 +78,7 @@ struct DiskSlot: Equatable {
     /// the eviction's read credits.
     var length: Int { Int(lengthAndFlags & Self.lengthMask) }
     /// The read credits, 0–7: a read adds one; a region reclaim reinserts the entry if it has enough for
-    /// its size (see Disk/Bucket+Regions.swift), and the reinserted copy starts again from 0.
+    /// its size (see Disk/Bucket+Reclaim.swift), and the reinserted copy starts again from 0.
     var credits: Int {
         get { Int(lengthAndFlags & 7) }
         set { lengthAndFlags = (lengthAndFlags & ~7) | UInt32(min(Self.maximumCredits, max(0, newValue))) }

@@ -25,7 +25,7 @@
 //    bucket files and the snapshots together fit the budget less the MANIFEST allowance (a snapshot that
 //    does not fit is skipped: that bucket is scanned on the next open).
 // There is no room to keep free for rewriting files: nothing is rewritten (regions are reclaimed in
-// place, Disk/Bucket+Regions.swift). So the largest record is one share plus half a share from every
+// place, Disk/Bucket+Reclaim.swift). So the largest record is one share plus half a share from every
 // other bucket (about half the budget), less a region header, at most ``DiskSlot/maximumLength``
 // (2 GiB), whatever the bucket count.
 //
