@@ -327,14 +327,14 @@ extension RemoteTier {
     /// the journal keeps entries already replayed beside the rest: replaying one again after a restart
     /// changes nothing, its version being fenced like any.)
     private func settle(_ drop: (inout PendingRemovals) -> Int) {
-        let settled = pending.withLock { pending -> Int in
+        pending.withLock { pending in
             let settled = drop(&pending)
+            // Counted under the lock: whoever sees the owed count fall also sees these replays counted.
+            counters.replayedRemovals.add(UInt64(settled), ordering: .relaxed)
             if !pending.refused.isEmpty { pending.refused = pending.refused.filter { pending.keys[$0] != nil } }
             pending.updateHold(oldest: clock.now())
             if settled > 0 && pending.isEmpty { journal(replacingWith: []) }
-            return settled
         }
-        counters.replayedRemovals.add(UInt64(settled), ordering: .relaxed)
     }
 }
 

@@ -150,8 +150,9 @@ final class RedisCommandHandler: ChannelInboundHandler {
     /// the caller.
     func enqueue(_ command: ByteBuffer, sink: ReplySink, deadline: NIODeadline, flush: Bool = true) {
         guard let context, failure == nil else {
-            Self.fail(sink, with: failure ?? RedisError(.connectionClosed, "connection closed", endpoint: endpoint))
+            // Uncounted before the caller resumes: a caller that sees its error also sees the count fall.
             counters.inFlight.subtract(1, ordering: .relaxed)
+            Self.fail(sink, with: failure ?? RedisError(.connectionClosed, "connection closed", endpoint: endpoint))
             return
         }
         pending.append(Pending(sink: sink, deadline: deadline))
@@ -164,9 +165,9 @@ final class RedisCommandHandler: ChannelInboundHandler {
     /// delivered together.
     func enqueue(batch commands: ByteBuffer, count: Int, replies: BatchReplies, deadline: NIODeadline, flush: Bool = true) {
         guard let context, failure == nil else {
+            counters.inFlight.subtract(count, ordering: .relaxed)
             ThreadSanitizerHandOff.published()
             replies.fail(failure ?? RedisError(.connectionClosed, "connection closed", endpoint: endpoint))
-            counters.inFlight.subtract(count, ordering: .relaxed)
             return
         }
         for index in 0..<count {
@@ -346,11 +347,12 @@ final class RedisCommandHandler: ChannelInboundHandler {
         if failure == nil { failure = error }
         timer?.cancel()
         timer = nil
-        let drained = pending.count
+        // Uncounted before any caller resumes (as everywhere here): a caller that sees its error also
+        // sees the in-flight count without its command.
+        if !pending.isEmpty { counters.inFlight.subtract(pending.count, ordering: .relaxed) }
         while let entry = pending.popFirst() {
             Self.fail(entry.sink, with: error)
         }
-        if drained > 0 { counters.inFlight.subtract(drained, ordering: .relaxed) }
         if !closeReported {
             closeReported = true
             onClose?(error.code == .shutDown || error.notSent ? nil : error)
@@ -397,12 +399,10 @@ final class RedisCommandHandler: ChannelInboundHandler {
         let closed = RedisError(.connectionClosed, "connection closed after a command timed out", endpoint: endpoint)
         failure = closed
         let timedOut = RedisError(.timedOut, "no reply within the command timeout", endpoint: endpoint)
-        var count = 0
+        counters.inFlight.subtract(pending.count, ordering: .relaxed)
         while let entry = pending.popFirst() {
             Self.fail(entry.sink, with: entry.deadline <= now ? timedOut : closed)
-            count += 1
         }
-        counters.inFlight.subtract(count, ordering: .relaxed)
         if !closeReported {
             closeReported = true
             onClose?(timedOut)
