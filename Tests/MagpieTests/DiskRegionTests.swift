@@ -264,6 +264,101 @@ struct DiskRegionTests {
         try tier.close()
     }
 
+    @Test("a region whose header is damaged loses its records, never their effect: its tombstones' keys and its values' older records are dropped, counted once")
+    func damagedRegionHeader() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let seed: UInt64 = 0x5EED
+        let hasher = KeyHash(seed: seed)
+        _ = try DiskTier(.init(directory: directory.path, budget: 1 << 20, bucketCount: 1, hashSeed: seed)).close()
+        let regionSize = 4096
+        func record(_ kind: RecordKind, key: String, value: [UInt8], sequence: UInt64, cover: Int64 = 0, group: String = "") -> [UInt8] {
+            let keyBytes = kind == .groupTombstone ? [] : Array(key.utf8)
+            let groupBytes = Array(group.utf8)
+            let header = RecordHeader(
+                kind: kind, codec: .raw, keyLength: keyBytes.count, groupLength: groupBytes.count, storedLength: value.count,
+                originalLength: value.count, expiry: cover, sequence: sequence, keyHash: kind == .groupTombstone ? 0 : hasher.hash(keyBytes))
+            return keyBytes.withUnsafeBytes { k in
+                groupBytes.withUnsafeBytes { g in value.withUnsafeBytes { v in RecordHeader.makeRecord(header, key: k, group: g, payload: v) } }
+            }
+        }
+        func region(_ sequence: UInt64, first: UInt64, _ records: [[UInt8]], header: (inout [UInt8]) -> Void = { _ in }) -> [UInt8] {
+            var bytes = RegionHeader(bucketIndex: 0, slots: 1, sequence: sequence, firstRecordSequence: first).encoded(hasher: hasher)
+            header(&bytes)
+            for record in records { bytes += record }
+            return bytes + [UInt8](repeating: 0, count: regionSize - bytes.count)
+        }
+        // Region 1: a, b, c, d (g's member), e (g's member). Region 2, its header damaged: b's tombstone, a
+        // newer c, the group tombstone of g, f. Region 3, intact: h.
+        var file = BucketFileHeader(bucketIndex: 0, bucketCount: 1, seed: seed, regionSize: regionSize).encoded()
+        file += region(1, first: 1, [
+            record(.value, key: "a", value: [1], sequence: 1), record(.value, key: "b", value: [2], sequence: 2),
+            record(.value, key: "c", value: [3], sequence: 3), record(.value, key: "d", value: [4], sequence: 4, group: "g"),
+            record(.value, key: "e", value: [5], sequence: 5, group: "g"),
+        ])
+        let damaged = region(2, first: 6, [
+            record(.tombstone, key: "b", value: [], sequence: 6), record(.value, key: "c", value: [7], sequence: 7),
+            record(.groupTombstone, key: "", value: [], sequence: 8, group: "g"), record(.value, key: "f", value: [9], sequence: 9),
+        ]) { $0[44] ^= 1 }  // a reserved byte: the header's checksum fails
+        file += damaged
+        file += region(3, first: 10, [record(.value, key: "h", value: [10], sequence: 10)])
+        let bucket = directory.path + "/buckets/" + DiskTier.bucketName(0, count: 1)
+        func reopen(_ check: (DiskTier) throws -> Void) throws {
+            for name in [bucket + ".index", directory.path + "/buckets/SIZES"] { try? FileManager.default.removeItem(atPath: name) }
+            let tier = try DiskTier(.init(directory: directory.path, budget: 1 << 20, bucketCount: 1, hashSeed: seed))
+            try check(tier)
+            try tier.close()
+        }
+        try Data(file).write(to: URL(fileURLWithPath: bucket))
+        try reopen { (tier: DiskTier) throws in
+            #expect(try tier.value(forKey: "a") == [1])
+            #expect(try tier.value(forKey: "b") == nil, "a removed value came back: its tombstone's region header was damaged")
+            #expect(try tier.value(forKey: "c") == nil, "a replaced value came back")
+            #expect(try tier.value(forKey: "d") == nil, "a removed group came back")
+            #expect(try tier.value(forKey: "e") == nil, "a removed group came back")
+            #expect(try tier.value(forKey: "f") == nil)
+            #expect(try tier.value(forKey: "h") == [10])
+            #expect(tier.statistics.corruptRecords == 1 && tier.statistics.droppedForDamage == 4)
+            try tier.set([11], forKey: "c")  // a value stored after the damage was found is kept
+        }
+        // The free slot reused, its records gone (as they will be): what was dropped stays dropped (the
+        // tombstones written at the first load), nothing is counted again, and the new c is kept.
+        var image = [UInt8](try Data(contentsOf: URL(fileURLWithPath: bucket)))
+        let hiddenSlot = BucketFileHeader.size + regionSize
+        #expect(image[hiddenSlot + 64..<hiddenSlot + 128] == damaged[64..<128][...], "the test's layout changed")
+        image.replaceSubrange(hiddenSlot..<(hiddenSlot + regionSize), with: [UInt8](repeating: 0, count: regionSize))
+        try Data(image).write(to: URL(fileURLWithPath: bucket))
+        try reopen { (tier: DiskTier) throws in
+            #expect(try tier.value(forKey: "a") == [1])
+            #expect(try tier.value(forKey: "b") == nil)
+            #expect(try tier.value(forKey: "c") == [11])
+            #expect(try tier.value(forKey: "d") == nil)
+            #expect(try tier.value(forKey: "e") == nil)
+            #expect(tier.statistics.corruptRecords == 0)
+        }
+
+        // The same records in a slot the tier freed (its header zeroed), carried forward as an evacuation does:
+        // nothing is dropped, nothing counted.
+        file = BucketFileHeader(bucketIndex: 0, bucketCount: 1, seed: seed, regionSize: regionSize).encoded()
+        file += region(1, first: 1, [
+            record(.value, key: "a", value: [1], sequence: 1), record(.value, key: "b", value: [2], sequence: 2),
+            record(.value, key: "c", value: [3], sequence: 3),
+        ])
+        file += region(2, first: 6, [record(.tombstone, key: "b", value: [], sequence: 6), record(.value, key: "c", value: [7], sequence: 7)]) {
+            for i in 0..<64 { $0[i] = 0 }
+        }
+        file += region(3, first: 10, [
+            record(.tombstone, key: "b", value: [], sequence: 10, cover: 6), record(.value, key: "c", value: [7], sequence: 11),
+        ])
+        try Data(file).write(to: URL(fileURLWithPath: bucket))
+        try reopen { (tier: DiskTier) throws in
+            #expect(try tier.value(forKey: "a") == [1])
+            #expect(try tier.value(forKey: "b") == nil)
+            #expect(try tier.value(forKey: "c") == [7])
+            #expect(tier.statistics.corruptRecords == 0 && tier.statistics.droppedForDamage == 0)
+        }
+    }
+
     @Test("a bucket that gives room back empties its last regions out of turn: their tombstones go forward, and a crash brings nothing back")
     func lendCarriesTombstones() throws {
         let directory = TemporaryDirectory()

@@ -161,11 +161,23 @@ extension BucketState {
     /// this write makes must not copy that record forward (the copy would get a newer sequence number than
     /// the tombstone's cover, and come back after a crash); with no credits it is evicted, not reinserted.
     mutating func writeTombstone(for key: HashedKey, policy: RoomPolicy, now: Int64) throws(MagpieError) -> RoomOutcome<Void> {
+        var batch = WriteBatch()
+        Self.appendTombstone(for: key.bytes, hash: key.hash, covering: 0, to: &batch)
+        return try write(&batch, policy: policy, now: now)
+    }
+
+    /// Appends a tombstone for the key `key` (of hash `hash`) that removes its records below `cover` (0:
+    /// below the tombstone's own sequence number) to `batch`.
+    static func appendTombstone(for key: UnsafeRawBufferPointer, hash: UInt64, covering cover: UInt64, to batch: inout WriteBatch) {
         let header = RecordHeader(
             kind: .tombstone, codec: .raw, keyLength: key.count, groupLength: 0, storedLength: 0, originalLength: 0,
-            expiry: 0, sequence: 0, keyHash: key.hash)
+            expiry: Int64(bitPattern: cover), sequence: 0, keyHash: hash)
         let none = UnsafeRawBufferPointer(start: nil, count: 0)
-        return try writeSingle(RecordDraft(header: header, key: key.bytes, group: none, payload: none), policy: policy, now: now)
+        let draft = RecordDraft(header: header, key: key, group: none, payload: none)
+        batch.append(length: draft.length, origin: .other) { raw in
+            draft.write(into: raw)
+            RecordHeader.sealPayload(raw)
+        }
     }
 
     /// Writes a group tombstone for `group` at once.

@@ -24,6 +24,20 @@ import Glibc
 //    recovered so far is dropped (counted in `droppedForDamage`): damage costs misses, never a removed or
 //    replaced value brought back. Such a region is left to be reclaimed in turn (emptying it out of turn
 //    would drop the tombstones the damage hides).
+//
+// Free slots. A slot whose first bytes are no valid region header is free, but may still hold records:
+// those of a region reclaimed or emptied (its header zeroed), the tail of a jumbo record, or those of a
+// region whose header was damaged. Every record found there (each free slot scanned from its start) counts
+// toward the sequence numbers (a region opened there later must start above them), and is checked against
+// what the regions recovered: a value drops a recovered record of its key older than itself; a tombstone
+// or group tombstone, what its cover removes. For a slot the tier freed this drops nothing: regions are
+// reclaimed oldest first; one emptied out of turn carries its tombstones forward, and its live entries are
+// copied (newer) or evicted; an overwrite's tombstone covers the older value wherever it lies. What it does
+// drop is what a region with a damaged header would have removed or replaced: counted (a corrupt record
+// per such slot; the entries dropped in `droppedForDamage`), and made to last by a tombstone per dropped
+// record, written before the bucket serves anything (the slot may be reused, and its records gone, before
+// the older regions are). A damaged header over records that are damaged too hides them for good: two
+// faults in one place, not guarded against.
 extension BucketState {
     /// Opens (creating if needed) the bucket file, and nothing more: its index is loaded by
     /// ``loadIfNeeded()`` (at the bucket's first use, or by the tier's loader thread), so that opening a
@@ -178,8 +192,8 @@ extension BucketState {
         freeSlots = [Bool](repeating: true, count: slotCount)
         let ignored = bytes.withUnsafeBytes { file in findRegions(in: file) }
         var tornTail = false
+        var groups: [[UInt8]: [UInt32]] = [:]  // group name -> offset8 of its values, in file order
         bytes.withUnsafeBytes { file in
-            var groups: [[UInt8]: [UInt32]] = [:]  // group name -> offset8 of its values, in file order
             for position in regions.indices {
                 let region = regions[position]
                 let low = start(of: region)
@@ -224,32 +238,9 @@ extension BucketState {
             maximumSequence = max(maximumSequence, newest.firstRecordSequence &- 1)
             nextRegionSequence = newest.sequence &+ 1
         }
-        // A region freed with nothing written after it (its header zeroed: a heal or an evacuation that
-        // had nothing to copy) may have held the highest sequence numbers, and its records stay in its
-        // slots. A region opened there later must start above them, or a scan would take them for its own:
-        // the records free slots still hold count too (each run of free slots read as one region: a freed
-        // jumbo region's record spans its slots; every free byte is read once).
-        bytes.withUnsafeBytes { file in
-            var slot = 0
-            while slot < slotCount {
-                guard freeSlots[slot] else {
-                    slot += 1
-                    continue
-                }
-                var end = slot + 1
-                while end < slotCount && freeSlots[end] { end += 1 }
-                let low = BucketFileHeader.size + slot * regionSize
-                let high = min(file.count, BucketFileHeader.size + end * regionSize)
-                slot = end
-                guard low + RegionHeader.size + RecordHeader.size <= high else { continue }
-                _ = Self.forEachRecord(inRegion: UnsafeRawBufferPointer(rebasing: file[low..<high]), firstSequence: 0, context: context) { event in
-                    switch event {
-                    case .record(_, let header), .brokenValue(_, let header): maximumSequence = max(maximumSequence, header.sequence)
-                    case .unknownDamage: break
-                    }
-                }
-            }
-        }
+        // What free slots still hold ("Free slots" at the top of this file): counted toward the sequence
+        // numbers, and checked against what the regions recovered.
+        let hidden = bytes.withUnsafeBytes { file in checkFreeSlots(file, groups: &groups, now: now) }
         // Leftover headers outside every region (overlapped by a newer one): zeroed, so that they stay
         // free slots' headers (a leftover inside a region's bytes is that region's data, and stays).
         let leftovers = ignored.filter { freeSlots[$0] }
@@ -257,6 +248,19 @@ extension BucketState {
             try context.sizesFile.retire()
             let zeros = [UInt8](repeating: 0, count: RegionHeader.size)
             for slot in leftovers { try FileIO.write(fd, zeros, at: BucketFileHeader.size + slot * regionSize, path: context.path) }
+        }
+        if !hidden.slots.isEmpty {
+            // What a damaged header hid is made to last: a tombstone per record dropped, covering it and
+            // nothing newer, written before the bucket serves anything (else a later scan, once the free
+            // slot is reused, would find the dropped records again). A failure fails the load, which the
+            // next operation tries again. Counted once: with the tombstones in, the next scan drops nothing.
+            counters.corruptRecords += UInt64(hidden.slots.count)
+            counters.droppedForDamage += UInt64(hidden.dropped.count)
+            var batch = WriteBatch()
+            for record in hidden.dropped {
+                record.key.withUnsafeBytes { key in Self.appendTombstone(for: key, hash: record.hash, covering: record.sequence &+ 1, to: &batch) }
+            }
+            _ = try write(&batch, policy: .evict, now: now)
         }
     }
 
@@ -301,8 +305,11 @@ extension BucketState {
 
     /// Calls `body` with what the scan of `region`'s bytes meets, in order (see the top of this file).
     /// Returns where the records end and whether they end at what looks like a torn record of this region.
+    /// (`stop`: no record starting at or past this offset is looked for; one starting before it is read
+    /// whole, wherever it ends.)
     static func forEachRecord(
-        inRegion region: UnsafeRawBufferPointer, firstSequence: UInt64, context: BucketContext, _ body: (ScanEvent) -> Void
+        inRegion region: UnsafeRawBufferPointer, firstSequence: UInt64, stop: Int = .max, context: BucketContext,
+        _ body: (ScanEvent) -> Void
     ) -> (end: Int, torn: Bool) {
         var offset = RegionHeader.size
         var end = offset
@@ -322,7 +329,7 @@ extension BucketState {
             return (header, RecordHeader.payloadMatches(payload, header))
         }
         var torn = false
-        while offset + RecordHeader.size <= region.count {
+        while offset + RecordHeader.size <= region.count && offset < stop {
             if let (header, intact) = record(at: offset) {
                 // A tombstone has no payload to break: its hash is in its verified first bytes.
                 body(intact || header.kind != .value ? .record(offset, header) : .brokenValue(offset, header))
@@ -335,8 +342,8 @@ extension BucketState {
             let head = RecordHeader.decode(UnsafeRawBufferPointer(rebasing: region[offset...]))
             let looksOurs = head.map { header in header.sequence >= firstSequence && (previous.map { header.sequence > $0 } ?? true) } ?? false
             var next = offset + 8
-            while next + RecordHeader.size <= region.count && record(at: next) == nil { next += 8 }
-            if next + RecordHeader.size > region.count {
+            while next + RecordHeader.size <= region.count && next < stop && record(at: next) == nil { next += 8 }
+            if next + RecordHeader.size > region.count || next >= stop {
                 torn = looksOurs
                 break  // nothing valid after: the region's records end here
             }
@@ -344,6 +351,59 @@ extension BucketState {
             offset = next
         }
         return (end, torn)
+    }
+
+    /// Free slots ("Free slots" at the top of this file): each one's records, from its start (a record
+    /// starting in it is read whole, into the free slots after it), count toward `maximumSequence` and are
+    /// checked against what the regions recovered. Returns the slots whose records dropped recovered
+    /// entries, and the records they dropped (key, key hash, sequence number).
+    private mutating func checkFreeSlots(
+        _ file: UnsafeRawBufferPointer, groups: inout [[UInt8]: [UInt32]], now: Int64
+    ) -> (slots: [Int], dropped: [(key: [UInt8], hash: UInt64, sequence: UInt64)]) {
+        var hidden: [Int] = []
+        var dropped: [(key: [UInt8], hash: UInt64, sequence: UInt64)] = []
+        var slot = 0
+        while slot < slotCount {
+            guard freeSlots[slot] else {
+                slot += 1
+                continue
+            }
+            var end = slot + 1
+            while end < slotCount && freeSlots[end] { end += 1 }
+            let high = min(file.count, BucketFileHeader.size + end * regionSize)
+            for free in slot..<end {
+                let low = BucketFileHeader.size + free * regionSize
+                guard low + RegionHeader.size + RecordHeader.size <= high else { continue }
+                let bytes = UnsafeRawBufferPointer(rebasing: file[low..<high])
+                let before = (count: index.count, slots: index.slots)  // the slots copied only if one is dropped
+                _ = Self.forEachRecord(inRegion: bytes, firstSequence: 0, stop: regionSize, context: context) { event in
+                    switch event {
+                    case .record(let offset, let header), .brokenValue(let offset, let header):
+                        maximumSequence = max(maximumSequence, header.sequence)
+                        let record = UnsafeRawBufferPointer(rebasing: bytes[offset..<(offset + header.recordLength)])
+                        if header.kind == .value {
+                            // Whatever became of this value, an older record of its key is outdated by it.
+                            let key = UnsafeRawBufferPointer(rebasing: record[header.keyOffset..<header.groupOffset])
+                            removeRecovered(keyHash: header.keyHash, key: key, below: header.sequence, file: file)
+                        } else {
+                            apply(header, record, at: low + offset, groups: &groups, file: file, now: now)
+                        }
+                    case .unknownDamage:
+                        break
+                    }
+                }
+                guard index.count < before.count else { continue }
+                hidden.append(free)
+                let kept = Set(index.slots.lazy.filter { !$0.isEmpty }.map(\.offset))
+                for slot in before.slots where !slot.isEmpty && !kept.contains(slot.offset) {
+                    let record = UnsafeRawBufferPointer(rebasing: file[slot.offset...])
+                    guard let header = RecordHeader.decode(record) else { continue }
+                    dropped.append((Array(record[header.keyOffset..<header.groupOffset]), header.keyHash, header.sequence))
+                }
+            }
+            slot = end
+        }
+        return (hidden, dropped)
     }
 
     /// Whether the bucket file starts with this bucket's header; the header, nil if not.

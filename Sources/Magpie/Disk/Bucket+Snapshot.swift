@@ -79,8 +79,11 @@ extension BucketState {
     /// returns the bytes of the snapshot the bucket then has in the directory (the one written; if that
     /// failed, what is there). Best effort: a failure only means the next open scans the file.
     func writeSnapshot() -> Int {
-        // Only an index of records all in the file.
-        guard pendingCount == 0 else { return keepsSnapshot ? snapshotCharge : 0 }
+        // Only an index of records all in the file; and none while a failed write may have left records
+        // that no slot points at (`unindexedRegion`, Bucket+Regions.swift): the snapshot cannot say so,
+        // and a bucket loaded from it would write no tombstone for a key it does not hold. The next open
+        // scans instead, and the scan sees those records with every tombstone written since.
+        guard pendingCount == 0, unindexedRegion == nil else { return keepsSnapshot ? snapshotCharge : 0 }
         let snapshot = IndexSnapshot(
             bucketIndex: context.number, bucketCount: context.bucketCount, seed: context.hasher.seed,
             fileSize: (try? FileIO.size(fd, path: context.path)) ?? size,

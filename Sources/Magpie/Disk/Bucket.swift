@@ -198,6 +198,9 @@ struct BucketState {
     /// region): until that region is gone, removals and overwrites of keys that are not indexed write a
     /// tombstone all the same.
     var unindexedRegion: UInt64? = nil
+    /// A store detached the active memtable but did not return `.storedAndDetached` (its tombstone needed
+    /// room first, or failed): the next store that succeeds returns it, so that the sealer is told.
+    var sealingNotHandedOver = false
     /// The most bytes the file may hold now: its share, plus what it borrowed, less what it lent.
     var limit: Int
     /// Whether the index has been loaded (Bucket+Recovery.swift): until then `index`, the regions and
@@ -292,6 +295,9 @@ struct BucketState {
         defer { healIfNeeded(now: now) }
         // Room in the memtables first, so that a busy store has written nothing.
         guard let detached = makeMemtableRoom(for: draft.length) else { return .done(.busy) }
+        // A memtable detached here is handed to the sealer by the store that returns `.storedAndDetached`:
+        // this one, or, if this one returns `.short` or throws (its tombstone needed room), the next.
+        if detached { sealingNotHandedOver = true }
         var earned = 0  // the reads the key earned, kept by the new value (writeTombstone zeroes them)
         if let position = try position(of: key) {
             earned = index[position].credits
@@ -313,7 +319,8 @@ struct BucketState {
         slot.credits = credits  // an overwrite keeps the reads the key earned
         insert(slot)
         counters.writes += 1
-        var outcome = detached ? DiskStoreOutcome.storedAndDetached : .stored
+        var outcome = sealingNotHandedOver ? DiskStoreOutcome.storedAndDetached : .stored
+        sealingNotHandedOver = false
         // A record longer than the write buffer has a memtable of its own, and no write buffer means every
         // store is written before it returns: detach it now (the sealing slot is free, see makeMemtableRoom).
         if (draft.length > context.writeBuffer || context.writeBuffer == 0) && sealing == nil {
