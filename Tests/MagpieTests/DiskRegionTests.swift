@@ -400,6 +400,30 @@ struct DiskRegionTests {
         try tier.close()
     }
 
+    @Test("a bucket that could not zero a freed region's header (a scan would find its records, which no slot points at) writes no snapshot at its close")
+    func noSnapshotOverUnindexedRecords() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        var configuration = DiskTier.Configuration(directory: directory.path, budget: 64 << 10, bucketCount: 2, compressionLevel: nil, hashSeed: 3)
+        configuration.writeBufferSize = 0
+        let hasher = KeyHash(seed: 3)
+        let first = (0..<10_000).filter { DiskTier.bucket(of: hasher.hash(keyBytes($0)), count: 2) == 0 }
+        let second = (0..<10_000).filter { DiskTier.bucket(of: hasher.hash(keyBytes($0)), count: 2) == 1 }
+        let tier = try DiskTier(configuration)
+        // Bucket 0 holds about 27 KiB (its share is 32), so that the tier has room for snapshots at the close.
+        for key in first.prefix(90) { try tier.set(random(300, seed: UInt64(key)), forKey: keyBytes(key)) }
+        try tier.set(random(300, seed: 1), forKey: keyBytes(second[1]))
+        // Bucket 0's writes fail while bucket 1's large store makes it give room back: the header of the
+        // region it empties out of turn is not zeroed, so the file holds a region the index does not.
+        let bucket0 = directory.path + "/buckets/" + DiskTier.bucketName(0, count: 2)
+        FileIOFaults.set(under: directory.path) { call, path in call == "pwrite" && path == bucket0 ? EIO : nil }
+        _ = try? tier.set(random(tier.largestStorableValue - 64, seed: 99), forKey: keyBytes(second[0]))
+        FileIOFaults.set(under: directory.path, nil)
+        try tier.close()
+        #expect(!FileManager.default.fileExists(atPath: bucket0 + ".index"), "a snapshot that cannot say what the file holds")
+        #expect(FileManager.default.fileExists(atPath: directory.path + "/buckets/" + DiskTier.bucketName(1, count: 2) + ".index"))
+    }
+
     @Test("a value whose payload is damaged is dropped and counted once: its region is emptied into the newest one")
     func healKnownDamage() throws {
         let directory = TemporaryDirectory()

@@ -362,10 +362,18 @@ extension BucketState {
     }
 
     /// Zeroes the headers of freed slots (the region header, so that recovery never finds it again).
+    /// If that fails, a free slot keeps a valid header: a scan would take it for a region again, whose
+    /// records no slot points at (their entries were evicted or copied). `unindexedRegion` then says so
+    /// for as long as the bucket is open (`.max` names no region, so no reclaim clears it).
     mutating func zeroHeaders(of slots: [Int]) throws(MagpieError) {
         let zeros = [UInt8](repeating: 0, count: RegionHeader.size)
         for slot in slots where slot < slotCount && freeSlots[slot] {
-            try FileIO.write(fd, zeros, at: BucketFileHeader.size + slot * regionSize, path: context.path)
+            do throws(MagpieError) {
+                try FileIO.write(fd, zeros, at: BucketFileHeader.size + slot * regionSize, path: context.path)
+            } catch {
+                unindexedRegion = .max
+                throw error
+            }
         }
     }
 }

@@ -195,8 +195,9 @@ struct BucketState {
     /// `flush`.
     var sealFailure: MagpieError? = nil
     /// A write that failed may have left records in the file that no slot points at (the sequence of its
-    /// region): until that region is gone, removals and overwrites of keys that are not indexed write a
-    /// tombstone all the same.
+    /// region; `.max` after a freed region's header could not be zeroed, see `zeroHeaders`): until that
+    /// region is gone, removals and overwrites of keys that are not indexed write a tombstone all the
+    /// same, and the close writes no snapshot.
     var unindexedRegion: UInt64? = nil
     /// A store detached the active memtable but did not return `.storedAndDetached` (its tombstone needed
     /// room first, or failed): the next store that succeeds returns it, so that the sealer is told.
