@@ -206,7 +206,8 @@ struct MemoryPolicyTests {
     func thresholdConverges() throws {
         // Keys each requested twice, 3,000 stores apart (past both ghosts' memory, within the sketch's):
         // the second miss admits the key by its count while θ ≤ 1 (equal sizes). In `reread`, an admitted
-        // key is then read ten times while it is in main; in `forgotten`, never again. The first wants a
+        // key is then read ten times while it is in main (and a new key once, soon after its first miss);
+        // in `forgotten`, never again. The first wants a
         // low θ (admitting helps), the second a high one (every admission evicts something for nothing).
         func run(reread: Bool) throws -> (threshold: Double, admittedLate: UInt64) {
             let s = try Storage(budget: 1000 * charge(60))
@@ -218,6 +219,9 @@ struct MemoryPolicyTests {
                 if reread && round >= 3010 {
                     for back in 1...10 { _ = s.read(round - 3000 - back) }
                 }
+                // New keys that the sketch's collisions admit at their first miss: read too in `reread`
+                // (with the floor at one half, admissions read less often than that raise θ).
+                if reread && round >= 5 { _ = s.read(round - 5) }
             }
             return (s.threshold, s.admittedByMisses - admittedAtHalf)
         }

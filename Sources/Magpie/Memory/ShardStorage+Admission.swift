@@ -20,8 +20,11 @@ import Glibc
 // `main`'s residents (an average over about the last 100). Each tagged outcome moves log2 θ by
 // −step × (outcome − max(κ × resident read rate, floor)), step 0.1: a read one lowers θ (admit more), an
 // unread one raises it, and θ settles where the keys it admits are read κ (0.7) times as often as
-// `main`'s residents, and at least 35 % of the time (the floor: when nothing in `main` is read, as
-// during a long scan, admitting is pure churn). log2 θ starts at 1 (θ = 2: a key of the mean size missed
+// `main`'s residents, and at least half the time (the floor: when nothing in `main` is read, as during
+// a long scan, admitting is pure churn; and a key admitted only to be evicted unread more often than not
+// costs `main` a resident for nothing. With the floor at 0.35 the shared trace's miss ratio rose with the
+// budget from 15 % to 17 %, 0.6775 to 0.7066: a loop over 30 % of its footprint was admitted, and
+// thrashed; at 0.5, 0.6755 at 17 %, BENCHMARKS.md, "Eviction (#31), 2026-11-27"). log2 θ starts at 1 (θ = 2: a key of the mean size missed
 // twice before, or one of half of it missed once) and stays within −1 and 5 (θ from 0.5 to 32).
 // The doorkeeper's false positives (FrequencySketch.swift) make some one-time keys look missed once
 // before: a start at θ = 1 admitted them whenever they were no larger than the mean. The hand passes each entry
@@ -80,7 +83,7 @@ enum AdmissionTuning {
     /// An admitted key must be read at least this share as often as `main`'s residents...
     static let kappa: Double = 0.7
     /// ... and at least this often, however seldom the residents are read.
-    static let floor: Double = 0.35
+    static let floor: Double = 0.5
     /// The weight of one resident's outcome in their read rate (about the last 100 count).
     static let rateWeight: Double = 0.01
 }
