@@ -252,14 +252,28 @@ extension BucketState {
         if !hidden.slots.isEmpty {
             // What a damaged header hid is made to last: a tombstone per record dropped, covering it and
             // nothing newer, written before the bucket serves anything (else a later scan, once the free
-            // slot is reused, would find the dropped records again). A failure fails the load, which the
-            // next operation tries again. Counted once: with the tombstones in, the next scan drops nothing.
+            // slot is reused, would find the dropped records again). Counted once: with the tombstones
+            // in, the next scan drops nothing.
             counters.corruptRecords += UInt64(hidden.slots.count)
             counters.droppedForDamage += UInt64(hidden.dropped.count)
             var batch = WriteBatch()
             for record in hidden.dropped {
                 record.key.withUnsafeBytes { key in Self.appendTombstone(for: key, hash: record.hash, covering: record.sequence &+ 1, to: &batch) }
             }
+            // Not into the slots whose records did the dropping (nor the free ones after them, which their
+            // records may run into): a region opened there would hide them from a scan before its
+            // tombstones are written. Until the write is done, a crash or a failure (the load fails; the
+            // next operation tries again) leaves them to be found again.
+            var held: [Int] = []
+            for slot in hidden.slots {
+                var free = slot
+                while free < slotCount && freeSlots[free] {
+                    freeSlots[free] = false
+                    held.append(free)
+                    free += 1
+                }
+            }
+            defer { for slot in held { freeSlots[slot] = true } }
             _ = try write(&batch, policy: .evict, now: now)
         }
     }
@@ -376,7 +390,9 @@ extension BucketState {
                 guard low + RegionHeader.size + RecordHeader.size <= high else { continue }
                 let bytes = UnsafeRawBufferPointer(rebasing: file[low..<high])
                 let before = (count: index.count, slots: index.slots)  // the slots copied only if one is dropped
-                _ = Self.forEachRecord(inRegion: bytes, firstSequence: 0, stop: regionSize, context: context) { event in
+                // Up to the next slot's first 64 bytes: its own scan starts after them (a record there is
+                // this run's, not a header).
+                _ = Self.forEachRecord(inRegion: bytes, firstSequence: 0, stop: regionSize + RegionHeader.size, context: context) { event in
                     switch event {
                     case .record(let offset, let header), .brokenValue(let offset, let header):
                         maximumSequence = max(maximumSequence, header.sequence)
