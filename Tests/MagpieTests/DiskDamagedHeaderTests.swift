@@ -9,43 +9,30 @@ import Testing
 // (from an independent review's probes).
 @Suite("DiskTier: a damaged region header")
 struct DiskDamagedHeaderTests {
-    static func makeFile(seed: UInt64, regionSize: Int, fullNewest: Bool) -> [UInt8] {
-        let hasher = KeyHash(seed: seed)
-        func record(_ kind: RecordKind, key: String, value: [UInt8], sequence: UInt64) -> [UInt8] {
-            let keyBytes = Array(key.utf8)
-            let header = RecordHeader(
-                kind: kind, codec: .raw, keyLength: keyBytes.count, groupLength: 0, storedLength: value.count,
-                originalLength: value.count, expiry: 0, sequence: sequence, keyHash: hasher.hash(keyBytes))
-            return keyBytes.withUnsafeBytes { k in
-                [UInt8]().withUnsafeBytes { g in value.withUnsafeBytes { v in RecordHeader.makeRecord(header, key: k, group: g, payload: v) } }
-            }
-        }
-        func region(_ sequence: UInt64, first: UInt64, _ records: [[UInt8]], damage: Bool = false) -> [UInt8] {
-            var bytes = RegionHeader(bucketIndex: 0, slots: 1, sequence: sequence, firstRecordSequence: first).encoded(hasher: hasher)
-            if damage { bytes[44] ^= 1 }
-            for record in records { bytes += record }
-            return bytes + [UInt8](repeating: 0, count: regionSize - bytes.count)
-        }
-        var file = BucketFileHeader(bucketIndex: 0, bucketCount: 1, seed: seed, regionSize: regionSize).encoded()
-        file += region(1, first: 1, [record(.value, key: "a", value: [1], sequence: 1), record(.value, key: "b", value: [2], sequence: 2)])
-        file += region(2, first: 3, [record(.tombstone, key: "b", value: [], sequence: 3)], damage: true)
-        let big = fullNewest ? regionSize - 64 - 8 - 65 : 10
-        file += region(3, first: 4, [record(.value, key: "h", value: [UInt8](repeating: 7, count: big), sequence: 4)])
+    /// Region 1: a, b. Region 2, its header damaged: b's tombstone. Region 3: h, filling it (`fullNewest`,
+    /// so that the covering tombstone needs a new region: the damaged slot is the only free one) or not.
+    static func file(fullNewest: Bool) -> HandMadeBucketFile {
+        var file = HandMadeBucketFile(seed: 0x5EED)
+        file.appendRegion(1, first: 1, [file.record(.value, key: "a", value: [1], sequence: 1), file.record(.value, key: "b", value: [2], sequence: 2)])
+        file.appendRegion(2, first: 3, [file.record(.tombstone, key: "b", sequence: 3)]) { $0[44] ^= 1 }
+        let big = fullNewest ? HandMadeBucketFile.regionSize - 64 - 8 - 65 : 10
+        file.appendRegion(3, first: 4, [file.record(.value, key: "h", value: [UInt8](repeating: 7, count: big), sequence: 4)])
         return file
+    }
+
+    /// `file` installed in `directory`; the configuration to open it with (its buckets loaded on first use
+    /// only) and the bucket file's path.
+    static func install(_ file: HandMadeBucketFile, in directory: TemporaryDirectory) throws -> (DiskTier.Configuration, bucket: String) {
+        var configuration = DiskTier.Configuration(directory: directory.path, budget: 1 << 20, bucketCount: 1, hashSeed: file.hasher.seed)
+        configuration.loadsInBackground = false
+        return (configuration, try file.install(in: directory.path))
     }
 
     @Test("covering tombstones whose write fails leave what the damaged header hid to be found again: the retry drops it too")
     func coveringWriteFails() throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
-        let seed: UInt64 = 0x5EED
-        var configuration = DiskTier.Configuration(directory: directory.path, budget: 1 << 20, bucketCount: 1, hashSeed: seed)
-        configuration.loadsInBackground = false
-        _ = try DiskTier(configuration).close()
-        let bucket = directory.path + "/buckets/" + DiskTier.bucketName(0, count: 1)
-        try? FileManager.default.removeItem(atPath: bucket + ".index")
-        try? FileManager.default.removeItem(atPath: directory.path + "/buckets/SIZES")
-        try Data(Self.makeFile(seed: seed, regionSize: 4096, fullNewest: true)).write(to: URL(fileURLWithPath: bucket))
+        let (configuration, bucket) = try Self.install(Self.file(fullNewest: true), in: directory)
         let tier = try DiskTier(configuration)
         let count = Atomic<Int>(0)
         FileIOFaults.set(under: directory.path) { call, path in
@@ -65,14 +52,7 @@ struct DiskDamagedHeaderTests {
         // Crash after the new region's header is written into the hidden slot, before its records.
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
-        let seed: UInt64 = 0x5EED
-        var configuration = DiskTier.Configuration(directory: directory.path, budget: 1 << 20, bucketCount: 1, hashSeed: seed)
-        configuration.loadsInBackground = false
-        _ = try DiskTier(configuration).close()
-        let bucket = directory.path + "/buckets/" + DiskTier.bucketName(0, count: 1)
-        try? FileManager.default.removeItem(atPath: bucket + ".index")
-        try? FileManager.default.removeItem(atPath: directory.path + "/buckets/SIZES")
-        try Data(Self.makeFile(seed: seed, regionSize: 4096, fullNewest: true)).write(to: URL(fileURLWithPath: bucket))
+        let (configuration, bucket) = try Self.install(Self.file(fullNewest: true), in: directory)
         let tier = try DiskTier(configuration)
         let count = Atomic<Int>(0)
         // Record the file after the first pwrite (the region header) as the crash image.
@@ -86,10 +66,7 @@ struct DiskDamagedHeaderTests {
         #expect(try tier.value(forKey: "b") == nil)
         FileIOFaults.set(under: directory.path, nil)
         try tier.close()
-        let crash = image.withLock { $0 }!
-        try Data(crash).write(to: URL(fileURLWithPath: bucket))
-        try? FileManager.default.removeItem(atPath: bucket + ".index")
-        try? FileManager.default.removeItem(atPath: directory.path + "/buckets/SIZES")
+        try HandMadeBucketFile.install(image.withLock { $0 }!, at: bucket)
         let again = try DiskTier(configuration)
         let b = try again.value(forKey: "b")
         #expect(b == nil, "a removed value came back")
@@ -100,14 +77,7 @@ struct DiskDamagedHeaderTests {
     func coveringWriteInNewest() throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
-        let seed: UInt64 = 0x5EED
-        var configuration = DiskTier.Configuration(directory: directory.path, budget: 1 << 20, bucketCount: 1, hashSeed: seed)
-        configuration.loadsInBackground = false
-        _ = try DiskTier(configuration).close()
-        let bucket = directory.path + "/buckets/" + DiskTier.bucketName(0, count: 1)
-        try? FileManager.default.removeItem(atPath: bucket + ".index")
-        try? FileManager.default.removeItem(atPath: directory.path + "/buckets/SIZES")
-        try Data(Self.makeFile(seed: seed, regionSize: 4096, fullNewest: false)).write(to: URL(fileURLWithPath: bucket))
+        let (configuration, _) = try Self.install(Self.file(fullNewest: false), in: directory)
         let tier = try DiskTier(configuration)
         let b = try tier.value(forKey: "b")
         #expect(b == nil)
@@ -118,37 +88,13 @@ struct DiskDamagedHeaderTests {
     func damagedJumboSecondSlot() throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
-        let seed: UInt64 = 0x5EED
-        let regionSize = 4096
-        var configuration = DiskTier.Configuration(directory: directory.path, budget: 1 << 20, bucketCount: 1, hashSeed: seed)
-        configuration.loadsInBackground = false
-        _ = try DiskTier(configuration).close()
-        let bucket = directory.path + "/buckets/" + DiskTier.bucketName(0, count: 1)
-        try? FileManager.default.removeItem(atPath: bucket + ".index")
-        try? FileManager.default.removeItem(atPath: directory.path + "/buckets/SIZES")
-        let hasher = KeyHash(seed: seed)
-        func record(_ kind: RecordKind, key: String, value: [UInt8], sequence: UInt64) -> [UInt8] {
-            let keyBytes = Array(key.utf8)
-            let header = RecordHeader(
-                kind: kind, codec: .raw, keyLength: keyBytes.count, groupLength: 0, storedLength: value.count,
-                originalLength: value.count, expiry: 0, sequence: sequence, keyHash: hasher.hash(keyBytes))
-            return keyBytes.withUnsafeBytes { k in
-                [UInt8]().withUnsafeBytes { g in value.withUnsafeBytes { v in RecordHeader.makeRecord(header, key: k, group: g, payload: v) } }
-            }
-        }
-        func region(_ sequence: UInt64, first: UInt64, slots: Int, _ records: [[UInt8]], damage: Bool = false) -> [UInt8] {
-            var bytes = RegionHeader(bucketIndex: 0, slots: slots, sequence: sequence, firstRecordSequence: first).encoded(hasher: hasher)
-            if damage { bytes[44] ^= 1 }
-            for record in records { bytes += record }
-            return bytes + [UInt8](repeating: 0, count: slots * regionSize - bytes.count)
-        }
-        var file = BucketFileHeader(bucketIndex: 0, bucketCount: 1, seed: seed, regionSize: regionSize).encoded()
-        file += region(1, first: 1, slots: 1, [record(.value, key: "a", value: [1], sequence: 1), record(.value, key: "b", value: [2], sequence: 2)])
-        let big = record(.value, key: "x", value: [UInt8](repeating: 9, count: 3983), sequence: 3)
+        var file = HandMadeBucketFile(seed: 0x5EED)
+        file.appendRegion(1, first: 1, [file.record(.value, key: "a", value: [1], sequence: 1), file.record(.value, key: "b", value: [2], sequence: 2)])
+        let big = file.record(.value, key: "x", value: [UInt8](repeating: 9, count: 3983), sequence: 3)
         #expect(big.count == 4048)
-        file += region(2, first: 3, slots: 2, [big, record(.tombstone, key: "b", value: [], sequence: 4)], damage: true)
-        file += region(3, first: 5, slots: 1, [record(.value, key: "h", value: [5], sequence: 5)])
-        try Data(file).write(to: URL(fileURLWithPath: bucket))
+        file.appendRegion(2, first: 3, slots: 2, [big, file.record(.tombstone, key: "b", sequence: 4)]) { $0[44] ^= 1 }
+        file.appendRegion(3, first: 5, [file.record(.value, key: "h", value: [5], sequence: 5)])
+        let (configuration, _) = try Self.install(file, in: directory)
         let tier = try DiskTier(configuration)
         let b = try tier.value(forKey: "b")
         #expect(b == nil, "a removed value came back")

@@ -21,6 +21,17 @@ private func oneBucket(_ directory: TemporaryDirectory, threshold: Int = 5) thro
     return try DiskTier(configuration)
 }
 
+/// A tier of two buckets, 64 KiB, values stored raw, every store written before it returns; with the
+/// keys (`keyBytes(i)`) of each bucket among the first 10,000.
+private func twoBuckets(_ directory: TemporaryDirectory) -> (DiskTier.Configuration, first: [Int], second: [Int]) {
+    var configuration = DiskTier.Configuration(directory: directory.path, budget: 64 << 10, bucketCount: 2, compressionLevel: nil, hashSeed: 3)
+    configuration.writeBufferSize = 0
+    let hasher = KeyHash(seed: 3)
+    let first = (0..<10_000).filter { DiskTier.bucket(of: hasher.hash(keyBytes($0)), count: 2) == 0 }
+    let second = (0..<10_000).filter { DiskTier.bucket(of: hasher.hash(keyBytes($0)), count: 2) == 1 }
+    return (configuration, first, second)
+}
+
 /// Whether `tier` holds key `i`, without counting a read.
 private func holds(_ tier: DiskTier, _ i: Int) throws -> Bool {
     try keyBytes(i).withUnsafeBytes { raw throws(MagpieError) in try tier.contains(HashedKey(raw, hasher: tier.hasher)) }
@@ -229,34 +240,15 @@ struct DiskRegionTests {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
         let seed: UInt64 = 0x5EED
-        let hasher = KeyHash(seed: seed)
-        _ = try DiskTier(.init(directory: directory.path, budget: 1 << 20, bucketCount: 1, hashSeed: seed)).close()
-        let regionSize = 4096
-        var file = BucketFileHeader(bucketIndex: 0, bucketCount: 1, seed: seed, regionSize: regionSize).encoded()
-        func record(_ kind: RecordKind, key: String, value: [UInt8], sequence: UInt64, cover: Int64 = 0) -> [UInt8] {
-            let keyBytes = Array(key.utf8)
-            let header = RecordHeader(
-                kind: kind, codec: .raw, keyLength: keyBytes.count, groupLength: 0, storedLength: value.count,
-                originalLength: value.count, expiry: cover, sequence: sequence, keyHash: hasher.hash(keyBytes))
-            return keyBytes.withUnsafeBytes { k in
-                value.withUnsafeBytes { v in RecordHeader.makeRecord(header, key: k, group: UnsafeRawBufferPointer(start: nil, count: 0), payload: v) }
-            }
-        }
-        func region(_ sequence: UInt64, first: UInt64, _ records: [[UInt8]]) -> [UInt8] {
-            var bytes = RegionHeader(bucketIndex: 0, slots: 1, sequence: sequence, firstRecordSequence: first).encoded(hasher: hasher)
-            for record in records { bytes += record }
-            return bytes + [UInt8](repeating: 0, count: regionSize - bytes.count)
-        }
+        var file = HandMadeBucketFile(seed: seed)
         // Region 1: a@1, b@2. Region 2: a@5 (newer), then a tombstone carried forward from an older region,
         // covering sequences below 3 (so not a@5), then b's tombstone covering below 7 (so b@2 goes).
-        file += region(1, first: 1, [record(.value, key: "a", value: [1], sequence: 1), record(.value, key: "b", value: [2], sequence: 2)])
-        file += region(2, first: 5, [
-            record(.value, key: "a", value: [5], sequence: 5), record(.tombstone, key: "a", value: [], sequence: 6, cover: 3),
-            record(.tombstone, key: "b", value: [], sequence: 7),
+        file.appendRegion(1, first: 1, [file.record(.value, key: "a", value: [1], sequence: 1), file.record(.value, key: "b", value: [2], sequence: 2)])
+        file.appendRegion(2, first: 5, [
+            file.record(.value, key: "a", value: [5], sequence: 5), file.record(.tombstone, key: "a", sequence: 6, cover: 3),
+            file.record(.tombstone, key: "b", sequence: 7),
         ])
-        let bucket = directory.path + "/buckets/" + DiskTier.bucketName(0, count: 1)
-        try Data(file).write(to: URL(fileURLWithPath: bucket))
-        for name in [bucket + ".index", directory.path + "/buckets/SIZES"] { try? FileManager.default.removeItem(atPath: name) }
+        try file.install(in: directory.path)
         let tier = try DiskTier(.init(directory: directory.path, budget: 1 << 20, bucketCount: 1, hashSeed: seed))
         #expect(try tier.value(forKey: "a") == [5], "a carried tombstone removed a value written after the one it covers")
         #expect(try tier.value(forKey: "b") == nil, "a tombstone did not remove the value it covers")
@@ -269,47 +261,26 @@ struct DiskRegionTests {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
         let seed: UInt64 = 0x5EED
-        let hasher = KeyHash(seed: seed)
-        _ = try DiskTier(.init(directory: directory.path, budget: 1 << 20, bucketCount: 1, hashSeed: seed)).close()
-        let regionSize = 4096
-        func record(_ kind: RecordKind, key: String, value: [UInt8], sequence: UInt64, cover: Int64 = 0, group: String = "") -> [UInt8] {
-            let keyBytes = kind == .groupTombstone ? [] : Array(key.utf8)
-            let groupBytes = Array(group.utf8)
-            let header = RecordHeader(
-                kind: kind, codec: .raw, keyLength: keyBytes.count, groupLength: groupBytes.count, storedLength: value.count,
-                originalLength: value.count, expiry: cover, sequence: sequence, keyHash: kind == .groupTombstone ? 0 : hasher.hash(keyBytes))
-            return keyBytes.withUnsafeBytes { k in
-                groupBytes.withUnsafeBytes { g in value.withUnsafeBytes { v in RecordHeader.makeRecord(header, key: k, group: g, payload: v) } }
-            }
-        }
-        func region(_ sequence: UInt64, first: UInt64, _ records: [[UInt8]], header: (inout [UInt8]) -> Void = { _ in }) -> [UInt8] {
-            var bytes = RegionHeader(bucketIndex: 0, slots: 1, sequence: sequence, firstRecordSequence: first).encoded(hasher: hasher)
-            header(&bytes)
-            for record in records { bytes += record }
-            return bytes + [UInt8](repeating: 0, count: regionSize - bytes.count)
-        }
+        let regionSize = HandMadeBucketFile.regionSize
         // Region 1: a, b, c, d (g's member), e (g's member). Region 2, its header damaged: b's tombstone, a
         // newer c, the group tombstone of g, f. Region 3, intact: h.
-        var file = BucketFileHeader(bucketIndex: 0, bucketCount: 1, seed: seed, regionSize: regionSize).encoded()
-        file += region(1, first: 1, [
-            record(.value, key: "a", value: [1], sequence: 1), record(.value, key: "b", value: [2], sequence: 2),
-            record(.value, key: "c", value: [3], sequence: 3), record(.value, key: "d", value: [4], sequence: 4, group: "g"),
-            record(.value, key: "e", value: [5], sequence: 5, group: "g"),
+        var file = HandMadeBucketFile(seed: seed)
+        file.appendRegion(1, first: 1, [
+            file.record(.value, key: "a", value: [1], sequence: 1), file.record(.value, key: "b", value: [2], sequence: 2),
+            file.record(.value, key: "c", value: [3], sequence: 3), file.record(.value, key: "d", value: [4], sequence: 4, group: "g"),
+            file.record(.value, key: "e", value: [5], sequence: 5, group: "g"),
         ])
-        let damaged = region(2, first: 6, [
-            record(.tombstone, key: "b", value: [], sequence: 6), record(.value, key: "c", value: [7], sequence: 7),
-            record(.groupTombstone, key: "", value: [], sequence: 8, group: "g"), record(.value, key: "f", value: [9], sequence: 9),
+        let damaged = file.appendRegion(2, first: 6, [
+            file.record(.tombstone, key: "b", sequence: 6), file.record(.value, key: "c", value: [7], sequence: 7),
+            file.record(.groupTombstone, key: "", sequence: 8, group: "g"), file.record(.value, key: "f", value: [9], sequence: 9),
         ]) { $0[44] ^= 1 }  // a reserved byte: the header's checksum fails
-        file += damaged
-        file += region(3, first: 10, [record(.value, key: "h", value: [10], sequence: 10)])
-        let bucket = directory.path + "/buckets/" + DiskTier.bucketName(0, count: 1)
+        file.appendRegion(3, first: 10, [file.record(.value, key: "h", value: [10], sequence: 10)])
+        let bucket = try file.install(in: directory.path)
         func reopen(_ check: (DiskTier) throws -> Void) throws {
-            for name in [bucket + ".index", directory.path + "/buckets/SIZES"] { try? FileManager.default.removeItem(atPath: name) }
             let tier = try DiskTier(.init(directory: directory.path, budget: 1 << 20, bucketCount: 1, hashSeed: seed))
             try check(tier)
             try tier.close()
         }
-        try Data(file).write(to: URL(fileURLWithPath: bucket))
         try reopen { (tier: DiskTier) throws in
             #expect(try tier.value(forKey: "a") == [1])
             #expect(try tier.value(forKey: "b") == nil, "a removed value came back: its tombstone's region header was damaged")
@@ -327,7 +298,7 @@ struct DiskRegionTests {
         let hiddenSlot = BucketFileHeader.size + regionSize
         #expect(image[hiddenSlot + 64..<hiddenSlot + 128] == damaged[64..<128][...], "the test's layout changed")
         image.replaceSubrange(hiddenSlot..<(hiddenSlot + regionSize), with: [UInt8](repeating: 0, count: regionSize))
-        try Data(image).write(to: URL(fileURLWithPath: bucket))
+        try HandMadeBucketFile.install(image, at: bucket)
         try reopen { (tier: DiskTier) throws in
             #expect(try tier.value(forKey: "a") == [1])
             #expect(try tier.value(forKey: "b") == nil)
@@ -339,18 +310,18 @@ struct DiskRegionTests {
 
         // The same records in a slot the tier freed (its header zeroed), carried forward as an evacuation does:
         // nothing is dropped, nothing counted.
-        file = BucketFileHeader(bucketIndex: 0, bucketCount: 1, seed: seed, regionSize: regionSize).encoded()
-        file += region(1, first: 1, [
-            record(.value, key: "a", value: [1], sequence: 1), record(.value, key: "b", value: [2], sequence: 2),
-            record(.value, key: "c", value: [3], sequence: 3),
+        var freed = HandMadeBucketFile(seed: seed)
+        freed.appendRegion(1, first: 1, [
+            freed.record(.value, key: "a", value: [1], sequence: 1), freed.record(.value, key: "b", value: [2], sequence: 2),
+            freed.record(.value, key: "c", value: [3], sequence: 3),
         ])
-        file += region(2, first: 6, [record(.tombstone, key: "b", value: [], sequence: 6), record(.value, key: "c", value: [7], sequence: 7)]) {
+        freed.appendRegion(2, first: 6, [freed.record(.tombstone, key: "b", sequence: 6), freed.record(.value, key: "c", value: [7], sequence: 7)]) {
             for i in 0..<64 { $0[i] = 0 }
         }
-        file += region(3, first: 10, [
-            record(.tombstone, key: "b", value: [], sequence: 10, cover: 6), record(.value, key: "c", value: [7], sequence: 11),
+        freed.appendRegion(3, first: 10, [
+            freed.record(.tombstone, key: "b", sequence: 10, cover: 6), freed.record(.value, key: "c", value: [7], sequence: 11),
         ])
-        try Data(file).write(to: URL(fileURLWithPath: bucket))
+        try freed.install(in: directory.path)
         try reopen { (tier: DiskTier) throws in
             #expect(try tier.value(forKey: "a") == [1])
             #expect(try tier.value(forKey: "b") == nil)
@@ -363,11 +334,7 @@ struct DiskRegionTests {
     func lendCarriesTombstones() throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
-        var configuration = DiskTier.Configuration(directory: directory.path, budget: 64 << 10, bucketCount: 2, compressionLevel: nil, hashSeed: 3)
-        configuration.writeBufferSize = 0
-        let hasher = KeyHash(seed: 3)
-        let first = (0..<10_000).filter { DiskTier.bucket(of: hasher.hash(keyBytes($0)), count: 2) == 0 }
-        let second = (0..<10_000).filter { DiskTier.bucket(of: hasher.hash(keyBytes($0)), count: 2) == 1 }
+        let (configuration, first, second) = twoBuckets(directory)
         let tier = try DiskTier(configuration)
         // Bucket 0 fills its share, then removes half its keys: the tombstones land in its newest regions.
         var stored: [Int] = []
@@ -404,11 +371,7 @@ struct DiskRegionTests {
     func noSnapshotOverUnindexedRecords() throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
-        var configuration = DiskTier.Configuration(directory: directory.path, budget: 64 << 10, bucketCount: 2, compressionLevel: nil, hashSeed: 3)
-        configuration.writeBufferSize = 0
-        let hasher = KeyHash(seed: 3)
-        let first = (0..<10_000).filter { DiskTier.bucket(of: hasher.hash(keyBytes($0)), count: 2) == 0 }
-        let second = (0..<10_000).filter { DiskTier.bucket(of: hasher.hash(keyBytes($0)), count: 2) == 1 }
+        let (configuration, first, second) = twoBuckets(directory)
         let tier = try DiskTier(configuration)
         // Bucket 0 holds about 27 KiB (its share is 32), so that the tier has room for snapshots at the close.
         for key in first.prefix(90) { try tier.set(random(300, seed: UInt64(key)), forKey: keyBytes(key)) }

@@ -24,20 +24,9 @@ import Glibc
 //    recovered so far is dropped (counted in `droppedForDamage`): damage costs misses, never a removed or
 //    replaced value brought back. Such a region is left to be reclaimed in turn (emptying it out of turn
 //    would drop the tombstones the damage hides).
+
 //
-// Free slots. A slot whose first bytes are no valid region header is free, but may still hold records:
-// those of a region reclaimed or emptied (its header zeroed), the tail of a jumbo record, or those of a
-// region whose header was damaged. Every record found there (each free slot scanned from its start) counts
-// toward the sequence numbers (a region opened there later must start above them), and is checked against
-// what the regions recovered: a value drops a recovered record of its key older than itself; a tombstone
-// or group tombstone, what its cover removes. For a slot the tier freed this drops nothing: regions are
-// reclaimed oldest first; one emptied out of turn carries its tombstones forward, and its live entries are
-// copied (newer) or evicted; an overwrite's tombstone covers the older value wherever it lies. What it does
-// drop is what a region with a damaged header would have removed or replaced: counted (a corrupt record
-// per such slot; the entries dropped in `droppedForDamage`), and made to last by a tombstone per dropped
-// record, written before the bucket serves anything (the slot may be reused, and its records gone, before
-// the older regions are). A damaged header over records that are damaged too hides them for good: two
-// faults in one place, not guarded against.
+// Free slots: Bucket+FreeSlots.swift.
 extension BucketState {
     /// Opens (creating if needed) the bucket file, and nothing more: its index is loaded by
     /// ``loadIfNeeded()`` (at the bucket's first use, or by the tier's loader thread), so that opening a
@@ -238,8 +227,8 @@ extension BucketState {
             maximumSequence = max(maximumSequence, newest.firstRecordSequence &- 1)
             nextRegionSequence = newest.sequence &+ 1
         }
-        // What free slots still hold ("Free slots" at the top of this file): counted toward the sequence
-        // numbers, and checked against what the regions recovered.
+        // What free slots still hold (Bucket+FreeSlots.swift): counted toward the sequence numbers, and
+        // checked against what the regions recovered.
         let hidden = bytes.withUnsafeBytes { file in checkFreeSlots(file, groups: &groups, now: now) }
         // Leftover headers outside every region (overlapped by a newer one): zeroed, so that they stay
         // free slots' headers (a leftover inside a region's bytes is that region's data, and stays).
@@ -249,33 +238,7 @@ extension BucketState {
             let zeros = [UInt8](repeating: 0, count: RegionHeader.size)
             for slot in leftovers { try FileIO.write(fd, zeros, at: BucketFileHeader.size + slot * regionSize, path: context.path) }
         }
-        if !hidden.slots.isEmpty {
-            // What a damaged header hid is made to last: a tombstone per record dropped, covering it and
-            // nothing newer, written before the bucket serves anything (else a later scan, once the free
-            // slot is reused, would find the dropped records again). Counted once: with the tombstones
-            // in, the next scan drops nothing.
-            counters.corruptRecords += UInt64(hidden.slots.count)
-            counters.droppedForDamage += UInt64(hidden.dropped.count)
-            var batch = WriteBatch()
-            for record in hidden.dropped {
-                record.key.withUnsafeBytes { key in Self.appendTombstone(for: key, hash: record.hash, covering: record.sequence &+ 1, to: &batch) }
-            }
-            // Not into the slots whose records did the dropping (nor the free ones after them, which their
-            // records may run into): a region opened there would hide them from a scan before its
-            // tombstones are written. Until the write is done, a crash or a failure (the load fails; the
-            // next operation tries again) leaves them to be found again.
-            var held: [Int] = []
-            for slot in hidden.slots {
-                var free = slot
-                while free < slotCount && freeSlots[free] {
-                    freeSlots[free] = false
-                    held.append(free)
-                    free += 1
-                }
-            }
-            defer { for slot in held { freeSlots[slot] = true } }
-            _ = try write(&batch, policy: .evict, now: now)
-        }
+        if !hidden.slots.isEmpty { try makeLast(hidden, now: now) }
     }
 
     /// Fills `regions` (oldest first) and `freeSlots` from the region headers in `file`; returns the slots
@@ -367,61 +330,6 @@ extension BucketState {
         return (end, torn)
     }
 
-    /// Free slots ("Free slots" at the top of this file): each one's records, from its start (a record
-    /// starting in it is read whole, into the free slots after it), count toward `maximumSequence` and are
-    /// checked against what the regions recovered. Returns the slots whose records dropped recovered
-    /// entries, and the records they dropped (key, key hash, sequence number).
-    private mutating func checkFreeSlots(
-        _ file: UnsafeRawBufferPointer, groups: inout [[UInt8]: [UInt32]], now: Int64
-    ) -> (slots: [Int], dropped: [(key: [UInt8], hash: UInt64, sequence: UInt64)]) {
-        var hidden: [Int] = []
-        var dropped: [(key: [UInt8], hash: UInt64, sequence: UInt64)] = []
-        var slot = 0
-        while slot < slotCount {
-            guard freeSlots[slot] else {
-                slot += 1
-                continue
-            }
-            var end = slot + 1
-            while end < slotCount && freeSlots[end] { end += 1 }
-            let high = min(file.count, BucketFileHeader.size + end * regionSize)
-            for free in slot..<end {
-                let low = BucketFileHeader.size + free * regionSize
-                guard low + RegionHeader.size + RecordHeader.size <= high else { continue }
-                let bytes = UnsafeRawBufferPointer(rebasing: file[low..<high])
-                let before = (count: index.count, slots: index.slots)  // the slots copied only if one is dropped
-                // Up to the next slot's first 64 bytes: its own scan starts after them (a record there is
-                // this run's, not a header).
-                _ = Self.forEachRecord(inRegion: bytes, firstSequence: 0, stop: regionSize + RegionHeader.size, context: context) { event in
-                    switch event {
-                    case .record(let offset, let header), .brokenValue(let offset, let header):
-                        maximumSequence = max(maximumSequence, header.sequence)
-                        let record = UnsafeRawBufferPointer(rebasing: bytes[offset..<(offset + header.recordLength)])
-                        if header.kind == .value {
-                            // Whatever became of this value, an older record of its key is outdated by it.
-                            let key = UnsafeRawBufferPointer(rebasing: record[header.keyOffset..<header.groupOffset])
-                            removeRecovered(keyHash: header.keyHash, key: key, below: header.sequence, file: file)
-                        } else {
-                            apply(header, record, at: low + offset, groups: &groups, file: file, now: now)
-                        }
-                    case .unknownDamage:
-                        break
-                    }
-                }
-                guard index.count < before.count else { continue }
-                hidden.append(free)
-                let kept = Set(index.slots.lazy.filter { !$0.isEmpty }.map(\.offset))
-                for slot in before.slots where !slot.isEmpty && !kept.contains(slot.offset) {
-                    let record = UnsafeRawBufferPointer(rebasing: file[slot.offset...])
-                    guard let header = RecordHeader.decode(record) else { continue }
-                    dropped.append((Array(record[header.keyOffset..<header.groupOffset]), header.keyHash, header.sequence))
-                }
-            }
-            slot = end
-        }
-        return (hidden, dropped)
-    }
-
     /// Whether the bucket file starts with this bucket's header; the header, nil if not.
     private func fileHeader() throws(MagpieError) -> BucketFileHeader? {
         let bytes = try readBytes(BucketFileHeader.size, at: 0)
@@ -443,7 +351,7 @@ extension BucketState {
         UInt64(littleEndian: file.loadUnaligned(fromByteOffset: offset + 32, as: UInt64.self))
     }
 
-    private mutating func apply(
+    mutating func apply(
         _ header: RecordHeader, _ record: UnsafeRawBufferPointer, at offset: Int, groups: inout [[UInt8]: [UInt32]],
         file: UnsafeRawBufferPointer, now: Int64
     ) {
@@ -484,7 +392,7 @@ extension BucketState {
 
     /// Removes the recovered slot of `key` if its record's sequence number is below `cover`, comparing
     /// keys against the file in memory.
-    private mutating func removeRecovered(keyHash: UInt64, key: UnsafeRawBufferPointer, below cover: UInt64, file: UnsafeRawBufferPointer) {
+    mutating func removeRecovered(keyHash: UInt64, key: UnsafeRawBufferPointer, below cover: UInt64, file: UnsafeRawBufferPointer) {
         for position in index.positions(tag: DiskSlot.tag(of: keyHash)) {
             let slotRecord = UnsafeRawBufferPointer(rebasing: file[index[position].offset...])
             guard let header = RecordHeader.decode(slotRecord), header.keyLength == key.count else { continue }
