@@ -177,3 +177,25 @@ let package = Package(
     ],
     swiftLanguageModes: [.v6]
 )
+
+// CI's Address Sanitizer run builds a subset of this package, named by MAGPIE_CI_SUBSET (set through
+// scripts/ci-subset.sh by the Makefile's `asan` rule, never by users): the suites it runs use neither
+// SwiftNIO nor the benchmarks, and building the full graph again under its flags (BoringSSL's 406 C files
+// among them) took 440 s on 2 cores, against 144 s for this subset.
+//   core   the library, its fuzz targets and the MagpieTests target
+switch Context.environment["MAGPIE_CI_SUBSET"] {
+case "core":
+    let kept: Set<String> = [
+        "CXXHash", "CZstd", "CMagpieGuard", "CFuzzerDriver", "Magpie", "MagpieFuzzTargets", "MagpieFuzz",
+        "MagpieTestSupport", "MagpieTests",
+    ]
+    package.targets.removeAll { !kept.contains($0.name) }
+    package.products.removeAll { !["Magpie", "magpie-fuzz"].contains($0.name) }
+    package.dependencies.removeAll { dependency in
+        !["swift-log", "swift-metrics", "swift-service-lifecycle"].contains { dependency.url?.hasSuffix($0) == true }
+    }
+case nil, "":
+    break
+case let subset?:
+    fatalError("MAGPIE_CI_SUBSET=\(subset): the only subset is core")
+}

@@ -13,7 +13,8 @@
 # with half the connections; throughput and origin calls are summed, latencies are the worse process's.
 #
 # Environment (defaults): DURATION (10), FAIL (10), CONNECTIONS (64), THREADS (2), KEYS (1000),
-# ORIGIN_MS (20), FRESH (5), MODES (every mode), CONFIGURATION (release), OUT (bench-results/service).
+# ORIGIN_MS (20), FRESH (5), MODES (every mode), CONFIGURATION (release), OUT (bench-results/service),
+# SCRATCH (.build-example: the example's build directory; `make service-check` shares .build).
 # --smoke: 2 s phases, the modes none, hummingbird-memory and magpie-memory, debug build, and checks:
 # exits non-zero when a cached mode returned errors while the origin failed, when the uncached one did
 # not, or when the service logged more than 5 lines in a failing phase.
@@ -43,9 +44,9 @@ for tool in wrk curl python3; do
   command -v $tool >/dev/null || { echo "error: $tool is missing (make bench-service installs it)"; exit 1; }
 done
 
-scratch=.build-example
+scratch=${SCRATCH:-.build-example}
 swift build -c "$CONFIGURATION" --package-path Examples/HummingbirdService --scratch-path "$scratch" --product magpie-example
-bin="$root/$scratch/$CONFIGURATION/magpie-example"
+bin="$(cd "$scratch" && pwd)/$CONFIGURATION/magpie-example"
 mkdir -p "$OUT"
 rm -f "$OUT"/*.log "$OUT"/*-stats.json "$OUT"/service.md
 work=$(mktemp -d -t magpie-service.XXXXXX)
