@@ -1,7 +1,6 @@
 import Logging
 import NIOCore
 import NIOPosix
-import NIOSSL
 
 /// Anything that sends commands: a ``RedisClient`` (one node) or a ``RedisClusterClient``.
 public protocol RedisCommandSender: Sendable {
@@ -33,7 +32,7 @@ public final class RedisClient: RedisCommandSender {
     let pool: RedisNodePool
     let counters = RedisCounters()
     let group: any EventLoopGroup
-    let sslContext: NIOSSLContext?
+    let sslContext: TLSContext?
     let logger: Logger
 
     /// A client of `configuration.endpoints[0]`. Connections open in the background; the first command

@@ -1,6 +1,8 @@
 import Glibc
 import NIOCore
+#if TLS
 import NIOSSL
+#endif
 
 /// How a ``RedisClient`` (or ``RedisClusterClient``) connects and behaves when the server misbehaves.
 ///
@@ -209,15 +211,29 @@ public struct RedisConfiguration: Sendable {
 }
 
 extension RedisConfiguration {
-    /// The TLS context for ``tls`` (nil without TLS); a bad TLS setting is ``RedisError/Code/invalidConfiguration``.
-    func makeSSLContext() throws(RedisError) -> NIOSSLContext? {
+    /// The TLS context for ``tls`` (nil without TLS); a bad TLS setting is ``RedisError/Code/invalidConfiguration``,
+    /// and so is any TLS setting when MagpieRedis was built without its `TLS` trait.
+    func makeSSLContext() throws(RedisError) -> TLSContext? {
+        #if TLS
         do {
             return try tls.map { try NIOSSLContext(configuration: $0.configuration) }
         } catch {
             throw RedisError(.invalidConfiguration, "TLS configuration: \(error)")
         }
+        #else
+        guard tls == nil else {
+            throw RedisError(
+                .invalidConfiguration,
+                "TLS was asked for (a rediss:// URL or a tls setting), but MagpieRedis was built without its TLS trait")
+        }
+        return nil
+        #endif
     }
 }
+
+#if TLS
+/// The context TLS connections share: swift-nio-ssl's.
+typealias TLSContext = NIOSSLContext
 
 /// TLS settings: certificate verification is on unless the configuration says otherwise.
 public struct RedisTLS: Sendable {
@@ -239,3 +255,19 @@ public struct RedisTLS: Sendable {
         return RedisTLS(configuration: configuration, serverHostname: serverHostname)
     }
 }
+#else
+/// Without the TLS trait there is no TLS context: this type has no values.
+enum TLSContext: Sendable {}
+
+/// TLS settings. MagpieRedis was built without its `TLS` trait (and so without swift-nio-ssl): a
+/// configuration that asks for TLS is refused with ``RedisError/Code/invalidConfiguration`` when a client
+/// is made from it, never connected in plain text.
+public struct RedisTLS: Sendable {
+    /// The name the server's certificate must carry (and the SNI sent).
+    public var serverHostname: String?
+
+    public init(serverHostname: String? = nil) {
+        self.serverHostname = serverHostname
+    }
+}
+#endif

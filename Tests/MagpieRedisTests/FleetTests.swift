@@ -470,6 +470,7 @@ struct FleetRestartTests {
     }
 }
 
+#if TLS
 @Suite("Fleet: TLS", .timeLimit(.minutes(1)))
 struct FleetTLSTests {
     @Test("TLS end to end: records, tracking and heartbeats over verified TLS")
@@ -495,6 +496,7 @@ struct FleetTLSTests {
         }
     }
 }
+#endif
 
 @Suite("Fleet: service lifecycle", .timeLimit(.minutes(1)))
 struct FleetServiceTests {

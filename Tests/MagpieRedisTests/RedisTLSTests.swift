@@ -1,3 +1,4 @@
+#if TLS  // the client's TLS (without the trait, RedisTLSTraitOffTests below)
 import MagpieTestSupport
 import NIOSSL
 import Testing
@@ -62,3 +63,27 @@ struct RedisTLSTests {
         }
     }
 }
+#else
+import MagpieRedis
+import Testing
+
+@Suite("TLS: built without the trait")
+struct RedisTLSTraitOffTests {
+    @Test("a rediss:// URL or a tls setting is refused when a client is made, never connected in plain text")
+    func refused() async throws {
+        let url = try RedisConfiguration(url: "rediss://127.0.0.1:6390")
+        #expect(url.tls != nil)
+        var setting = RedisConfiguration(endpoints: [RedisEndpoint(host: "127.0.0.1", port: 6390)])
+        setting.tls = RedisTLS(serverHostname: "cache.internal")
+        for configuration in [url, setting] {
+            let error = #expect(throws: RedisError.self) { try RedisClient(configuration) }
+            #expect(error?.code == .invalidConfiguration)
+            let clusterError = #expect(throws: RedisError.self) { try RedisClusterClient(configuration) }
+            #expect(clusterError?.code == .invalidConfiguration)
+        }
+        // Without TLS asked for, the same client is made.
+        let plain = try RedisClient(RedisConfiguration(endpoints: [RedisEndpoint(host: "127.0.0.1", port: 6390)]))
+        await plain.shutdown()
+    }
+}
+#endif

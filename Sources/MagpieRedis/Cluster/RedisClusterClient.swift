@@ -1,7 +1,6 @@
 import Logging
 import NIOCore
 import NIOPosix
-import NIOSSL
 import Synchronization
 
 /// A client of a Redis Cluster (or Valkey cluster): routes each command to the master that owns its key's
@@ -41,7 +40,7 @@ public final class RedisClusterClient: RedisCommandSender {
     /// The configuration the client was made with; its ``RedisConfiguration/endpoints`` are the seeds.
     public let configuration: RedisConfiguration
     let group: any EventLoopGroup
-    let sslContext: NIOSSLContext?
+    let sslContext: TLSContext?
     let logger: Logger
     let counters = RedisCounters()
     /// The slot map and the pools: read by every command.

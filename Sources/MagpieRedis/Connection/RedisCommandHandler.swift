@@ -1,5 +1,7 @@
 import NIOCore
+#if TLS
 import NIOSSL
+#endif
 import Synchronization
 
 /// Where a reply goes. Each command written has exactly one sink in the handler's FIFO, in write order.
@@ -325,8 +327,10 @@ final class RedisCommandHandler: ChannelInboundHandler {
             return error
         case let error as RESPProtocolError:
             return RedisError(.protocolViolation, "\(error)", endpoint: endpoint)
+        #if TLS
         case let error as NIOSSLError:
             return RedisError(.tlsFailure, "\(error)", endpoint: endpoint)
+        #endif
         default:
             let typeName = String(reflecting: type(of: error))
             if typeName.contains("SSL") {

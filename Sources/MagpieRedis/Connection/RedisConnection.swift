@@ -1,7 +1,9 @@
 import Logging
 import NIOCore
 import NIOPosix
+#if TLS
 import NIOSSL
+#endif
 import Synchronization
 
 /// One connection to one node, after its `HELLO 3` handshake: many commands in flight, replies in order.
@@ -164,7 +166,7 @@ public final class RedisConnection: Sendable {
     static func connect(
         to endpoint: RedisEndpoint,
         configuration: RedisConfiguration,
-        sslContext: NIOSSLContext?,
+        sslContext: TLSContext?,
         eventLoop: any EventLoop,
         logger: Logger,
         onPush: (@Sendable (RESPValue) -> Void)? = nil,
@@ -188,7 +190,11 @@ public final class RedisConnection: Sendable {
                 channel.eventLoop.makeCompletedFuture {
                     let sync = channel.pipeline.syncOperations
                     if let sslContext {
+                        #if TLS
                         try sync.addHandler(NIOSSLClientHandler(context: sslContext, serverHostname: sniHostname))
+                        #else
+                        switch sslContext {}  // no value exists without the TLS trait
+                        #endif
                     }
                     let handler = RedisCommandHandler(endpoint: endpoint, counters: counters, limits: limits)
                     slot.handler.withLock { $0 = NIOLoopBound(handler, eventLoop: channel.eventLoop) }

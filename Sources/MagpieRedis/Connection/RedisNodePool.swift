@@ -1,6 +1,5 @@
 import Logging
 import NIOCore
-import NIOSSL
 import Synchronization
 
 /// The connections to one node: multiplexed, grown on demand, health-checked, reconnected with backoff,
@@ -14,7 +13,7 @@ import Synchronization
 final class RedisNodePool: Sendable {
     let endpoint: RedisEndpoint
     let configuration: RedisConfiguration
-    private let sslContext: NIOSSLContext?
+    private let sslContext: TLSContext?
     private let group: any EventLoopGroup
     private let logger: Logger
     let metrics: RedisNodeMetrics
@@ -60,7 +59,7 @@ final class RedisNodePool: Sendable {
         var healthCheck: RepeatedTask?
     }
 
-    init(endpoint: RedisEndpoint, configuration: RedisConfiguration, sslContext: NIOSSLContext?,
+    init(endpoint: RedisEndpoint, configuration: RedisConfiguration, sslContext: TLSContext?,
          group: any EventLoopGroup, logger: Logger, counters: RedisCounters,
          onPush: (@Sendable (RESPValue) -> Void)? = nil) {
         self.endpoint = endpoint

@@ -1,6 +1,5 @@
 import Logging
 import NIOCore
-import NIOSSL
 import Synchronization
 /// A dedicated connection for push traffic: pub/sub (`SUBSCRIBE`, `SSUBSCRIBE`, `PSUBSCRIBE`) and
 /// `CLIENT TRACKING` invalidations, each delivered as an `AsyncStream`.
@@ -16,7 +15,7 @@ public final class RedisSubscriber: Sendable {
 
     private let endpoint: RedisEndpoint
     private let configuration: RedisConfiguration
-    private let sslContext: NIOSSLContext?
+    private let sslContext: TLSContext?
     private let group: any EventLoopGroup
     private let logger: Logger
     private let state = RedisLock(State())
@@ -72,7 +71,7 @@ public final class RedisSubscriber: Sendable {
         var reconnecting = false
     }
 
-    init(endpoint: RedisEndpoint, configuration: RedisConfiguration, sslContext: NIOSSLContext?,
+    init(endpoint: RedisEndpoint, configuration: RedisConfiguration, sslContext: TLSContext?,
          group: any EventLoopGroup, logger: Logger, bufferLimit: Int = 65_536) {
         self.endpoint = endpoint
         var configuration = configuration
