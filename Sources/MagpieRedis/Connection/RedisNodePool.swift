@@ -216,6 +216,9 @@ final class RedisNodePool: Sendable {
             throw error
         case .wait(let start):
             if start { startConnect(after: nil) }
+            // A waiter is resumed by the connecting task, on another thread, with a connection that task
+            // made: the hand-off is annotated for TSan as the handler's replies are (ThreadSanitizerHandOff).
+            defer { ThreadSanitizerHandOff.received() }
             return try await withCheckedThrowingContinuation { continuation in
                 let ready = state.withLock { state -> Result<RedisConnection, RedisError>? in
                     if !state.connections.isEmpty {
@@ -321,6 +324,7 @@ final class RedisNodePool: Sendable {
                 metrics.breakerOpen.record(0)
                 logger.notice("redis circuit breaker closed: the node answers again")
             }
+            ThreadSanitizerHandOff.published()
             for waiter in waiters { waiter.continuation.resume(returning: connection) }
         }
     }
@@ -338,6 +342,7 @@ final class RedisNodePool: Sendable {
         }
         if outcome.opened { breakerOpened(after: failure) }
         logger.debug("redis connect failed", metadata: ["error": "\(failure)"])
+        ThreadSanitizerHandOff.published()
         for waiter in outcome.waiters { waiter.continuation.resume(throwing: failure) }
         if let delay = outcome.retry { startConnect(after: delay) }
     }

@@ -9,6 +9,8 @@ import Glibc
 /// tsan` reported the reply's bytes as a race, now and then. The handler calls ``published()`` before it
 /// resumes anyone, the connection calls ``received()`` after its await returns: TSan's own release and
 /// acquire on one address, looked up at run time. Without TSan in the process both are a nil check.
+/// The node pool does the same for the connection it hands to callers that waited for one (seen: a
+/// connection's fields, written by the connecting task, reported as a race with the waiter's first send).
 enum ThreadSanitizerHandOff {
     private typealias Annotation = @convention(c) (UnsafeMutableRawPointer?) -> Void
 
