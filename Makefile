@@ -12,7 +12,7 @@ REDIS_APT_PACKAGES := redis-server redis-tools openssl
 # benchmark target, and so by its tests, never by the Magpie library.
 DISK_PEER_APT_PACKAGES := librocksdb-dev liblmdb-dev libsqlite3-dev
 
-.PHONY: deps peers bench test unit build docs tsan asan fuzz fuzz-build release-check format clean \
+.PHONY: deps peers bench test unit build docs tsan asan fuzz fuzz-build asan-and-fuzzer-builds release-check format clean \
 	example bench-service bench-persist service-check wrk
 
 # Each check installs what it misses on its own, so one set present never skips the other. Debian's
@@ -67,6 +67,7 @@ build: deps
 CI_FUZZ_SECONDS ?= 45
 test: unit
 	$(MAKE) --no-print-directory tsan
+	$(MAKE) --no-print-directory asan-and-fuzzer-builds
 	$(MAKE) --no-print-directory asan
 	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(CI_FUZZ_SECONDS)
 	$(MAKE) --no-print-directory release-check
@@ -101,20 +102,21 @@ unit: build
 # a TLS setting without the trait (RedisTLSTraitOffTests).
 TSAN_BUILD := --sanitize=thread --scratch-path .build-tsan --disable-default-traits
 tsan: deps
-	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan-suppressions.txt" swift test $(TSAN_BUILD) \
+	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan-suppressions.txt" scripts/keep-resolved.sh swift test $(TSAN_BUILD) \
 	  --filter "Cache|MemoryTierPropertyTests|MemoryBudgetTests|DiskTierConcurrencyTests|DiskLazyOpenTests|DiskSizesTests|DiskMemtableTests"
-	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan-suppressions.txt" swift test $(TSAN_BUILD) \
+	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan-suppressions.txt" scripts/keep-resolved.sh swift test $(TSAN_BUILD) \
 	  --filter MemoryLockFreeReadTests
-	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan-suppressions.txt" swift test $(TSAN_BUILD) \
+	TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan-suppressions.txt" scripts/keep-resolved.sh swift test $(TSAN_BUILD) \
 	  --no-parallel --filter "RedisClientTests|RedisSubmissionTests|RedisFaultTests|RedisSubscriberTests|RedisTLSTraitOffTests|RedisClusterTests|MagpieRedisTests\.Fleet"
 
 # The memory tier's lock-free reads, and the loaders' reads of entry metadata, under Address Sanitizer: a
 # block freed while a reader still copies it is a heap-use-after-free report here (LeakSanitizer is off:
 # the Swift runtime keeps some allocations for the process's life).
-# Built over the package's `core` subset (scripts/ci-subset.sh): these suites use neither SwiftNIO nor the
+# Built over the package's `core` subset (MAGPIE_CI_SUBSET=core, through scripts/keep-resolved.sh): these suites use neither SwiftNIO nor the
 # benchmarks, and building the full graph again under ASan took 440 s on 2 cores against 144 s.
+ASAN_BUILD := --sanitize=address --scratch-path .build-asan
 asan: deps
-	ASAN_OPTIONS="detect_leaks=0 halt_on_error=1" scripts/ci-subset.sh core swift test --sanitize=address --scratch-path .build-asan \
+	ASAN_OPTIONS="detect_leaks=0 halt_on_error=1" MAGPIE_CI_SUBSET=core scripts/keep-resolved.sh swift test $(ASAN_BUILD) \
 	  --filter "MemoryLockFreeReadTests|MemoryTierPropertyTests|MemoryBudgetTests|MemoryTierExpiryGroupTests|CacheLoaderTests"
 
 # DocC: builds the symbol graph and the catalog, failing on any warning (undocumented parameter,
@@ -145,8 +147,22 @@ FUZZ_SECONDS ?= 60
 FUZZ_JOBS ?= 2
 FUZZ_FLAGS ?= -max_total_time=$(FUZZ_SECONDS)
 FUZZ_WORK := $(shell [ -w /dev/shm ] && echo /dev/shm/magpie-fuzz-$$$$ || echo $(CURDIR)/.build-fuzz/work)
+FUZZ_BUILD := --scratch-path .build-fuzz -c release --product magpie-fuzz --toolset Fuzz/toolset.json
 fuzz-build: deps
-	swift build --scratch-path .build-fuzz -c release --product magpie-fuzz --toolset Fuzz/toolset.json
+	MAGPIE_CI_SUBSET=core scripts/keep-resolved.sh swift build $(FUZZ_BUILD)
+
+# `make test` builds the ASan suites (debug) and the fuzzer (release) side by side, each to a log printed
+# when it ends: the release build's whole-module stages keep one core busy for long stretches, and the
+# two took 136 s + 168 s one after the other on 2 cores. One keep-resolved.sh around both, so that
+# Package.resolved is put back once, after both.
+asan-and-fuzzer-builds: deps
+	@MAGPIE_CI_SUBSET=core scripts/keep-resolved.sh bash -c 'set -o pipefail; mkdir -p .build-fuzz .build-asan; \
+	  swift build --build-tests $(ASAN_BUILD) > .build-asan/ci-build.log 2>&1 & asan=$$!; \
+	  swift build $(FUZZ_BUILD) > .build-fuzz/ci-build.log 2>&1 & fuzz=$$!; \
+	  wait $$asan; a=$$?; wait $$fuzz; f=$$?; \
+	  tail -n 3 .build-asan/ci-build.log .build-fuzz/ci-build.log; \
+	  if [ $$a != 0 ]; then cat .build-asan/ci-build.log; fi; if [ $$f != 0 ]; then cat .build-fuzz/ci-build.log; fi; \
+	  [ $$a = 0 ] && [ $$f = 0 ]'
 
 fuzz: fuzz-build
 	@mkdir -p .build-fuzz/corpus .build-fuzz/artifacts .build-fuzz/logs $(FUZZ_WORK)
@@ -200,13 +216,14 @@ bench-persist: deps
 # main package's own build stays up to date (checked: `swift build --build-tests` after them, 3.5 s).
 SERVICE_CHECK_SCRATCH := $(CURDIR)/.build
 service-check: deps wrk
-	@set -o pipefail; { swift build --package-path Integrations/MagpieHummingbird --scratch-path $(SERVICE_CHECK_SCRATCH) --build-tests && \
-	  swift build --package-path Examples/HummingbirdService --scratch-path $(SERVICE_CHECK_SCRATCH); } 2>&1 | tee .build-example-warnings.log
+	@set -o pipefail; swift build --package-path Integrations/MagpieHummingbird --scratch-path $(SERVICE_CHECK_SCRATCH) --build-tests 2>&1 | tee .build-example-warnings.log
+	swift test --package-path Integrations/MagpieHummingbird --scratch-path $(SERVICE_CHECK_SCRATCH)
+	$(SERVICE_CHECK_SCRATCH)/debug/magpie-persist-bench --gets 4000 --sets 4000 --rounds 1 >/dev/null
+	@# The example next: each change of the root package in one scratch directory re-plans the build (12 s).
+	@set -o pipefail; swift build --package-path Examples/HummingbirdService --scratch-path $(SERVICE_CHECK_SCRATCH) 2>&1 | tee -a .build-example-warnings.log
 	@if grep -E "^$(CURDIR)/(Examples|Integrations)/.*warning:" .build-example-warnings.log; then \
 	  echo "error: compiler warnings in the example or the integration (see above)"; rm -f .build-example-warnings.log; exit 1; fi
 	@rm -f .build-example-warnings.log
-	swift test --package-path Integrations/MagpieHummingbird --scratch-path $(SERVICE_CHECK_SCRATCH)
-	$(SERVICE_CHECK_SCRATCH)/debug/magpie-persist-bench --gets 4000 --sets 4000 --rounds 1 >/dev/null
 	SCRATCH=$(SERVICE_CHECK_SCRATCH) scripts/bench-service.sh --smoke
 
 format:

@@ -186,8 +186,8 @@ let package = Package(
     swiftLanguageModes: [.v6]
 )
 
-// CI's Address Sanitizer run builds a subset of this package, named by MAGPIE_CI_SUBSET (set through
-// scripts/ci-subset.sh by the Makefile's `asan` rule, never by users): the suites it runs use neither
+// CI's Address Sanitizer run builds a subset of this package, named by MAGPIE_CI_SUBSET (set by the
+// Makefile's `asan` and `fuzz-build` rules, never by users): the suites it runs use neither
 // SwiftNIO nor the benchmarks, and building the full graph again under its flags (BoringSSL's 406 C files
 // among them) took 440 s on 2 cores, against 144 s for this subset.
 //   core   the library, its fuzz targets and the MagpieTests target
