@@ -7,5 +7,5 @@ struct MagpieTestChild: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "magpie-test-child",
         abstract: "Child processes for Magpie's crash and signal tests.",
-        subcommands: [CrashChild.self, SigbusChild.self, FleetOweChild.self])
+        subcommands: [CrashChild.self, SigbusChild.self, FleetOweChild.self, UmaskChild.self])
 }

@@ -253,29 +253,32 @@ struct DirectoryOwnershipTests {
 
     @Test("new files are 0600 and new directories 0700 by default, whatever the umask; modes are configurable")
     func modes() throws {
+        // The tiers are opened under umask 002 by a child process: the umask is process-wide, and set here
+        // it made the directories of tests running beside this one group-writable (seen: a crash image's
+        // directory refused as directoryUnsafe by DiskDamagedHeaderTests).
+        guard let executable = builtExecutable("magpie-test-child") else { throw NotBuilt(name: "magpie-test-child") }
         let base = TemporaryDirectory()
         defer { base.cleanup() }
-        let old = umask(0o002)
-        defer { umask(old) }
-        let cache = base.child("cache")
-        let tier = try DiskTier(DiskTier.Configuration(directory: cache, budget: 1 << 20, bucketCount: 2))
-        try tier.set(Array("v".utf8), forKey: "k")
-        _ = tier.statistics  // both buckets loaded, so that the close snapshots both
-        try tier.close()
+        let child = Process()
+        child.executableURL = URL(fileURLWithPath: executable)
+        child.arguments = ["umask-child", "--directory", base.path]
+        try child.run()
+        let deadline = Date().addingTimeInterval(30)
+        while child.isRunning && Date() < deadline { usleep(10_000) }
+        if child.isRunning { kill(child.processIdentifier, SIGKILL) }
+        child.waitUntilExit()
+        try #require(child.terminationReason == .exit && child.terminationStatus == 0, "umask-child failed (status \(child.terminationStatus))")
         func mode(_ path: String) -> mode_t {
             var info = stat()
             lstat(path, &info)
             return info.st_mode & 0o7777
         }
+        let cache = base.child("cache")
         #expect(mode(cache) == 0o700)
         #expect(mode(cache + "/buckets") == 0o700)
         for name in ["MANIFEST", "LOCK", "buckets/00", "buckets/01", "buckets/00.index"] {
             #expect(mode(cache + "/" + name) == 0o600, "\(name)")
         }
-        var configuration = DiskTier.Configuration(directory: base.child("shared"), budget: 1 << 20, bucketCount: 2)
-        configuration.fileMode = 0o640
-        configuration.directoryMode = 0o750
-        try DiskTier(configuration).close()
         #expect(mode(base.child("shared")) == 0o750)
         #expect(mode(base.child("shared") + "/MANIFEST") == 0o640)
     }
