@@ -162,6 +162,30 @@ package struct NotBuilt: Error, CustomStringConvertible {
     package var description: String { "\(name) is not built next to the tests; run `make test` (it builds every product)" }
 }
 
+/// How a `magpie-test-child` run ended: its exit status, or that it was killed at the timeout.
+package struct TestChildOutcome: Sendable {
+    /// The child's exit status, or nil when it ended on a signal.
+    package var exitStatus: Int32?
+    /// Whether the child was still running at the timeout and was killed.
+    package var timedOut: Bool
+}
+
+/// Runs the `magpie-test-child` built beside the tests with `arguments`, and kills it with SIGKILL if it
+/// has not ended after `timeout`.
+package func runTestChild(_ arguments: [String], timeout: Duration = .seconds(30)) throws -> TestChildOutcome {
+    guard let executable = builtExecutable("magpie-test-child") else { throw NotBuilt(name: "magpie-test-child") }
+    let child = Process()
+    child.executableURL = URL(fileURLWithPath: executable)
+    child.arguments = arguments
+    try child.run()
+    let deadline = ContinuousClock.now + timeout
+    while child.isRunning && ContinuousClock.now < deadline { usleep(10_000) }
+    let timedOut = child.isRunning
+    if timedOut { kill(child.processIdentifier, SIGKILL) }
+    child.waitUntilExit()
+    return TestChildOutcome(exitStatus: child.terminationReason == .exit ? child.terminationStatus : nil, timedOut: timedOut)
+}
+
 /// Runs the magpie-bench built beside the tests with `arguments`, its output discarded; returns its exit
 /// status.
 package func runBench(_ arguments: [String]) throws -> Int32 {

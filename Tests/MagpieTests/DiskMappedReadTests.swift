@@ -137,23 +137,12 @@ struct DiskMappedReadTests {
 
     @Test("a SIGBUS outside the guard still reaches the handler installed before it")
     func guardChains() throws {
-        guard let executable = builtExecutable("magpie-test-child") else { throw NotBuilt(name: "magpie-test-child") }
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
-        let child = Process()
-        child.executableURL = URL(fileURLWithPath: executable)
-        child.arguments = ["sigbus-child", "--directory", directory.path]
-        try child.run()
-        // A handler that returns without handing on re-runs the faulting load forever: time it out.
-        let deadline = Date().addingTimeInterval(30)
-        while child.isRunning && Date() < deadline { usleep(10_000) }
-        if child.isRunning {
-            kill(child.processIdentifier, SIGKILL)
-            Issue.record("the child hung in its SIGBUS handler")
-        }
-        child.waitUntilExit()
-        #expect(child.terminationReason == .exit && child.terminationStatus == 42,
-            "the child's own SIGBUS handler did not run (reason \(child.terminationReason.rawValue), status \(child.terminationStatus))")
+        // A handler that returns without handing on re-runs the faulting load forever: the helper times it out.
+        let outcome = try runTestChild(["sigbus-child", "--directory", directory.path])
+        #expect(!outcome.timedOut, "the child hung in its SIGBUS handler")
+        #expect(outcome.exitStatus == 42, "the child's own SIGBUS handler did not run (\(outcome))")
     }
 
     @Test("record checksums through libxxhash's dispatcher equal the plain entry point's")

@@ -256,18 +256,10 @@ struct DirectoryOwnershipTests {
         // The tiers are opened under umask 002 by a child process: the umask is process-wide, and set here
         // it made the directories of tests running beside this one group-writable (seen: a crash image's
         // directory refused as directoryUnsafe by DiskDamagedHeaderTests).
-        guard let executable = builtExecutable("magpie-test-child") else { throw NotBuilt(name: "magpie-test-child") }
         let base = TemporaryDirectory()
         defer { base.cleanup() }
-        let child = Process()
-        child.executableURL = URL(fileURLWithPath: executable)
-        child.arguments = ["umask-child", "--directory", base.path]
-        try child.run()
-        let deadline = Date().addingTimeInterval(30)
-        while child.isRunning && Date() < deadline { usleep(10_000) }
-        if child.isRunning { kill(child.processIdentifier, SIGKILL) }
-        child.waitUntilExit()
-        try #require(child.terminationReason == .exit && child.terminationStatus == 0, "umask-child failed (status \(child.terminationStatus))")
+        let outcome = try runTestChild(["umask-child", "--directory", base.path])
+        try #require(outcome.exitStatus == 0 && !outcome.timedOut, "umask-child failed (\(outcome))")
         func mode(_ path: String) -> mode_t {
             var info = stat()
             lstat(path, &info)
