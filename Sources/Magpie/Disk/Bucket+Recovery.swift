@@ -102,6 +102,9 @@ extension BucketState {
             maximumSequence = 0
             nextRegionSequence = 1
             damaged = []
+            hiddenDamage = []
+            needsScrub = false
+            unindexedRegion = nil
             counters = BucketCounters()
             context.logs.bucketLoadFailed.record(error: "\(error)", metadata: ["path": "\(context.path)"])
             throw error
