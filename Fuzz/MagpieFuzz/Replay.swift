@@ -25,7 +25,7 @@ enum Replay {
         var violations = 0
         for path in paths {
             for file in files(at: path) {
-                guard let bytes = read(file) else {
+                guard let bytes = FuzzTargets.readFile(file) else {
                     Harness.report("magpie-fuzz: cannot read \(file)\n")
                     exit(2)
                 }
@@ -62,19 +62,6 @@ enum Replay {
             if !name.hasPrefix(".") { names.append(path + "/" + name) }
         }
         return names.sorted()
-    }
-
-    static func read(_ path: String) -> [UInt8]? {
-        guard let file = fopen(path, "rb") else { return nil }
-        defer { fclose(file) }
-        var bytes: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 65536)
-        while true {
-            let count = chunk.withUnsafeMutableBytes { fread($0.baseAddress, 1, $0.count, file) }
-            if count == 0 { break }
-            bytes += chunk.prefix(count)
-        }
-        return ferror(file) == 0 ? bytes : nil
     }
 }
 #endif

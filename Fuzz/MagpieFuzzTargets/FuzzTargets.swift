@@ -170,16 +170,23 @@ public enum FuzzTargets {
         _ = try? tier.removeValue(forKey: "k3")
         guard (try? tier.close()) != nil else { return [] }
         let path = directory + "/buckets/" + DiskTier.bucketName(0, count: 1) + ".index"
-        guard let file = fopen(path, "rb") else { return [] }
+        guard let bytes = readFile(path) else { return [] }
+        return bytes.isEmpty ? [] : [bytes]
+    }
+
+    /// The bytes of the file at `path`, or nil if it cannot be opened or read whole (a seed, a corpus
+    /// entry or a reproducer).
+    public static func readFile(_ path: String) -> [UInt8]? {
+        guard let file = fopen(path, "rb") else { return nil }
         defer { fclose(file) }
         var bytes: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 4096)
+        var chunk = [UInt8](repeating: 0, count: 65536)
         while true {
-            let n = chunk.withUnsafeMutableBytes { fread($0.baseAddress, 1, $0.count, file) }
-            if n <= 0 { break }
-            bytes += chunk.prefix(n)
+            let count = chunk.withUnsafeMutableBytes { fread($0.baseAddress, 1, $0.count, file) }
+            if count == 0 { break }
+            bytes += chunk.prefix(count)
         }
-        return bytes.isEmpty ? [] : [bytes]
+        return ferror(file) == 0 ? bytes : nil
     }
 
     /// The 24-byte header of a one-bucket SIZES for `seed` (Magpie's OnDiskFormat.swift).
