@@ -191,6 +191,8 @@ let package = Package(
 // SwiftNIO nor the benchmarks, and building the full graph again under its flags (BoringSSL's 406 C files
 // among them) took 440 s on 2 cores, against 144 s for this subset.
 //   core   the library, its fuzz targets and the MagpieTests target
+//   tsan   everything but the benchmarks and their tests (MagpieBench, MagpieOpCount, MagpieCLITests, the
+//          disk peers' C libraries): CI's Thread Sanitizer run, whose suites use none of them
 switch Context.environment["MAGPIE_CI_SUBSET"] {
 case "core":
     let kept: Set<String> = [
@@ -203,8 +205,16 @@ case "core":
         guard case .sourceControl(_, let location, _) = dependency.kind else { return false }
         return !["swift-log", "swift-metrics", "swift-service-lifecycle"].contains { location.hasSuffix($0) }
     }
+case "tsan":
+    let dropped: Set<String> = ["MagpieBench", "MagpieOpCount", "MagpieCLITests", "CRocksDB", "CLMDB", "CSQLite"]
+    package.targets.removeAll { dropped.contains($0.name) }
+    package.products.removeAll { ["magpie-bench", "magpie-opcount"].contains($0.name) }
+    package.dependencies.removeAll { dependency in
+        guard case .sourceControl(_, let location, _) = dependency.kind else { return false }
+        return location.hasSuffix("hdrhistogram-swift")
+    }
 case nil, "":
     break
 case let subset?:
-    fatalError("MAGPIE_CI_SUBSET=\(subset): the only subset is core")
+    fatalError("MAGPIE_CI_SUBSET=\(subset): the subsets are core and tsan")
 }
