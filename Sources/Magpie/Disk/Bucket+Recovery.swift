@@ -95,16 +95,9 @@ extension BucketState {
         } catch {
             // As before the load: nothing indexed, nothing counted; the file as the failed step left it.
             index = BucketIndex()
-            liveBytes = 0
-            regions = []
-            freeSlots = []
-            slotCount = 0
+            forgetRegions()
             maximumSequence = 0
             nextRegionSequence = 1
-            damaged = []
-            hiddenDamage = []
-            needsScrub = false
-            unindexedRegion = nil
             counters = BucketCounters()
             context.logs.bucketLoadFailed.record(error: "\(error)", metadata: ["path": "\(context.path)"])
             throw error

@@ -112,6 +112,20 @@ extension BucketState {
         return members
     }
 
+    /// Forgets what the bucket knew of its file's regions: none, no slot, no live byte, no damage to heal
+    /// and no region that slots miss. For an emptied file, and after a load that failed (the next load
+    /// learns it all again from the file).
+    mutating func forgetRegions() {
+        liveBytes = 0
+        slotCount = 0
+        regions = []
+        freeSlots = []
+        damaged = []
+        hiddenDamage = []
+        needsScrub = false
+        unindexedRegion = nil
+    }
+
     /// Empties the bucket: the file keeps only its header (with the tier's region size now), the
     /// memtables are dropped.
     mutating func removeAll() throws(MagpieError) {
@@ -125,19 +139,12 @@ extension BucketState {
         closedLength = 0
         counters.removals += UInt64(index.count)
         index.removeAll()
-        liveBytes = 0
         pendingCount = 0
         pendingBytes = 0
         active = nil
         if !sealingClaimed { sealing = nil }  // a claimed one finds nothing live when it is written
         regionSize = context.shared.regionSize
-        slotCount = 0
-        regions = []
-        freeSlots = []
-        damaged = []
-        hiddenDamage = []
-        needsScrub = false
-        unindexedRegion = nil
+        forgetRegions()
         sealFailure = nil  // the stores it lost are removed anyway
         remap()
         returnSurplus(keeping: 0)
