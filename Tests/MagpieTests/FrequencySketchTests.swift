@@ -159,8 +159,51 @@ struct AdmissionControlTests {
     }
 }
 
+@Suite("MemoryTier: the ghosts' window")
+struct GhostWindowControlTests {
+    @Test("the window starts at 1/√2 budget; read ghost admissions widen it, unread ones narrow it, up to 2")
+    func direction() {
+        var control = GhostWindowControl(budgetUnits: 1000)
+        #expect(control.units == 707)
+        control.admittedReached(read: false, target: 0.5)
+        #expect(control.units == 707)
+        control.admittedReached(read: true, target: 0.5)
+        #expect(control.units > 707)
+        for _ in 0..<1000 { control.admittedReached(read: true, target: 0.5) }
+        #expect(control.units == 2000)
+        for _ in 0..<1000 { control.admittedReached(read: false, target: 0.5) }
+        #expect(control.units == 707)
+    }
+
+    @Test("the window settles where ghost admissions are read as often as the target asks")
+    func equilibrium() {
+        var random = SeededGenerator(seed: 5)
+        // At the target's rate (0.6): a random walk without drift, started mid-range, stays near it.
+        var settled = GhostWindowControl(budgetUnits: 1000)
+        for _ in 0..<12 { settled.admittedReached(read: true, target: 0.5) }  // log2 scale 0.1
+        #expect(abs(settled.log2Scale - 0.1) < 1e-9)
+        for _ in 0..<200 {
+            for outcome in 0..<5 { settled.admittedReached(read: outcome < 3, target: 0.6) }
+        }
+        #expect(abs(settled.log2Scale - 0.1) < 0.2, "log2 scale \(settled.log2Scale)")
+        // Read a little more or less often than asked: to either bound (a walk with a drift of 0.01 per
+        // outcome towards it, about 0.1 from it on average).
+        var more = settled
+        var less = settled
+        for _ in 0..<5000 {
+            more.admittedReached(read: Double.random(in: 0..<1, using: &random) < 0.7, target: 0.6)
+            less.admittedReached(read: Double.random(in: 0..<1, using: &random) < 0.5, target: 0.6)
+        }
+        #expect(more.log2Scale > 0.5, "log2 scale \(more.log2Scale)")
+        #expect(less.log2Scale < 0, "log2 scale \(less.log2Scale)")
+    }
+}
+
 @Suite("MemoryTier: the main ring's tag")
 struct EntryRingTagTests {
+    /// Block i's tag: each of the three, in turn.
+    static func tag(_ i: Int) -> RingTag { [RingTag.admittedByMisses, .admittedByGhost, .none][i % 3] }
+
     @Test("a slot's tag survives growth, removal's shifting and compaction; blocks come back untagged")
     func tags() throws {
         var ring = try #require(EntryRing(capacity: 4))
@@ -174,7 +217,7 @@ struct EntryRingTagTests {
             EntryHeader(valueLength: 0, keyLength: 0, frequency: 0, state: i % 4 == 3 ? EntryHeader.deadFlag : 0)
                 .write(to: block)
             blocks.append(block)
-            let pushed = ring.push(block, tagged: i % 3 == 0)  // grows from 4 to 64 slots on the way
+            let pushed = ring.push(block, tag: Self.tag(i))  // grows from 4 to 64 slots on the way
             #expect(pushed)
             if i % 4 == 3 { ring.dead += 1 }
         }
@@ -188,9 +231,9 @@ struct EntryRingTagTests {
         let live = (0..<40).filter { $0 % 4 != 3 && $0 != 1 && $0 != 37 }
         #expect(seen == live)
         for index in live {
-            let (block, tagged) = ring.popFirstTagged()
+            let (block, tag) = ring.popFirstTagged()
             #expect(block == blocks[index])
-            #expect(tagged == (index % 3 == 0), "block \(index)")
+            #expect(tag == Self.tag(index), "block \(index)")
         }
         #expect(ring.count == 0)
         retired.freeAll()

@@ -1,4 +1,5 @@
 @testable import Magpie
+import Glibc
 import MagpieTestSupport
 import Testing
 
@@ -62,6 +63,8 @@ private final class Storage {
     }
 
     var threshold: Double { pointer.pointee.admission.threshold }
+    /// The ghosts' window, in budgets.
+    var ghostScale: Double { exp2(pointer.pointee.ghostControl.log2Scale) }
     var admittedByMisses: UInt64 { pointer.pointee.counters.admittedByMisses }
     func estimate(_ i: Int) -> Int {
         key(i).withUnsafeBytes { pointer.pointee.sketch.estimate(pointer.pointee.hasher.hash($0)) }
@@ -164,7 +167,7 @@ struct MemoryPolicyTests {
     func loopIsAdmitted() throws {
         // A loop over 60 keys (they fit main) through a stream of one-time keys: each loop key comes back
         // after 240 other stores, long after small (1 % of the budget) evicted it and after the small
-        // ghost (a budget of evictions: 100 entries) forgot it. S3-FIFO alone would miss every loop
+        // ghost (a budget of evictions at first, two at most: 100 to 200 entries) forgot it. S3-FIFO alone would miss every loop
         // request; counted, a loop key is admitted at its third miss (θ starts at 2).
         let s = try Storage(budget: 100 * charge(60))
         var scan = 100_000
@@ -232,6 +235,53 @@ struct MemoryPolicyTests {
         #expect(forgotten.threshold > 8, "θ with unread admissions: \(forgotten.threshold)")
         // Until θ has risen past what the sketch's collisions reach, some keys are still admitted.
         #expect(forgotten.admittedLate * 5 < reread.admittedLate, "admissions in the second half: \(forgotten.admittedLate)")
+    }
+}
+
+extension MemoryPolicyTests {
+    @Test("the ghosts' window widens where ghost-admitted keys are read, and narrows where they are not")
+    func ghostWindowConverges() throws {
+        // New keys, each requested twice, `distance` stores apart: the first request puts the key in
+        // small, which evicts it unread into the small ghost (one entry per store); the second finds it
+        // there while the window is wider than about `distance` entries, and admits it to main. While
+        // `reread`, an admitted key is then read ten times in main; else never again.
+        let s = try Storage(budget: 1000 * charge(60))
+        var next = 0
+        /// Runs a phase of 6,000 stores of new keys; returns the window at its end (in budgets) and how
+        /// many of the returning keys of its last 2,000 stores went to main.
+        func phase(distance: Int, reread: Bool) -> (scale: Double, admitted: Int) {
+            let first = next
+            var admitted = 0
+            for round in 0..<6000 {
+                s.request(next)
+                if round >= distance {
+                    let back = next - distance
+                    s.request(back)
+                    if round >= 4000 && s.queue(back) == EntryHeader.main { admitted += 1 }
+                    if reread && round >= distance + 10 {
+                        for earlier in 1...10 where back - earlier >= first { _ = s.read(back - earlier) }
+                    }
+                }
+                next += 1
+            }
+            return (s.ghostScale, admitted)
+        }
+        // The window starts at 1/√2 budget (about 707 entries): keys returning after 600 stores are
+        // admitted, and read, so it widens to 2 budgets.
+        #expect(abs(s.ghostScale - 0.7071) < 0.001)
+        let near = phase(distance: 600, reread: true)
+        #expect(near.scale > 1.9 && near.admitted > 1500, "returning after 600 stores, re-read: \(near)")
+        // Widened, the ghosts remember what the narrow window forgot: keys returning after 900 stores (as
+        // many small-ghost entries: each admitted key leaves small no entry) are admitted. (Much further
+        // back the ghost table, one slot per index bucket shared with the main ghost, has forgotten them:
+        // see the top of ShardStorage+Ghost.swift.)
+        let far = phase(distance: 900, reread: true)
+        #expect(far.scale > 1.9 && far.admitted > 1000, "returning after 900 stores, re-read: \(far)")
+        // Unread, those admissions narrow the window until keys returning after 700 stores stop being
+        // admitted (once one is not admitted, small evicts two keys per store: 1,400 entries of age), and
+        // then it stays: there is nothing left to judge.
+        let forgotten = phase(distance: 700, reread: false)
+        #expect(forgotten.scale < 1 && forgotten.admitted < 200, "returning after 700 stores, unread: \(forgotten)")
     }
 }
 

@@ -5,10 +5,20 @@ import Glibc
 ///
 /// A plain struct over malloc'd memory, owned by ``ShardStorage``, which calls ``release()`` once.
 ///
-/// A slot holds a block's address with one tag bit in bit 0 (blocks come from malloc: 16-byte aligned,
-/// so bit 0 of an address is always 0): `main` tags an entry admitted by its miss count until the hand
-/// first reaches it (ShardStorage+Admission.swift). Only ``push(_:tagged:)`` and
+/// A slot holds a block's address with a 2-bit tag in bits 0-1 (blocks come from malloc: 16-byte
+/// aligned, so those bits of an address are always 0): `main` tags an entry admitted by its miss count
+/// (ShardStorage+Admission.swift) or by a ghost hit (ShardStorage+Ghost.swift) until the hand first
+/// reaches it. Only ``push(_:tag:)`` and
 /// ``popFirstTagged()`` see the tag; every other method strips it.
+/// Why an entry entered `main` when that is still to be judged (see ``EntryRing``).
+enum RingTag: UInt {
+    case none = 0
+    /// Admitted by its miss count (ShardStorage+Admission.swift).
+    case admittedByMisses = 1
+    /// Admitted by a ghost hit (ShardStorage+Ghost.swift).
+    case admittedByGhost = 2
+}
+
 struct EntryRing {
     private var buffer: UnsafeMutablePointer<UInt>
     private var mask: Int
@@ -24,13 +34,15 @@ struct EntryRing {
         mask = capacity - 1
     }
 
-    private static let tagBit: UInt = 1
+    /// The bits of a slot that hold its tag: every block pushed has them clear (see ``push(_:tag:)``).
+    static let tagMask: UInt = 3
 
     /// The block a slot holds. Invariant: every slot was written by `push` from a non-nil block pointer
-    /// whose bit 0 is 0 (malloc's alignment), so clearing the tag gives that pointer back.
+    /// whose bits 0-1 are 0 (malloc's alignment; the store checks it), so clearing the tag gives that
+    /// pointer back.
     @inline(__always)
     private static func block(_ slot: UInt) -> UnsafeMutableRawPointer {
-        UnsafeMutableRawPointer(bitPattern: slot & ~tagBit).unsafelyUnwrapped
+        UnsafeMutableRawPointer(bitPattern: slot & ~tagMask).unsafelyUnwrapped
     }
 
     /// Frees the ring's own buffer (not the blocks).
@@ -57,11 +69,12 @@ struct EntryRing {
         dead = 0
     }
 
-    /// Appends `block`, `tagged` or not; false when the ring had to grow and memory ran out.
+    /// Appends `block` (bits 0-1 of its address clear) with `tag`; false when the ring had to grow and
+    /// memory ran out.
     @inline(__always)
-    mutating func push(_ block: UnsafeMutableRawPointer, tagged: Bool = false) -> Bool {
+    mutating func push(_ block: UnsafeMutableRawPointer, tag: RingTag = .none) -> Bool {
         if count > mask, !grow() { return false }
-        buffer[(head + count) & mask] = UInt(bitPattern: block) | (tagged ? Self.tagBit : 0)
+        buffer[(head + count) & mask] = UInt(bitPattern: block) | tag.rawValue
         count += 1
         return true
     }
@@ -74,14 +87,14 @@ struct EntryRing {
         popFirstTagged().block
     }
 
-    /// ``popFirst()``, with whether the block was pushed tagged.
+    /// ``popFirst()``, with the tag the block was pushed with.
     @inline(__always)
-    mutating func popFirstTagged() -> (block: UnsafeMutableRawPointer, tagged: Bool) {
+    mutating func popFirstTagged() -> (block: UnsafeMutableRawPointer, tag: RingTag) {
         let slot = buffer[head]
         head = (head + 1) & mask
         count -= 1
         if count * 4 < mask && mask >= 1024 { resize(to: (mask + 1) / 2) }
-        return (Self.block(slot), slot & Self.tagBit != 0)
+        return (Self.block(slot), RingTag(rawValue: slot & Self.tagMask) ?? .none)
     }
 
     /// Calls `body` with every block in the ring, oldest first, dead ones included.

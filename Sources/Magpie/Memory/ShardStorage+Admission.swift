@@ -15,9 +15,10 @@ import Glibc
 // block trace, 4 KiB objects come back 3.5 times on average, 64 KiB ones 2.2 times).
 //
 // θ adapts (no knob): `main`'s hand sees every entry it passes. An entry admitted this way is tagged in
-// `main`'s ring (bit 0 of its slot: EntryRing's tag) until the hand first reaches it; there, whether it
-// was read since admission is its outcome. Every other entry the hand passes updates the read rate of
-// `main`'s residents (an average over about the last 100). Each tagged outcome moves log2 θ by
+// `main`'s ring (EntryRing's tag) until the hand first reaches it; there, whether it
+// was read since admission is its outcome. Every other entry the hand passes (but those a ghost
+// admitted, whose outcomes tune the ghosts' window the same way: ShardStorage+Ghost.swift) updates the
+// read rate of `main`'s residents (an average over about the last 100). Each tagged outcome moves log2 θ by
 // −step × (outcome − max(κ × resident read rate, floor)), step 0.1: a read one lowers θ (admit more), an
 // unread one raises it, and θ settles where the keys it admits are read κ (0.7) times as often as
 // `main`'s residents, and at least half the time (the floor: when nothing in `main` is read, as during
@@ -61,10 +62,14 @@ struct AdmissionControl {
     /// `read` since its admission or not.
     mutating func admittedReached(read: Bool) {
         let outcome: Double = read ? 1 : 0
-        log2Threshold -= AdmissionTuning.step * (outcome - max(AdmissionTuning.floor, AdmissionTuning.kappa * residentReadRate))
+        log2Threshold -= AdmissionTuning.step * (outcome - target)
         log2Threshold = min(AdmissionTuning.highestLog2, max(AdmissionTuning.lowestLog2, log2Threshold))
         threshold = exp2(log2Threshold)
     }
+
+    /// The read rate asked of a key admitted to `main` (by its misses, or by a ghost: the ghosts' window
+    /// is tuned to it too, ShardStorage+Ghost.swift): κ × the residents', and at least the floor.
+    var target: Double { max(AdmissionTuning.floor, AdmissionTuning.kappa * residentReadRate) }
 
     /// Any other entry reached `main`'s hand, `read` since the hand last passed it (or it came in).
     @inline(__always)

@@ -47,7 +47,7 @@ extension ShardStorage {
     /// into the main ghost.
     private mutating func evictFromMain() {
         while main.count > 0 {
-            let (block, tagged) = main.popFirstTagged()
+            let (block, tag) = main.popFirstTagged()
             let header = EntryHeader(of: block)
             let charge = Self.charge(storedLength: header.storedLength)
             if header.isDead {
@@ -55,10 +55,10 @@ extension ShardStorage {
                 release(block, charge: charge, fromSmall: false)
                 return
             }
-            if tagged {
-                admission.admittedReached(read: header.frequency > 0)
-            } else {
-                admission.residentReached(read: header.frequency > 0)
+            switch tag {
+            case .admittedByMisses: admission.admittedReached(read: header.frequency > 0)
+            case .admittedByGhost: ghostControl.admittedReached(read: header.frequency > 0, target: admission.target)
+            case .none: admission.residentReached(read: header.frequency > 0)
             }
             // Re-queueing into the ring it was just popped from never needs more room.
             if header.frequency > 0 && main.push(block) {

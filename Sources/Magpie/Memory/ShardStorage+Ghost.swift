@@ -1,3 +1,5 @@
+import Glibc
+
 // The ghosts. See "Eviction" in ShardStorage.swift.
 //
 // Two ghosts remember the hashes of entries evicted unread: one of those evicted from `small`, one of
@@ -5,8 +7,9 @@
 // left its queue, without storing a FIFO:
 //
 //  - Each ghost counts the bytes ever evicted into it (`GhostWindow.evicted`); an entry is stamped
-//    with that count, in units of `budget >> ghostShift` (the window is 512 to 1,023 units), as it
-//    enters. It is still remembered while its ghost's count has advanced by at most one budget since.
+//    with that count, in units of `budget >> ghostShift` (a budget is 512 to 1,023 units), as it
+//    enters. It is still remembered while its ghost's count has advanced by at most the window since:
+//    1/√2 budget at first, then tuned between that and 2 budgets (`GhostWindowControl`).
 //  - All entries share one table of UInt32 slots, as many as the index has buckets:
 //    bit 31 = which ghost, bits 12-30 = 19 bits of the hash (a fingerprint, never all zero),
 //    bits 0-11 = the stamp. 0 is empty. A hash may sit in any slot of the aligned group of 8 that
@@ -21,6 +24,60 @@
 //    recent again. Either is a false ghost hit: it admits a new entry to `main`, nothing more.
 //  - When the index doubles, every slot is copied to each position of the larger table that maps
 //    back to it, so the ghosts survive growth.
+
+/// The ghosts' window and what tunes it.
+///
+/// How long the ghosts should remember is the trace's to say: replayed with fixed windows, the shared
+/// block trace did best with half the budget, a drifting key-value trace with twice it and Zipf traces
+/// with a third (BENCHMARKS.md, "Eviction (#31), 2026-11-27 (evening)"). So the window tunes itself as θ
+/// does (ShardStorage+Admission.swift): a key a ghost admits to `main` is tagged in `main`'s ring until
+/// the hand first reaches it, and whether it was read by then moves log2 (window / budget) by
+/// step × (outcome − target), where the target is θ's (``AdmissionControl/target``): keys the ghosts
+/// admit must be read as often as θ asks of keys admitted by their misses, else the window shrinks and
+/// fewer keys skip `small`.
+///
+/// The window starts at its narrowest, 1/√2 budget, and must earn its width: a ghost admission skips
+/// `small`'s probation (as θ starts high). On the shared trace at 10 % a start at one budget replayed
+/// 0.7210 and one at 1/√2 0.7033 (BENCHMARKS.md, "Eviction (#31), 2026-11-27 (night)", which also shows
+/// how much the figure moves with these constants). It stays between 1/√2 and 2 budgets. Below: on the
+/// drifting key-value trace the tuner shrinks the window (its ghost-admitted keys are read less than
+/// half the time before the hand returns, yet it replays best with a long window), and a floor of half
+/// a budget cost it 0.3 points at 1 %. Above: the 12-bit stamp keeps half its range beyond the window,
+/// so a slot unwritten for twice the window still reads as forgotten.
+struct GhostWindowControl {
+    /// log2 (window / budget).
+    private(set) var log2Scale: Double = GhostTuning.lowestLog2
+    /// The window in stamp units.
+    private(set) var units: UInt32
+    /// The budget in stamp units.
+    private let budgetUnits: Double
+
+    init(budgetUnits: UInt32) {
+        self.budgetUnits = Double(budgetUnits)
+        units = 1
+        recompute()
+    }
+
+    /// A key a ghost admitted reached `main`'s hand, `read` since its admission or not; `target` is the
+    /// read rate asked of admissions.
+    mutating func admittedReached(read: Bool, target: Double) {
+        log2Scale += GhostTuning.step * ((read ? 1 : 0) - target)
+        log2Scale = min(GhostTuning.highestLog2, max(GhostTuning.lowestLog2, log2Scale))
+        recompute()
+    }
+
+    private mutating func recompute() {
+        units = UInt32(max(1, (budgetUnits * exp2(log2Scale)).rounded()))
+    }
+}
+
+/// The constants of ``GhostWindowControl``, chosen by trace replay (BENCHMARKS.md, "Eviction (#31)").
+enum GhostTuning {
+    static let lowestLog2: Double = -0.5
+    static let highestLog2: Double = 1
+    /// How far one outcome moves log2 of the window.
+    static let step: Double = 0.1
+}
 
 /// One ghost's position: bytes evicted into it so far.
 struct GhostWindow {
@@ -48,9 +105,13 @@ extension ShardStorage {
         max(0, (Int.bitWidth - budget.leadingZeroBitCount) - 10)
     }
 
-    /// The window in stamp units.
+    /// The shard's budget in stamp units (512 to 1,023; fewer for budgets under 512 bytes).
     @inline(__always)
-    var ghostWindowUnits: UInt32 { UInt32(truncatingIfNeeded: max(1, budget >> ghostShift)) }
+    var ghostBudgetUnits: UInt32 { UInt32(truncatingIfNeeded: max(1, budget >> ghostShift)) }
+
+    /// The window in stamp units (tuned: see ``GhostWindowControl``).
+    @inline(__always)
+    var ghostWindowUnits: UInt32 { ghostControl.units }
 
     @inline(__always)
     private func ghostFingerprint(_ hash: UInt64) -> UInt32 {

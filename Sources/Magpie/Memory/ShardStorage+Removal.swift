@@ -77,6 +77,7 @@ extension ShardStorage {
         smallGhost = GhostWindow()
         mainGhost = GhostWindow()
         admission = AdmissionControl()
+        ghostControl = GhostWindowControl(budgetUnits: ghostBudgetUnits)
         charged = 0
         smallCharged = 0
         largeCharged = 0

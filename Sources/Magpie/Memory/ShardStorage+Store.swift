@@ -42,7 +42,7 @@ extension ShardStorage {
         let valueLength = placeholderLength ?? value.count
         let storedLength = EntryHeader.extrasLength(flags: flags) + key.count + valueLength
         var queue = EntryHeader.small
-        var admittedByMisses = false
+        var tag = RingTag.none
         var frequency: UInt8 = 0
         var isUpdate = false
         var previous: (position: Int, block: UnsafeMutableRawPointer)? = nil
@@ -69,11 +69,12 @@ extension ShardStorage {
             let misses = sketch.add(peeked)
             if ghostTake(hash: hash) {
                 queue = EntryHeader.main
+                tag = .admittedByGhost
             } else if misses > 1
                 && admission.admits(previousMisses: misses - 1, charge: charge, charged: charged, count: count)
             {
                 queue = EntryHeader.main
-                admittedByMisses = true
+                tag = .admittedByMisses
             }
         }
 
@@ -82,8 +83,8 @@ extension ShardStorage {
         guard let block = retired.takeSpare(blockLength) ?? malloc(blockLength) else {
             return refuse(droppedPrevious: isUpdate)
         }
-        // Bit 0 clear: a ring's tag bit (EntryRing); always so for malloc's 16-byte alignment.
-        guard UInt(bitPattern: block) < (1 << 48), UInt(bitPattern: block) & 1 == 0, ensureIndexRoom() else {
+        // Bits 0-1 clear: a ring's tag (EntryRing); always so for malloc's 16-byte alignment.
+        guard UInt(bitPattern: block) < (1 << 48), UInt(bitPattern: block) & EntryRing.tagMask == 0, ensureIndexRoom() else {
             free(block)
             return refuse(droppedPrevious: isUpdate)
         }
@@ -94,7 +95,7 @@ extension ShardStorage {
         if stamp != 0 { block.storeBytes(of: stamp, toByteOffset: header.stampOffset, as: Int64.self) }
         copyBytes(key, to: block + header.keyOffset)
         if placeholderLength == nil { copyBytes(value, to: block + header.keyOffset + key.count) }
-        let pushed = queue == EntryHeader.small ? small.push(block) : main.push(block, tagged: admittedByMisses)
+        let pushed = queue == EntryHeader.small ? small.push(block) : main.push(block, tag: tag)
         guard pushed, indexInsert(hash: hash, block: block) else {
             // In a ring but not indexed: taken out again (the newest, found at once), never left dead.
             if pushed { _ = queue == EntryHeader.small ? small.remove(block) : main.remove(block) }
@@ -103,7 +104,7 @@ extension ShardStorage {
         }
         addCharge(charge, queue: queue)
         count += 1
-        if admittedByMisses { counters.admittedByMisses &+= 1 }
+        if tag == .admittedByMisses { counters.admittedByMisses &+= 1 }
         if isUpdate { counters.updates &+= 1 } else { counters.inserts &+= 1 }
         return isUpdate ? .updated : .inserted
     }

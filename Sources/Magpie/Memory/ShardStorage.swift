@@ -50,8 +50,9 @@ import Synchronization
 //
 //  - A hit sets frequency = 1: one byte store on the line already read. Nothing else: the miss counts
 //    and the threshold's tuning happen under the lock, on stores.
-//  - A new key goes to `main` when either ghost remembers its hash, or when the sketch says it was
-//    missed often enough for its size (see "Admission"); else to `small`.
+//  - A new key goes to `main` when either ghost remembers its hash (within a window of evicted bytes
+//    that tunes itself: ShardStorage+Ghost.swift), or when the sketch says it was missed often enough
+//    for its size (see "Admission"); else to `small`.
 //  - To make room: unless `main` is charged more than its share (the budget less `small`'s target)
 //    or `small` is empty, pop `small`'s oldest until one is evicted: frequency > 0 moves it to `main`
 //    (frequency reset), else it is evicted into the small ghost. Otherwise pop `main`'s oldest:
@@ -269,6 +270,8 @@ struct ShardStorage: ~Copyable {
     var sketch: FrequencySketch
     /// θ and what tunes it (ShardStorage+Admission.swift).
     var admission = AdmissionControl()
+    /// The ghosts' window and what tunes it (ShardStorage+Ghost.swift).
+    var ghostControl: GhostWindowControl
 
     var small: EntryRing
     var main: EntryRing
@@ -330,6 +333,7 @@ struct ShardStorage: ~Copyable {
         self.indexMask = Self.initialBuckets - 1
         self.ghost = ghost
         self.ghostShift = Self.ghostShift(budget: budget)
+        self.ghostControl = GhostWindowControl(budgetUnits: UInt32(truncatingIfNeeded: max(1, budget >> ghostShift)))
         self.small = small
         self.main = main
     }
