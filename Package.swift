@@ -186,11 +186,11 @@ let package = Package(
     swiftLanguageModes: [.v6]
 )
 
-// CI's Address Sanitizer run builds a subset of this package, named by MAGPIE_CI_SUBSET (set by the
-// Makefile's `asan` and `fuzz-build` rules, never by users): the suites it runs use neither
-// SwiftNIO nor the benchmarks, and building the full graph again under its flags (BoringSSL's 406 C files
-// among them) took 440 s on 2 cores, against 144 s for this subset.
-//   core   the library, its fuzz targets and the MagpieTests target
+// CI's sanitizer runs build a subset of this package, named by MAGPIE_CI_SUBSET (set by the Makefile's
+// `asan`, `fuzz-build` and `tsan` rules, never by users): each builds only what its suites use.
+//   core   the library, its fuzz targets and the MagpieTests target: the Address Sanitizer and fuzz
+//          runs, whose suites use neither SwiftNIO nor the benchmarks (the full graph under their flags,
+//          BoringSSL's 406 C files among them, took 440 s on 2 cores, against 144 s for this subset)
 //   tsan   everything but the benchmarks and their tests (MagpieBench, MagpieOpCount, MagpieCLITests, the
 //          disk peers' C libraries): CI's Thread Sanitizer run, whose suites use none of them
 switch Context.environment["MAGPIE_CI_SUBSET"] {
