@@ -178,7 +178,7 @@ struct GhostWindowControlTests {
     @Test("the window settles where ghost admissions are read as often as the target asks")
     func equilibrium() {
         var random = SeededGenerator(seed: 5)
-        // At the target's rate (0.6): a random walk without drift, started mid-range, stays near it.
+        // At the target's rate (0.6: 3 reads in 5, repeated), started mid-range, it stays near its start.
         var settled = GhostWindowControl(budgetUnits: 1000)
         for _ in 0..<12 { settled.admittedReached(read: true, target: 0.5) }  // log2 scale 0.1
         #expect(abs(settled.log2Scale - 0.1) < 1e-9)

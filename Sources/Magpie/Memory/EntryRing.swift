@@ -1,15 +1,5 @@
 import Glibc
 
-/// A FIFO of entry blocks (one S3-FIFO queue) in a power-of-two ring buffer of pointers, including
-/// dead blocks: entries removed while queued, freed when popped or when the ring is compacted.
-///
-/// A plain struct over malloc'd memory, owned by ``ShardStorage``, which calls ``release()`` once.
-///
-/// A slot holds a block's address with a 2-bit tag in bits 0-1 (blocks come from malloc: 16-byte
-/// aligned, so those bits of an address are always 0): `main` tags an entry admitted by its miss count
-/// (ShardStorage+Admission.swift) or by a ghost hit (ShardStorage+Ghost.swift) until the hand first
-/// reaches it. Only ``push(_:tag:)`` and
-/// ``popFirstTagged()`` see the tag; every other method strips it.
 /// Why an entry entered `main` when that is still to be judged (see ``EntryRing``).
 enum RingTag: UInt {
     case none = 0
@@ -19,6 +9,15 @@ enum RingTag: UInt {
     case admittedByGhost = 2
 }
 
+/// A FIFO of entry blocks (one S3-FIFO queue) in a power-of-two ring buffer of pointers, including
+/// dead blocks: entries removed while queued, freed when popped or when the ring is compacted.
+///
+/// A plain struct over malloc'd memory, owned by ``ShardStorage``, which calls ``release()`` once.
+///
+/// A slot holds a block's address with a 2-bit tag in bits 0-1 (blocks come from malloc: 16-byte
+/// aligned, so those bits of an address are always 0): `main` tags an entry admitted by its miss count
+/// (ShardStorage+Admission.swift) or by a ghost hit (ShardStorage+Ghost.swift) until the hand first
+/// reaches it. Only ``push(_:tag:)`` and ``popFirstTagged()`` see the tag; every other method strips it.
 struct EntryRing {
     private var buffer: UnsafeMutablePointer<UInt>
     private var mask: Int

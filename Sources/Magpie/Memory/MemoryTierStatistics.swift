@@ -16,6 +16,9 @@ public struct MemoryTierStatistics: Sendable, Hashable {
     /// Inserts sent straight to the main queue because the key had been missed often enough for its
     /// size (see "Admission" in `Memory/ShardStorage+Admission.swift`); part of ``inserts``.
     public var admittedByMisses: UInt64 = 0
+    /// Inserts sent straight to the main queue because a ghost remembered the key's eviction, within
+    /// the ghosts' window (see `Memory/ShardStorage+Ghost.swift`); part of ``inserts``.
+    public var admittedByGhost: UInt64 = 0
     /// Entries removed by ``MemoryTier/removeValue(forKey:)-(String)``, ``MemoryTier/removeAll()`` or
     /// ``MemoryTier/removeAll(inGroup:)``, or
     /// dropped because a store that would have replaced them was refused. With ``inserts`` and
@@ -57,6 +60,7 @@ public struct MemoryTierStatistics: Sendable, Hashable {
         inserts += other.inserts
         updates += other.updates
         admittedByMisses += other.admittedByMisses
+        admittedByGhost += other.admittedByGhost
         removals += other.removals
         evictions += other.evictions
         expirations += other.expirations

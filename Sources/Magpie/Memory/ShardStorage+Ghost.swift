@@ -3,7 +3,7 @@ import Glibc
 // The ghosts. See "Eviction" in ShardStorage.swift.
 //
 // Two ghosts remember the hashes of entries evicted unread: one of those evicted from `small`, one of
-// those evicted from `main`. Each behaves like a FIFO holding the last `budget` bytes (charges) that
+// those evicted from `main`. Each behaves like a FIFO holding the last window's bytes (charges) that
 // left its queue, without storing a FIFO:
 //
 //  - Each ghost counts the bytes ever evicted into it (`GhostWindow.evicted`); an entry is stamped
@@ -20,8 +20,11 @@ import Glibc
 //    policy of 2026-10 likewise went from 0.7336 to 0.7475 with four times): a ghost hit admits to
 //    `main`, and the hashes forgotten are the oldest, the least likely to pay for their place.
 //  - A key never evicted matches a remembered slot of its group by chance (its fingerprint equal)
-//    about once in 65,536 lookups, and a slot untouched for 4 to 8 windows (the stamp wraps) can look
-//    recent again. Either is a false ghost hit: it admits a new entry to `main`, nothing more.
+//    about once in 65,536 lookups, and a slot untouched for 4 budgets or more (the stamp wraps every
+//    4,096 units) can look recent again: an eviction into its group clears it once it is forgotten
+//    (before that, 116 of 15,000 keys returning beyond the window were admitted in a test that now
+//    sees 8), but a group no eviction writes keeps it. Either is a false ghost hit: it admits a new
+//    entry to `main`, nothing more.
 //  - When the index doubles, every slot is copied to each position of the larger table that maps
 //    back to it, so the ghosts survive growth.
 
@@ -37,13 +40,17 @@ import Glibc
 /// fewer keys skip `small`.
 ///
 /// The window starts at its narrowest, 1/√2 budget, and must earn its width: a ghost admission skips
-/// `small`'s probation (as θ starts high). On the shared trace at 10 % a start at one budget replayed
-/// 0.7210 and one at 1/√2 0.7033 (BENCHMARKS.md, "Eviction (#31), 2026-11-27 (night)", which also shows
-/// how much the figure moves with these constants). It stays between 1/√2 and 2 budgets. Below: on the
+/// `small`'s probation (as θ starts high). On the shared trace a start at one budget replayed 0.6982 at
+/// 10 % and 0.5666 at 40 %, one at 1/√2 0.7056 and 0.5619 (BENCHMARKS.md, "Eviction (#31), 2026-11-27
+/// (night)", which also shows how the figures move with these constants). It stays between 1/√2 and 2 budgets. Below: on the
 /// drifting key-value trace the tuner shrinks the window (its ghost-admitted keys are read less than
 /// half the time before the hand returns, yet it replays best with a long window), and a floor of half
 /// a budget cost it 0.3 points at 1 %. Above: the 12-bit stamp keeps half its range beyond the window,
 /// so a slot unwritten for twice the window still reads as forgotten.
+///
+/// What it cannot see: the window moves only on ghost hits, so keys that return after more than the
+/// window (at the start, 1/√2 budget) and less than 2 budgets give it nothing to widen on, unless other
+/// keys' hits widen it first.
 struct GhostWindowControl {
     /// log2 (window / budget).
     private(set) var log2Scale: Double = GhostTuning.lowestLog2
@@ -141,21 +148,25 @@ extension ShardStorage {
             | ghostStamp(fromMain ? mainGhost : smallGhost)
         if fromMain { mainGhost.advance(by: charge) } else { smallGhost.advance(by: charge) }
         let base = Int(truncatingIfNeeded: hash &>> 16) & ghostMask & ~(Self.ghostWays - 1)
-        var target = base
+        // The first free slot, else the oldest. Every forgotten slot of the group is cleared on the way:
+        // left, it would look recent again once its stamp wrapped (see the top of this file).
+        var free = -1
+        var oldestPosition = base
         var oldest: UInt32 = 0
         for position in base..<base + Self.ghostWays {
             let existing = ghost[position]
             guard ghostIsRemembered(existing) else {
-                target = position
-                break
+                if existing != 0 { ghost[position] = 0 }
+                if free < 0 { free = position }
+                continue
             }
             let age = ghostAge(existing)
             if age >= oldest {
                 oldest = age
-                target = position
+                oldestPosition = position
             }
         }
-        ghost[target] = slot
+        ghost[free >= 0 ? free : oldestPosition] = slot
     }
 
     /// Whether either ghost remembers `hash`, forgetting it there.

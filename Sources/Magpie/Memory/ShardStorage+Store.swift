@@ -104,7 +104,11 @@ extension ShardStorage {
         }
         addCharge(charge, queue: queue)
         count += 1
-        if tag == .admittedByMisses { counters.admittedByMisses &+= 1 }
+        switch tag {
+        case .admittedByMisses: counters.admittedByMisses &+= 1
+        case .admittedByGhost: counters.admittedByGhost &+= 1
+        case .none: break
+        }
         if isUpdate { counters.updates &+= 1 } else { counters.inserts &+= 1 }
         return isUpdate ? .updated : .inserted
     }
