@@ -158,7 +158,7 @@ struct DiskDamagedHeaderTests {
             if step % 150 == 149 {
                 images += 1
                 let image = directory.child("crash\(images)")
-                try DiskMemtableTests.crashImage(of: directory.path, to: image)
+                try DiskMemtableTests.crashImage(of: directory.path, to: image, holding: tier)
                 var c = configuration
                 c.directory = image
                 let recovered = try DiskTier(c)

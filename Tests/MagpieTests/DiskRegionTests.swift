@@ -353,7 +353,7 @@ struct DiskRegionTests {
         #expect(try tier.value(forKey: keyBytes(second[0])) == large)
         // A crash: what the files hold now.
         let image = directory.child("crash")
-        try DiskMemtableTests.crashImage(of: directory.path, to: image)
+        try DiskMemtableTests.crashImage(of: directory.path, to: image, holding: tier)
         var reopenedConfiguration = configuration
         reopenedConfiguration.directory = image
         let recovered = try DiskTier(reopenedConfiguration)
