@@ -15,11 +15,12 @@ import Glibc
 // block trace, 4 KiB objects come back 3.5 times on average, 64 KiB ones 2.2 times).
 //
 // θ adapts (no knob): `main`'s hand sees every entry it passes. An entry admitted this way is tagged in
-// `main`'s ring (EntryRing's tag) until the hand first reaches it; there, whether it
-// was read since admission is its outcome. Every other entry the hand passes (but an entry a ghost
-// admitted, on the hand's first pass: that outcome tunes the ghosts' window the same way,
-// ShardStorage+Ghost.swift; on later passes it is a resident) updates the read rate of `main`'s residents (an average over about the last 100). Each tagged outcome moves log2 θ by
-// −step × (outcome − max(κ × resident read rate, floor)), step 0.1: a read one lowers θ (admit more), an
+// `main`'s ring (EntryRing's tag) until the hand first reaches it; there, whether it was read since
+// admission is its outcome. Every other entry the hand passes (but an entry a ghost admitted, on the
+// hand's first pass: that outcome tunes the ghosts' window the same way, ShardStorage+Ghost.swift; on
+// later passes it is a resident) updates the read rate of `main`'s residents (an average over about the
+// last 100). Each tagged outcome moves log2 θ by −step × (outcome − max(κ × resident read rate, floor)),
+// step 0.1: a read one lowers θ (admit more), an
 // unread one raises it, and θ settles where the keys it admits are read κ (0.7) times as often as
 // `main`'s residents, and at least half the time (the floor: when nothing in `main` is read, as during
 // a long scan, admitting is pure churn; and a key admitted only to be evicted unread more often than not

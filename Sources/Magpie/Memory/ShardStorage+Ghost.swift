@@ -42,11 +42,13 @@ import Glibc
 /// The window starts at its narrowest, 1/√2 budget, and must earn its width: a ghost admission skips
 /// `small`'s probation (as θ starts high). On the shared trace a start at one budget replayed 0.6982 at
 /// 10 % and 0.5666 at 40 %, one at 1/√2 0.7056 and 0.5619 (BENCHMARKS.md, "Eviction (#31), 2026-11-27
-/// (night)", which also shows how the figures move with these constants). It stays between 1/√2 and 2 budgets. Below: on the
-/// drifting key-value trace the tuner shrinks the window (its ghost-admitted keys are read less than
-/// half the time before the hand returns, yet it replays best with a long window), and a floor of half
-/// a budget cost it 0.3 points at 1 %. Above: the 12-bit stamp keeps half its range beyond the window,
-/// so a slot unwritten for twice the window still reads as forgotten.
+/// (night)", which also shows how the figures move with these constants).
+///
+/// It stays between 1/√2 and 2 budgets. Below: on the drifting key-value trace the tuner shrinks the
+/// window (its ghost-admitted keys are read less than half the time before the hand returns, yet it
+/// replays best with a long window), and a floor of half a budget cost it 0.3 points at 1 %. Above: the
+/// 12-bit stamp keeps half its range beyond the window, so a slot unwritten for twice the window still
+/// reads as forgotten.
 ///
 /// What it cannot see: the window moves only on ghost hits, so keys that return after more than the
 /// window (at the start, 1/√2 budget) and less than 2 budgets give it nothing to widen on, unless other
@@ -112,9 +114,10 @@ extension ShardStorage {
         max(0, (Int.bitWidth - budget.leadingZeroBitCount) - 10)
     }
 
-    /// The shard's budget in stamp units (512 to 1,023; fewer for budgets under 512 bytes).
-    @inline(__always)
-    var ghostBudgetUnits: UInt32 { UInt32(truncatingIfNeeded: max(1, budget >> ghostShift)) }
+    /// A budget in stamp units of `budget >> shift` (512 to 1,023; fewer for budgets under 512 bytes).
+    static func ghostBudgetUnits(budget: Int, shift: Int) -> UInt32 {
+        UInt32(truncatingIfNeeded: max(1, budget >> shift))
+    }
 
     /// The window in stamp units (tuned: see ``GhostWindowControl``).
     @inline(__always)

@@ -77,7 +77,7 @@ extension ShardStorage {
         smallGhost = GhostWindow()
         mainGhost = GhostWindow()
         admission = AdmissionControl()
-        ghostControl = GhostWindowControl(budgetUnits: ghostBudgetUnits)
+        ghostControl = GhostWindowControl(budgetUnits: Self.ghostBudgetUnits(budget: budget, shift: ghostShift))
         charged = 0
         smallCharged = 0
         largeCharged = 0

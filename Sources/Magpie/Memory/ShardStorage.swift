@@ -334,7 +334,7 @@ struct ShardStorage: ~Copyable {
         self.indexMask = Self.initialBuckets - 1
         self.ghost = ghost
         self.ghostShift = Self.ghostShift(budget: budget)
-        self.ghostControl = GhostWindowControl(budgetUnits: UInt32(truncatingIfNeeded: max(1, budget >> ghostShift)))
+        self.ghostControl = GhostWindowControl(budgetUnits: Self.ghostBudgetUnits(budget: budget, shift: ghostShift))
         self.small = small
         self.main = main
     }
