@@ -126,12 +126,12 @@ struct DiskBudgetTests {
         var k = 0
         while tier.statistics.evictions < 1000 {
             try tier.set(Array("v-\(k)".utf8), forKey: keyBytes(k))
-            if k % 20_000 == 0 { #expect(directoryBytes(directory.path) <= budget) }
+            if k % 20_000 == 0 { #expect(tier.directoryBytes(directory.path) <= budget) }
             k += 1
         }
         for j in 0..<2000 { try tier.set(noise(3000, seed: UInt64(j)), forKey: keyBytes(j * 7)) }
         #expect(tier.statistics.regionsReclaimed > 0)
-        #expect(directoryBytes(directory.path) <= budget)
+        #expect(tier.directoryBytes(directory.path) <= budget)
         try tier.close()
         #expect(directoryBytes(directory.path) <= budget, "after close, snapshots included")
         let again = try DiskTier(configuration)
@@ -156,7 +156,7 @@ struct DiskBudgetTests {
             last[key] = seed
             if step % 500 == 0 {
                 #expect(tier.statistics.bytesOnDisk <= budget)
-                #expect(directoryBytes(directory.path) <= budget)
+                #expect(tier.directoryBytes(directory.path) <= budget)
             }
         }
         for (key, seed) in last {

@@ -22,19 +22,10 @@ struct DiskMemtableTests {
     }
 
     /// What a SIGKILL would leave: the files as the kernel has them now, copied while the tier is open.
-    /// With `tier` (the tier open on `path`), copied holding every bucket's lock, so that the copy is one
-    /// instant of the files, as a crash leaves them: the tier writes a bucket's file only under that
-    /// bucket's lock, and never holds two (BucketSet.swift), so taking them all in order cannot deadlock
-    /// with it. Without the locks, a copy made while the sealer thread writes can hold an older part and
-    /// a newer part of one file, which no crash leaves (a churn test counted such a copy corrupt).
+    /// With `tier` (the tier open on `path`), copied holding every bucket's lock (`holdingEveryBucket`), so
+    /// that the copy is one instant of the files, as a crash leaves them.
     static func crashImage(of path: String, to copy: String, holding tier: DiskTier? = nil) throws {
-        if let tier {
-            func holding(from index: Int) throws {
-                guard index < tier.buckets.count else { return try crashImage(of: path, to: copy) }
-                try tier.buckets[index].withLock { _ in try holding(from: index + 1) }
-            }
-            return try holding(from: 0)
-        }
+        if let tier { return try tier.holdingEveryBucket { try crashImage(of: path, to: copy) } }
         try FileManager.default.createDirectory(atPath: copy + "/buckets", withIntermediateDirectories: true)
         try FileManager.default.copyItem(atPath: path + "/MANIFEST", toPath: copy + "/MANIFEST")
         for file in DiskMappedReadTests.bucketFiles(path) {

@@ -266,7 +266,7 @@ struct DiskTierRobustnessTests {
             }
             let stats = tier.statistics
             #expect(stats.bytesOnDisk <= budget)
-            #expect(directoryBytes(directory.path + "/buckets") <= budget, "seed \(seed) step \(step)")
+            #expect(tier.directoryBytes(directory.path + "/buckets") <= budget, "seed \(seed) step \(step)")
         }
         #expect(tier.statistics.evictions > 0 && tier.statistics.regionsReclaimed > 0)
     }
