@@ -223,4 +223,28 @@ struct DiskMemtableTests {
             try cache.close()
         }
     }
+
+    @Test("the sealer thread calls its work at the same stack depth at its 2,000th seal as at its first")
+    func sealerWorkDoesNotGrow() {
+        // A closure stored as `Locked`'s bare generic state gained two reabstraction thunks per read, so each
+        // seal ran one call deeper than the one before (and slower, until the stack overflowed): the depth of
+        // the work's frame, seal after seal, shows it.
+        let sealer = Sealer(bucketCount: 1)
+        let depths = Locked<(lowest: UInt, highest: UInt)>((.max, 0))
+        sealer.setWork { _ in
+            var local = 0
+            let address = withUnsafeMutablePointer(to: &local) { UInt(bitPattern: $0) }
+            depths.withLock { $0 = (min($0.lowest, address), max($0.highest, address)) }
+            sealer.noteCompleted()
+        }
+        for _ in 0..<2_000 {
+            let before = sealer.completed
+            sealer.enqueue(0)
+            sealer.waitForCompletion(after: before)
+        }
+        sealer.stop()
+        sealer.setWork(nil)
+        let (lowest, highest) = depths.withLock { $0 }
+        #expect(highest >= lowest && highest - lowest < 1024, "the work's frame moved \(highest &- lowest) bytes over 2,000 seals")
+    }
 }
