@@ -145,6 +145,34 @@ struct DiskMappedReadTests {
         #expect(outcome.exitStatus == 42, "the child's own SIGBUS handler did not run (\(outcome))")
     }
 
+    @Test("one byte of a payload changed in the file while the tier is open: a miss, counted, never the changed bytes", arguments: [true, false])
+    func damagedPayload(mapped: Bool) throws {
+        // A raw value (noise) and a compressed one (a repeating ramp): the payload is raw bytes or a zstd frame.
+        for (key, value) in [(Array("raw-payload".utf8), noiseBytes(4000, seed: 5)), (Array("zstd-payload".utf8), selfDescribingValue(key: 1, version: 1, length: 4000))] {
+            let directory = TemporaryDirectory()
+            defer { directory.cleanup() }
+            var configuration = Self.configuration(directory.path, mapped: mapped)
+            configuration.bucketCount = 1
+            let tier = try DiskTier(configuration)
+            try tier.set(value, forKey: key)
+            try tier.flush()
+            #expect(try tier.value(forKey: key) == value)
+            let name = String(decoding: key, as: UTF8.self)
+            // The key's bytes are the record's; its payload starts right after them (no group, no metadata):
+            // 100 bytes further is inside the payload, which only the payload hash covers.
+            let file = Self.bucketFiles(directory.path)[0]
+            let contents = try [UInt8](Data(contentsOf: URL(fileURLWithPath: file)))
+            let keyAt = try #require(contents.indices.first { contents[$0..<min(contents.count, $0 + key.count)].elementsEqual(key) })
+            let at = keyAt + key.count + 100
+            let fd = open(file, O_WRONLY)
+            #expect([contents[at] ^ 0x20].withUnsafeBytes { pwrite(fd, $0.baseAddress, 1, off_t(at)) } == 1)
+            close(fd)
+            #expect(try tier.value(forKey: key) == nil, "mapped \(mapped): \(name) was read past its damage")
+            #expect(tier.statistics.corruptRecords == 1, "mapped \(mapped): \(name): the damage was not counted")
+            try tier.close()
+        }
+    }
+
     @Test("record checksums through libxxhash's dispatcher equal the plain entry point's")
     func checksumDispatch() {
         var generator = SeededGenerator(seed: TestSeed.value(default: 33))

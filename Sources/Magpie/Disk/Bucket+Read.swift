@@ -6,15 +6,19 @@ import Glibc
 // thread's read scratch (reused: no allocation), verifies them there (header against the slot, checksum,
 // key), then copies the payload once, out of the file's mapping (or with `pread`) straight into the
 // array it returns, and checks that copy against the payload hash. Verifying copies means a check and a
-// use always see the same bytes, whatever happens to the file meanwhile. A compressed payload is
-// decompressed from its copy outside the lock (DiskTier+Entries.swift).
+// use always see the same bytes, whatever happens to the file meanwhile. A compressed payload (a zstd
+// frame) is copied into the scratch instead, behind the prefix, checked there, and decompressed from
+// there outside the lock by the same thread (DiskTier+Entries.swift), before anything else can use the
+// scratch; only a frame too long for the scratch gets an array.
 //
 // A pending slot's record is in a memtable (Disk/Memtable.swift), which this process wrote and nothing
 // else can: it is read without hashes (it has none yet).
 
 /// The calling thread's buffer for reading records' first bytes into: ``limit`` bytes, allocated on the
 /// thread's first disk read and freed when the thread exits. Per thread rather than per bucket: 256
-/// buckets would each keep one, and a thread reads one record at a time.
+/// buckets would each keep one, and a thread reads one record at a time. Only `candidate` writes it;
+/// a zstd frame it leaves there is read once more, by ``DiskTier/entry(_:)`` on the same thread right
+/// after the read, before any other read can overwrite it.
 enum ReadScratch {
     // Invariant: the thread-specific value is nil or a live allocation of `limit` bytes, owned by its
     // thread, freed once by the key's destructor when the thread exits; only its thread touches it.
@@ -119,6 +123,18 @@ extension BucketState {
             return Self.entry(prefix, header, payload: [])
         }
         let payloadAt = slot.offset + header.payloadOffset
+        if header.codec == .zstd && header.payloadOffset + header.storedLength <= ReadScratch.limit {
+            // A zstd frame is only an input to decompression: copied into the scratch behind its prefix and
+            // checked there, it needs no array of its own (`DiskTier.entry` decompresses it from there).
+            let frame = header.payloadOffset..<(header.payloadOffset + header.storedLength)
+            guard try copyOut(payloadAt, into: UnsafeMutableRawBufferPointer(rebasing: scratch[frame])),
+                RecordHeader.payloadMatches(UnsafeRawBufferPointer(rebasing: scratch[frame]), header)
+            else { return nil }
+            verdict = .value
+            var entry = Self.entry(prefix, header, payload: [])
+            entry.frameInReadScratch = frame
+            return entry
+        }
         var failure: MagpieError? = nil
         var intact = false
         let payload = [UInt8](unsafeUninitializedCapacity: header.storedLength) { buffer, initialized in

@@ -11,8 +11,13 @@ package struct DiskEntry: Sendable {
     /// The group's name, nil when it has none.
     var group: String?
     /// As read from its record, before ``DiskTier/entry(_:)`` decompresses it: the value's length when
-    /// `value` holds its zstd frame; nil when `value` is the value.
+    /// `value` holds its zstd frame (or `frameInReadScratch` says where it is); nil when `value` is the
+    /// value.
     var compressedLength: Int? = nil
+    /// As read from its record: where in the reading thread's ``ReadScratch`` the verified zstd frame lies
+    /// (`value` is then empty). Valid only on that thread, until its next disk read: ``DiskTier/entry(_:)``
+    /// decompresses it right after the read, with no other read (and no suspension) in between.
+    var frameInReadScratch: Range<Int>? = nil
 }
 
 // The tier's entry points for a key hashed once by its caller (`Cache`, or the public API below):
@@ -40,9 +45,17 @@ extension DiskTier {
         var entry = found.unsafelyUnwrapped
         // The checksum matched, so a failure here means the writer stored a bad frame: still a miss.
         do {
-            entry.value = try entry.value.withUnsafeBytes { raw in
-                Result { () throws(MagpieError) -> [UInt8] in try compression.decompress(raw, originalLength: originalLength) }
-            }.get()
+            if let frame = entry.frameInReadScratch {
+                // The read just verified the frame in this thread's scratch (allocated by that read), and this
+                // thread has not read since.
+                guard let scratch = ReadScratch.bytes(frame.upperBound) else { return nil }
+                entry.value = try compression.decompress(UnsafeRawBufferPointer(rebasing: scratch[frame]), originalLength: originalLength)
+                entry.frameInReadScratch = nil
+            } else {
+                entry.value = try entry.value.withUnsafeBytes { raw in
+                    Result { () throws(MagpieError) -> [UInt8] in try compression.decompress(raw, originalLength: originalLength) }
+                }.get()
+            }
             entry.compressedLength = nil
             return entry
         } catch {
