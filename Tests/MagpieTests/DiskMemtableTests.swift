@@ -224,6 +224,93 @@ struct DiskMemtableTests {
         }
     }
 
+    /// What `writeOutsideTheLock` does to a record of the held write: each one lands the write, so each
+    /// runs alone (a second one would find the records in the file already).
+    enum HeldChange: String, CaseIterable, Sendable {
+        case removal, overwrite, groupRemoval
+    }
+
+    @Test(
+        "a memtable's write holds no lock: stores and reads of its bucket go on meanwhile; what they remove or replace in it stays so after a crash",
+        arguments: HeldChange.allCases)
+    func writeOutsideTheLock(_ change: HeldChange) throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let tier = try DiskTier(Self.configuration(directory.path, buffer: 16 << 10))
+        @Sendable func value(_ i: Int, _ version: Int) -> [UInt8] { selfDescribingValue(key: i, version: version, length: 1000) }
+        for i in 0..<5 { try tier.set(value(i, 1), forKey: keyBytes(i)) }
+        try tier.flush()  // the region is open: the next seal's only `pwrite` is its records'
+        // The sealer thread's next `pwrite` waits until the test lets it go.
+        let entered = DispatchSemaphore(value: 0)
+        let release = DispatchSemaphore(value: 0)
+        let armed = Locked(true)
+        FileIOFaults.set(under: directory.path) { call, _ in
+            guard call == "pwrite", IOThreadPool.currentThreadName == "magpie-io-sealer", armed.withLock({ let was = $0; $0 = false; return was }) else { return nil }
+            entered.signal()
+            _ = release.wait(timeout: .now() + 20)
+            return nil
+        }
+        defer { FileIOFaults.set(under: directory.path, nil) }
+        // 16 records of 1 KB fill a 16 KiB memtable: the 16th detaches it, and the sealer writes it.
+        for i in 100..<116 { try tier.set(value(i, 1), forKey: keyBytes(i), group: i == 104 ? "held" : nil) }
+        guard entered.wait(timeout: .now() + 10) == .success else {
+            Issue.record("the sealer never wrote the memtable")
+            release.signal()
+            return
+        }
+        // While its write is held: a store into the bucket, reads of the memtable's records and of the file's.
+        let during = DispatchSemaphore(value: 0)
+        let results = Locked<[String]>([])
+        Thread.detachNewThread {
+            do {
+                try tier.set(value(200, 1), forKey: keyBytes(200))
+                let inFlight = try tier.value(forKey: keyBytes(103))
+                let inFile = try tier.value(forKey: keyBytes(2))
+                results.withLock { $0.append(inFlight == value(103, 1) && inFile == value(2, 1) ? "ok" : "wrong bytes") }
+            } catch {
+                results.withLock { $0.append("\(error)") }
+            }
+            during.signal()
+        }
+        let waited = during.wait(timeout: .now() + 5)
+        #expect(waited == .success, "a store or a read waited for the memtable's write")
+        // A removal, an overwrite or a group removal of a record in the held write: it waits for the write
+        // (the record is about to be in the file), then writes its tombstone behind it.
+        let after = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            do {
+                var done = true
+                switch change {
+                case .removal: done = try tier.removeValue(forKey: keyBytes(104))
+                case .overwrite: try tier.set(value(104, 2), forKey: keyBytes(104))
+                case .groupRemoval: done = try tier.removeAll(inGroup: "held") == 1
+                }
+                results.withLock { $0.append(done ? "ok" : "104 was not there") }
+            } catch {
+                results.withLock { $0.append("\(error)") }
+            }
+            after.signal()
+        }
+        usleep(20_000)
+        release.signal()
+        if waited != .success { _ = during.wait(timeout: .now() + 10) }
+        #expect(after.wait(timeout: .now() + 10) == .success)
+        #expect(results.withLock { $0 } == ["ok", "ok"])
+        #expect(try tier.value(forKey: keyBytes(104)) == (change == .overwrite ? value(104, 2) : nil))
+        // A crash now: the removal stays, the replaced value never comes back (its new one was buffered).
+        let image = directory.child("crash")
+        try Self.crashImage(of: directory.path, to: image, holding: tier)
+        let recovered = try DiskTier(Self.configuration(image))
+        #expect(try recovered.value(forKey: keyBytes(104)) == nil, "\(change) of a record in a memtable's write: undone by a crash")
+        for i in [0, 1, 2, 3, 4, 100, 103, 110] {  // (the last stores went into the next memtable)
+            #expect(try recovered.value(forKey: keyBytes(i)) == value(i, 1), "key \(i)")
+        }
+        #expect(recovered.statistics.corruptRecords == 0)
+        try recovered.close()
+        #expect(tier.statistics.corruptRecords == 0 && tier.statistics.lostBufferedStores == 0)
+        try tier.close()
+    }
+
     @Test("the sealer thread calls its work at the same stack depth at its 2,000th seal as at its first")
     func sealerWorkDoesNotGrow() {
         // A closure stored as `Locked`'s bare generic state gained two reabstraction thunks per read, so each

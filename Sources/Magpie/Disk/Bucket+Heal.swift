@@ -20,6 +20,7 @@ extension BucketState {
     /// Heals what the operation found (see above).
     mutating func healIfNeeded(now: Int64) {
         guard needsScrub || !damaged.isEmpty || !hiddenDamage.isEmpty else { return }
+        settleFlight()  // regions change below (Bucket+Flight.swift)
         do {
             if needsScrub {
                 needsScrub = false
@@ -74,6 +75,7 @@ extension BucketState {
     /// Reclaims every region from the oldest through the one of `sequence`, oldest first, reinserting their
     /// live entries (see above).
     mutating func reclaim(through sequence: UInt64, now: Int64) throws(MagpieError) {
+        settleFlight()  // regions change below (Bucket+Flight.swift)
         var batch = WriteBatch()
         var reclaimed: [Region] = []
         while let oldest = regions.first, oldest.sequence <= sequence {

@@ -87,6 +87,7 @@ extension BucketState {
     /// take a reclaim.
     @discardableResult
     mutating func evacuate(at position: Int, reinsertingLive: Bool, allowingEviction: Bool, now: Int64) throws(MagpieError) -> Bool {
+        settleFlight()  // its bytes are read up to the region's end (Bucket+Flight.swift)
         let region = regions[position]
         var batch = WriteBatch()
         if position > 0 {

@@ -3,7 +3,8 @@ import Glibc
 // MARK: - Regions: appending records, opening regions, reclaiming the oldest
 //
 // The layout is in Format/OnDiskFormat.swift, the policy at the top of Bucket.swift. Everything here runs
-// under the bucket's lock.
+// under the bucket's lock (but for a seal's last flight, which its caller writes without it: see
+// Bucket+Flight.swift).
 //
 // Appending (`write(_:policy:now:)`). A batch of records (a memtable's, sealed by Bucket+Seal.swift; a
 // tombstone; entries reinserted or tombstones carried forward) is placed record by record at the newest
@@ -146,7 +147,19 @@ extension BucketState {
     /// reclaims the oldest regions for what is missing. Memtable records whose key no longer points at
     /// them are left out. On a throw the records not written are gone (see the top of this file).
     mutating func write(_ batch: inout WriteBatch, policy: RoomPolicy, now: Int64) throws(MagpieError) -> RoomOutcome<Void> {
-        guard !batch.isEmpty else { return .done(()) }
+        switch try write(&batch, policy: policy, now: now, deferring: false) {
+        case .done: return .done(())
+        case .short(let short): return .short(short)
+        }
+    }
+
+    /// ``write(_:policy:now:)``; with `deferring`, a write that reclaimed nothing leaves its records'
+    /// `pwrite` to the caller, as a flight (Bucket+Flight.swift), which it returns: noted in `flight`
+    /// until it is settled, its records placed but their slots still pending.
+    mutating func write(_ batch: inout WriteBatch, policy: RoomPolicy, now: Int64, deferring: Bool) throws(MagpieError)
+        -> RoomOutcome<SealFlight?>
+    {
+        guard !batch.isEmpty else { return .done(nil) }
         let missing = slotsNeeded(batch) - freeSlotCount
         if missing > 0, let short = reserveRoom(missing * regionSize, policy: policy) {
             let largest = batch.items.map(\.length).max() ?? 0
@@ -171,6 +184,19 @@ extension BucketState {
                 place(next, of: &batch, in: &flight)
                 next += 1
             }
+            // Deferred only when nothing was reclaimed: no freed header is left to zero after the records,
+            // and no reinserted entry waits, out of the index, for its copy to land.
+            if deferring && freed.isEmpty && !flight.placed.isEmpty
+                && !flight.placed.contains(where: { if case .reinserted = batch.items[$0.item].origin { true } else { false } })
+            {
+                let records = flight.placed.map { placed in
+                    let item = batch.items[placed.item]
+                    return SealFlight.Record(start: item.start, length: item.length, offset: placed.offset, origin: item.origin)
+                }
+                let deferred = SealFlight(fd: fd, path: context.path, records: records)
+                self.flight = deferred
+                return .done(deferred)
+            }
             try fly(&flight, batch: batch)
         } catch {
             abandon(batch, from: next, flight: flight)
@@ -178,7 +204,7 @@ extension BucketState {
             throw error
         }
         try zeroHeaders(of: freed)
-        return .done(())
+        return .done(nil)
     }
 
     /// Placed records not yet written: each item with its file offset.
@@ -253,16 +279,21 @@ extension BucketState {
     /// A written record's slot now points at it in the file.
     private mutating func land(_ placed: (item: Int, offset: Int), batch: WriteBatch) {
         let item = batch.items[placed.item]
-        switch item.origin {
+        land(item.origin, at: placed.offset, length: item.length)
+    }
+
+    /// A record of `origin` written at `offset`: its slot now points at it in the file.
+    mutating func land(_ origin: WriteBatch.Origin, at fileOffset: Int, length: Int) {
+        switch origin {
         case .memtable(let parity, let offset, let tag):
             guard let position = pendingPosition(tag: tag, parity: parity, offset: offset) else { return }
             let old = index[position].length
-            index[position].place(at: placed.offset, length: item.length)
+            index[position].place(at: fileOffset, length: length)
             pendingCount -= 1
             pendingBytes -= old
-            liveBytes += item.length
+            liveBytes += length
         case .reinserted(var slot):
-            slot.place(at: placed.offset, length: item.length)
+            slot.place(at: fileOffset, length: length)
             slot.credits = 0
             insert(slot)
         case .other:

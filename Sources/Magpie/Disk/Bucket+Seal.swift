@@ -9,7 +9,10 @@
 //     `WriteBatch` — the costly part, which RocksDB's memtable flush also does off the writer's path;
 //  3. commit (under the lock, through the tier's room-finding loop, DiskTier.withRoom): the records still
 //     live are stamped and written (Bucket+Regions.swift), their slots then point into the file, and the
-//     sealing memtable is released. A record replaced or removed during step 2 is left out.
+//     sealing memtable is released. A record replaced or removed during step 2 is left out. When the
+//     commit reclaims no region (most do not), only the placing is done under the lock: the records'
+//     `pwrite` follows without it, and their slots point into the file once it is done (a *flight*,
+//     Bucket+Flight.swift, which says what waits for it meanwhile).
 // If the commit fails, the memtable's records still pending are lost (misses, counted in
 // `lostBufferedStores`) and the memtable is released all the same.
 
@@ -62,9 +65,11 @@ extension BucketState {
         return (memtable, live)
     }
 
-    /// Writes the claimed memtable's batch (step 3 above) and releases it.
-    mutating func commitSeal(_ memtable: Memtable, _ batch: inout WriteBatch, policy: RoomPolicy, now: Int64) throws(MagpieError)
-        -> RoomOutcome<Void>
+    /// Writes the claimed memtable's batch (step 3 above) and releases it; or, with `deferring`, when the
+    /// write reclaims nothing, places the records and returns their flight for the caller to write without
+    /// the lock (Bucket+Flight.swift), then to finish with `finishSeal`.
+    mutating func commitSeal(_ memtable: Memtable, _ batch: inout WriteBatch, policy: RoomPolicy, now: Int64, deferring: Bool = false)
+        throws(MagpieError) -> RoomOutcome<SealFlight?>
     {
         try checkOpen()
         // Expired while it waited: not written.
@@ -75,9 +80,21 @@ extension BucketState {
             drop(at: position)
             counters.expired += 1
         }
-        if case .short(let short) = try write(&batch, policy: policy, now: now) { return .short(short) }
+        switch try write(&batch, policy: policy, now: now, deferring: deferring) {
+        case .short(let short):
+            return .short(short)
+        case .done(let flight):
+            if flight == nil { release(memtable) }
+            return .done(flight)
+        }
+    }
+
+    /// After a deferred commit's flight was written: settles it (if nobody did meanwhile) and releases the
+    /// memtable; throws the write's failure (the caller then abandons the seal, as after a failed commit).
+    mutating func finishSeal(_ memtable: Memtable, flight: SealFlight) throws(MagpieError) {
+        if self.flight === flight { settleFlight() }
+        if let failure = flight.waitUntilWritten().failure { throw failure }
         release(memtable)
-        return .done(())
     }
 
     /// After a failed commit: the memtable's records still pending are lost (counted, unless they are the

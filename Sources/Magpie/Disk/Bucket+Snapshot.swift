@@ -103,6 +103,7 @@ extension BucketState {
     /// happen.
     @inline(__always)
     mutating func beforeFileChange() throws(MagpieError) {
+        settleFlight()  // nothing is written behind a flight before it is complete (Bucket+Flight.swift)
         try context.sizesFile.retire()
         try retireSnapshot()
         if closedLength > 0 { try forgetClosedLength() }
@@ -117,6 +118,7 @@ extension BucketState {
     /// At a clean close, after the flush: the file header records the file's length, which the next
     /// load checks (a file found shorter lost its end). Best effort: a failure only leaves it 0.
     mutating func recordClosedLength() {
+        settleFlight()
         guard let length = try? FileIO.size(fd, path: context.path), length != closedLength, length >= BucketFileHeader.size else { return }
         let header = expectedHeader(regionSize: regionSize, closedLength: length)
         if (try? FileIO.write(fd, header.encoded(), at: 0, path: context.path)) != nil { closedLength = length }

@@ -24,6 +24,8 @@ extension BucketState {
         // this one, or, if this one returns `.short` or throws (its tombstone needed room), the next.
         if detached { sealingNotHandedOver = true }
         var earned = 0  // the reads the key earned, kept by the new value (writeTombstone zeroes them)
+        // A record of the key in a flight is about to be in the file: it lands first, and gets its tombstone.
+        if flight != nil, let position = try position(of: key), isInFlight(index[position]) { settleFlight() }
         if let position = try position(of: key) {
             earned = index[position].credits
             if !index[position].isPending {
@@ -61,7 +63,12 @@ extension BucketState {
         try checkOpen()
         defer { healIfNeeded(now: now) }
         let tag = DiskSlot.tag(of: key.hash)
-        let found = try find(tag: tag, key: key.bytes)
+        var found = try find(tag: tag, key: key.bytes)
+        // A record of the key in a flight is about to be in the file: it lands first, and gets its tombstone.
+        if let (position, _) = found, isInFlight(index[position]) {
+            settleFlight()
+            found = try find(tag: tag, key: key.bytes)
+        }
         if found == nil && unindexedRegion == nil { return .done(false) }
         if found.map({ !index[$0.0].isPending }) ?? true {
             if let (position, _) = found { index[position].credits = 0 }  // see writeTombstone
@@ -81,6 +88,12 @@ extension BucketState {
         try checkOpen()
         defer { healIfNeeded(now: now) }
         var members = try groupMembers(group)
+        // Members whose records are in a flight are about to be in the file: they land first (and are
+        // covered by the group tombstone).
+        if members.contains(where: { isInFlight($0) }) {
+            settleFlight()
+            members = try groupMembers(group)
+        }
         guard !members.isEmpty || unindexedRegion != nil else { return .done(0) }
         if members.contains(where: { !$0.isPending }) || unindexedRegion != nil {
             // No member may be copied forward past the group tombstone by a reclaim during its write (see

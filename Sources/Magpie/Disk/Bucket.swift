@@ -202,6 +202,9 @@ struct BucketState {
     /// A store detached the active memtable but did not return `.storedAndDetached` (its tombstone needed
     /// room first, or failed): the next store that succeeds returns it, so that the sealer is told.
     var sealingNotHandedOver = false
+    /// A seal's records placed in the file, their write not yet settled (Bucket+Flight.swift): settled
+    /// before anything else changes the file.
+    var flight: SealFlight? = nil
     /// The most bytes the file may hold now: its share, plus what it borrowed, less what it lent.
     var limit: Int
     /// Whether the index has been loaded (Bucket+Recovery.swift): until then `index`, the regions and
@@ -280,10 +283,12 @@ struct BucketState {
 
     mutating func flush() throws(MagpieError) {
         try checkOpen()
+        settleFlight()
         try FileIO.sync(fd, path: context.path)
     }
 
     mutating func close() {
+        settleFlight()  // its write must be done before the descriptor goes
         mapping?.unmap()
         mapping = nil
         if fd >= 0 { Glibc.close(fd) }

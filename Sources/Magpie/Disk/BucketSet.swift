@@ -110,8 +110,13 @@ final class BucketSet: Sendable {
         var (batch, original, stored) = BucketState.seal(memtable, live: live, shared: shared)
         let now = shared.clock.now()
         do {
-            try withRoom(number, now: now) { (state, policy) throws(MagpieError) in
-                try state.commitSeal(memtable, &batch, policy: policy, now: now)
+            let flight = try withRoom(number, now: now) { (state, policy) throws(MagpieError) in
+                try state.commitSeal(memtable, &batch, policy: policy, now: now, deferring: true)
+            }
+            // The records' write, without the bucket's lock (Bucket+Flight.swift).
+            if let flight {
+                flight.write(from: batch.bytes)
+                try buckets[number].withLock { (state: inout BucketState) throws(MagpieError) in try state.finishSeal(memtable, flight: flight) }
             }
         } catch {
             buckets[number].withLock { $0.abandonSeal(memtable, failure: reported ? nil : error, countingLost: !ownStore) }

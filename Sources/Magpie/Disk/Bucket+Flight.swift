@@ -1,0 +1,154 @@
+import Foundation
+
+// MARK: - A seal's file write, without the bucket's lock (the last step of Bucket+Seal.swift)
+//
+// The commit of a sealed memtable (Bucket+Seal.swift, step 3) places its records under the bucket's lock:
+// it stamps their sequence numbers, moves the newest region's end past them, opens the regions they need
+// (writing those headers) and, when it must, reclaims the oldest region. The `pwrite` of the records
+// themselves — 40–170 µs for a 40 KiB memtable on this project's VMs, most of a commit — is what kept
+// every store and read of the bucket waiting. When the commit reclaimed nothing (no freed slot to zero, no
+// entry reinserted: most commits), that write is left to the sealing thread after the lock is released: a
+// *flight*, noted in `BucketState.flight` until it is settled.
+//
+// While a flight is out, the bucket serves as before: its records' slots are still pending, so reads and
+// overwrites find them in the sealing memtable, which stays until the flight lands. What must not happen
+// meanwhile is anything that depends on those bytes being in the file, or on nothing being appended behind
+// them. So, under the lock, these *settle* the flight first (`settleFlight`: wait until its write is done,
+// then point its records' slots into the file, exactly as a commit under the lock would have):
+//  - every change to the file: `beforeFileChange()` (appends, tombstones, reclaims, truncation,
+//    emptying), so nothing is ever written behind a flight before it is complete (a crash then can only cut
+//    the file's tail, as in a commit under the lock);
+//  - whatever reads a region's bytes beyond its records' slots (scrub, evacuation), closes or syncs the
+//    file, or writes a snapshot;
+//  - an overwrite or removal of a key whose record is in the flight, and a group removal with such a
+//    member: the record is about to be in the file, so its replacement needs a tombstone, written after it.
+// The sealing thread settles its own flight when the write is done, if nobody did earlier; it waits for
+// nothing under the lock, and takes no lock while it writes, so no thread waiting under the lock can be
+// waiting for it in vain.
+//
+// A failed write: the records before the failed run land; each region then ends where the failed run
+// began (nothing was appended behind it: see above), and what the failed write left is zeroed, or, if that
+// fails, the region is noted in `unindexedRegion` (Bucket+Regions.swift). The commit then fails as a commit
+// under the lock does (the memtable's records not written are lost, Bucket+Seal.swift).
+
+/// A seal's records placed in the file under the bucket's lock and written without it (see above).
+final class SealFlight: Sendable {
+    /// A placed record: where it goes in the file, and which slot points at it once written.
+    struct Record: Sendable {
+        /// The record's bytes in the seal's batch.
+        var start: Int
+        var length: Int
+        var offset: Int
+        var origin: WriteBatch.Origin
+    }
+
+    /// What the write did.
+    struct Outcome: Sendable {
+        /// Records written, from the first (the rest were not).
+        var written = 0
+        var bytesWritten = 0
+        var failure: MagpieError? = nil
+        /// The file offset of a failed write whose partial bytes could not be zeroed.
+        var unzeroed: Int? = nil
+    }
+
+    let fd: Int32
+    let path: String
+    let records: [Record]
+    private let done = NSCondition()
+    private let outcome = Locked<Outcome?>(nil)
+
+    init(fd: Int32, path: String, records: [Record]) {
+        self.fd = fd
+        self.path = path
+        self.records = records
+    }
+
+    /// Writes the records (from `bytes`, the seal's batch): one `pwrite` per run contiguous both in the file
+    /// and in `bytes`; a failed one's partial bytes are zeroed (its pages exist: the overwrite needs no new
+    /// space). Then tells those waiting. Called once, by the sealing thread, holding no lock.
+    func write(from bytes: [UInt8]) {
+        var result = Outcome()
+        defer { finish(result) }
+        var first = 0  // the first record of the current run
+        while first < records.count {
+            var end = first + 1
+            var length = records[first].length
+            while end < records.count && records[end].offset == records[first].offset + length
+                && records[end].start == records[first].start + length
+            {
+                length += records[end].length
+                end += 1
+            }
+            let at = records[first].offset
+            var written = 0
+            do {
+                try bytes.withUnsafeBytes { raw in
+                    Result { () throws(MagpieError) in
+                        try FileIO.write(
+                            fd, UnsafeRawBufferPointer(rebasing: raw[records[first].start..<(records[first].start + length)]), at: at,
+                            path: path, done: &written)
+                    }
+                }.get()
+            } catch {
+                result.failure = error
+                if written > 0 && (try? FileIO.write(fd, [UInt8](repeating: 0, count: written), at: at, path: path, operation: "zero")) == nil {
+                    result.unzeroed = at
+                }
+                return
+            }
+            result.written = end
+            result.bytesWritten += length
+            first = end
+        }
+    }
+
+    private func finish(_ result: Outcome) {
+        done.lock()
+        outcome.withLock { $0 = result }
+        done.broadcast()
+        done.unlock()
+    }
+
+    /// Waits until the write is done; returns what it did.
+    func waitUntilWritten() -> Outcome {
+        done.lock()
+        defer { done.unlock() }
+        while true {
+            if let result = outcome.withLock({ $0 }) { return result }
+            done.wait()
+        }
+    }
+}
+
+extension BucketState {
+    /// Whether `slot` is a record of the flight out (pending, of the memtable whose records it writes).
+    func isInFlight(_ slot: DiskSlot) -> Bool {
+        guard let flight, slot.isPending else { return false }
+        return flight.records.contains { record in
+            if case .memtable(let parity, let offset, _) = record.origin { parity == slot.memtableParity && offset == slot.memtableOffset } else { false }
+        }
+    }
+
+    /// Waits for the flight out, if any, and lands it: its written records' slots point into the file; after
+    /// a failure, each region ends where the failed write began (see the top of this file). Idempotent.
+    mutating func settleFlight() {
+        guard let flight else { return }
+        let outcome = flight.waitUntilWritten()
+        self.flight = nil
+        for record in flight.records[0..<outcome.written] {
+            land(record.origin, at: record.offset, length: record.length)
+        }
+        counters.bytesWritten += UInt64(outcome.bytesWritten)
+        if outcome.failure != nil {
+            for record in flight.records[outcome.written...] {
+                guard let position = regionPosition(holding: slot(ofOffset: record.offset)) else { continue }
+                regions[position].end = min(regions[position].end, record.offset - start(of: regions[position]))
+            }
+            if let at = outcome.unzeroed, let position = regionPosition(holding: slot(ofOffset: at)) {
+                unindexedRegion = regions[position].sequence
+            }
+        }
+        if let mapping, size > mapping.length { remap(length: min(context.ledger.maximumLimit, max(limit, 2 * mapping.length))) }
+    }
+}
