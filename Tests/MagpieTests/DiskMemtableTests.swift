@@ -311,6 +311,57 @@ struct DiskMemtableTests {
         try tier.close()
     }
 
+    @Test("a memtable write that fails while removeAll empties the bucket: it lost no store, so no later store or flush throws")
+    func failedWriteDuringRemoveAll() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let tier = try DiskTier(Self.configuration(directory.path, buffer: 16 << 10))
+        @Sendable func value(_ i: Int) -> [UInt8] { selfDescribingValue(key: i, version: 1, length: 1000) }
+        for i in 0..<5 { try tier.set(value(i), forKey: keyBytes(i)) }
+        try tier.flush()
+        // The sealer thread's next `pwrite` waits until the test lets it go, then fails.
+        let entered = DispatchSemaphore(value: 0)
+        let release = DispatchSemaphore(value: 0)
+        let armed = Locked(true)
+        FileIOFaults.set(under: directory.path) { call, _ in
+            guard call == "pwrite", IOThreadPool.currentThreadName == "magpie-io-sealer", armed.withLock({ let was = $0; $0 = false; return was }) else { return nil }
+            entered.signal()
+            _ = release.wait(timeout: .now() + 20)
+            return ENOSPC
+        }
+        defer { FileIOFaults.set(under: directory.path, nil) }
+        for i in 100..<116 { try tier.set(value(i), forKey: keyBytes(i)) }
+        guard entered.wait(timeout: .now() + 10) == .success else {
+            Issue.record("the sealer never wrote the memtable")
+            release.signal()
+            return
+        }
+        // `removeAll` waits for the held write (it changes the file), which then fails: the stores it held are
+        // removed anyway.
+        let emptied = DispatchSemaphore(value: 0)
+        let failure = Locked<String?>(nil)
+        Thread.detachNewThread {
+            do { try tier.removeAll() } catch { failure.withLock { $0 = "\(error)" } }
+            emptied.signal()
+        }
+        usleep(50_000)
+        release.signal()
+        #expect(emptied.wait(timeout: .now() + 10) == .success)
+        #expect(failure.withLock { $0 } == nil)
+        FileIOFaults.set(under: directory.path, nil)
+        var statistics = tier.statistics
+        for _ in 0..<500 where statistics.bufferedBytes > 0 {  // the sealer thread finishes its seal
+            usleep(2_000)
+            statistics = tier.statistics
+        }
+        try tier.set(value(300), forKey: keyBytes(300))  // threw the failure of a write that lost nothing
+        try tier.flush()
+        #expect(try tier.value(forKey: keyBytes(300)) == value(300))
+        for i in [0, 4, 100, 115] { #expect(try tier.value(forKey: keyBytes(i)) == nil, "key \(i)") }
+        #expect(tier.statistics.lostBufferedStores == 0 && tier.statistics.corruptRecords == 0)
+        try tier.close()
+    }
+
     @Test("the sealer thread calls its work at the same stack depth at its 2,000th seal as at its first")
     func sealerWorkDoesNotGrow() {
         // A closure stored as `Locked`'s bare generic state gained two reabstraction thunks per read, so each

@@ -6,9 +6,12 @@ import Foundation
 // it stamps their sequence numbers, moves the newest region's end past them, opens the regions they need
 // (writing those headers) and, when it must, reclaims the oldest region. The `pwrite` of the records
 // themselves — 40–170 µs for a 40 KiB memtable on this project's VMs, most of a commit — is what kept
-// every store and read of the bucket waiting. When the commit reclaimed nothing (no freed slot to zero, no
-// entry reinserted: most commits), that write is left to the sealing thread after the lock is released: a
-// *flight*, noted in `BucketState.flight` until it is settled.
+// every store and read of the bucket waiting. When the commit leaves no freed region header to zero after
+// the records and reinserts no entry (most commits reclaim nothing; one that reclaimed the oldest region
+// into the slot it opens, and kept none of its entries, qualifies too: the records placed before the
+// reclaim were written under the lock, and the reused slot's header is the new region's), that write is
+// left to the sealing thread after the lock is released: a *flight*, noted in `BucketState.flight` until
+// it is settled.
 //
 // While a flight is out, the bucket serves as before: its records' slots are still pending, so reads and
 // overwrites find them in the sealing memtable, which stays until the flight lands. What must not happen
@@ -122,12 +125,13 @@ final class SealFlight: Sendable {
 }
 
 extension BucketState {
-    /// Whether `slot` is a record of the flight out (pending, of the memtable whose records it writes).
+    /// Whether `slot` is a record of the flight out: pending in the sealing memtable while a flight is out.
+    /// (Exact: every record of that memtable still pending was placed in the flight — the others were
+    /// replaced, removed or dropped as expired before — and stores made since went to the other memtable.
+    /// Were it not, a slot taken for one would only make its operation wait for the write.)
     func isInFlight(_ slot: DiskSlot) -> Bool {
-        guard let flight, slot.isPending else { return false }
-        return flight.records.contains { record in
-            if case .memtable(let parity, let offset, _) = record.origin { parity == slot.memtableParity && offset == slot.memtableOffset } else { false }
-        }
+        guard flight != nil, slot.isPending, let sealing else { return false }
+        return slot.memtableParity == sealing.parity
     }
 
     /// Waits for the flight out, if any, and lands it: its written records' slots point into the file; after
@@ -146,7 +150,7 @@ extension BucketState {
                 regions[position].end = min(regions[position].end, record.offset - start(of: regions[position]))
             }
             if let at = outcome.unzeroed, let position = regionPosition(holding: slot(ofOffset: at)) {
-                unindexedRegion = regions[position].sequence
+                noteUnindexed(regions[position].sequence)
             }
         }
         if let mapping, size > mapping.length { remap(length: min(context.ledger.maximumLimit, max(limit, 2 * mapping.length))) }

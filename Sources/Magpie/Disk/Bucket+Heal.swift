@@ -20,7 +20,6 @@ extension BucketState {
     /// Heals what the operation found (see above).
     mutating func healIfNeeded(now: Int64) {
         guard needsScrub || !damaged.isEmpty || !hiddenDamage.isEmpty else { return }
-        settleFlight()  // regions change below (Bucket+Flight.swift)
         do {
             if needsScrub {
                 needsScrub = false
@@ -44,6 +43,7 @@ extension BucketState {
     /// (counted corrupt), and each damaged region is noted as known or hidden damage (a region the file no
     /// longer holds whole is hidden damage: a short read).
     private mutating func scrub() throws(MagpieError) {
+        settleFlight()  // regions' ends count a flight's records from their placing on (Bucket+Flight.swift)
         for region in regions {
             let low = start(of: region)
             let bytes = try readBytes(region.end, at: low, mapping: mapping)

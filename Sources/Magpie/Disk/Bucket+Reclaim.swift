@@ -145,7 +145,7 @@ extension BucketState {
             // out of the index now, evicted: their records may still be found by a recovery).
             regions.insert(region, at: min(position, regions.count))
             regions.sort { $0.sequence < $1.sequence }
-            unindexedRegion = region.sequence
+            noteUnindexed(region.sequence)
             throw error
         }
         for s in region.slot..<(region.slot + region.slots) { freeSlots[s] = true }

@@ -153,8 +153,8 @@ extension BucketState {
         }
     }
 
-    /// ``write(_:policy:now:)``; with `deferring`, a write that reclaimed nothing leaves its records'
-    /// `pwrite` to the caller, as a flight (Bucket+Flight.swift), which it returns: noted in `flight`
+    /// ``write(_:policy:now:)``; with `deferring`, a write that leaves no freed header to zero and reinserts
+    /// no entry leaves its last records' `pwrite` to the caller, as a flight (Bucket+Flight.swift), which it returns: noted in `flight`
     /// until it is settled, its records placed but their slots still pending.
     mutating func write(_ batch: inout WriteBatch, policy: RoomPolicy, now: Int64, deferring: Bool) throws(MagpieError)
         -> RoomOutcome<SealFlight?>
@@ -184,8 +184,8 @@ extension BucketState {
                 place(next, of: &batch, in: &flight)
                 next += 1
             }
-            // Deferred only when nothing was reclaimed: no freed header is left to zero after the records,
-            // and no reinserted entry waits, out of the index, for its copy to land.
+            // Deferred only when no freed header is left to zero after the records and no reinserted entry
+            // waits, out of the index, for its copy to land (see Bucket+Flight.swift).
             if deferring && freed.isEmpty && !flight.placed.isEmpty
                 && !flight.placed.contains(where: { if case .reinserted = batch.items[$0.item].origin { true } else { false } })
             {
@@ -249,7 +249,7 @@ extension BucketState {
                 if written > 0, (try? FileIO.write(state.fd, zeros, at: runStart, path: path, operation: "zero")) == nil,
                     let position = state.regionPosition(holding: state.slot(ofOffset: runStart))
                 {
-                    state.unindexedRegion = state.regions[position].sequence
+                    state.noteUnindexed(state.regions[position].sequence)
                 }
                 throw error
             }
@@ -390,6 +390,14 @@ extension BucketState {
         freeSlots += repeatElement(true, count: adding)
         if let mapping, size > mapping.length { remap(length: min(context.ledger.maximumLimit, max(limit, 2 * mapping.length))) }
         return slotCount - count
+    }
+
+    /// Notes that region `sequence` may hold records no slot points at (see `unindexedRegion` and the top
+    /// of this file). One region is named; a second one (or a free slot's header, `.max`) makes it `.max`,
+    /// which no reclaim clears: replacing the name would let the first region's records be forgotten while
+    /// they are still in the file.
+    mutating func noteUnindexed(_ sequence: UInt64) {
+        unindexedRegion = unindexedRegion == nil || unindexedRegion == sequence ? sequence : .max
     }
 
     /// Zeroes the headers of freed slots (the region header, so that recovery never finds it again).

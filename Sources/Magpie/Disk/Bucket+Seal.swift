@@ -10,8 +10,8 @@
 //  3. commit (under the lock, through the tier's room-finding loop, DiskTier.withRoom): the records still
 //     live are stamped and written (Bucket+Regions.swift), their slots then point into the file, and the
 //     sealing memtable is released. A record replaced or removed during step 2 is left out. When the
-//     commit reclaims no region (most do not), only the placing is done under the lock: the records'
-//     `pwrite` follows without it, and their slots point into the file once it is done (a *flight*,
+//     commit leaves no freed header to zero and reinserts no entry (most reclaim nothing), only the placing
+//     is done under the lock: the records' `pwrite` follows without it, and their slots point into the file once it is done (a *flight*,
 //     Bucket+Flight.swift, which says what waits for it meanwhile).
 // If the commit fails, the memtable's records still pending are lost (misses, counted in
 // `lostBufferedStores`) and the memtable is released all the same.
@@ -66,7 +66,7 @@ extension BucketState {
     }
 
     /// Writes the claimed memtable's batch (step 3 above) and releases it; or, with `deferring`, when the
-    /// write reclaims nothing, places the records and returns their flight for the caller to write without
+    /// write can (see Bucket+Flight.swift), places the records and returns their flight for the caller to write without
     /// the lock (Bucket+Flight.swift), then to finish with `finishSeal`.
     mutating func commitSeal(_ memtable: Memtable, _ batch: inout WriteBatch, policy: RoomPolicy, now: Int64, deferring: Bool = false)
         throws(MagpieError) -> RoomOutcome<SealFlight?>
@@ -103,8 +103,10 @@ extension BucketState {
     /// everything stored before it reached the file).
     mutating func abandonSeal(_ memtable: Memtable, failure: MagpieError?, countingLost: Bool = true) {
         guard sealing === memtable else { return }  // let go of by `removeAll`: its stores are gone anyway
-        sealFailure = sealFailure ?? failure
         let lost = dropAll { $0.isPending && $0.memtableParity == memtable.parity }
+        // Kept only if it lost a store: a memtable whose records were all replaced or removed meanwhile (a
+        // `removeAll` during its write, say) owes nobody an error.
+        if lost > 0 { sealFailure = sealFailure ?? failure }
         if countingLost { counters.lostBufferedRecords += UInt64(lost) }
         release(memtable)
     }

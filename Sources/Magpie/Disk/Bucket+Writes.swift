@@ -24,9 +24,13 @@ extension BucketState {
         // this one, or, if this one returns `.short` or throws (its tombstone needed room), the next.
         if detached { sealingNotHandedOver = true }
         var earned = 0  // the reads the key earned, kept by the new value (writeTombstone zeroes them)
+        var existing = try position(of: key)
         // A record of the key in a flight is about to be in the file: it lands first, and gets its tombstone.
-        if flight != nil, let position = try position(of: key), isInFlight(index[position]) { settleFlight() }
-        if let position = try position(of: key) {
+        if let found = existing, isInFlight(index[found]) {
+            settleFlight()
+            existing = try position(of: key)
+        }
+        if let position = existing {
             earned = index[position].credits
             if !index[position].isPending {
                 index[position].credits = 0  // see writeTombstone
