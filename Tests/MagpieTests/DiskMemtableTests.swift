@@ -224,6 +224,36 @@ struct DiskMemtableTests {
         }
     }
 
+    /// Holds the sealer thread's next `pwrite` under a directory (an injected fault, which the caller
+    /// removes) until `release` is signalled; it then goes ahead, or fails with `errno`.
+    final class HeldSealerWrite: Sendable {
+        let entered = DispatchSemaphore(value: 0)
+        let release = DispatchSemaphore(value: 0)
+        private let armed = Locked(true)
+
+        init(under path: String, failingWith errno: Int32? = nil) {
+            FileIOFaults.set(under: path) { [self] call, _ in
+                guard call == "pwrite", IOThreadPool.currentThreadName == "magpie-io-sealer",
+                    armed.withLock({ let was = $0; $0 = false; return was })
+                else { return nil }
+                entered.signal()
+                _ = release.wait(timeout: .now() + 20)
+                return errno
+            }
+        }
+
+        /// Waits until the sealer thread is in the held write; records an issue (and lets it go) if it
+        /// never gets there.
+        func waitUntilHeld() -> Bool {
+            guard entered.wait(timeout: .now() + 10) == .success else {
+                Issue.record("the sealer never wrote the memtable")
+                release.signal()
+                return false
+            }
+            return true
+        }
+    }
+
     /// What `writeOutsideTheLock` does to a record of the held write: each one lands the write, so each
     /// runs alone (a second one would find the records in the file already).
     enum HeldChange: String, CaseIterable, Sendable {
@@ -240,24 +270,11 @@ struct DiskMemtableTests {
         @Sendable func value(_ i: Int, _ version: Int) -> [UInt8] { selfDescribingValue(key: i, version: version, length: 1000) }
         for i in 0..<5 { try tier.set(value(i, 1), forKey: keyBytes(i)) }
         try tier.flush()  // the region is open: the next seal's only `pwrite` is its records'
-        // The sealer thread's next `pwrite` waits until the test lets it go.
-        let entered = DispatchSemaphore(value: 0)
-        let release = DispatchSemaphore(value: 0)
-        let armed = Locked(true)
-        FileIOFaults.set(under: directory.path) { call, _ in
-            guard call == "pwrite", IOThreadPool.currentThreadName == "magpie-io-sealer", armed.withLock({ let was = $0; $0 = false; return was }) else { return nil }
-            entered.signal()
-            _ = release.wait(timeout: .now() + 20)
-            return nil
-        }
+        let held = HeldSealerWrite(under: directory.path)  // the sealer thread's next `pwrite` waits for the test
         defer { FileIOFaults.set(under: directory.path, nil) }
         // 16 records of 1 KB fill a 16 KiB memtable: the 16th detaches it, and the sealer writes it.
         for i in 100..<116 { try tier.set(value(i, 1), forKey: keyBytes(i), group: i == 104 ? "held" : nil) }
-        guard entered.wait(timeout: .now() + 10) == .success else {
-            Issue.record("the sealer never wrote the memtable")
-            release.signal()
-            return
-        }
+        guard held.waitUntilHeld() else { return }
         // While its write is held: a store into the bucket, reads of the memtable's records and of the file's.
         let during = DispatchSemaphore(value: 0)
         let results = Locked<[String]>([])
@@ -292,7 +309,7 @@ struct DiskMemtableTests {
             after.signal()
         }
         usleep(20_000)
-        release.signal()
+        held.release.signal()
         if waited != .success { _ = during.wait(timeout: .now() + 10) }
         #expect(after.wait(timeout: .now() + 10) == .success)
         #expect(results.withLock { $0 } == ["ok", "ok"])
@@ -319,23 +336,10 @@ struct DiskMemtableTests {
         @Sendable func value(_ i: Int) -> [UInt8] { selfDescribingValue(key: i, version: 1, length: 1000) }
         for i in 0..<5 { try tier.set(value(i), forKey: keyBytes(i)) }
         try tier.flush()
-        // The sealer thread's next `pwrite` waits until the test lets it go, then fails.
-        let entered = DispatchSemaphore(value: 0)
-        let release = DispatchSemaphore(value: 0)
-        let armed = Locked(true)
-        FileIOFaults.set(under: directory.path) { call, _ in
-            guard call == "pwrite", IOThreadPool.currentThreadName == "magpie-io-sealer", armed.withLock({ let was = $0; $0 = false; return was }) else { return nil }
-            entered.signal()
-            _ = release.wait(timeout: .now() + 20)
-            return ENOSPC
-        }
+        let held = HeldSealerWrite(under: directory.path, failingWith: ENOSPC)  // waits, then fails
         defer { FileIOFaults.set(under: directory.path, nil) }
         for i in 100..<116 { try tier.set(value(i), forKey: keyBytes(i)) }
-        guard entered.wait(timeout: .now() + 10) == .success else {
-            Issue.record("the sealer never wrote the memtable")
-            release.signal()
-            return
-        }
+        guard held.waitUntilHeld() else { return }
         // `removeAll` waits for the held write (it changes the file), which then fails: the stores it held are
         // removed anyway.
         let emptied = DispatchSemaphore(value: 0)
@@ -345,7 +349,7 @@ struct DiskMemtableTests {
             emptied.signal()
         }
         usleep(50_000)
-        release.signal()
+        held.release.signal()
         #expect(emptied.wait(timeout: .now() + 10) == .success)
         #expect(failure.withLock { $0 } == nil)
         FileIOFaults.set(under: directory.path, nil)
