@@ -153,6 +153,6 @@ extension BucketState {
                 noteUnindexed(regions[position].sequence)
             }
         }
-        if let mapping, size > mapping.length { remap(length: min(context.ledger.maximumLimit, max(limit, 2 * mapping.length))) }
+        remapIfGrown()
     }
 }

@@ -154,8 +154,8 @@ extension BucketState {
     }
 
     /// ``write(_:policy:now:)``; with `deferring`, a write that leaves no freed header to zero and reinserts
-    /// no entry leaves its last records' `pwrite` to the caller, as a flight (Bucket+Flight.swift), which it returns: noted in `flight`
-    /// until it is settled, its records placed but their slots still pending.
+    /// no entry leaves its last records' `pwrite` to the caller, as a flight (Bucket+Flight.swift), which it
+    /// returns: noted in `flight` until it is settled, its records placed but their slots still pending.
     mutating func write(_ batch: inout WriteBatch, policy: RoomPolicy, now: Int64, deferring: Bool) throws(MagpieError)
         -> RoomOutcome<SealFlight?>
     {
@@ -273,7 +273,7 @@ extension BucketState {
             throw error
         }
         flight = Flight()
-        if let mapping, size > mapping.length { remap(length: min(context.ledger.maximumLimit, max(limit, 2 * mapping.length))) }
+        remapIfGrown()
     }
 
     /// A written record's slot now points at it in the file.
@@ -388,8 +388,14 @@ extension BucketState {
         // Only counted: the file itself grows as its slots are written (so it holds no unwritten tail).
         slotCount += adding
         freeSlots += repeatElement(true, count: adding)
-        if let mapping, size > mapping.length { remap(length: min(context.ledger.maximumLimit, max(limit, 2 * mapping.length))) }
+        remapIfGrown()
         return slotCount - count
+    }
+
+    /// Maps the file anew once it has grown past its mapping (to the limit, at least twice the old length,
+    /// within the tier's largest limit), so that reads reach the slots it grew by.
+    mutating func remapIfGrown() {
+        if let mapping, size > mapping.length { remap(length: min(context.ledger.maximumLimit, max(limit, 2 * mapping.length))) }
     }
 
     /// Notes that region `sequence` may hold records no slot points at (see `unindexedRegion` and the top

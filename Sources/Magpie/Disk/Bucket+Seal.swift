@@ -11,8 +11,8 @@
 //     live are stamped and written (Bucket+Regions.swift), their slots then point into the file, and the
 //     sealing memtable is released. A record replaced or removed during step 2 is left out. When the
 //     commit leaves no freed header to zero and reinserts no entry (most reclaim nothing), only the placing
-//     is done under the lock: the records' `pwrite` follows without it, and their slots point into the file once it is done (a *flight*,
-//     Bucket+Flight.swift, which says what waits for it meanwhile).
+//     is done under the lock: the records' `pwrite` follows without it, and their slots point into the file
+//     once it is done (a *flight*, Bucket+Flight.swift, which says what waits for it meanwhile).
 // If the commit fails, the memtable's records still pending are lost (misses, counted in
 // `lostBufferedStores`) and the memtable is released all the same.
 
@@ -66,8 +66,8 @@ extension BucketState {
     }
 
     /// Writes the claimed memtable's batch (step 3 above) and releases it; or, with `deferring`, when the
-    /// write can (see Bucket+Flight.swift), places the records and returns their flight for the caller to write without
-    /// the lock (Bucket+Flight.swift), then to finish with `finishSeal`.
+    /// write can, places the records and returns their flight for the caller to write without the lock and
+    /// finish with `finishSeal` (Bucket+Flight.swift).
     mutating func commitSeal(_ memtable: Memtable, _ batch: inout WriteBatch, policy: RoomPolicy, now: Int64, deferring: Bool = false)
         throws(MagpieError) -> RoomOutcome<SealFlight?>
     {
