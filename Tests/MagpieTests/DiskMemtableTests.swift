@@ -1,5 +1,6 @@
 import Foundation
 import MagpieTestSupport
+import Synchronization
 import Testing
 
 @testable import Magpie
@@ -388,5 +389,120 @@ struct DiskMemtableTests {
         sealer.setWork(nil)
         let (lowest, highest) = depths.withLock { $0 }
         #expect(highest >= lowest && highest - lowest < 1024, "the work's frame moved \(highest &- lowest) bytes over 2,000 seals")
+    }
+
+    /// Waits (up to 5 s, polling) until `sealer` has finished more than `count` seals; whether it has.
+    static func sealed(_ sealer: Sealer, after count: UInt64) -> Bool {
+        for _ in 0..<5_000 {
+            if sealer.completed > count { return true }
+            usleep(1_000)
+        }
+        return false
+    }
+
+    @Test("a bucket queued while the sealer thread is parked is sealed, with nothing but the queueing to wake it")
+    func parkedSealerWakes() {
+        // Stores hand over without a system call while the thread is awake; once idle, it parks, and then
+        // only `enqueue`'s wake-up brings it back: no flush, no waiter, nothing else signals it.
+        let sealer = Sealer(bucketCount: 4)
+        sealer.setWork { _ in sealer.noteCompleted() }
+        for round in 0..<5 {
+            let before = sealer.completed
+            sealer.enqueue(round % 4)
+            #expect(Self.sealed(sealer, after: before), "round \(round): the awake thread took the bucket")
+            // Idle past every look at the empty queue: the thread parks.
+            var parked = false
+            for _ in 0..<2_000 where !parked {
+                usleep(1_000)
+                parked = sealer.isParked
+            }
+            #expect(parked, "round \(round): the thread parks once idle")
+            let again = sealer.completed
+            sealer.enqueue((round + 1) % 4)
+            let woken = Self.sealed(sealer, after: again)
+            #expect(woken, "round \(round): the queueing woke the parked thread")
+            if !woken { break }
+        }
+        sealer.stop()
+        sealer.setWork(nil)
+    }
+
+    @Test("buckets queued by racing threads around the moment the sealer parks are every one sealed")
+    func racingHandOversAroundParking() async {
+        // Each round lets the thread go idle for about as long as its looks at an empty queue last (so
+        // that it parks at about the time the stores come), then four threads queue their buckets at once.
+        // A wake-up lost between the thread's last look and its wait would leave a bucket unsealed.
+        let sealer = Sealer(bucketCount: 8)
+        let sealedBuckets = Locked<[Int]>([])
+        sealer.setWork { bucket in
+            sealedBuckets.withLock { $0.append(bucket) }
+            sealer.noteCompleted()
+        }
+        let idle = Double(Sealer.pollMicroseconds) * 1e-6 * Double(Sealer.idlePolls)
+        for round in 0..<60 {
+            let before = sealer.completed
+            usleep(UInt32(idle * 1e6 * Double(80 + (round * 7) % 50) / 100))
+            await withTaskGroup(of: Void.self) { group in
+                for thread in 0..<4 {
+                    group.addTask { sealer.enqueue((round * 4 + thread) % 8) }
+                }
+            }
+            var done = false
+            for _ in 0..<5_000 where !done {
+                done = sealer.completed >= before + 4
+                if !done { usleep(1_000) }
+            }
+            #expect(done, "round \(round): \(sealer.completed - before) of 4 buckets sealed")
+            if !done { break }
+        }
+        sealer.stop()
+        sealer.setWork(nil)
+        #expect(sealedBuckets.withLock { $0.count } >= 240)
+    }
+
+    @Test("a bucket queued between the parking sealer's last look at the queue and its wait is sealed")
+    func racingHandOverAtParking() {
+        // The window a lost wake-up would need, held open: when the thread is about to park (its last look
+        // found the queue empty), another thread queues a bucket, and the parking thread gives it 20 ms
+        // before it waits. The queueing thread must see `parked` and wake it (with `parked` set after the
+        // look instead of before, it does not, and the bucket waits forever).
+        let sealer = Sealer(bucketCount: 2)
+        sealer.setWork { _ in sealer.noteCompleted() }
+        let probes = Atomic<Int>(0)
+        sealer.setParkingProbe { _ in
+            guard probes.add(1, ordering: .relaxed).newValue == 1 else { return }
+            let queueing = Thread { sealer.enqueue(1) }
+            queueing.start()
+            usleep(20_000)
+        }
+        let before = sealer.completed
+        sealer.enqueue(0)
+        #expect(Self.sealed(sealer, after: before))
+        for _ in 0..<2_000 where probes.load(ordering: .relaxed) == 0 { usleep(1_000) }
+        #expect(probes.load(ordering: .relaxed) >= 1, "the thread went to park")
+        #expect(Self.sealed(sealer, after: before + 1), "the bucket queued as the thread parked was sealed")
+        sealer.stop()
+        sealer.setWork(nil)
+        sealer.setParkingProbe(nil)
+    }
+
+    @Test("stop() returns promptly whether the sealer thread is looking at an empty queue or parked")
+    func stopWhileIdle() {
+        for parkFirst in [false, true] {
+            let sealer = Sealer(bucketCount: 1)
+            sealer.setWork { _ in sealer.noteCompleted() }
+            let before = sealer.completed
+            sealer.enqueue(0)
+            #expect(Self.sealed(sealer, after: before))
+            if parkFirst {
+                for _ in 0..<2_000 where !sealer.isParked { usleep(1_000) }
+                #expect(sealer.isParked)
+            }
+            let start = DispatchTime.now().uptimeNanoseconds
+            sealer.stop()
+            let elapsed = DispatchTime.now().uptimeNanoseconds - start
+            #expect(elapsed < 1_000_000_000, "stop took \(elapsed) ns (parked first: \(parkFirst))")
+            sealer.setWork(nil)
+        }
     }
 }

@@ -5,15 +5,33 @@ import Synchronization
 //
 // A store that detaches its bucket's active memtable (Disk/Bucket+Seal.swift) queues the bucket here
 // and returns; this thread takes buckets in order and seals their memtables (compression, hashing and,
-// mostly, the file write outside the bucket's lock: Bucket+Seal.swift, Bucket+Flight.swift). It starts at the first queued bucket (a tier that is
-// only read never starts it) and stops when the tier closes (after the seal it is in; `close()` writes
-// what is left itself) or is released.
+// mostly, the file write outside the bucket's lock: Bucket+Seal.swift, Bucket+Flight.swift). It starts at
+// the first queued bucket (a tier that is only read never starts it) and stops when the tier closes (after
+// the seal it is in; `close()` writes what is left itself) or is released.
+//
+// Hand-over without a wake-up on the store's path: a store that queues a bucket takes only the queue's
+// lock (held for an append or a pop, never across a wait) and makes no system call while the thread is
+// awake. When the queue runs dry the thread does not sleep at once: it looks again every `pollMicroseconds`,
+// `idlePolls` times, and only then parks on `condition` (`parked` set first). A store that finds it parked
+// wakes it (one futex call; the first hand-over after an idle spell pays it). Before this, every hand-over
+// that found the thread waiting signalled it from the store, and on this 2-core machine, with the kernel's
+// writeback runnable, the storing thread often lost its core in that call for 100-470 µs: enough of them
+// to set the eviction-heavy store p99.9 (BENCHMARKS.md, "Disk tier (#29)", 2026-11-28).
+//
+// No lost wake-up: the thread sets `parked`, then looks at the queue under its lock, then waits on
+// `condition`, which it holds from before setting `parked` until the wait releases it. A store appends under
+// the queue's lock, then reads `parked`. Either the thread's look follows the append (it sees the bucket), or
+// it precedes it, and then `parked = true` (set before the look) is visible to the store's read (the queue's
+// lock orders them), so the store signals; it takes `condition` to do so, which it gets only once the
+// thread waits.
 //
 // Waiting: a store that finds its bucket's two memtables taken, and `writeBuffers`/`flush`, wait for the
 // seal of a memtable another thread has claimed with ``waitForCompletion(after:)``: a count of finished
 // seals under a condition, read before the caller looked at the bucket, so that a seal finishing in
 // between is never missed. No lock is held across the wait, and none of the bucket locks is ever taken
-// with the condition's held.
+// with the condition's held. (A memtable queued but not yet claimed is never waited for: whoever finds it
+// seals it on its own thread, `BucketSet.sealOrWait` and `writeMemtables`; so a polling thread's delay never
+// holds up a waiter.)
 
 /// The thread that seals memtables for a tier (see above).
 final class Sealer: Sendable {
@@ -26,10 +44,20 @@ final class Sealer: Sendable {
         var finished = false
     }
 
+    /// Where the thread parks after an idle spell (and where `stop()` waits for it to finish); guards
+    /// nothing of its own.
     private let condition = NSCondition()
     private let queue: Locked<Queue>
+    /// The thread is parked on `condition`, or about to be: a store that queues a bucket must wake it.
+    private let parked = Atomic<Bool>(false)
     private let finishedSeals = NSCondition()
     private let completions = Atomic<UInt64>(0)
+    /// How long the thread sleeps between looks at an empty queue before it parks, and how many looks.
+    /// A queued bucket waits about this long at most for the thread (its stores are readable meanwhile, and
+    /// nobody waits for an unclaimed memtable); 20 looks, 2 ms, bridge the gaps of a store-heavy burst.
+    static let pollMicroseconds: UInt32 = 100
+    static let idlePolls = 20
+
     /// Seals one bucket (it logs its failures); set once, by the tier, when its initialiser is done.
     /// Boxed in a class, never held as a bare closure: a function type as `Locked`'s generic state is
     /// stored reabstracted, and every `withLock` then wraps it in two more thunks on the way in and out of
@@ -42,6 +70,15 @@ final class Sealer: Sendable {
         init(_ seal: @escaping @Sendable (Int) -> Void) { self.seal = seal }
     }
     private let work = Locked<Work?>(nil)
+    /// Tests only: called on the thread when it is about to park, after its last look at the queue found
+    /// it empty and before it waits (`racingHandOverAtParking`).
+    private let parkingProbe = Locked<Work?>(nil)
+
+    /// Tests only: sets what the thread calls when about to park (see `parkingProbe`).
+    func setParkingProbe(_ probe: (@Sendable (Int) -> Void)?) {
+        let boxed = probe.map(Work.init)
+        parkingProbe.withLock { $0 = boxed }
+    }
 
     /// A sealer for `bucketCount` buckets.
     init(bucketCount: Int) {
@@ -54,9 +91,9 @@ final class Sealer: Sendable {
         self.work.withLock { $0 = boxed }
     }
 
-    /// Queues bucket `number` (once: a bucket already queued is not queued twice).
+    /// Queues bucket `number` (once: a bucket already queued is not queued twice). No system call unless
+    /// the thread is parked (or not started yet).
     func enqueue(_ number: Int) {
-        condition.lock()
         let start = queue.withLock { queue -> Bool in
             guard !queue.stopping, !queue.queued[number] else { return false }
             queue.queued[number] = true
@@ -68,39 +105,77 @@ final class Sealer: Sendable {
             let thread = Thread { [self] in run() }
             thread.name = "magpie-io-sealer"
             thread.start()
+        } else if parked.load(ordering: .sequentiallyConsistent) {
+            condition.lock()
+            condition.signal()
+            condition.unlock()
         }
-        condition.signal()
-        condition.unlock()
+    }
+
+    /// Whether the thread is parked (tests).
+    var isParked: Bool { parked.load(ordering: .sequentiallyConsistent) }
+
+    private enum Next {
+        case bucket(Int)
+        case empty
+        case stop
+    }
+
+    /// The next queued bucket, taken off the queue.
+    private func next() -> Next {
+        queue.withLock { queue -> Next in
+            if queue.stopping { return .stop }
+            guard queue.head < queue.buckets.count else { return .empty }
+            let bucket = queue.buckets[queue.head]
+            queue.head += 1
+            if queue.head > 1024 && queue.head * 2 > queue.buckets.count {
+                queue.buckets.removeFirst(queue.head)
+                queue.head = 0
+            }
+            queue.queued[bucket] = false
+            return .bucket(bucket)
+        }
     }
 
     private func run() {
         IOThreadPool.nameCurrentThread("magpie-io-sealer")
+        var looks = 0
         while true {
-            condition.lock()
-            var next: Int? = nil
-            while next == nil {
-                let (bucket, stop) = queue.withLock { queue -> (Int?, Bool) in
-                    if queue.stopping { return (nil, true) }
-                    guard queue.head < queue.buckets.count else { return (nil, false) }
-                    let bucket = queue.buckets[queue.head]
-                    queue.head += 1
-                    if queue.head > 1024 && queue.head * 2 > queue.buckets.count {
-                        queue.buckets.removeFirst(queue.head)
-                        queue.head = 0
-                    }
-                    queue.queued[bucket] = false
-                    return (bucket, false)
+            var step = next()
+            if case .empty = step {
+                if looks < Self.idlePolls {
+                    // An empty queue: look again shortly; a store meanwhile queues without waking this thread.
+                    // A relative sleep, not a timed wait on `condition`: that takes a wall-clock deadline, and a
+                    // clock set back would stretch it. `stop()` waits for at most one interval.
+                    looks += 1
+                    usleep(Self.pollMicroseconds)
+                    continue
                 }
-                if stop {
-                    queue.withLock { $0.finished = true }
-                    condition.broadcast()
-                    condition.unlock()
-                    return
+                // Idle for a while: park until a store wakes it (see the comment at the top for the order).
+                condition.lock()
+                parked.store(true, ordering: .sequentiallyConsistent)
+                step = next()
+                if case .empty = step { parkingProbe.withLock { $0 }?.seal(0) }
+                while case .empty = step {
+                    condition.wait()
+                    step = next()
                 }
-                if let bucket { next = bucket } else { condition.wait() }
+                parked.store(false, ordering: .sequentiallyConsistent)
+                condition.unlock()
             }
-            condition.unlock()
-            work.withLock { $0 }?.seal(next!)
+            switch step {
+            case .bucket(let bucket):
+                looks = 0
+                work.withLock { $0 }?.seal(bucket)
+            case .empty:
+                continue
+            case .stop:
+                condition.lock()
+                queue.withLock { $0.finished = true }
+                condition.broadcast()
+                condition.unlock()
+                return
+            }
         }
     }
 
