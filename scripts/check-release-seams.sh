@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Proves that a release build of Magpie carries no test seam: no fault-injection table or check in
-# FileIO, no key-hash counter. They exist only under the MAGPIE_TESTING condition, which Package.swift
+# FileIO, no key-hash counter, no sealer parking probe. They exist only under the MAGPIE_TESTING condition, which Package.swift
 # sets for debug builds. Usage: check-release-seams.sh RELEASE_BINARY DEBUG_BINARY
 # The debug binary (the test bundle) is the control: there the symbols must be present, so that a
 # renamed symbol cannot make this check pass vacuously.
 set -euo pipefail
 release=$1
 debug=$2
-seams=(injectedFailures hasInjections KeyHashCounter)
+seams=(injectedFailures hasInjections KeyHashCounter parkingProbe)
 status=0
 for seam in "${seams[@]}"; do
   in_debug=$(nm "$debug" | grep -c "$seam" || true)

@@ -10,13 +10,17 @@ import Synchronization
 // the seal it is in; `close()` writes what is left itself) or is released.
 //
 // Hand-over without a wake-up on the store's path: a store that queues a bucket takes only the queue's
-// lock (held for an append or a pop, never across a wait) and makes no system call while the thread is
-// awake. When the queue runs dry the thread does not sleep at once: it looks again every `pollMicroseconds`,
-// `idlePolls` times, and only then parks on `condition` (`parked` set first). A store that finds it parked
-// wakes it (one futex call; the first hand-over after an idle spell pays it). Before this, every hand-over
-// that found the thread waiting signalled it from the store, and on this 2-core machine, with the kernel's
-// writeback runnable, the storing thread often lost its core in that call for 100-470 µs: enough of them
-// to set the eviction-heavy store p99.9 (BENCHMARKS.md, "Disk tier (#29)", 2026-11-28).
+// lock (held for an append or a pop, never across a wait; a store finds it taken only during the thread's
+// pop) and, while the thread is awake, makes no other call. When the queue runs dry the thread does not
+// sleep at once: it looks again after 50, 100, 200, 400 and 800 µs (`lookAfter`, about 1.6 ms in all, more
+// with the kernel's timer slack), and only then parks on `condition` (`parked` set first). A store that
+// finds it parked, or parking, takes `condition` and signals it (a futex call: the first hand-over after
+// an idle spell pays it). A steady flow of hand-overs less than 0.8 ms apart never lets it park; one
+// hand-over every millisecond or so costs it up to five timer wake-ups instead of one futex wake-up.
+// Before this, every hand-over that found the thread waiting signalled it from the store, and on this
+// 2-core machine, with the kernel's writeback runnable, the storing thread often lost its core in that call
+// for 100-470 µs: enough of them to set the eviction-heavy store p99.9 (BENCHMARKS.md, "Disk tier (#29)",
+// 2026-11-28).
 //
 // No lost wake-up: the thread sets `parked`, then looks at the queue under its lock, then waits on
 // `condition`, which it holds from before setting `parked` until the wait releases it. A store appends under
@@ -52,11 +56,10 @@ final class Sealer: Sendable {
     private let parked = Atomic<Bool>(false)
     private let finishedSeals = NSCondition()
     private let completions = Atomic<UInt64>(0)
-    /// How long the thread sleeps between looks at an empty queue before it parks, and how many looks.
-    /// A queued bucket waits about this long at most for the thread (its stores are readable meanwhile, and
-    /// nobody waits for an unclaimed memtable); 20 looks, 2 ms, bridge the gaps of a store-heavy burst.
-    static let pollMicroseconds: UInt32 = 100
-    static let idlePolls = 20
+    /// The thread's sleeps, in microseconds, before each look at an empty queue (then it parks): a bucket
+    /// queued while the thread sleeps waits for the rest of that sleep (its stores are readable meanwhile,
+    /// and nobody waits for an unclaimed memtable: see above); one queued while it is parked, for a wake-up.
+    static let lookAfter: [UInt32] = [50, 100, 200, 400, 800]
 
     /// Seals one bucket (it logs its failures); set once, by the tier, when its initialiser is done.
     /// Boxed in a class, never held as a bare closure: a function type as `Locked`'s generic state is
@@ -70,15 +73,18 @@ final class Sealer: Sendable {
         init(_ seal: @escaping @Sendable (Int) -> Void) { self.seal = seal }
     }
     private let work = Locked<Work?>(nil)
-    /// Tests only: called on the thread when it is about to park, after its last look at the queue found
-    /// it empty and before it waits (`racingHandOverAtParking`).
+    #if MAGPIE_TESTING
+    /// Test builds only (`MAGPIE_TESTING`, see Package.swift; scripts/check-release-seams.sh): called on the
+    /// thread right after its look at the queue before it parks, when that look found it empty
+    /// (`racingHandOverAtParking`).
     private let parkingProbe = Locked<Work?>(nil)
 
-    /// Tests only: sets what the thread calls when about to park (see `parkingProbe`).
+    /// Test builds only: sets what the thread calls after its look before parking (see `parkingProbe`).
     func setParkingProbe(_ probe: (@Sendable (Int) -> Void)?) {
         let boxed = probe.map(Work.init)
         parkingProbe.withLock { $0 = boxed }
     }
+    #endif
 
     /// A sealer for `bucketCount` buckets.
     init(bucketCount: Int) {
@@ -137,25 +143,33 @@ final class Sealer: Sendable {
         }
     }
 
+    /// `next()`, as the thread's look before it parks.
+    private func lastLook() -> Next {
+        let step = next()
+        #if MAGPIE_TESTING
+        if case .empty = step { parkingProbe.withLock { $0 }?.seal(0) }
+        #endif
+        return step
+    }
+
     private func run() {
         IOThreadPool.nameCurrentThread("magpie-io-sealer")
         var looks = 0
         while true {
             var step = next()
             if case .empty = step {
-                if looks < Self.idlePolls {
+                if looks < Self.lookAfter.count {
                     // An empty queue: look again shortly; a store meanwhile queues without waking this thread.
                     // A relative sleep, not a timed wait on `condition`: that takes a wall-clock deadline, and a
-                    // clock set back would stretch it. `stop()` waits for at most one interval.
+                    // clock set back would stretch it. `stop()` waits for at most one sleep.
+                    usleep(Self.lookAfter[looks])
                     looks += 1
-                    usleep(Self.pollMicroseconds)
                     continue
                 }
                 // Idle for a while: park until a store wakes it (see the comment at the top for the order).
                 condition.lock()
                 parked.store(true, ordering: .sequentiallyConsistent)
-                step = next()
-                if case .empty = step { parkingProbe.withLock { $0 }?.seal(0) }
+                step = lastLook()
                 while case .empty = step {
                     condition.wait()
                     step = next()
