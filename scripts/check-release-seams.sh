@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Proves that a release build of Magpie carries no test seam: no fault-injection table or check in
-# FileIO, no key-hash counter, no sealer parking probe. They exist only under the MAGPIE_TESTING condition, which Package.swift
-# sets for debug builds. Usage: check-release-seams.sh RELEASE_BINARY DEBUG_BINARY
+# FileIO, no key-hash counter, no sealer parking probe. They exist only under the MAGPIE_TESTING
+# condition, which Package.swift sets for debug builds. Usage: check-release-seams.sh RELEASE_BINARY
+# DEBUG_BINARY
 # The debug binary (the test bundle) is the control: there the symbols must be present, so that a
 # renamed symbol cannot make this check pass vacuously.
 set -euo pipefail
