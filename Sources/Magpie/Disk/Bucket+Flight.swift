@@ -69,10 +69,13 @@ final class SealFlight: Sendable {
 
     /// Writes the records (from `bytes`, the seal's batch): one `pwrite` per run contiguous both in the file
     /// and in `bytes`; a failed one's partial bytes are zeroed (its pages exist: the overwrite needs no new
-    /// space). Then tells those waiting. Called once, by the sealing thread, holding no lock.
-    func write(from bytes: [UInt8]) {
+    /// space). Then tells those waiting, and returns what it did. Called once: by the sealing thread,
+    /// holding no lock, or under the lock by a commit that writes its records there (`fly`).
+    @discardableResult
+    func write(from bytes: [UInt8]) -> Outcome {
         var result = Outcome()
         defer { finish(result) }
+        // (`finish` runs on every return below, which then hands back the same `result`.)
         var first = 0  // the first record of the current run
         while first < records.count {
             var end = first + 1
@@ -98,12 +101,13 @@ final class SealFlight: Sendable {
                 if written > 0 && (try? FileIO.write(fd, [UInt8](repeating: 0, count: written), at: at, path: path, operation: "zero")) == nil {
                     result.unzeroed = at
                 }
-                return
+                return result
             }
             result.written = end
             result.bytesWritten += length
             first = end
         }
+        return result
     }
 
     private func finish(_ result: Outcome) {
@@ -140,6 +144,11 @@ extension BucketState {
         guard let flight else { return }
         let outcome = flight.waitUntilWritten()
         self.flight = nil
+        land(flight, outcome)
+    }
+
+    /// A written flight's records land; after a failure, each region ends where the failed write began.
+    mutating func land(_ flight: SealFlight, _ outcome: SealFlight.Outcome) {
         for record in flight.records[0..<outcome.written] {
             land(record.origin, at: record.offset, length: record.length)
         }

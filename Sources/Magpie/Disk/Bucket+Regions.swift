@@ -189,11 +189,7 @@ extension BucketState {
             if deferring && freed.isEmpty && !flight.placed.isEmpty
                 && !flight.placed.contains(where: { if case .reinserted = batch.items[$0.item].origin { true } else { false } })
             {
-                let records = flight.placed.map { placed in
-                    let item = batch.items[placed.item]
-                    return SealFlight.Record(start: item.start, length: item.length, offset: placed.offset, origin: item.origin)
-                }
-                let deferred = SealFlight(fd: fd, path: context.path, records: records)
+                let deferred = sealFlight(of: flight, batch: batch)
                 self.flight = deferred
                 return .done(deferred)
             }
@@ -227,59 +223,28 @@ extension BucketState {
         flight.placed.append((n, offset))
     }
 
-    /// Writes the flight's records (one `pwrite` per contiguous run) and points their slots into the file.
-    private mutating func fly(_ flight: inout Flight, batch: WriteBatch) throws(MagpieError) {
-        guard !flight.placed.isEmpty else { return }
-        var run: [UInt8] = []
-        var runStart = 0
-        var done = 0  // placed records written
-        let path = context.path
-        func writeRun(_ state: inout BucketState, upTo end: Int) throws(MagpieError) {
-            guard !run.isEmpty else { return }
-            var written = 0
-            do {
-                try run.withUnsafeBytes { bytes in
-                    Result { () throws(MagpieError) in try FileIO.write(state.fd, bytes, at: runStart, path: path, done: &written) }
-                }.get()
-            } catch {
-                // What the failed write did put in the file is zeroed (its pages exist: the overwrite needs no
-                // new space), so that no record of it is left that no slot points at; if that fails too, the
-                // region is noted (see the top of this file).
-                let zeros = [UInt8](repeating: 0, count: written)
-                if written > 0, (try? FileIO.write(state.fd, zeros, at: runStart, path: path, operation: "zero")) == nil,
-                    let position = state.regionPosition(holding: state.slot(ofOffset: runStart))
-                {
-                    state.noteUnindexed(state.regions[position].sequence)
-                }
-                throw error
-            }
-            state.counters.bytesWritten += UInt64(run.count)
-            for k in done..<end { state.land(flight.placed[k], batch: batch) }
-            done = end
-            run.removeAll(keepingCapacity: true)
-        }
-        for (k, placed) in flight.placed.enumerated() {
+    /// The placed records of `flight`, as a ``SealFlight`` to write from `batch`'s bytes.
+    private func sealFlight(of flight: Flight, batch: WriteBatch) -> SealFlight {
+        let records = flight.placed.map { placed in
             let item = batch.items[placed.item]
-            if run.isEmpty || runStart + run.count != placed.offset {
-                try writeRun(&self, upTo: k)
-                runStart = placed.offset
-            }
-            batch.bytes.withUnsafeBytes { run.append(contentsOf: UnsafeRawBufferPointer(rebasing: $0[item.start..<(item.start + item.length)])) }
+            return SealFlight.Record(start: item.start, length: item.length, offset: placed.offset, origin: item.origin)
         }
-        do {
-            try writeRun(&self, upTo: flight.placed.count)
-        } catch {
-            flight.placed.removeFirst(done)
-            throw error
-        }
-        flight = Flight()
-        remapIfGrown()
+        return SealFlight(fd: fd, path: context.path, records: records)
     }
 
-    /// A written record's slot now points at it in the file.
-    private mutating func land(_ placed: (item: Int, offset: Int), batch: WriteBatch) {
-        let item = batch.items[placed.item]
-        land(item.origin, at: placed.offset, length: item.length)
+    /// Writes the flight's records here, under the lock (one `pwrite` per run contiguous in the file and in
+    /// the batch, Bucket+Flight.swift), and points their slots into the file. On a failure, `flight` keeps
+    /// the records not written (for `abandon`).
+    private mutating func fly(_ flight: inout Flight, batch: WriteBatch) throws(MagpieError) {
+        guard !flight.placed.isEmpty else { return }
+        let written = sealFlight(of: flight, batch: batch)
+        let outcome = written.write(from: batch.bytes)
+        land(written, outcome)
+        if let failure = outcome.failure {
+            flight.placed.removeFirst(outcome.written)
+            throw failure
+        }
+        flight = Flight()
     }
 
     /// A record of `origin` written at `offset`: its slot now points at it in the file.
