@@ -34,7 +34,8 @@ import Foundation
 // fails, the region is noted in `unindexedRegion` (Bucket+Regions.swift). The commit then fails as a commit
 // under the lock does (the memtable's records not written are lost, Bucket+Seal.swift).
 
-/// A seal's records placed in the file under the bucket's lock and written without it (see above).
+/// A seal's records placed in the file under the bucket's lock and written without it (see above); also how
+/// a commit that must write under the lock writes its records (`fly`, Bucket+Regions.swift).
 final class SealFlight: Sendable {
     /// A placed record: where it goes in the file, and which slot points at it once written.
     struct Record: Sendable {
