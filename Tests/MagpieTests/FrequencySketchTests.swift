@@ -199,6 +199,53 @@ struct GhostWindowControlTests {
     }
 }
 
+@Suite("MemoryTier: small's share")
+struct SmallShareControlTests {
+    @Test("hits within small's reach move the share, by 5 % each; later ones do not; it stays within 1-25 %")
+    func moves() {
+        var control = SmallShareControl()
+        #expect(control.share == 0.01)
+        #expect(control.target(budget: 100_000) == 1000)
+        // Beyond small's reach: nothing.
+        let moved1 = control.ghostHit(age: 11, fromMain: false, reach: 10)
+        #expect(!moved1)
+        let moved2 = control.ghostHit(age: 11, fromMain: true, reach: 10)
+        #expect(!moved2)
+        #expect(control.share == 0.01)
+        // Within it: up on a small-ghost hit, down on a main-ghost hit.
+        let moved3 = control.ghostHit(age: 10, fromMain: false, reach: 10)
+        #expect(moved3)
+        #expect(abs(control.share - 0.0105) < 1e-12)
+        _ = control.ghostHit(age: 0, fromMain: false, reach: 10)
+        let moved4 = control.ghostHit(age: 0, fromMain: true, reach: 10)
+        #expect(moved4)
+        #expect(abs(control.share - 0.01 * 1.05 * 1.05 * 0.95) < 1e-12)
+        // A reach under one unit still counts a hit of age 1 (small's target below a stamp unit).
+        let moved5 = control.ghostHit(age: 1, fromMain: false, reach: 0)
+        #expect(moved5)
+        // Bounds.
+        for _ in 0..<1000 { _ = control.ghostHit(age: 0, fromMain: false, reach: 1) }
+        #expect(control.share == 0.25)
+        #expect(control.target(budget: 100_000) == 25_000)
+        for _ in 0..<1000 { _ = control.ghostHit(age: 0, fromMain: true, reach: 1) }
+        #expect(control.share == 0.01)
+    }
+
+    @Test("the size draw passes a fraction in proportion to the bound over the charge")
+    func sizeDraw() {
+        var draw = SizeDraw()
+        var below = 0
+        for _ in 0..<100_000 where draw.next() < 0.25 { below += 1 }
+        #expect((24_000...26_000).contains(below), "\(below) of 100,000 draws under 0.25")
+        var range = (low: 1.0, high: 0.0)
+        for _ in 0..<10_000 {
+            let x = draw.next()
+            range = (min(range.low, x), max(range.high, x))
+        }
+        #expect(range.low >= 0 && range.low < 0.01 && range.high < 1 && range.high > 0.99)
+    }
+}
+
 @Suite("MemoryTier: the main ring's tag")
 struct EntryRingTagTests {
     /// Block i's tag: each of the three, in turn.

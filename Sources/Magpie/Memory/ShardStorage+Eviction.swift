@@ -43,8 +43,8 @@ extension ShardStorage {
     }
 
     /// Pops `main` until a block is freed: dead blocks are freed, read entries re-queued with
-    /// frequency - 1 (so at most two passes with the cap of 1), and the first unread entry evicted
-    /// into the main ghost.
+    /// frequency - 1 (so at most two passes with the cap of 1; an entry over twice the mean charge only
+    /// by the size draw), and the first unread entry evicted into the main ghost.
     private mutating func evictFromMain() {
         while main.count > 0 {
             let (block, tag) = main.popFirstTagged()
@@ -60,8 +60,9 @@ extension ShardStorage {
             case .admittedByGhost: ghostControl.admittedReached(read: header.frequency > 0, target: admission.target)
             case .none: admission.residentReached(read: header.frequency > 0)
             }
-            // Re-queueing into the ring it was just popped from never needs more room.
-            if header.frequency > 0 && main.push(block) {
+            // Re-queueing into the ring it was just popped from never needs more room. A large entry's
+            // read counts by the size draw (ShardStorage+Sizing.swift).
+            if header.frequency > 0 && sizeEarnsPlace(charge: charge) && main.push(block) {
                 EntryHeader.setFrequency(block, header.frequency - 1)
                 continue
             }

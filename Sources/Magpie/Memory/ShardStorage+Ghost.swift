@@ -88,6 +88,13 @@ enum GhostTuning {
     static let step: Double = 0.1
 }
 
+/// A ghost hit: how far its ghost has moved on since the key was evicted (stamp units, within the window),
+/// and which queue evicted it.
+struct GhostHit {
+    let age: UInt32
+    let fromMain: Bool
+}
+
 /// One ghost's position: bytes evicted into it so far.
 struct GhostWindow {
     var evicted: UInt64 = 0
@@ -172,18 +179,19 @@ extension ShardStorage {
         ghost[free >= 0 ? free : oldestPosition] = slot
     }
 
-    /// Whether either ghost remembers `hash`, forgetting it there.
-    mutating func ghostTake(hash: UInt64) -> Bool {
+    /// Whether either ghost remembers `hash` (and how long ago it was evicted, from which queue),
+    /// forgetting it there.
+    mutating func ghostTake(hash: UInt64) -> GhostHit? {
         let fingerprint = ghostFingerprint(hash)
         let base = Int(truncatingIfNeeded: hash &>> 16) & ghostMask & ~(Self.ghostWays - 1)
         for position in base..<base + Self.ghostWays {
             let slot = ghost[position]
             if slot & fingerprintMask == fingerprint & fingerprintMask && ghostIsRemembered(slot) {
                 ghost[position] = 0
-                return true
+                return GhostHit(age: ghostAge(slot), fromMain: slot & mainGhostBit != 0)
             }
         }
-        return false
+        return nil
     }
 
     /// Re-places the ghost into a table of `buckets` slots (a power of two ≥ the current one): the

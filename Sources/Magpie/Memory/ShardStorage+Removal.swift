@@ -78,6 +78,8 @@ extension ShardStorage {
         mainGhost = GhostWindow()
         admission = AdmissionControl()
         ghostControl = GhostWindowControl(budgetUnits: Self.ghostBudgetUnits(budget: budget, shift: ghostShift))
+        smallShare = SmallShareControl()
+        smallTarget = smallShare.target(budget: budget)
         charged = 0
         smallCharged = 0
         largeCharged = 0

@@ -67,9 +67,13 @@ extension ShardStorage {
         if limit > budget { settleLoan(keeping: charge) }
         if !isUpdate {
             let misses = sketch.add(peeked)
-            if ghostTake(hash: hash) {
-                queue = EntryHeader.main
-                tag = .admittedByGhost
+            if let hit = ghostTake(hash: hash) {
+                tuneSmallShare(hit)
+                // A large key's ghost hit admits it only by the size draw (ShardStorage+Sizing.swift).
+                if sizeEarnsPlace(charge: charge) {
+                    queue = EntryHeader.main
+                    tag = .admittedByGhost
+                }
             } else if misses > 1
                 && admission.admits(previousMisses: misses - 1, charge: charge, charged: charged, count: count)
             {

@@ -46,23 +46,30 @@ import Synchronization
 //
 // S3-FIFO (Yang et al., SOSP '23) with changes chosen by trace replay (BENCHMARKS.md): `main` keeps one
 // reference bit (frequency cap 1: plain CLOCK) rather than two, which follows drifting popularity
-// better; `small` is 1 % of the budget; and a new key may skip `small` when it was missed often enough
-// for its size, by a threshold that tunes itself (ShardStorage+Admission.swift).
+// better; `small` is 1-25 % of the budget, its share tuned by the ghosts' hits as ARC tunes T1
+// (ShardStorage+Sizing.swift); a new key may skip `small` when it was missed often enough for its size,
+// by a threshold that tunes itself (ShardStorage+Admission.swift); and an entry over twice the mean
+// charge earns a place from a ghost hit or a read only in proportion to its size (the size draw,
+// ShardStorage+Sizing.swift).
 //
 //  - A hit sets frequency = 1: one byte store on the line already read. Nothing else: the miss counts
 //    and the threshold's tuning happen under the lock, on stores.
 //  - A new key goes to `main` when either ghost remembers its hash (within a window of evicted bytes
-//    that tunes itself: ShardStorage+Ghost.swift), or when the sketch says it was missed often enough
-//    for its size (see "Admission"); else to `small`.
+//    that tunes itself: ShardStorage+Ghost.swift) and, if it is large, the size draw lets it, or when the
+//    sketch says it was missed often enough for its size (see "Admission"); else to `small`. A ghost hit
+//    also moves `small`'s share.
 //  - To make room: unless `main` is charged more than its share (the budget less `small`'s target)
 //    or `small` is empty, pop `small`'s oldest until one is evicted: frequency > 0 moves it to `main`
 //    (frequency reset), else it is evicted into the small ghost. Otherwise pop `main`'s oldest:
-//    frequency > 0 re-queues it with frequency 0, else it is evicted into the main ghost.
-// Until 2026-11 `small`'s target adapted as ARC's does, with the two ghosts as ARC's B1 and B2; with
-// admission by miss count, a fixed 1 % replayed better on 8 of the 12 budgets tried, worse on 3
-// (BENCHMARKS.md).
+//    frequency > 0 re-queues it with frequency 0 (a large entry only by the size draw), else it is
+//    evicted into the main ghost.
+// Until 2026-11 `small`'s target adapted as ARC's does, with the two ghosts as ARC's B1 and B2, judged by
+// every ghost hit; with admission by miss count, a fixed 1 % replayed better on 8 of the 12 budgets
+// tried, worse on 3 (BENCHMARKS.md). It adapts again since 2026-11-28, judged only by ghost hits within
+// `small`'s size of their eviction (the margin a change of the share would win or lose).
 // Guarantees the tests rely on: an entry read since its insertion is never evicted straight out of
-// `small`; an entry in `main` is evicted only after `main` has rotated past it frequency + 1 times;
+// `small`; an entry in `main` up to twice the mean charge is evicted only after `main` has rotated past
+// it frequency + 1 times (a larger one may go at any pass, by the size draw);
 // new keys that are never requested again (a scan) never hit a ghost and reach `main` only through a
 // doorkeeper false positive (FrequencySketch.swift): none of a scan of up to about ten times a shard's
 // entries, a few per cent of a longer one, which then turns `main` and can evict an idle hot set (a hot
@@ -240,8 +247,9 @@ enum StoreOutcome: Equatable {
 struct ShardStorage: ~Copyable {
     /// The shard's nominal share of the tier's budget.
     let budget: Int
-    /// What `small` may hold before it is evicted from first: 1 % of the budget (see "Eviction").
-    let smallTarget: Int
+    /// What `small` may hold before it is evicted from first: 1-25 % of the budget, tuned by
+    /// `smallShare` (see "Eviction").
+    var smallTarget: Int
     let hasher: KeyHash
     let clock: CacheClock
 
@@ -289,6 +297,9 @@ struct ShardStorage: ~Copyable {
     let largestCharge: Int
     /// The part of `charged` in large entries (see ``isLarge(_:)``; their blocks are never left dead).
     var largeCharged = 0
+    /// `small`'s share and what tunes it, and the size draw (ShardStorage+Sizing.swift).
+    var smallShare = SmallShareControl()
+    var sizeDraw = SizeDraw()
 
     static let initialBuckets = 64
     static let initialRing = 32
@@ -327,7 +338,7 @@ struct ShardStorage: ~Copyable {
         self.limit = budget
         self.pool = pool
         self.largestCharge = largestCharge ?? budget
-        self.smallTarget = budget / 100
+        self.smallTarget = SmallShareControl().target(budget: budget)
         self.hasher = hasher
         self.clock = clock
         self.index = IndexTable.buckets(table)
