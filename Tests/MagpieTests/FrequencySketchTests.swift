@@ -231,7 +231,7 @@ struct SmallShareControlTests {
         #expect(control.share == 0.01)
     }
 
-    @Test("the size draw passes a fraction in proportion to the bound over the charge")
+    @Test("the size draw's generator is uniform over [0, 1)")
     func sizeDraw() {
         var draw = SizeDraw()
         var below = 0

@@ -1,8 +1,10 @@
 import Glibc
 
 /// The memory tier: a sharded, lock-striped, byte-budgeted table with S3-FIFO-family eviction (a small
-/// FIFO, a CLOCK main queue, two ghosts whose memory tunes itself, and admission to the main queue by
-/// how often a key was missed for its size, with a threshold that tunes itself).
+/// FIFO whose share of the budget tunes itself, a CLOCK main queue, two ghosts whose memory tunes itself,
+/// and admission to the main queue by how often a key was missed for its size, with a threshold that
+/// tunes itself; an entry over twice the mean size earns its place from a read or a ghost hit in
+/// proportion to its size).
 ///
 /// A key's XXH3 hash picks one of ``shardCount`` shards (a power of two); each shard has its own lock,
 /// index, queues and a share of ``budget``. Two keys in different shards never contend.

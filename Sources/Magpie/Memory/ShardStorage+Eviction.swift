@@ -44,7 +44,8 @@ extension ShardStorage {
 
     /// Pops `main` until a block is freed: dead blocks are freed, read entries re-queued with
     /// frequency - 1 (so at most two passes with the cap of 1; an entry over twice the mean charge only
-    /// by the size draw), and the first unread entry evicted into the main ghost.
+    /// by the size draw), and the first unread entry (or large one the draw refuses) evicted into the
+    /// main ghost.
     private mutating func evictFromMain() {
         while main.count > 0 {
             let (block, tag) = main.popFirstTagged()

@@ -2,8 +2,9 @@ import Glibc
 
 // The ghosts. See "Eviction" in ShardStorage.swift.
 //
-// Two ghosts remember the hashes of entries evicted unread: one of those evicted from `small`, one of
-// those evicted from `main`. Each behaves like a FIFO holding the last window's bytes (charges) that
+// Two ghosts remember the hashes of entries evicted: one of those evicted from `small`, one of those
+// evicted from `main` (unread, or read but over twice the mean charge and refused by the size draw,
+// ShardStorage+Sizing.swift). Each behaves like a FIFO holding the last window's bytes (charges) that
 // left its queue, without storing a FIFO:
 //
 //  - Each ghost counts the bytes ever evicted into it (`GhostWindow.evicted`); an entry is stamped

@@ -11,10 +11,17 @@
 // 20 %, while Zipf at 10 % goes from 0.3684 to 0.3741). No fixed share fits both, so it tunes itself, as
 // ARC sizes its T1 against T2, from the ghosts' hits:
 //
-//  - A key found in the small ghost that left `small` no more than `small`'s size in bytes ago would have
-//    been a hit with `small` twice its size: the share grows by 5 %.
+//  - A key found in the small ghost that left `small` no more than `small`'s size ago would have been a
+//    hit with `small` twice its size: the share grows by 5 %.
 //  - A key found in the main ghost that left `main` no more than `small`'s size ago would have been a hit
 //    had `main` been larger by that much: the share shrinks by 5 %.
+//  - "Ago" is the ghost's age: the bytes evicted into that ghost since the key was, its own charge
+//    included (its stamp is taken before the ghost counts it). So an entry larger than `small`'s target
+//    never grows the share; and the small ghost counts only entries evicted unread (one promoted to
+//    `main` leaves no ghost entry), so the age understates the bytes that left `small` since.
+//  - A large entry that the size draw evicts from `main` although read goes to the main ghost too; if it
+//    returns soon, it shrinks the share as an entry `main` was too small for would. Replay counts it in
+//    the figures.
 //  - It stays between 1 % (where it starts, and where the policy of 2026-11-27 had it fixed) and 25 %.
 //
 // Hits further back than `small`'s size say nothing about this margin and move nothing. ARC's rule, with
@@ -34,8 +41,9 @@
 // For an entry charged at most `SizeTuning.factor` (2) times the shard's mean charge (charged / entries)
 // nothing changes. A larger one passes with probability factor × mean / charge (a key that fails goes to
 // `small`; an entry that fails is evicted into the main ghost as an unread one would be). Over the
-// passes that keep a large hot entry, about mean × factor / charge of its reads count: it needs that many
-// more of them to stay, and a large entry read once in a while gives way to smaller ones.
+// passes that keep a large hot entry, about factor × mean / charge of its reads count: it needs about
+// charge / (factor × mean) times as many reads to stay, and a large entry read once in a while gives way
+// to smaller ones.
 // The mean is charged / entries, as θ's is (ShardStorage+Admission.swift): `charged` counts dead blocks
 // until their ring pops them, so after many removals it runs high and the draw passes more entries.
 // The draw is a per-shard generator (64-bit LCG), under the shard's lock like everything here, so a

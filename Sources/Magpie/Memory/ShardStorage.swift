@@ -17,8 +17,7 @@ import Synchronization
 //            block address : 48. 0 = empty. A hit costs two dependent memory reads: bucket, block.
 //            One allocation with its mask in a 16-byte header (`IndexTable`), published to readers.
 //   rings    two FIFOs of block pointers (8 B each): `small` and `main` (S3-FIFO's queues).
-//   ghost    one UInt32 per index bucket: two ghosts (hashes evicted unread from `small`, and from
-//            `main`), each a window over the last bytes it took in, 1/√2 to 2 budgets, self-tuned
+//   ghost    one UInt32 per index bucket: two ghosts (hashes evicted from `small`, and from `main`), each a window over the last bytes it took in, 1/√2 to 2 budgets, self-tuned
 //            (ShardStorage+Ghost.swift).
 //   sketch   4 bytes per index bucket: 4-bit counters of misses per key and a doorkeeper
 //            (FrequencySketch.swift).
@@ -58,7 +57,7 @@ import Synchronization
 //    that tunes itself: ShardStorage+Ghost.swift) and, if it is large, the size draw lets it, or when the
 //    sketch says it was missed often enough for its size (see "Admission"); else to `small`. A ghost hit
 //    also moves `small`'s share.
-//  - To make room: unless `main` is charged more than its share (the budget less `small`'s target)
+//  - To make room: unless `main` is charged more than its share (the limit less `small`'s target)
 //    or `small` is empty, pop `small`'s oldest until one is evicted: frequency > 0 moves it to `main`
 //    (frequency reset), else it is evicted into the small ghost. Otherwise pop `main`'s oldest:
 //    frequency > 0 re-queues it with frequency 0 (a large entry only by the size draw), else it is
@@ -73,7 +72,8 @@ import Synchronization
 // new keys that are never requested again (a scan) never hit a ghost and reach `main` only through a
 // doorkeeper false positive (FrequencySketch.swift): none of a scan of up to about ten times a shard's
 // entries, a few per cent of a longer one, which then turns `main` and can evict an idle hot set (a hot
-// set still read keeps its reference bits and stays).
+// set still read keeps its reference bits and stays, but for entries over twice the mean charge, which
+// the size draw may let go).
 //
 // ### Removal: dead blocks
 //
