@@ -17,7 +17,8 @@ import Synchronization
 //            block address : 48. 0 = empty. A hit costs two dependent memory reads: bucket, block.
 //            One allocation with its mask in a 16-byte header (`IndexTable`), published to readers.
 //   rings    two FIFOs of block pointers (8 B each): `small` and `main` (S3-FIFO's queues).
-//   ghost    one UInt32 per index bucket: two ghosts (hashes evicted from `small`, and from `main`), each a window over the last bytes it took in, 1/√2 to 2 budgets, self-tuned
+//   ghost    one UInt32 per index bucket: two ghosts (hashes evicted from `small`, and from `main`),
+//            each a window over the last bytes it took in, 1/√2 to 2 budgets, self-tuned
 //            (ShardStorage+Ghost.swift).
 //   sketch   4 bytes per index bucket: 4-bit counters of misses per key and a doorkeeper
 //            (FrequencySketch.swift).
