@@ -135,6 +135,31 @@ struct DiskMappedReadTests {
         #expect(statistics.allSatisfy { $0.corruptRecords == 0 && $0.lostBufferedStores == 0 })
     }
 
+    @Test("a prefetch over pages the file no longer has, and past the mapping, neither faults nor reads")
+    func prefetchPastTheFile() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let path = directory.path + "/mapped"
+        let fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0o600)
+        #expect(fd >= 0)
+        defer { close(fd) }
+        let bytes = [UInt8](repeating: 0x5A, count: 64 * 1024)
+        #expect(bytes.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) } == bytes.count)
+        let mapping = try #require(FileMapping.map(fd, length: bytes.count))
+        defer { mapping.unmap() }
+        var copied = [UInt8](repeating: 0, count: 4096)
+        #expect(copied.withUnsafeMutableBytes { mapping.copy(at: 8192, into: $0) } && copied == Array(bytes[0..<4096]))
+        // Every page of the mapping now lies past the end of the file: a load there raises SIGBUS (the
+        // guarded copy reports it), a prefetch must not. An unguarded fault would end this process.
+        #expect(ftruncate(fd, 0) == 0)
+        mapping.prefetch(at: 0, count: bytes.count)
+        mapping.prefetch(at: 4000, count: Int.max)
+        mapping.prefetch(at: bytes.count - 1, count: 1 << 20)
+        mapping.prefetch(at: -64, count: 128)
+        mapping.prefetch(at: 100, count: -1)
+        #expect(copied.withUnsafeMutableBytes { mapping.copy(at: 8192, into: $0) } == false, "the truncation was not seen")
+    }
+
     @Test("a SIGBUS outside the guard still reaches the handler installed before it")
     func guardChains() throws {
         let directory = TemporaryDirectory()

@@ -8,6 +8,7 @@
 #ifndef MAGPIE_GUARD_H
 #define MAGPIE_GUARD_H
 #include <stddef.h>
+#include <stdint.h>
 
 /// Installs the process-wide SIGBUS handler, once. Returns 0 when it is installed, -1 when sigaction
 /// failed (then guarded copies must not be used: the caller reads with pread instead).
@@ -17,5 +18,16 @@ int magpie_guard_install(void);
 /// SIGBUS interrupted the copy (then `destination` holds an unspecified prefix). Requires a successful
 /// `magpie_guard_install` first; not async-signal-safe, not reentrant on one thread.
 int magpie_guarded_copy(void *destination, const void *source, size_t count);
+
+/// Asks the CPU to start loading `count` bytes at `start` into its caches, one request per 64-byte line,
+/// and returns at once. A hint only: prefetches never fault (a line of an unmapped or truncated page is
+/// simply not loaded), so any address is safe to pass.
+static inline void magpie_prefetch(const void *start, size_t count) {
+    const char *line = (const char *)((uintptr_t)start & ~(uintptr_t)63);
+    const char *end = (const char *)start + count;
+    for (; line < end; line += 64) {
+        __builtin_prefetch(line, 0, 3);
+    }
+}
 
 #endif

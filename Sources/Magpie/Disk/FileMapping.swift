@@ -46,6 +46,14 @@ struct FileMapping {
         munmap(UnsafeMutableRawPointer(mutating: base), length)
     }
 
+    /// Starts loading `count` bytes at file offset `offset` into the CPU's caches (clamped to the
+    /// mapping; a hint that never faults: see `magpie_prefetch`).
+    @inline(__always)
+    func prefetch(at offset: Int, count: Int) {
+        guard offset >= 0, offset < length, count > 0 else { return }
+        magpie_prefetch(base + offset, min(count, length - offset))
+    }
+
     /// Copies `destination.count` bytes from file offset `offset`. False when the range is not inside
     /// the mapping or a SIGBUS interrupted the copy (the file shrank, or the kernel could not read a page).
     func copy(at offset: Int, into destination: UnsafeMutableRawBufferPointer) -> Bool {
