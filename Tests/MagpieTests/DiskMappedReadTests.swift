@@ -198,7 +198,7 @@ struct DiskMappedReadTests {
         }
     }
 
-    @Test("record checksums through libxxhash's dispatcher equal the plain entry point's")
+    @Test("record checksums and payload hashes through libxxhash's dispatcher equal the plain entry point's")
     func checksumDispatch() {
         var generator = SeededGenerator(seed: TestSeed.value(default: 33))
         let bytes = (0..<9000).map { _ in UInt8.random(in: 0...255, using: &generator) }
@@ -208,7 +208,13 @@ struct DiskMappedReadTests {
                 let length = Int.random(in: 0..<8000, using: &generator)
                 let header = UnsafeRawBufferPointer(rebasing: raw[0..<44])
                 let body = UnsafeRawBufferPointer(rebasing: raw[start..<(start + length)])
-                #expect(KeyHash.checksum(header: header, body: body) == KeyHash.checksumWithoutDispatch(header: header, body: body))
+                let plain = KeyHash.checksumWithoutDispatch(header: header, body: body)
+                // Both entries, whichever this CPU uses (KeyHash.dispatchLong).
+                #expect(KeyHash.checksum(header: header, body: body, dispatch: true) == plain)
+                #expect(KeyHash.checksum(header: header, body: body, dispatch: false) == plain)
+                #expect(KeyHash.checksum(header: header, body: body) == plain)
+                #expect(KeyHash.payloadHash(body, dispatch: true) == KeyHash.payloadHash(body, dispatch: false))
+                #expect(KeyHash.payloadHash(body) == KeyHash.payloadHash(body, dispatch: true))
             }
         }
     }

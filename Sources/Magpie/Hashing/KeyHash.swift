@@ -59,15 +59,29 @@ extension KeyHash {
     /// The disk record checksum: XXH3-64 of `body` (key, group, metadata: short), seeded with XXH3-64 of
     /// `header` (so one call covers two separate regions without a streaming state).
     static func checksum(header: UnsafeRawBufferPointer, body: UnsafeRawBufferPointer) -> UInt64 {
+        checksum(header: header, body: body, dispatch: dispatchLong)
+    }
+
+    /// ``checksum(header:body:)`` with the entry for `body` chosen by the caller (the test that both agree).
+    static func checksum(header: UnsafeRawBufferPointer, body: UnsafeRawBufferPointer, dispatch: Bool) -> UInt64 {
         let headerHash = XXH3_64bits_withSeed(header.baseAddress, header.count, 0)
-        return magpie_xxh3_64_long(body.baseAddress, body.count, headerHash)
+        return magpie_xxh3_64_long(body.baseAddress, body.count, headerHash, dispatch ? 1 : 0)
+    }
+
+    /// Whether long inputs are hashed through libxxhash's run-time dispatcher (`magpie_xxh3_dispatch_wanted`
+    /// in CModules/CXXHash/shim.h: yes, but not on an Intel CPU with AVX-512), asked once.
+    static let dispatchLong = magpie_xxh3_dispatch_wanted() != 0
+
+    /// ``payloadHash(_:)`` with the entry chosen by the caller (the test that both agree).
+    static func payloadHash(_ payload: UnsafeRawBufferPointer, dispatch: Bool) -> UInt64 {
+        magpie_xxh3_64_long(payload.baseAddress, payload.count, 0, dispatch ? 1 : 0)
     }
 
     /// A record's payload hash: XXH3-64 (seed 0) of its stored payload, through libxxhash's run-time
-    /// dispatcher where it has one (AVX2 on x86-64).
+    /// dispatcher where ``dispatchLong`` says so (AVX2 or AVX-512 on x86-64), else the plain entry (SSE2).
     @inline(__always)
     static func payloadHash(_ payload: UnsafeRawBufferPointer) -> UInt64 {
-        magpie_xxh3_64_long(payload.baseAddress, payload.count, 0)
+        magpie_xxh3_64_long(payload.baseAddress, payload.count, 0, dispatchLong ? 1 : 0)
     }
 
     /// XXH3-64 of a format header seeded with this hasher's seed: a checksum only the directory's owner
