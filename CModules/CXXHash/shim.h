@@ -16,13 +16,14 @@ XXH_PUBLIC_API XXH64_hash_t XXH3_64bits_withSeed_dispatch(const void *input, siz
 #endif
 
 /// Whether records are hashed through the dispatcher (1) or the plain entry (0). Not on an Intel CPU with
-/// AVX-512: there the dispatcher runs 512-bit multiplies, and a core that keeps running them (a disk hit
+/// usable AVX-512: there the dispatcher runs 512-bit multiplies, and a core that keeps running them (a disk hit
 /// every 2 us) runs all its code slower. On our Intel Xeon (family 6, model 207), in 16 same-minute pairs,
 /// the plain SSE2 entry made a raw 4 KiB disk hit faster in 13 (median 0.10 us) and a compressed one, whose
 /// zstd work hashes nothing, faster in 14 (median 0.38 us), although SSE2 runs several times the
 /// instructions (BENCHMARKS.md, "Disk tier (#29), 2026-11-28 (night)"). Other CPUs keep the dispatcher:
 /// AVX2 where there is no AVX-512; AMD's AVX-512 cores were not measured.
-/// Cheap (two cpuid instructions), but meant to be asked once: Hashing/KeyHash.swift keeps the answer.
+/// Cheap (three cpuid instructions and an xgetbv), but meant to be asked once: Hashing/KeyHash.swift keeps
+/// the answer.
 static inline int magpie_xxh3_dispatch_wanted(void) {
 #if defined(__x86_64__)
     if (XXH3_64bits_withSeed_dispatch == 0) return 0;
@@ -33,8 +34,14 @@ static inline int magpie_xxh3_dispatch_wanted(void) {
     if (!intel || highest < 7) return 1;
     unsigned int eax = 0;
     __cpuid_count(7, 0, eax, ebx, ecx, edx);
-    int avx512f = (ebx >> 16) & 1;
-    return !avx512f;
+    if (!((ebx >> 16) & 1)) return 1;  // no AVX512F
+    // AVX-512 is usable (and the dispatcher picks it) only where the OS saves its state: OSXSAVE (leaf 1,
+    // ECX bit 27), then XCR0 with the SSE and AVX bits (1, 2) and opmask, ZMM_Hi256, Hi16_ZMM (5, 6, 7).
+    __cpuid(1, eax, ebx, ecx, edx);
+    if (!((ecx >> 27) & 1)) return 1;
+    unsigned int xcr0 = 0, xcr0_high = 0;
+    __asm__ volatile("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
+    return (xcr0 & 0xE6) != 0xE6;
 #else
     return 0;
 #endif

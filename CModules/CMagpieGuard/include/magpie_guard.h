@@ -20,13 +20,14 @@ int magpie_guard_install(void);
 int magpie_guarded_copy(void *destination, const void *source, size_t count);
 
 /// Asks the CPU to start loading `count` bytes at `start` into its caches, one request per 64-byte line,
-/// and returns at once. A hint only: prefetches never fault (a line of an unmapped or truncated page is
-/// simply not loaded), so any address is safe to pass.
+/// and returns at once. A hint only: a prefetch never faults (a line of an unmapped or truncated page is
+/// simply not loaded). The caller keeps `start + count` from wrapping (FileMapping.prefetch passes a
+/// range inside one mapping); the arithmetic is on integers, so no pointer is formed past it.
 static inline void magpie_prefetch(const void *start, size_t count) {
-    const char *line = (const char *)((uintptr_t)start & ~(uintptr_t)63);
-    const char *end = (const char *)start + count;
+    uintptr_t line = (uintptr_t)start & ~(uintptr_t)63;
+    uintptr_t end = (uintptr_t)start + count;
     for (; line < end; line += 64) {
-        __builtin_prefetch(line, 0, 3);
+        __builtin_prefetch((const void *)line, 0, 3);
     }
 }
 

@@ -99,8 +99,9 @@ extension BucketState {
     private func candidate(_ slot: DiskSlot, _ key: HashedKey, _ verdict: inout Verdict) throws(MagpieError) -> DiskEntry? {
         // Every line of the record (up to the scratch's size) is asked for at once, before the first copy
         // waits for its first line: the payload's lines then arrive while the prefix is verified, rather
-        // than one after another behind it (a raw 4 KiB hit 12-27 % faster, BENCHMARKS.md "Disk tier (#29),
-        // 2026-11-28 (night)"). A hint: it never faults, and a record of another key costs only the loads.
+        // than one after another behind it (a raw 4 KiB hit 10-27 % faster in most same-minute pairs,
+        // BENCHMARKS.md "Disk tier (#29), 2026-11-28 (night)"). A hint: it never faults, and a record of
+        // another key costs only the loads.
         mapping?.prefetch(at: slot.offset, count: min(slot.length, ReadScratch.limit))
         // The first bytes: header and key, and a little more (a short group, the metadata blocks), at once.
         let guess = min(slot.length, RecordHeader.size + key.count + 48)

@@ -69,7 +69,8 @@ extension KeyHash {
     }
 
     /// Whether long inputs are hashed through libxxhash's run-time dispatcher (`magpie_xxh3_dispatch_wanted`
-    /// in CModules/CXXHash/shim.h: yes, but not on an Intel CPU with AVX-512), asked once.
+    /// in CModules/CXXHash/shim.h: on x86-64 where the library has one, but not on an Intel CPU with usable
+    /// AVX-512; never elsewhere), asked once.
     static let dispatchLong = magpie_xxh3_dispatch_wanted() != 0
 
     /// ``payloadHash(_:)`` with the entry chosen by the caller (the test that both agree).
@@ -78,7 +79,8 @@ extension KeyHash {
     }
 
     /// A record's payload hash: XXH3-64 (seed 0) of its stored payload, through libxxhash's run-time
-    /// dispatcher where ``dispatchLong`` says so (AVX2 or AVX-512 on x86-64), else the plain entry (SSE2).
+    /// dispatcher where ``dispatchLong`` says so (AVX2 or AVX-512), else the plain entry (SSE2 on x86-64,
+    /// the library's default build elsewhere).
     @inline(__always)
     static func payloadHash(_ payload: UnsafeRawBufferPointer) -> UInt64 {
         magpie_xxh3_64_long(payload.baseAddress, payload.count, 0, dispatchLong ? 1 : 0)
