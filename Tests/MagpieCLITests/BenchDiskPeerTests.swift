@@ -119,5 +119,35 @@ struct BenchDiskPeerTests {
             #expect(evict["wrong_values"] as? Int == 0, "\(system)")
             #expect(evict["within_budget_and_slack"] as? Bool == true, "\(system)")
         }
+        #expect(!rows.contains { ($0["scenario"] as? String)?.hasPrefix("disk-trickle") == true }, "trickle ran by default")
+    }
+
+    @Test("`--workloads trickle`: each system and the loop alone, at each rate, stores on schedule, CPU counted")
+    func trickle() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let status = try runBench([
+            "disk", "--workloads", "trickle", "--trickle-rates", "0", "400", "--trickle-seconds", "0.25",
+            "--systems", "magpie", "lmdb", "--work-directory", directory.path, "--json", directory.child("trickle.json"),
+        ])
+        #expect(status == 0)
+        let data = try Data(contentsOf: URL(fileURLWithPath: directory.child("trickle.json")))
+        let report = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+        let rows = try #require(report["results"] as? [[String: Any]])
+        #expect(rows.count == 6, "\(rows.map { "\($0["scenario"] ?? "") \($0["system"] ?? "")" })")
+        for system in ["none", "magpie", "lmdb"] {
+            for rate in [0, 400] {
+                let row = try #require(rows.first { $0["scenario"] as? String == "disk-trickle-\(rate)/s" && $0["system"] as? String == system })
+                let extra = try #require(row["extra"] as? [String: Any])
+                let cpu = try #require(extra["cpu_ms_per_second"] as? Double)
+                #expect(cpu > 0 && cpu < 2_000, "\(system) at \(rate)/s: \(cpu) ms of CPU per second")
+                #expect(extra["failed_stores"] as? Int == 0)
+                // 400 per second for 0.25 s: 100 stores (the last due before the end), none for the loop alone.
+                let operations = try #require(row["operations"] as? Int)
+                #expect(operations == (rate == 0 || system == "none" ? 0 : 100), "\(system) at \(rate)/s: \(operations) stores")
+                let seconds = try #require(row["seconds"] as? Double)
+                #expect(seconds >= 0.25 && seconds < 2, "\(system) at \(rate)/s took \(seconds) s")
+            }
+        }
     }
 }

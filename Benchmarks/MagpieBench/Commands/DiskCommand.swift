@@ -16,6 +16,7 @@ struct Disk: ParsableCommand {
         print()
         printTable(results)
         printDiskSummary(results)
+        printTrickleSummary(results)
         if let json = outputOptions.json {
             var config = options.config
             config["system_configurations"] = diskConfigurations(results)

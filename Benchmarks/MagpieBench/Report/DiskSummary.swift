@@ -137,3 +137,34 @@ func diskConfigurations(_ results: [BenchResult]) -> JSONValue {
     }
     return .object(configurations)
 }
+
+/// The trickle workload's rows as one table: CPU time and context switches per second of each system at
+/// each rate, beside the pacing loop's own (`none`), and the stores' latency.
+func printTrickleSummary(_ results: [BenchResult]) {
+    let rows = results.filter { $0.scenario.hasPrefix("disk-trickle-") }
+    guard !rows.isEmpty else { return }
+    func number(_ r: BenchResult, _ key: String) -> Double {
+        switch r.extra[key] {
+        case .int(let v): Double(v)
+        case .double(let v): v
+        default: 0
+        }
+    }
+    var table = [["stores/s", "system", "CPU ms per s", "above the loop", "switches per s", "store p50", "store p99.9"]]
+    for rate in Array(Set(rows.map { Int(number($0, "rate_per_second")) })).sorted() {
+        let atRate = rows.filter { Int(number($0, "rate_per_second")) == rate }
+        let loop = atRate.first { $0.system == "none" }.map { number($0, "cpu_ms_per_second") }
+        for r in atRate {
+            let cpu = number(r, "cpu_ms_per_second")
+            let stored = r.system != "none" && rate > 0
+            table.append([
+                "\(rate)", r.system, String(format: "%.2f", cpu),
+                r.system == "none" ? "-" : loop.map { String(format: "%+.2f", cpu - $0) } ?? "-",
+                String(format: "%.0f", number(r, "context_switches_per_second")),
+                stored ? "\(r.latency_ns.p50) ns" : "-", stored ? "\(r.latency_ns.p999) ns" : "-",
+            ])
+        }
+    }
+    print("\nDisk: stores at a trickle (CPU and context switches of the whole process, per second of wall time)")
+    printAligned(table)
+}

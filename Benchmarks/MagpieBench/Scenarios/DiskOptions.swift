@@ -4,7 +4,9 @@ import Foundation
 /// Options of the disk scenario.
 struct DiskOptions: ParsableArguments {
     static let knownSystems = ["magpie", "rocksdb", "lmdb", "sqlite", "file-per-key", "URLCache"]
-    static let knownWorkloads = ["floor", "plain", "evict", "mixed"]
+    static let knownWorkloads = ["floor", "plain", "evict", "mixed", "trickle"]
+    /// The workloads run when none are named (`trickle` takes seconds of wall time per rate and system).
+    static let defaultWorkloads = ["floor", "plain", "evict", "mixed"]
 
     @Option(help: "Distinct keys written in the set phase.") var keys = 100_000
     @Option(help: "Value size in bytes (half the values JSON-like text, half random bytes).") var valueSize = 4096
@@ -17,8 +19,10 @@ struct DiskOptions: ParsableArguments {
     @Option(help: "Magpie bucket count; default: from the budget.") var buckets: Int?
     @Option(parsing: .upToNextOption, help: "Systems to run (\(knownSystems.joined(separator: ", "))).")
     var systems = knownSystems
-    @Option(parsing: .upToNextOption, help: "Workloads: floor (pread, mapped copy, zstd, XXH3), plain (set / get / reopen), evict, mixed.")
-    var workloads = knownWorkloads
+    @Option(
+        parsing: .upToNextOption,
+        help: "Workloads: floor (pread, mapped copy, zstd, XXH3), plain (set / get / reopen), evict, mixed; trickle (CPU of stores at a low rate, not run by default).")
+    var workloads = defaultWorkloads
     @Option(help: "Operations per phase for URLCache (each store costs more as it fills: 500 take about 20 s).")
     var urlcacheOps = 500
     @Option(help: "Keys for file-per-key (about 1,000 stores/s here); default: all of --keys.")
@@ -30,6 +34,9 @@ struct DiskOptions: ParsableArguments {
     @Option(help: "Mixed sizes: smallest value.") var mixedMin = 1024
     @Option(help: "Mixed sizes: largest value.") var mixedMax = 256 << 10
     @Option(help: "Samples per floor (each timed alone).") var floorSamples = 100_000
+    @Option(parsing: .upToNextOption, help: "Trickle workload: store rates per second (0: open and idle).")
+    var trickleRates = [0, 100, 1000]
+    @Option(help: "Trickle workload: seconds per rate.") var trickleSeconds = 3.0
     @Option(help: "Parent directory for the cache directories (removed afterwards).") var workDirectory: String?
 
     var effectiveBudget: Int { budget ?? keys * (valueSize + 256) * 5 / 4 }
@@ -42,6 +49,9 @@ struct DiskOptions: ParsableArguments {
 
     func validate() throws {
         guard keys > 0, valueSize >= 0, gets >= 0 else { throw ValidationError("--keys, --value-size, --gets must be positive") }
+        guard trickleRates.allSatisfy({ $0 >= 0 && $0 <= 1_000_000 }), trickleSeconds > 0, trickleSeconds <= 3600 else {
+            throw ValidationError("--trickle-rates must be 0–1,000,000 per second, --trickle-seconds 0–3600")
+        }
         guard evictBudget > 0, evictOps >= 0, mixedKeys > 0, mixedMin > 0, mixedMax >= mixedMin, floorSamples > 0 else {
             throw ValidationError("--evict-budget, --evict-ops, --mixed-*, --floor-samples must be positive")
         }
@@ -64,6 +74,7 @@ struct DiskOptions: ParsableArguments {
             "evict_budget_bytes": .int(evictBudget), "evict_keys": .int(evictKeys), "evict_ops": .int(evictOps),
             "evict_alpha": .double(evictAlpha), "mixed_keys": .int(mixedKeys), "mixed_min": .int(mixedMin),
             "mixed_max": .int(mixedMax), "mixed_budget_bytes": .int(mixedBudget), "floor_samples": .int(floorSamples),
+            "trickle_rates": .array(trickleRates.map { .int($0) }), "trickle_seconds": .double(trickleSeconds),
         ]
     }
 }

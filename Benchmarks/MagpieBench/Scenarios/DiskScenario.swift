@@ -5,8 +5,8 @@ import Magpie
 
 /// The disk scenario: Magpie's disk tier beside RocksDB, LMDB, SQLite, one-file-per-key and URLCache in
 /// one process, on the same values: the floors of a get (`Peers/DiskFloors.swift`), set / page-cache-hot get /
-/// reopen (`plain`, and `mixed` with sizes of 1–256 KiB), and an eviction-heavy workload
-/// (`DiskScenario+Evict.swift`).
+/// reopen (`plain`, and `mixed` with sizes of 1–256 KiB), an eviction-heavy workload
+/// (`DiskScenario+Evict.swift`), and stores at a trickle (`DiskScenario+Trickle.swift`, not by default).
 struct DiskScenario {
     let options: DiskOptions
 
@@ -49,6 +49,14 @@ struct DiskScenario {
                 let plan = Plan(
                     keys: options.mixedKeys, gets: options.mixedKeys * 5, budget: options.mixedBudget, prefix: "disk-mixed")
                 results += try measure(name, directory: directory, values: mixed, plan: plan, reference: reference)
+                try? FileManager.default.removeItem(atPath: directory)
+            }
+        }
+        if options.workloads.contains("trickle") {
+            for name in ["none"] + options.systems.filter({ Self.evictionSystems.contains($0) }) {
+                let directory = root + "/" + name
+                progress("disk: stores at a trickle (\(options.trickleRates.map(String.init).joined(separator: ", ")) per s), \(name)")
+                results += try measureTrickle(name, directory: directory, values: values)
                 try? FileManager.default.removeItem(atPath: directory)
             }
         }
