@@ -63,7 +63,7 @@ extension DiskScenario {
             rows.append(
                 BenchResult(
                     scenario: "disk-trickle-\(rate)/s", system: name, threads: 1, operations: system == nil ? 0 : stores,
-                    seconds: wall, ops_per_sec: Double(stores) / wall, latency_ns: Percentiles(latency), hit_ratio: 0,
+                    seconds: wall, ops_per_sec: system == nil ? 0 : Double(stores) / wall, latency_ns: Percentiles(latency), hit_ratio: 0,
                     extra: [
                         "rate_per_second": .int(rate), "cpu_ms_per_second": .double(cpu * 1000 / wall),
                         "context_switches_per_second": .double(Double(switches) / wall), "failed_stores": .int(failures),
