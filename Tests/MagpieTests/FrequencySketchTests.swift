@@ -203,9 +203,9 @@ struct GhostWindowControlTests {
 struct SmallShareControlTests {
     @Test("hits within small's reach move the share, by 5 % each; later ones do not; it stays within 1-25 %")
     func moves() {
-        var control = SmallShareControl()
+        var control = SmallShareControl(budget: 100_000)
         #expect(control.share == 0.01)
-        #expect(control.target(budget: 100_000) == 1000)
+        #expect(control.target == 1000)
         // Beyond small's reach: nothing.
         let moved1 = control.ghostHit(age: 11, fromMain: false, reach: 10)
         #expect(!moved1)
@@ -226,7 +226,7 @@ struct SmallShareControlTests {
         // Bounds.
         for _ in 0..<1000 { _ = control.ghostHit(age: 0, fromMain: false, reach: 1) }
         #expect(control.share == 0.25)
-        #expect(control.target(budget: 100_000) == 25_000)
+        #expect(control.target == 25_000)
         for _ in 0..<1000 { _ = control.ghostHit(age: 0, fromMain: true, reach: 1) }
         #expect(control.share == 0.01)
     }

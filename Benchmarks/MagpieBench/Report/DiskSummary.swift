@@ -143,13 +143,7 @@ func diskConfigurations(_ results: [BenchResult]) -> JSONValue {
 func printTrickleSummary(_ results: [BenchResult]) {
     let rows = results.filter { $0.scenario.hasPrefix("disk-trickle-") }
     guard !rows.isEmpty else { return }
-    func number(_ r: BenchResult, _ key: String) -> Double {
-        switch r.extra[key] {
-        case .int(let v): Double(v)
-        case .double(let v): v
-        default: 0
-        }
-    }
+    func number(_ r: BenchResult, _ key: String) -> Double { HTMLReport.number(r.extra[key]) ?? 0 }
     var table = [["stores/s", "system", "CPU ms per s", "above the loop", "switches per s", "store p50", "store p99.9"]]
     for rate in Array(Set(rows.map { Int(number($0, "rate_per_second")) })).sorted() {
         let atRate = rows.filter { Int(number($0, "rate_per_second")) == rate }

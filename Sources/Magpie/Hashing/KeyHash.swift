@@ -74,6 +74,7 @@ extension KeyHash {
     static let dispatchLong = magpie_xxh3_dispatch_wanted() != 0
 
     /// ``payloadHash(_:)`` with the entry chosen by the caller (the test that both agree).
+    @inline(__always)
     static func payloadHash(_ payload: UnsafeRawBufferPointer, dispatch: Bool) -> UInt64 {
         magpie_xxh3_64_long(payload.baseAddress, payload.count, 0, dispatch ? 1 : 0)
     }
@@ -83,7 +84,7 @@ extension KeyHash {
     /// the library's default build elsewhere).
     @inline(__always)
     static func payloadHash(_ payload: UnsafeRawBufferPointer) -> UInt64 {
-        magpie_xxh3_64_long(payload.baseAddress, payload.count, 0, dispatchLong ? 1 : 0)
+        payloadHash(payload, dispatch: dispatchLong)
     }
 
     /// XXH3-64 of a format header seeded with this hasher's seed: a checksum only the directory's owner

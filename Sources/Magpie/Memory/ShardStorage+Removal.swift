@@ -78,8 +78,7 @@ extension ShardStorage {
         mainGhost = GhostWindow()
         admission = AdmissionControl()
         ghostControl = GhostWindowControl(budgetUnits: Self.ghostBudgetUnits(budget: budget, shift: ghostShift))
-        smallShare = SmallShareControl()
-        smallTarget = smallShare.target(budget: budget)
+        smallShare = SmallShareControl(budget: budget)
         charged = 0
         smallCharged = 0
         largeCharged = 0

@@ -54,10 +54,20 @@
 // 0.5558 / 0.3684 to 0.5366 / 0.3577 at 1 % / 10 % (LIRS 0.5680 / 0.3590); a factor of 1 or the draw on
 // `small`'s promotions too were tried and were worse on the drifting traces or the shared one.
 
-/// `small`'s share of the budget and what tunes it.
+/// `small`'s share of a shard's budget, what tunes it, and the target in bytes it gives.
 struct SmallShareControl {
     /// The share, between ``SizeTuning/lowestSmallShare`` and ``SizeTuning/highestSmallShare``.
     private(set) var share: Double = SizeTuning.lowestSmallShare
+    /// The shard's budget, which the share is of.
+    let budget: Int
+    /// What `small` may hold before it is evicted from first: `share` of `budget`, in bytes (kept as the
+    /// share moves, for the eviction path).
+    private(set) var target: Int
+
+    init(budget: Int) {
+        self.budget = budget
+        target = Int(Double(budget) * share)
+    }
 
     /// A ghost hit at `age` (in the ghosts' stamp units) from the main ghost or else the small one,
     /// with `small`'s target `reach` units: returns whether the share moved.
@@ -65,11 +75,9 @@ struct SmallShareControl {
         guard age <= max(1, reach) else { return false }
         let moved = fromMain ? share * (1 - SizeTuning.smallShareStep) : share * (1 + SizeTuning.smallShareStep)
         share = min(SizeTuning.highestSmallShare, max(SizeTuning.lowestSmallShare, moved))
+        target = Int(Double(budget) * share)
         return true
     }
-
-    /// `small`'s target for a shard budget of `budget` bytes.
-    func target(budget: Int) -> Int { Int(Double(budget) * share) }
 }
 
 /// The constants of ``SmallShareControl`` and of the size draw, chosen by trace replay (BENCHMARKS.md,
@@ -109,8 +117,10 @@ extension ShardStorage {
     /// Tunes `small`'s share on a ghost hit (see the top of this file).
     mutating func tuneSmallShare(_ hit: GhostHit) {
         let reach = UInt32(truncatingIfNeeded: min(Int(UInt32.max), smallTarget &>> ghostShift))
-        if smallShare.ghostHit(age: hit.age, fromMain: hit.fromMain, reach: reach) {
-            smallTarget = smallShare.target(budget: budget)
-        }
+        _ = smallShare.ghostHit(age: hit.age, fromMain: hit.fromMain, reach: reach)
     }
+
+    /// What `small` may hold before it is evicted from first: 1-25 % of the budget, tuned by `smallShare`
+    /// (see "Eviction" in ShardStorage.swift).
+    var smallTarget: Int { smallShare.target }
 }

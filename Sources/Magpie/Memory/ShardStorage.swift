@@ -248,9 +248,6 @@ enum StoreOutcome: Equatable {
 struct ShardStorage: ~Copyable {
     /// The shard's nominal share of the tier's budget.
     let budget: Int
-    /// What `small` may hold before it is evicted from first: 1-25 % of the budget, tuned by
-    /// `smallShare` (see "Eviction").
-    var smallTarget: Int
     let hasher: KeyHash
     let clock: CacheClock
 
@@ -298,8 +295,8 @@ struct ShardStorage: ~Copyable {
     let largestCharge: Int
     /// The part of `charged` in large entries (see ``isLarge(_:)``; their blocks are never left dead).
     var largeCharged = 0
-    /// `small`'s share and what tunes it, and the size draw (ShardStorage+Sizing.swift).
-    var smallShare = SmallShareControl()
+    /// `small`'s share and target, and what tunes them, and the size draw (ShardStorage+Sizing.swift).
+    var smallShare: SmallShareControl
     var sizeDraw = SizeDraw()
 
     static let initialBuckets = 64
@@ -339,7 +336,7 @@ struct ShardStorage: ~Copyable {
         self.limit = budget
         self.pool = pool
         self.largestCharge = largestCharge ?? budget
-        self.smallTarget = SmallShareControl().target(budget: budget)
+        self.smallShare = SmallShareControl(budget: budget)
         self.hasher = hasher
         self.clock = clock
         self.index = IndexTable.buckets(table)
