@@ -4,6 +4,9 @@ import NIOCore
 /// decode as ``null``).
 ///
 /// Bulk payloads are `ByteBuffer` slices of what the connection read: no copy is made to hand them out.
+/// Under Thread Sanitizer, SwiftNIO's reuse of a receive buffer after another thread has read and dropped
+/// a slice of it can be reported as a race: the two are ordered by the Swift runtime's reference count,
+/// which TSan does not see. `scripts/tsan-suppressions.txt` has the line that silences that report.
 public enum RESPValue: Sendable, Hashable {
     /// `+OK\r\n`
     case simpleString(String)
