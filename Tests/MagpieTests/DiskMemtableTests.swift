@@ -483,6 +483,52 @@ struct DiskMemtableTests {
         sealer.setParkingProbe(nil)
     }
 
+    @Test("the sealer's looks at an empty queue stop at a trickle of hand-overs and come back with a quick one")
+    func looksFollowTheHandOverRate() {
+        // At a trickle each idle spell outlasts the looks, which then only cost timer wake-ups: after one such
+        // spell, the next parks at once. Without that, each round below adds five looks (checked).
+        #expect(Sealer.looksAgain(afterSpellOf: 0, parked: false))
+        #expect(Sealer.looksAgain(afterSpellOf: 10_000_000, parked: false))
+        #expect(Sealer.looksAgain(afterSpellOf: Sealer.lookSpan, parked: true))
+        #expect(!Sealer.looksAgain(afterSpellOf: Sealer.lookSpan + 1, parked: true))
+        let sealer = Sealer(bucketCount: 4)
+        sealer.setWork { _ in sealer.noteCompleted() }
+        func handOverAfterParking(_ bucket: Int) -> Bool {
+            for _ in 0..<2_000 where !sealer.isParked { usleep(1_000) }
+            guard sealer.isParked else { return false }
+            usleep(3_000)  // the spell lasts well past the looks' span
+            let before = sealer.completed
+            sealer.enqueue(bucket)
+            return Self.sealed(sealer, after: before)
+        }
+        let first = sealer.completed
+        sealer.enqueue(0)
+        #expect(Self.sealed(sealer, after: first))
+        #expect(handOverAfterParking(1), "a long spell: the next parks at once")
+        let looks = sealer.looks
+        for round in 0..<4 { #expect(handOverAfterParking(round % 4), "round \(round)") }
+        for _ in 0..<2_000 where !sealer.isParked { usleep(1_000) }
+        #expect(sealer.looks == looks, "\(sealer.looks - looks) looks taken at a trickle")
+        // A hand-over right after a seal (a spell shorter than the span, woken from the parked state at
+        // once) brings the looks back. A test thread delayed past the span on a loaded machine makes a long
+        // spell instead: up to 20 tries.
+        var resumed = false
+        for _ in 0..<20 where !resumed {
+            let before = sealer.completed
+            sealer.enqueue(2)
+            guard Self.sealed(sealer, after: before) else { break }
+            let quick = sealer.completed
+            sealer.enqueue(3)
+            guard Self.sealed(sealer, after: quick) else { break }
+            let looksBefore = sealer.looks
+            for _ in 0..<2_000 where !sealer.isParked { usleep(1_000) }
+            resumed = sealer.looks > looksBefore
+        }
+        #expect(resumed, "a quick hand-over brought the looks back")
+        sealer.stop()
+        sealer.setWork(nil)
+    }
+
     @Test("stop() returns promptly whether the sealer thread is looking at an empty queue or parked")
     func stopWhileIdle() {
         for parkFirst in [false, true] {

@@ -22,6 +22,14 @@ import Synchronization
 // for 100-470 µs: enough of them to set the eviction-heavy store p99.9 (BENCHMARKS.md, "Disk tier (#29)",
 // 2026-11-28).
 //
+// The looks pay only when hand-overs come less than their span apart. At a trickle (a seal every 16 ms at
+// 1,000 stores/s) each idle spell cost five timer wake-ups and then the futex wake-up anyway: about 300
+// context switches a second for nothing (BENCHMARKS.md, "stores at a trickle"). So an idle spell that ended
+// in a wake-up from the parked state, having lasted longer than the looks' span, makes the next spell park
+// at once; a spell that ended in a look, or was shorter than the span, makes the next one look again. A
+// steady flow therefore keeps the looks; after a trickle, the first spell shorter than the span (paying one
+// futex wake-up) brings them back.
+//
 // No lost wake-up: the thread sets `parked`, then looks at the queue under its lock, then waits on
 // `condition`, which it holds from before setting `parked` until the wait releases it. A store appends under
 // the queue's lock, then reads `parked`. Either the thread's look follows the append (it sees the bucket), or
@@ -60,6 +68,15 @@ final class Sealer: Sendable {
     /// queued while the thread sleeps waits for the rest of that sleep (its stores are readable meanwhile,
     /// and nobody waits for an unclaimed memtable: see above); one queued while it is parked, for a wake-up.
     static let lookAfter: [UInt32] = [50, 100, 200, 400, 800]
+    /// The looks' span, in nanoseconds (their sleeps added up).
+    static let lookSpan = UInt64(lookAfter.reduce(0, +)) * 1_000
+    /// Looks taken at an empty queue, in all (tests).
+    private let looksTaken = Atomic<Int>(0)
+
+    /// Whether the next idle spell looks at the queue before it parks, after one that lasted `idle`
+    /// nanoseconds and ended in a look (`parked` false) or in a wake-up from the parked state (see the
+    /// comment at the top).
+    static func looksAgain(afterSpellOf idle: UInt64, parked: Bool) -> Bool { !parked || idle <= lookSpan }
 
     /// Seals one bucket (it logs its failures); set once, by the tier, when its initialiser is done.
     /// Boxed in a class, never held as a bare closure: a function type as `Locked`'s generic state is
@@ -121,6 +138,9 @@ final class Sealer: Sendable {
     /// Whether the thread is parked (tests).
     var isParked: Bool { parked.load(ordering: .sequentiallyConsistent) }
 
+    /// Looks the thread has taken at an empty queue, in all (tests).
+    var looks: Int { looksTaken.load(ordering: .relaxed) }
+
     private enum Next {
         case bucket(Int)
         case empty
@@ -155,27 +175,45 @@ final class Sealer: Sendable {
     private func run() {
         IOThreadPool.nameCurrentThread("magpie-io-sealer")
         var looks = 0
+        /// Whether this idle spell looks before it parks (set by the last spell, see the top).
+        var looking = true
+        /// When this idle spell began (the queue first found empty), or 0 outside one.
+        var idleSince: UInt64 = 0
         while true {
             var step = next()
             if case .empty = step {
-                if looks < Self.lookAfter.count {
+                if idleSince == 0 { idleSince = max(1, DispatchTime.now().uptimeNanoseconds) }
+                if looking && looks < Self.lookAfter.count {
                     // An empty queue: look again shortly; a store meanwhile queues without waking this thread.
                     // A relative sleep, not a timed wait on `condition`: that takes a wall-clock deadline, and a
                     // clock set back would stretch it. `stop()` waits for at most one sleep.
                     usleep(Self.lookAfter[looks])
                     looks += 1
+                    looksTaken.add(1, ordering: .relaxed)
                     continue
                 }
                 // Idle for a while: park until a store wakes it (see the comment at the top for the order).
                 condition.lock()
                 parked.store(true, ordering: .sequentiallyConsistent)
                 step = lastLook()
+                var woken = false
                 while case .empty = step {
                     condition.wait()
+                    woken = true
                     step = next()
                 }
                 parked.store(false, ordering: .sequentiallyConsistent)
                 condition.unlock()
+                if woken {
+                    let idle = DispatchTime.now().uptimeNanoseconds &- idleSince
+                    looking = Self.looksAgain(afterSpellOf: idle, parked: true)
+                    idleSince = 0
+                }
+            }
+            if idleSince != 0 {
+                // The spell ended in a look (or in the look before parking).
+                looking = Self.looksAgain(afterSpellOf: 0, parked: false)
+                idleSince = 0
             }
             switch step {
             case .bucket(let bucket):
