@@ -188,4 +188,59 @@ struct MemoryBudgetTests {
         }
         expectLedger(tier, "after the threads")
     }
+
+    /// The dead blocks' charge, kept apart from the live entries' (the policy's mean charge is over these):
+    /// checked against a walk of both rings.
+    private func expectDeadCharge(_ tier: MemoryTier, _ comment: Comment = "") -> Int {
+        var dead = 0
+        for shard in tier.shards {
+            let (walkedDead, walkedLive, deadCharged, liveCharged) = shard.withLock { storage in
+                var dead = 0
+                var live = 0
+                for ring in [storage.small, storage.main] {
+                    ring.forEach { block in
+                        let header = EntryHeader(of: block)
+                        let charge = ShardStorage.charge(storedLength: header.storedLength)
+                        if header.isDead { dead += charge } else { live += charge }
+                    }
+                }
+                return (dead, live, storage.deadCharged, storage.liveCharged)
+            }
+            #expect(deadCharged == walkedDead, comment)
+            #expect(liveCharged == walkedLive, comment)
+            dead += walkedDead
+        }
+        return dead
+    }
+
+    @Test("dead blocks' charge is kept apart through overwrites, removals, compactions, evictions and removeAll")
+    func deadChargeKeptApart() throws {
+        let tier = try MemoryTier(budget: 1 << 20, shardCount: 1)
+        for key in 0..<200 { #expect(try tier.set(bytes(200, UInt8(key % 250)), forKey: "k\(key)", group: "g\(key % 3)")) }
+        #expect(expectDeadCharge(tier, "stored") == 0)
+        // Overwrites leave the replaced blocks dead in their ring (30: no compaction yet).
+        for key in 0..<30 { #expect(try tier.set(bytes(400, 7), forKey: "k\(key)")) }
+        #expect(expectDeadCharge(tier, "overwritten") > 0)
+        // Removals past half the ring compact it.
+        for key in 30..<130 { tier.removeValue(forKey: "k\(key)") }
+        _ = expectDeadCharge(tier, "removed")
+        // Evictions pop dead blocks; overwrites and removals keep making them.
+        var state: UInt64 = 5
+        for step in 0..<20_000 {
+            state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            let key = "e\(Int(state >> 33) % 3_000)"
+            if step % 7 == 0 {
+                tier.removeValue(forKey: key)
+            } else {
+                _ = try tier.set(bytes(50 + Int(state >> 40) % 2_000, UInt8(step % 250)), forKey: key, group: "g\(step % 3)")
+            }
+        }
+        #expect(tier.shards[0].withLock { $0.counters.evictions } > 0)
+        _ = expectDeadCharge(tier, "evicting")
+        _ = tier.removeAll(inGroup: "g1")
+        _ = expectDeadCharge(tier, "group removed")
+        tier.removeAll()
+        #expect(expectDeadCharge(tier, "all removed") == 0)
+        #expect(tier.shards[0].withLock { $0.deadCharged } == 0)
+    }
 }

@@ -10,9 +10,10 @@ import Glibc
 //     (estimate − 1) × mean charge ≥ θ × charge
 //
 // where the estimate counts this miss, so estimate − 1 is how often the key was missed before, lately;
-// the mean charge is charged / entries in the shard. Per byte, because what a key costs `main` is its
-// charge: a small key missed twice is worth admitting before a large one missed twice (on the shared
-// block trace, 4 KiB objects come back 3.5 times on average, 64 KiB ones 2.2 times).
+// the mean charge is the shard's live entries' charge over their count (dead blocks left out). Per byte,
+// because what a key costs `main` is its charge: a small key missed twice is worth admitting before a
+// large one missed twice (on the shared block trace, 4 KiB objects come back 3.5 times on average, 64 KiB
+// ones 2.2 times).
 //
 // θ adapts (no knob): `main`'s hand sees every entry it passes. An entry admitted this way is tagged in
 // `main`'s ring (EntryRing's tag) until the hand first reaches it; there, whether it was read since
@@ -53,7 +54,7 @@ struct AdmissionControl {
     private(set) var residentReadRate: Double = 0.5
 
     /// Whether a new key missed `previousMisses` times before (≥ 1), of charge `charge`, goes to `main`,
-    /// in a shard charging `charged` bytes for `count` entries.
+    /// in a shard whose `count` live entries are charged `charged` bytes.
     @inline(__always)
     func admits(previousMisses: Int, charge: Int, charged: Int, count: Int) -> Bool {
         Double(previousMisses) * Double(charged) >= threshold * Double(charge) * Double(max(1, count))

@@ -24,6 +24,7 @@ extension ShardStorage {
         let charge = Self.charge(storedLength: header.storedLength)
         if header.isDead {
             small.dead -= 1
+            deadCharged -= charge
             release(block, charge: charge, fromSmall: true)
             return true
         }
@@ -53,6 +54,7 @@ extension ShardStorage {
             let charge = Self.charge(storedLength: header.storedLength)
             if header.isDead {
                 main.dead -= 1
+                deadCharged -= charge
                 release(block, charge: charge, fromSmall: false)
                 return
             }

@@ -80,6 +80,7 @@ extension ShardStorage {
         ghostControl = GhostWindowControl(budgetUnits: Self.ghostBudgetUnits(budget: budget, shift: ghostShift))
         smallShare = SmallShareControl(budget: budget)
         charged = 0
+        deadCharged = 0
         smallCharged = 0
         largeCharged = 0
         count = 0

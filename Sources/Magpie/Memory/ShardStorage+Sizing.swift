@@ -38,14 +38,15 @@
 //  - a ghost hit admits a new key to `main` (skipping `small`);
 //  - a read makes `main`'s hand re-queue an entry instead of evicting it.
 //
-// For an entry charged at most `SizeTuning.factor` (2) times the shard's mean charge (charged / entries)
+// For an entry charged at most `SizeTuning.factor` (2) times the shard's mean charge (live charge / entries)
 // nothing changes. A larger one passes with probability factor × mean / charge (a key that fails goes to
 // `small`; an entry that fails is evicted into the main ghost as an unread one would be). Over the
 // passes that keep a large hot entry, about factor × mean / charge of its reads count: it needs about
 // charge / (factor × mean) times as many reads to stay, and a large entry read once in a while gives way
 // to smaller ones.
-// The mean is charged / entries, as θ's is (ShardStorage+Admission.swift): `charged` counts dead blocks
-// until their ring pops them, so after many removals it runs high and the draw passes more entries.
+// The mean is the live entries' charge over their count, as θ's is (ShardStorage+Admission.swift): dead
+// blocks (removed or replaced entries their ring has not popped yet, up to half a ring) are left out, so
+// removals and overwrites do not raise it.
 // The draw is a per-shard generator (64-bit LCG), under the shard's lock like everything here, so a
 // replay is deterministic. What this gives up: "an entry in `main` is evicted only after `main` has
 // rotated past it frequency + 1 times" holds only for entries up to twice the mean.
@@ -109,7 +110,7 @@ extension ShardStorage {
     @inline(__always)
     mutating func sizeEarnsPlace(charge: Int) -> Bool {
         guard count > 0 else { return true }
-        let bound = SizeTuning.factor * Double(charged) / Double(count)
+        let bound = SizeTuning.factor * Double(liveCharged) / Double(count)
         if Double(charge) <= bound { return true }
         return sizeDraw.next() < bound / Double(charge)
     }

@@ -75,7 +75,7 @@ extension ShardStorage {
                     tag = .admittedByGhost
                 }
             } else if misses > 1
-                && admission.admits(previousMisses: misses - 1, charge: charge, charged: charged, count: count)
+                && admission.admits(previousMisses: misses - 1, charge: charge, charged: liveCharged, count: count)
             {
                 queue = EntryHeader.main
                 tag = .admittedByMisses

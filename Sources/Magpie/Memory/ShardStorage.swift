@@ -253,6 +253,11 @@ struct ShardStorage: ~Copyable {
 
     /// Charges of live and dead blocks.
     var charged = 0
+    /// The part of `charged` in dead blocks: entries removed or replaced whose ring has not popped or
+    /// compacted them yet (up to half a ring's blocks, EntryRing.needsCompaction).
+    var deadCharged = 0
+    /// Charges of live entries: what the policy's mean charge is taken over (liveCharged / count).
+    var liveCharged: Int { charged - deadCharged }
     /// The part of `charged` in `small`.
     var smallCharged = 0
     /// Live entries (those in the index).
@@ -410,16 +415,22 @@ struct ShardStorage: ~Copyable {
             return
         }
         EntryHeader.setState(block, header.state | EntryHeader.deadFlag)
+        deadCharged += charge
         if queue == EntryHeader.small {
             small.dead += 1
             if small.needsCompaction {
                 let freed = small.compact(retiringInto: &retired)
                 charged -= freed
+                deadCharged -= freed
                 smallCharged -= freed
             }
         } else {
             main.dead += 1
-            if main.needsCompaction { charged -= main.compact(retiringInto: &retired) }
+            if main.needsCompaction {
+                let freed = main.compact(retiringInto: &retired)
+                charged -= freed
+                deadCharged -= freed
+            }
         }
     }
 
