@@ -432,7 +432,9 @@ struct DiskMemtableTests {
         // Each round lets the thread go idle for a time spread over 0.5–4 ms, around the 1.6 ms (and the
         // timer slack beyond) its looks at an empty queue take before it parks, then four threads queue
         // their buckets at once. A wake-up lost between the thread's last look and its wait would leave a
-        // bucket unsealed. (It rarely hits that instant: `racingHandOverAtParking` holds it open.)
+        // bucket unsealed. (It rarely hits that instant: `racingHandOverAtParking` holds it open.) Spells
+        // over twice the looks' span come in pairs only now and then here, so most rounds look first; after
+        // a pair, the next round parks at once and races its queueing threads against that.
         let sealer = Sealer(bucketCount: 8)
         let sealedBuckets = Locked<[Int]>([])
         sealer.setWork { bucket in
@@ -485,18 +487,26 @@ struct DiskMemtableTests {
 
     @Test("the sealer's looks at an empty queue stop at a trickle of hand-overs and come back with a quick one")
     func looksFollowTheHandOverRate() {
-        // At a trickle each idle spell outlasts the looks, which then only cost timer wake-ups: after one such
-        // spell, the next parks at once. Without that, each round below adds five looks (checked).
-        #expect(Sealer.looksAgain(afterSpellOf: 0, parked: false))
-        #expect(Sealer.looksAgain(afterSpellOf: 10_000_000, parked: false))
-        #expect(Sealer.looksAgain(afterSpellOf: Sealer.lookSpan, parked: true))
-        #expect(!Sealer.looksAgain(afterSpellOf: Sealer.lookSpan + 1, parked: true))
+        // At a trickle each idle spell outlasts the looks, which then only cost timer wake-ups: after two such
+        // spells, the next park at once. Without that, each round below adds five looks (checked).
+        var policy = Sealer.LookPolicy()
+        let long = 2 * Sealer.lookSpan + 1
+        policy.spellEnded(idle: long, parked: true)
+        #expect(policy.looking, "one long spell: a burst after a single long gap still finds the looks")
+        policy.spellEnded(idle: long, parked: true)
+        #expect(!policy.looking, "two long spells in a row: park at once")
+        policy.spellEnded(idle: 2 * Sealer.lookSpan, parked: true)
+        #expect(policy.looking, "a spell within twice the span brings the looks back")
+        policy.spellEnded(idle: long, parked: true)
+        policy.spellEnded(idle: long, parked: true)
+        policy.spellEnded(idle: 0, parked: false)
+        #expect(policy.looking, "so does a spell that ended in a look")
         let sealer = Sealer(bucketCount: 4)
         sealer.setWork { _ in sealer.noteCompleted() }
         func handOverAfterParking(_ bucket: Int) -> Bool {
             for _ in 0..<2_000 where !sealer.isParked { usleep(1_000) }
             guard sealer.isParked else { return false }
-            usleep(3_000)  // the spell lasts well past the looks' span
+            usleep(5_000)  // the spell lasts well past twice the looks' span
             let before = sealer.completed
             sealer.enqueue(bucket)
             return Self.sealed(sealer, after: before)
@@ -504,23 +514,24 @@ struct DiskMemtableTests {
         let first = sealer.completed
         sealer.enqueue(0)
         #expect(Self.sealed(sealer, after: first))
-        #expect(handOverAfterParking(1), "a long spell: the next parks at once")
+        #expect(handOverAfterParking(1), "a long spell")
+        #expect(handOverAfterParking(2), "a second long spell: the next park at once")
         let looks = sealer.looks
         for round in 0..<4 { #expect(handOverAfterParking(round % 4), "round \(round)") }
         for _ in 0..<2_000 where !sealer.isParked { usleep(1_000) }
         #expect(sealer.looks == looks, "\(sealer.looks - looks) looks taken at a trickle")
         // A hand-over right after a seal (a spell shorter than the span, woken from the parked state at
-        // once) brings the looks back. A test thread delayed past the span on a loaded machine makes a long
-        // spell instead: up to 20 tries.
+        // once) brings the looks back. A test thread delayed past twice the span on a loaded machine makes
+        // a long spell instead: up to 20 tries.
         var resumed = false
         for _ in 0..<20 where !resumed {
             let before = sealer.completed
             sealer.enqueue(2)
             guard Self.sealed(sealer, after: before) else { break }
             let quick = sealer.completed
+            let looksBefore = sealer.looks
             sealer.enqueue(3)
             guard Self.sealed(sealer, after: quick) else { break }
-            let looksBefore = sealer.looks
             for _ in 0..<2_000 where !sealer.isParked { usleep(1_000) }
             resumed = sealer.looks > looksBefore
         }

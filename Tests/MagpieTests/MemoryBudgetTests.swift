@@ -242,5 +242,19 @@ struct MemoryBudgetTests {
         tier.removeAll()
         #expect(expectDeadCharge(tier, "all removed") == 0)
         #expect(tier.shards[0].withLock { $0.deadCharged } == 0)
+        // `main`'s compaction: keys read once go to `main` when `small` turns over; removing most of them
+        // leaves more dead blocks than live ones there, and the ring is compacted.
+        let small = try MemoryTier(budget: 64 << 10, shardCount: 1)
+        for key in 0..<400 {
+            #expect(try small.set(bytes(100, UInt8(key % 250)), forKey: "m\(key)"))
+            _ = small.value(forKey: "m\(key)")
+        }
+        for key in 0..<300 { _ = try small.set(bytes(100, 1), forKey: "f\(key)") }
+        let inMain = small.shards[0].withLock { $0.main.count }
+        #expect(inMain >= 200, "\(inMain) blocks in main")
+        for key in 0..<400 { small.removeValue(forKey: "m\(key)") }
+        let (mainBlocks, mainDead) = small.shards[0].withLock { ($0.main.count, $0.main.dead) }
+        #expect(mainBlocks < inMain - 100, "main compacted: \(mainBlocks) blocks (\(mainDead) dead) of \(inMain)")
+        _ = expectDeadCharge(small, "main compacted")
     }
 }

@@ -128,8 +128,7 @@ struct MemoryPolicyTests {
     @Test("a large key's ghost hit admits it to main about as often as twice the mean charge over its charge")
     func largeGhostHitsBySize() throws {
         // 10,000 entries of 60 B; keys of 1,000 B (about 9 times the mean charge) go through the small ghost.
-        // The large keys admitted stay (removed, they would stay charged as dead blocks, and raise the
-        // mean charge the draw uses): about 23 of them, 2 % of the budget.
+        // The large keys admitted stay: about 23 of them, 2 % of the budget.
         let s = try Storage(budget: 10_000 * charge(60))
         for i in 0..<10_000 { s.set(i, length: 60) }
         var filler = 1_000_000

@@ -24,11 +24,14 @@ import Synchronization
 //
 // The looks pay only when hand-overs come less than their span apart. At a trickle (a seal every 16 ms at
 // 1,000 stores/s) each idle spell cost five timer wake-ups and then the futex wake-up anyway: about 300
-// context switches a second for nothing (BENCHMARKS.md, "stores at a trickle"). So an idle spell that ended
-// in a wake-up from the parked state, having lasted longer than the looks' span, makes the next spell park
-// at once; a spell that ended in a look, or was shorter than the span, makes the next one look again. A
-// steady flow therefore keeps the looks; after a trickle, the first spell shorter than the span (paying one
-// futex wake-up) brings them back.
+// context switches a second for nothing (BENCHMARKS.md, "the sealer stops its looks at a trickle"). So
+// after two idle spells in a row that each ended in a wake-up from the parked state more than twice the
+// looks' span after they began (`LookPolicy`), the next spells park at once; any shorter spell, or one that
+// ended in a look, brings the looks back. A spell is measured to the store's signal, not to when the
+// thread runs again, so a slow wake-up (a core taken by another process) does not count against the
+// looks; twice the span leaves room for the kernel's timer slack on the sleeps. A steady flow keeps its
+// looks; a burst after a single long gap finds them as before; after a trickle, the first two quick
+// hand-overs pay a futex wake-up each before the looks are back.
 //
 // No lost wake-up: the thread sets `parked`, then looks at the queue under its lock, then waits on
 // `condition`, which it holds from before setting `parked` until the wait releases it. A store appends under
@@ -68,15 +71,26 @@ final class Sealer: Sendable {
     /// queued while the thread sleeps waits for the rest of that sleep (its stores are readable meanwhile,
     /// and nobody waits for an unclaimed memtable: see above); one queued while it is parked, for a wake-up.
     static let lookAfter: [UInt32] = [50, 100, 200, 400, 800]
-    /// The looks' span, in nanoseconds (their sleeps added up).
+    /// The looks' span, in nanoseconds (their sleeps added up, without the kernel's timer slack).
     static let lookSpan = UInt64(lookAfter.reduce(0, +)) * 1_000
     /// Looks taken at an empty queue, in all (tests).
     private let looksTaken = Atomic<Int>(0)
+    /// When a store last signalled the parked thread (`DispatchTime` nanoseconds): the end of its idle spell.
+    private let signalledAt = Atomic<UInt64>(0)
 
-    /// Whether the next idle spell looks at the queue before it parks, after one that lasted `idle`
-    /// nanoseconds and ended in a look (`parked` false) or in a wake-up from the parked state (see the
-    /// comment at the top).
-    static func looksAgain(afterSpellOf idle: UInt64, parked: Bool) -> Bool { !parked || idle <= lookSpan }
+    /// Whether the thread's idle spells look at the queue before parking (see the comment at the top).
+    struct LookPolicy {
+        /// Long spells in a row.
+        private(set) var longSpells = 0
+        /// Whether the next idle spell looks before it parks.
+        var looking: Bool { longSpells < 2 }
+
+        /// An idle spell ended: in a look (`parked` false), or in a wake-up from the parked state `idle`
+        /// nanoseconds after it began.
+        mutating func spellEnded(idle: UInt64, parked: Bool) {
+            longSpells = parked && idle > 2 * Sealer.lookSpan ? min(longSpells + 1, 2) : 0
+        }
+    }
 
     /// Seals one bucket (it logs its failures); set once, by the tier, when its initialiser is done.
     /// Boxed in a class, never held as a bare closure: a function type as `Locked`'s generic state is
@@ -129,6 +143,7 @@ final class Sealer: Sendable {
             thread.name = "magpie-io-sealer"
             thread.start()
         } else if parked.load(ordering: .sequentiallyConsistent) {
+            signalledAt.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
             condition.lock()
             condition.signal()
             condition.unlock()
@@ -175,15 +190,15 @@ final class Sealer: Sendable {
     private func run() {
         IOThreadPool.nameCurrentThread("magpie-io-sealer")
         var looks = 0
-        /// Whether this idle spell looks before it parks (set by the last spell, see the top).
-        var looking = true
+        /// Whether this idle spell looks before it parks (set by the spells before, see the top).
+        var policy = LookPolicy()
         /// When this idle spell began (the queue first found empty), or 0 outside one.
         var idleSince: UInt64 = 0
         while true {
             var step = next()
             if case .empty = step {
                 if idleSince == 0 { idleSince = max(1, DispatchTime.now().uptimeNanoseconds) }
-                if looking && looks < Self.lookAfter.count {
+                if policy.looking && looks < Self.lookAfter.count {
                     // An empty queue: look again shortly; a store meanwhile queues without waking this thread.
                     // A relative sleep, not a timed wait on `condition`: that takes a wall-clock deadline, and a
                     // clock set back would stretch it. `stop()` waits for at most one sleep.
@@ -205,14 +220,17 @@ final class Sealer: Sendable {
                 parked.store(false, ordering: .sequentiallyConsistent)
                 condition.unlock()
                 if woken {
-                    let idle = DispatchTime.now().uptimeNanoseconds &- idleSince
-                    looking = Self.looksAgain(afterSpellOf: idle, parked: true)
+                    // Ended by the store's signal (its time, read after the wait: the signal follows the
+                    // store), or by `stop()` or a spurious wake-up (then now).
+                    let signalled = signalledAt.load(ordering: .relaxed)
+                    let end = signalled > idleSince ? signalled : DispatchTime.now().uptimeNanoseconds
+                    policy.spellEnded(idle: end &- idleSince, parked: true)
                     idleSince = 0
                 }
             }
             if idleSince != 0 {
                 // The spell ended in a look (or in the look before parking).
-                looking = Self.looksAgain(afterSpellOf: 0, parked: false)
+                policy.spellEnded(idle: 0, parked: false)
                 idleSince = 0
             }
             switch step {

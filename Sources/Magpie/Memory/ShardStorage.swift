@@ -254,7 +254,8 @@ struct ShardStorage: ~Copyable {
     /// Charges of live and dead blocks.
     var charged = 0
     /// The part of `charged` in dead blocks: entries removed or replaced whose ring has not popped or
-    /// compacted them yet (up to half a ring's blocks, EntryRing.needsCompaction).
+    /// compacted them yet (at most half a ring's blocks once it holds more than 32 dead ones,
+    /// EntryRing.needsCompaction; their charge may be more than half of it).
     var deadCharged = 0
     /// Charges of live entries: what the policy's mean charge is taken over (liveCharged / count).
     var liveCharged: Int { charged - deadCharged }
