@@ -23,9 +23,7 @@ extension ShardStorage {
         let header = EntryHeader(of: block)
         let charge = Self.charge(storedLength: header.storedLength)
         if header.isDead {
-            small.dead -= 1
-            deadCharged -= charge
-            release(block, charge: charge, fromSmall: true)
+            releaseDead(block, charge: charge, fromSmall: true)
             return true
         }
         if header.frequency > 0 && main.push(block) {
@@ -53,9 +51,7 @@ extension ShardStorage {
             let header = EntryHeader(of: block)
             let charge = Self.charge(storedLength: header.storedLength)
             if header.isDead {
-                main.dead -= 1
-                deadCharged -= charge
-                release(block, charge: charge, fromSmall: false)
+                releaseDead(block, charge: charge, fromSmall: false)
                 return
             }
             switch tag {

@@ -89,3 +89,49 @@ extension ShardStorage {
         retired.freeSpares()
     }
 }
+
+// Dead blocks: marked by `unlink`, freed when their ring pops them (ShardStorage+Eviction.swift) or
+// compacts them; `deadCharged` follows them, so the policy's mean charge is over live entries.
+
+extension ShardStorage {
+    /// Takes a live entry out of the index and marks its block dead; the block (and its charge) stays
+    /// until its ring pops it or is compacted. A large entry's block is taken out of its ring and freed
+    /// at once (see "Removal: dead blocks"); the caller returns any surplus limit once its own
+    /// operation is done.
+    mutating func unlink(position: Int, block: UnsafeMutableRawPointer) {
+        indexDelete(at: position)
+        count -= 1
+        let header = EntryHeader(of: block)
+        let fromSmall = header.queue == EntryHeader.small
+        let charge = Self.charge(storedLength: header.storedLength)
+        if isLarge(charge) && (fromSmall ? small.remove(block) : main.remove(block)) {
+            // Freed now rather than when its ring pops it: the room it borrowed can go back at once.
+            release(block, charge: charge, fromSmall: fromSmall)
+            return
+        }
+        EntryHeader.setState(block, header.state | EntryHeader.deadFlag)
+        deadCharged += charge
+        if fromSmall {
+            small.dead += 1
+            if small.needsCompaction { releaseCompacted(small.compact(retiringInto: &retired), fromSmall: true) }
+        } else {
+            main.dead += 1
+            if main.needsCompaction { releaseCompacted(main.compact(retiringInto: &retired), fromSmall: false) }
+        }
+    }
+
+    /// Releases a dead block its ring has popped.
+    @inline(__always)
+    mutating func releaseDead(_ block: UnsafeMutableRawPointer, charge: Int, fromSmall: Bool) {
+        if fromSmall { small.dead -= 1 } else { main.dead -= 1 }
+        deadCharged -= charge
+        release(block, charge: charge, fromSmall: fromSmall)
+    }
+
+    /// Takes the charge of the dead blocks a ring's compaction released (`freed`) off the shard's.
+    private mutating func releaseCompacted(_ freed: Int, fromSmall: Bool) {
+        charged -= freed
+        deadCharged -= freed
+        if fromSmall { smallCharged -= freed }
+    }
+}

@@ -45,7 +45,7 @@
 // charge / (factor × mean) times as many reads to stay, and a large entry read once in a while gives way
 // to smaller ones.
 // The mean is the live entries' charge over their count, as θ's is (ShardStorage+Admission.swift): dead
-// blocks (removed or replaced entries their ring has not popped yet, up to half a ring) are left out, so
+// blocks (removed or replaced entries their ring has not popped yet, `deadCharged`) are left out, so
 // removals and overwrites do not raise it.
 // The draw is a per-shard generator (64-bit LCG), under the shard's lock like everything here, so a
 // replay is deterministic. What this gives up: "an entry in `main` is evicted only after `main` has
@@ -71,7 +71,8 @@ struct SmallShareControl {
     }
 
     /// A ghost hit at `age` (in the ghosts' stamp units) from the main ghost or else the small one,
-    /// with `small`'s target `reach` units: returns whether the share moved.
+    /// with `small`'s target `reach` units: returns whether the share moved (for tests).
+    @discardableResult
     mutating func ghostHit(age: UInt32, fromMain: Bool, reach: UInt32) -> Bool {
         guard age <= max(1, reach) else { return false }
         let moved = fromMain ? share * (1 - SizeTuning.smallShareStep) : share * (1 + SizeTuning.smallShareStep)
@@ -118,7 +119,7 @@ extension ShardStorage {
     /// Tunes `small`'s share on a ghost hit (see the top of this file).
     mutating func tuneSmallShare(_ hit: GhostHit) {
         let reach = UInt32(truncatingIfNeeded: min(Int(UInt32.max), smallTarget &>> ghostShift))
-        _ = smallShare.ghostHit(age: hit.age, fromMain: hit.fromMain, reach: reach)
+        smallShare.ghostHit(age: hit.age, fromMain: hit.fromMain, reach: reach)
     }
 
     /// What `small` may hold before it is evicted from first: 1-25 % of the budget, tuned by `smallShare`

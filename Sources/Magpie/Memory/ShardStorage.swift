@@ -400,41 +400,6 @@ struct ShardStorage: ~Copyable {
         if isLarge(charge) { largeCharged += charge }
     }
 
-    /// Takes a live entry out of the index and marks its block dead; the block (and its charge) stays
-    /// until its ring pops it or is compacted. A large entry's block is taken out of its ring and freed
-    /// at once (see "Removal: dead blocks"); the caller returns any surplus limit once its own
-    /// operation is done.
-    mutating func unlink(position: Int, block: UnsafeMutableRawPointer) {
-        indexDelete(at: position)
-        count -= 1
-        let header = EntryHeader(of: block)
-        let queue = header.queue
-        let charge = Self.charge(storedLength: header.storedLength)
-        if isLarge(charge) && (queue == EntryHeader.small ? small.remove(block) : main.remove(block)) {
-            // Freed now rather than when its ring pops it: the room it borrowed can go back at once.
-            release(block, charge: charge, fromSmall: queue == EntryHeader.small)
-            return
-        }
-        EntryHeader.setState(block, header.state | EntryHeader.deadFlag)
-        deadCharged += charge
-        if queue == EntryHeader.small {
-            small.dead += 1
-            if small.needsCompaction {
-                let freed = small.compact(retiringInto: &retired)
-                charged -= freed
-                deadCharged -= freed
-                smallCharged -= freed
-            }
-        } else {
-            main.dead += 1
-            if main.needsCompaction {
-                let freed = main.compact(retiringInto: &retired)
-                charged -= freed
-                deadCharged -= freed
-            }
-        }
-    }
-
     /// Releases a block that has left both the index and its ring, and its charge: the block is freed
     /// once no lock-free reader can hold it (Support/ReadEpochs.swift).
     @inline(__always)
