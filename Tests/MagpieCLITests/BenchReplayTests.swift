@@ -45,6 +45,44 @@ struct BenchReplayTests {
         #expect(magpie.0 >= 4.0 / 7 && magpie.0 <= 1)  // never better than the optimum
     }
 
+    @Test("--hits-directory records each request's hit per system, and counts where a reference and Magpie differ")
+    func hitsRecorded() throws {
+        // The 7-request trace of referencePolicies: LRU hits requests 4 and 6, Belady 4, 6 and 7.
+        let trace = ["a", "b", "c", "a", "d", "a", "b"].map { "\($0),1000" }.joined(separator: "\n")
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        try trace.write(toFile: directory.child("tiny.csv"), atomically: true, encoding: .utf8)
+        let hits = directory.child("hits")
+        #expect(
+            try runBench([
+                "replay", directory.child("tiny.csv"), "--budget", "3000", "--references", "LRU", "Belady",
+                "--hits-directory", hits, "--json", directory.child("out.json"),
+            ]) == 0)
+        func recorded(_ system: String) throws -> [UInt8] {
+            [UInt8](try Data(contentsOf: URL(fileURLWithPath: "\(hits)/3000-\(system).hits")))
+        }
+        #expect(try recorded("LRU") == [0, 0, 0, 1, 0, 1, 0])
+        #expect(try recorded("Belady") == [0, 0, 0, 1, 0, 1, 1])
+        let magpie = try recorded("magpie-memory")
+        #expect(magpie.count == 7 && magpie.allSatisfy { $0 <= 1 })
+        let data = try Data(contentsOf: URL(fileURLWithPath: directory.child("out.json")))
+        let report = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+        var extras: [String: [String: Any]] = [:]
+        for case let row as [String: Any] in report["results"] as? [Any] ?? [] {
+            extras[row["system"] as? String ?? ""] = row["extra"] as? [String: Any] ?? [:]
+        }
+        // Magpie's record agrees with its miss ratio, and each reference's counts with the two records.
+        let misses = magpie.filter { $0 == 0 }.count
+        #expect(abs((extras["magpie-memory"]?["miss_ratio"] as? Double ?? -1) - Double(misses) / 7) < 1e-12)
+        for system in ["LRU", "Belady"] {
+            let reference = try recorded(system)
+            let onlyReference = zip(reference, magpie).filter { $0 == 1 && $1 == 0 }.count
+            let onlyMagpie = zip(reference, magpie).filter { $0 == 0 && $1 == 1 }.count
+            #expect(extras[system]?["hit_only_by_reference"] as? Int == onlyReference)
+            #expect(extras[system]?["hit_only_by_magpie"] as? Int == onlyMagpie)
+        }
+    }
+
     @Test("byte miss ratios weigh objects by size; percentages are of the working set; the binary format reads")
     func bytesAndBinary() throws {
         // Object x (9,000 B) requested twice, y (1,000 B) twice: working set 10,000 B.

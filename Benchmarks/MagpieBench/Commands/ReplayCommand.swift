@@ -44,6 +44,16 @@ struct Replay: ParsableCommand {
     @Option(
         parsing: .upToNextOption, help: "Reference policies to run (LRU, FIFO, ARC, S3-FIFO, W-TinyLFU, LIRS, Belady).")
     var references: [String] = ReferencePolicy.allCases.map(\.rawValue)
+    @Option(
+        help: ArgumentHelp(
+            "Write which requests hit, per budget and system, into this directory, and compare each reference with Magpie request by request.",
+            discussion: """
+                Each file (BUDGET-SYSTEM.hits, a budget of 10% named 10pct) holds a byte per request of the trace, in order: 1 for a hit, 0 for \
+                a miss. A second table then counts, per budget and reference, the requests only the reference hit \
+                and those only Magpie hit, in all and by tenth of the trace: where in the trace a policy gains or \
+                loses its lead (a warm-up, a scan, a phase change).
+                """))
+    var hitsDirectory: String?
     @OptionGroup var outputOptions: OutputOptions
 
     enum TierChoice: String, ExpressibleByArgument { case memory, disk, both }
@@ -83,9 +93,13 @@ struct Replay: ParsableCommand {
     }
 
     func run() throws {
-        let (results, rows) = try measure()
+        let (results, rows, comparisons) = try measure()
         print()
         printAligned(rows)
+        if comparisons.count > 1 {
+            print()
+            printAligned(comparisons)
+        }
         if let json = outputOptions.json {
             try Report(date: timestamp(), machine: .current(), config: ["replay": .object(config)], results: results)
                 .write(to: json)
@@ -103,7 +117,8 @@ struct Replay: ParsableCommand {
 
     /// Replays the trace at every budget through the chosen tier and every reference policy: a row per
     /// budget and system (tagged with the trace's file name), and the table.
-    func measure() throws -> ([BenchResult], [[String]]) {
+    /// With --hits-directory, also the request-by-request comparison of each reference with Magpie.
+    func measure() throws -> ([BenchResult], [[String]], [[String]]) {
         progressLine("replay: loading \(trace)")
         let loaded = try Trace.load(trace, format: format, defaultSize: defaultSize)
         progressLine(
@@ -111,6 +126,12 @@ struct Replay: ParsableCommand {
                 + "(\(String(format: "%.1f", Double(loaded.workingSetBytes) / 1_048_576)) MiB)")
         var results: [BenchResult] = []
         var rows = [["budget", "system", "miss ratio", "byte miss ratio", "requests/s"]]
+        var comparisons = [
+            ["budget", "reference", "hit by it only", "by Magpie only", "by tenth of the trace: it only − Magpie only"]
+        ]
+        if let hitsDirectory {
+            try FileManager.default.createDirectory(atPath: hitsDirectory, withIntermediateDirectories: true)
+        }
         for text in budget {
             let bytes = Self.parseBudget(text, workingSet: loaded.workingSetBytes)!
             let label = text.hasSuffix("%") ? "\(text) = \(bytes) B" : "\(bytes) B"
@@ -125,18 +146,63 @@ struct Replay: ParsableCommand {
             rows.append(row(label, system, outcome, rate: Double(outcome.requests) / seconds))
             var measured = result(text, bytes, system, outcome, seconds: seconds, loaded)
             measured.extra.merge(extra) { _, new in new }
+            if let path = try writeHits(outcome, budget: text, system: system) {
+                measured.extra["hits_file"] = .string(path)
+            }
             results.append(measured)
             for name in references {
                 let policy = ReferencePolicy(rawValue: name)!
                 progressLine("replay: \(name) at \(label)")
                 let start = nowNanoseconds()
-                let reference = policy.replay(loaded, capacity: bytes)
+                let reference = policy.replay(loaded, capacity: bytes, recordingHits: hitsDirectory != nil)
                 let seconds = Double(nowNanoseconds() - start) / 1e9
                 rows.append(row(label, name, reference, rate: nil))
-                results.append(result(text, bytes, name, reference, seconds: seconds, loaded))
+                var referenceResult = result(text, bytes, name, reference, seconds: seconds, loaded)
+                if let path = try writeHits(reference, budget: text, system: name) {
+                    referenceResult.extra["hits_file"] = .string(path)
+                    let (onlyIt, onlyMagpie, tenths) = Self.compareHits(reference.hits, outcome.hits)
+                    referenceResult.extra["hit_only_by_reference"] = .int(onlyIt)
+                    referenceResult.extra["hit_only_by_magpie"] = .int(onlyMagpie)
+                    let signed = tenths.map { $0 > 0 ? "+\($0)" : String($0) }.joined(separator: " ")
+                    comparisons.append([text, name, String(onlyIt), String(onlyMagpie), signed])
+                }
+                results.append(referenceResult)
             }
         }
-        return (results, rows)
+        return (results, rows, comparisons)
+    }
+
+    /// With --hits-directory, writes `outcome`'s hits (a byte per request) to BUDGET-SYSTEM.hits there;
+    /// returns the path.
+    func writeHits(_ outcome: ReplayOutcome, budget: String, system: String) throws -> String? {
+        guard let hitsDirectory else { return nil }
+        let safe = { (text: String) in
+            text.replacingOccurrences(of: "%", with: "pct")
+                .map { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "." ? String($0) : "_" }.joined()
+        }
+        let path = hitsDirectory + "/" + safe(budget) + "-" + safe(system) + ".hits"
+        try Data(outcome.hits).write(to: URL(fileURLWithPath: path))
+        return path
+    }
+
+    /// Requests hit by `reference` only and by `magpie` only (equal-length hit records), and per tenth of
+    /// the trace the first less the second.
+    static func compareHits(_ reference: [UInt8], _ magpie: [UInt8]) -> (Int, Int, [Int]) {
+        var onlyReference = 0
+        var onlyMagpie = 0
+        var tenths = [Int](repeating: 0, count: 10)
+        let count = min(reference.count, magpie.count)
+        for index in 0..<count where reference[index] != magpie[index] {
+            let tenth = index * 10 / count
+            if reference[index] != 0 {
+                onlyReference += 1
+                tenths[tenth] += 1
+            } else {
+                onlyMagpie += 1
+                tenths[tenth] -= 1
+            }
+        }
+        return (onlyReference, onlyMagpie, tenths)
     }
 
     /// Cache-aside through a fresh memory tier: a hit is a read (it counts for the eviction policy), a
@@ -156,7 +222,7 @@ struct Replay: ParsableCommand {
         // Options are read once: a property wrapper's getter costs a metadata lookup per call.
         let full = charge == .full
         let (ids, sizes) = (trace.ids, trace.sizes)
-        var outcome = ReplayOutcome()
+        var outcome = ReplayOutcome(recordingHits: hitsDirectory != nil)
         let start = nowNanoseconds()
         for index in ids.indices {
             var id = ids[index].littleEndian

@@ -165,7 +165,7 @@ struct Sweep: ParsableCommand {
             var replay = try Replay.parse([path!, "--tier", tier.rawValue, "--budget"] + traceBudgets.map { "\($0)%" })
             if n > 0 { replay.references = [] }  // once is enough
             progressLine("sweep policy: magpie-\(tier.rawValue)")
-            let (results, _) = try replay.measure()
+            let (results, _, _) = try replay.measure()
             for var r in results {
                 guard let percent = Double(r.scenario.dropFirst("replay ".count).dropLast()) else { continue }
                 tag(&r, "trace_budget_percent", .double(percent))

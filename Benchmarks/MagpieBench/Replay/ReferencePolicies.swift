@@ -2,12 +2,17 @@
 /// capacity (as libCacheSim does), so that Magpie's miss ratio can be read against them on the same
 /// trace. Exact, single-threaded, and simple on purpose: they are the yardstick, not the product.
 
-/// Misses of one replay.
+/// Misses of one replay, and optionally which requests hit.
 struct ReplayOutcome {
     var requests = 0
     var misses = 0
     var requestBytes = 0
     var missBytes = 0
+    /// With `recordingHits`: a byte per request, 1 for a hit, 0 for a miss (`replay --hits-directory`).
+    private(set) var hits: [UInt8] = []
+    let recordingHits: Bool
+
+    init(recordingHits: Bool = false) { self.recordingHits = recordingHits }
 
     var missRatio: Double { requests == 0 ? 0 : Double(misses) / Double(requests) }
     var byteMissRatio: Double { requestBytes == 0 ? 0 : Double(missBytes) / Double(requestBytes) }
@@ -15,6 +20,7 @@ struct ReplayOutcome {
     mutating func count(size: UInt32, hit: Bool) {
         requests += 1
         requestBytes += Int(size)
+        if recordingHits { hits.append(hit ? 1 : 0) }
         if !hit {
             misses += 1
             missBytes += Int(size)
@@ -26,15 +32,17 @@ enum ReferencePolicy: String, CaseIterable {
     case lru = "LRU", fifo = "FIFO", arc = "ARC", s3fifo = "S3-FIFO", wTinyLFU = "W-TinyLFU", lirs = "LIRS"
     case belady = "Belady"
 
-    func replay(_ trace: Trace, capacity: Int) -> ReplayOutcome {
-        switch self {
-        case .lru: replayLRU(trace, capacity: capacity)
-        case .fifo: replayFIFO(trace, capacity: capacity)
-        case .arc: replayARC(trace, capacity: capacity)
-        case .s3fifo: replayS3FIFO(trace, capacity: capacity)
-        case .wTinyLFU: replayWTinyLFU(trace, capacity: capacity)
-        case .lirs: replayLIRS(trace, capacity: capacity)
-        case .belady: replayBelady(trace, capacity: capacity)
+    /// The policy's misses on `trace` at `capacity` bytes; with `recordingHits`, which requests hit.
+    func replay(_ trace: Trace, capacity: Int, recordingHits: Bool = false) -> ReplayOutcome {
+        let outcome = ReplayOutcome(recordingHits: recordingHits)
+        return switch self {
+        case .lru: replayLRU(trace, capacity: capacity, into: outcome)
+        case .fifo: replayFIFO(trace, capacity: capacity, into: outcome)
+        case .arc: replayARC(trace, capacity: capacity, into: outcome)
+        case .s3fifo: replayS3FIFO(trace, capacity: capacity, into: outcome)
+        case .wTinyLFU: replayWTinyLFU(trace, capacity: capacity, into: outcome)
+        case .lirs: replayLIRS(trace, capacity: capacity, into: outcome)
+        case .belady: replayBelady(trace, capacity: capacity, into: outcome)
         }
     }
 }
@@ -121,8 +129,8 @@ struct RecencyList {
 /// ARC (Megiddo and Modha), in bytes: T1 (seen once) and T2 (seen again) hold the cached objects, the
 /// ghosts B1 and B2 remember what each evicted, and the target size of T1 adapts on ghost hits by the
 /// missed object's size scaled by the ghosts' ratio.
-private func replayARC(_ trace: Trace, capacity: Int) -> ReplayOutcome {
-    var outcome = ReplayOutcome()
+private func replayARC(_ trace: Trace, capacity: Int, into start: ReplayOutcome) -> ReplayOutcome {
+    var outcome = start
     var t1 = RecencyList(), t2 = RecencyList(), b1 = RecencyList(), b2 = RecencyList()
     var target = 0.0  // bytes T1 should hold
     let c = Double(capacity)
@@ -171,8 +179,8 @@ private func replayARC(_ trace: Trace, capacity: Int) -> ReplayOutcome {
 }
 
 /// Exact LRU over a `RecencyList`.
-private func replayLRU(_ trace: Trace, capacity: Int) -> ReplayOutcome {
-    var outcome = ReplayOutcome()
+private func replayLRU(_ trace: Trace, capacity: Int, into start: ReplayOutcome) -> ReplayOutcome {
+    var outcome = start
     var cached = RecencyList()
     for request in 0..<trace.count {
         let id = trace.ids[request]
@@ -191,8 +199,8 @@ private func replayLRU(_ trace: Trace, capacity: Int) -> ReplayOutcome {
 }
 
 /// FIFO: objects leave in insertion order; a hit changes nothing.
-private func replayFIFO(_ trace: Trace, capacity: Int) -> ReplayOutcome {
-    var outcome = ReplayOutcome()
+private func replayFIFO(_ trace: Trace, capacity: Int, into start: ReplayOutcome) -> ReplayOutcome {
+    var outcome = start
     var cached: [UInt64: Int] = [:]
     var queue: [UInt64] = []
     var front = 0
@@ -225,8 +233,8 @@ private func replayFIFO(_ trace: Trace, capacity: Int) -> ReplayOutcome {
 /// first). A new object is admitted and may be the one evicted at once, which is the optimum's bypass.
 /// A max-heap of (next access, id) with lazy deletion: an entry is current only if it matches the
 /// object's recorded next access.
-private func replayBelady(_ trace: Trace, capacity: Int) -> ReplayOutcome {
-    var outcome = ReplayOutcome()
+private func replayBelady(_ trace: Trace, capacity: Int, into start: ReplayOutcome) -> ReplayOutcome {
+    var outcome = start
     var cached: [UInt64: (size: Int, next: Int32)] = [:]
     var heap = MaxHeap()
     var used = 0
