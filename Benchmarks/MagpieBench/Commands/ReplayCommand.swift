@@ -46,12 +46,15 @@ struct Replay: ParsableCommand {
     var references: [String] = ReferencePolicy.allCases.map(\.rawValue)
     @Option(
         help: ArgumentHelp(
-            "Write which requests hit, per budget and system, into this directory, and compare each reference with Magpie request by request.",
+            "Write which requests hit, per budget and system, into this directory, and compare each reference "
+                + "with Magpie request by request.",
             discussion: """
-                Each file (BUDGET-SYSTEM.hits, a budget of 10% named 10pct) holds a byte per request of the trace, in order: 1 for a hit, 0 for \
-                a miss. A second table then counts, per budget and reference, the requests only the reference hit \
-                and those only Magpie hit, in all and by tenth of the trace: where in the trace a policy gains or \
-                loses its lead (a warm-up, a scan, a phase change).
+                Each file (BUDGET-SYSTEM.hits; a budget of 10% is named 10pct) holds a byte per request of the \
+                trace, in order: 1 for a hit, 0 for a miss. A second table then counts, per budget and reference, \
+                the requests only the reference hit and those only Magpie hit, and per tenth of the trace the first \
+                less the second (positive: the reference ahead there): where in the trace a policy gains or loses \
+                its lead (a warm-up, a scan, a phase change). Recording adds a byte's append per request to the \
+                timed replay.
                 """))
     var hitsDirectory: String?
     @OptionGroup var outputOptions: OutputOptions
@@ -66,6 +69,12 @@ struct Replay: ParsableCommand {
     func validate() throws {
         guard shards >= 1, shards <= MemoryTier.maximumShardCount else { throw ValidationError("--shards out of range") }
         guard diskFactor >= 1 else { throw ValidationError("--disk-factor must be ≥ 1") }
+        var isDirectory: ObjCBool = false
+        if let hitsDirectory, FileManager.default.fileExists(atPath: hitsDirectory, isDirectory: &isDirectory),
+            !isDirectory.boolValue
+        {
+            throw ValidationError("--hits-directory \(hitsDirectory) exists and is not a directory")
+        }
         for name in references where ReferencePolicy(rawValue: name) == nil {
             throw ValidationError("unknown reference policy \(name); choose from \(ReferencePolicy.allCases.map(\.rawValue))")
         }
@@ -163,6 +172,7 @@ struct Replay: ParsableCommand {
                     let (onlyIt, onlyMagpie, tenths) = Self.compareHits(reference.hits, outcome.hits)
                     referenceResult.extra["hit_only_by_reference"] = .int(onlyIt)
                     referenceResult.extra["hit_only_by_magpie"] = .int(onlyMagpie)
+                    referenceResult.extra["hit_difference_by_tenth"] = .array(tenths.map { .int($0) })
                     let signed = tenths.map { $0 > 0 ? "+\($0)" : String($0) }.joined(separator: " ")
                     comparisons.append([text, name, String(onlyIt), String(onlyMagpie), signed])
                 }

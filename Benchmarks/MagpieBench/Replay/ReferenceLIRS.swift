@@ -39,8 +39,8 @@
 /// then still records it in S as resident though no longer cached or counted, so it would hit later
 /// without being charged; here it becomes a non-resident HIR entry, which keeps the cache within its
 /// capacity. (The eviction loop also stops if a step frees nothing, where libCacheSim would spin.)
-func replayLIRS(_ trace: Trace, capacity: Int, into start: ReplayOutcome) -> ReplayOutcome {
-    var outcome = start
+func replayLIRS(_ trace: Trace, capacity: Int, recordingHits: Bool) -> ReplayOutcome {
+    var outcome = ReplayOutcome(recordingHits: recordingHits)
     var lirs = LIRSState(capacity: capacity)
     for request in 0..<trace.count {
         let id = trace.ids[request]

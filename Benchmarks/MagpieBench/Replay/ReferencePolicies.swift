@@ -34,15 +34,14 @@ enum ReferencePolicy: String, CaseIterable {
 
     /// The policy's misses on `trace` at `capacity` bytes; with `recordingHits`, which requests hit.
     func replay(_ trace: Trace, capacity: Int, recordingHits: Bool = false) -> ReplayOutcome {
-        let outcome = ReplayOutcome(recordingHits: recordingHits)
-        return switch self {
-        case .lru: replayLRU(trace, capacity: capacity, into: outcome)
-        case .fifo: replayFIFO(trace, capacity: capacity, into: outcome)
-        case .arc: replayARC(trace, capacity: capacity, into: outcome)
-        case .s3fifo: replayS3FIFO(trace, capacity: capacity, into: outcome)
-        case .wTinyLFU: replayWTinyLFU(trace, capacity: capacity, into: outcome)
-        case .lirs: replayLIRS(trace, capacity: capacity, into: outcome)
-        case .belady: replayBelady(trace, capacity: capacity, into: outcome)
+        switch self {
+        case .lru: replayLRU(trace, capacity: capacity, recordingHits: recordingHits)
+        case .fifo: replayFIFO(trace, capacity: capacity, recordingHits: recordingHits)
+        case .arc: replayARC(trace, capacity: capacity, recordingHits: recordingHits)
+        case .s3fifo: replayS3FIFO(trace, capacity: capacity, recordingHits: recordingHits)
+        case .wTinyLFU: replayWTinyLFU(trace, capacity: capacity, recordingHits: recordingHits)
+        case .lirs: replayLIRS(trace, capacity: capacity, recordingHits: recordingHits)
+        case .belady: replayBelady(trace, capacity: capacity, recordingHits: recordingHits)
         }
     }
 }
@@ -129,8 +128,8 @@ struct RecencyList {
 /// ARC (Megiddo and Modha), in bytes: T1 (seen once) and T2 (seen again) hold the cached objects, the
 /// ghosts B1 and B2 remember what each evicted, and the target size of T1 adapts on ghost hits by the
 /// missed object's size scaled by the ghosts' ratio.
-private func replayARC(_ trace: Trace, capacity: Int, into start: ReplayOutcome) -> ReplayOutcome {
-    var outcome = start
+private func replayARC(_ trace: Trace, capacity: Int, recordingHits: Bool) -> ReplayOutcome {
+    var outcome = ReplayOutcome(recordingHits: recordingHits)
     var t1 = RecencyList(), t2 = RecencyList(), b1 = RecencyList(), b2 = RecencyList()
     var target = 0.0  // bytes T1 should hold
     let c = Double(capacity)
@@ -179,8 +178,8 @@ private func replayARC(_ trace: Trace, capacity: Int, into start: ReplayOutcome)
 }
 
 /// Exact LRU over a `RecencyList`.
-private func replayLRU(_ trace: Trace, capacity: Int, into start: ReplayOutcome) -> ReplayOutcome {
-    var outcome = start
+private func replayLRU(_ trace: Trace, capacity: Int, recordingHits: Bool) -> ReplayOutcome {
+    var outcome = ReplayOutcome(recordingHits: recordingHits)
     var cached = RecencyList()
     for request in 0..<trace.count {
         let id = trace.ids[request]
@@ -199,8 +198,8 @@ private func replayLRU(_ trace: Trace, capacity: Int, into start: ReplayOutcome)
 }
 
 /// FIFO: objects leave in insertion order; a hit changes nothing.
-private func replayFIFO(_ trace: Trace, capacity: Int, into start: ReplayOutcome) -> ReplayOutcome {
-    var outcome = start
+private func replayFIFO(_ trace: Trace, capacity: Int, recordingHits: Bool) -> ReplayOutcome {
+    var outcome = ReplayOutcome(recordingHits: recordingHits)
     var cached: [UInt64: Int] = [:]
     var queue: [UInt64] = []
     var front = 0
@@ -233,8 +232,8 @@ private func replayFIFO(_ trace: Trace, capacity: Int, into start: ReplayOutcome
 /// first). A new object is admitted and may be the one evicted at once, which is the optimum's bypass.
 /// A max-heap of (next access, id) with lazy deletion: an entry is current only if it matches the
 /// object's recorded next access.
-private func replayBelady(_ trace: Trace, capacity: Int, into start: ReplayOutcome) -> ReplayOutcome {
-    var outcome = start
+private func replayBelady(_ trace: Trace, capacity: Int, recordingHits: Bool) -> ReplayOutcome {
+    var outcome = ReplayOutcome(recordingHits: recordingHits)
     var cached: [UInt64: (size: Int, next: Int32)] = [:]
     var heap = MaxHeap()
     var used = 0

@@ -13,8 +13,8 @@
 ///    ghost; repeated until one is evicted. From `main`: frequency ≥ 1 re-queues it with
 ///    min(frequency, 3) - 1, else it is evicted.
 ///  - Objects of `small`'s size or larger are not admitted.
-func replayS3FIFO(_ trace: Trace, capacity: Int, into start: ReplayOutcome) -> ReplayOutcome {
-    var outcome = start
+func replayS3FIFO(_ trace: Trace, capacity: Int, recordingHits: Bool) -> ReplayOutcome {
+    var outcome = ReplayOutcome(recordingHits: recordingHits)
     let smallCapacity = Int(Double(capacity) * 0.10)
     let mainCapacity = capacity - smallCapacity
     let ghostCapacity = Int(Double(capacity) * 0.90)

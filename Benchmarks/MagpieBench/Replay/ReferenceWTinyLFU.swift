@@ -39,8 +39,8 @@
 /// October 2024), whose eviction round went on after an admission, taking the next candidate (and
 /// evicting from main once the window was empty) until a candidate was evicted. That variant gives
 /// 0.826156 and 0.766615 here; libCacheSim later ended the round on an admission, as here.
-func replayWTinyLFU(_ trace: Trace, capacity: Int, into start: ReplayOutcome) -> ReplayOutcome {
-    var outcome = start
+func replayWTinyLFU(_ trace: Trace, capacity: Int, recordingHits: Bool) -> ReplayOutcome {
+    var outcome = ReplayOutcome(recordingHits: recordingHits)
     let windowCapacity = Int(Double(capacity) * 0.01)
     let mainCapacity = capacity - windowCapacity
     var window = RecencyList()
