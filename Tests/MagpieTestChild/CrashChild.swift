@@ -3,13 +3,19 @@ import Foundation
 import Magpie
 import MagpieTestSupport
 
-/// The writer the crash tests kill: opens a disk tier and writes, removes, group-removes and flushes
-/// in a loop until killed. Every value names its key, version and length, and its bytes follow from
-/// those, so a reader can tell a value that was written for a key from any other bytes.
+/// The writer the crash tests kill: opens a disk tier and writes, reads, removes, group-removes and
+/// flushes in a loop until killed. Every value names its key, version and length, and its bytes follow
+/// from those, so a reader can tell a value that was written for a key from any other bytes.
 ///
-/// Before each operation it writes a journal line to standard output ("s key version length group",
-/// "r key", "g group", "f"), so the parent knows every operation that completed (all lines but the last)
-/// and the one that may have been cut short (the last), and can check the reopened tier against a model.
+/// Before each operation that changes the tier it writes a journal line to standard output ("s key
+/// version length group", "r key", "g group", "f"), so the parent knows every operation that completed
+/// (all lines but the last) and the one that may have been cut short (the last), and can check the
+/// reopened tier against a model. Reads go to a tenth of the keys, so that their records earn read
+/// credits and region reclaims copy them forward (reinsertion, with the threshold at 1 by default): the
+/// kill can then fall inside a reinsertion too. Each read is checked against what this run wrote and
+/// removed (a key it did not touch may hold any value that describes that key); a wrong one is
+/// journaled as "x …" and the child exits with status 3. Every 64 operations it journals "n
+/// reinsertions" (the tier's count since the open), so the parent can tell that reinsertion happened.
 struct CrashChild: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "crash-child", abstract: "Write to a disk tier until killed (used by the crash tests).",
@@ -20,31 +26,72 @@ struct CrashChild: ParsableCommand {
     @Option(help: "Disk budget in bytes.") var budget = 256 * 1024
     @Option(help: "Bucket count.") var buckets = 4
     @Option(help: "Distinct keys.") var keys = 300
+    @Option(help: "The tier's reinsertion threshold (DiskTier.Configuration).") var reinsertionThreshold = 1
 
     func run() throws {
-        let tier = try DiskTier(.init(directory: directory, budget: budget, bucketCount: buckets))
+        var configuration = DiskTier.Configuration(directory: directory, budget: budget, bucketCount: buckets)
+        configuration.reinsertionThreshold = reinsertionThreshold
+        let tier = try DiskTier(configuration)
         journal("ready")
         var generator = SeededGenerator(seed: seed)
         var version = Int(seed % 100_000) * 10_000_000
+        // What this run wrote (version, length) or removed (nil), per key it touched.
+        var written: [Int: (version: Int, length: Int)?] = [:]
+        var operations = 0
         while true {
             let state = generator.next()
             let key = Int(state % UInt64(keys))
             version += 1
+            operations += 1
+            if operations % 64 == 0 { journal("n \(tier.statistics.reinsertions)") }
             switch (state >> 56) % 32 {
-            case 0..<24:
+            case 0..<19:
                 let length = Int((state >> 20) % 3000)
                 journal("s \(key) \(version) \(length) \(key % 4)")
                 try tier.set(crashValue(key: key, version: version, length: length), forKey: "k\(key)", group: "g\(key % 4)")
-            case 24..<29:
+                written[key] = (version, length)
+            case 19..<25:
+                let hot = key % max(1, keys / 10)
+                if let problem = check(try tier.value(forKey: "k\(hot)"), key: hot, written: written[hot]) {
+                    journal("x k\(hot): \(problem)")
+                    throw ExitCode(3)
+                }
+            case 25..<29:
                 journal("r \(key)")
                 try tier.removeValue(forKey: "k\(key)")
+                written[key] = .some(nil)
             case 29:
                 journal("g \(key % 4)")
                 try tier.removeAll(inGroup: "g\(key % 4)")
+                for other in 0..<keys where other % 4 == key % 4 { written[other] = .some(nil) }
             default:
                 journal("f")
                 try tier.flush()
             }
+        }
+    }
+
+    /// What is wrong with `value`, read for `key`, given what this run last did to the key (`written`:
+    /// nil if it did nothing, .some(nil) if it removed it); nil when nothing is. A missing value is never
+    /// wrong: eviction may take any entry.
+    private func check(_ value: [UInt8]?, key: Int, written: (version: Int, length: Int)??) -> String? {
+        guard let value else { return nil }
+        switch written {
+        case .some(.none):
+            return "a removed key read back (\(value.count) bytes)"
+        case .some(.some(let latest)):
+            return value == crashValue(key: key, version: latest.version, length: latest.length)
+                ? nil : "not the latest value written (version \(latest.version))"
+        case .none:
+            // Written by an earlier run: any version, but exactly the bytes of one written for this key.
+            guard let end = value.firstIndex(of: UInt8(ascii: ";")),
+                let text = String(bytes: value[..<end], encoding: .utf8), text.hasPrefix("k\(key)v")
+            else { return "bytes that describe no value of this key" }
+            let parts = text.dropFirst("k\(key)v".count).split(separator: "l")
+            guard parts.count == 2, let version = Int(parts[0]), let length = Int(parts[1]),
+                value == crashValue(key: key, version: version, length: length)
+            else { return "a damaged value" }
+            return nil
         }
     }
 }
