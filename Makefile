@@ -96,8 +96,9 @@ unit: build
 # test at a time, for the reason given at `unit` (91 s against 64 s in parallel). TSan's deadlock detector can livelock
 # on thread start and exit in this toolchain (seen with the I/O pool's threads), so it is off; races are
 # still reported. scripts/tsan-suppressions.txt lists the false reports TSan makes on Swift's
-# continuations and on SwiftNIO's reuse of a receive buffer (each with its cause). Built without the TLS trait (Package.swift): BoringSSL's 406 C files
-# took 168 s of the 450 s of this build on 2 cores, and TLS adds no concurrency of its own (a handler in
+# continuations and on SwiftNIO's reuse of a receive buffer (each with its cause). Built without the TLS
+# trait (Package.swift): BoringSSL's 406 C files took 168 s of the 450 s of this build on 2 cores, and
+# TLS adds no concurrency of its own (a handler in
 # the same event-loop pipeline); the default build's Redis run tests TLS, this one tests the refusal of
 # a TLS setting without the trait (RedisTLSTraitOffTests). It also builds the package's `tsan` subset
 # (MAGPIE_CI_SUBSET=tsan, end of Package.swift: no benchmarks, none of their tests or C peers), which

@@ -3,17 +3,6 @@ import Magpie
 import MagpieTestSupport
 import Testing
 
-/// Parses "k<key>v<version>l<length>;" at the start of a value.
-private func describedBy(_ value: [UInt8]) -> (key: Int, version: Int, length: Int)? {
-    guard let end = value.firstIndex(of: UInt8(ascii: ";")), let text = String(bytes: value[..<end], encoding: .utf8)
-    else { return nil }
-    let parts = text.dropFirst().split(whereSeparator: { $0 == "v" || $0 == "l" })
-    guard text.first == "k", parts.count == 3, let key = Int(parts[0]), let version = Int(parts[1]),
-        let length = Int(parts[2])
-    else { return nil }
-    return (key, version, length)
-}
-
 @Suite("DiskTier: crash loop")
 struct CrashTests {
     /// Cycles to run: MAGPIE_CRASH_CYCLES, default 25 (CI). The opt-in long run sets 1000 or more.
@@ -97,7 +86,7 @@ struct CrashTests {
             for key in 0..<300 {
                 guard let value = try tier.value(forKey: "k\(key)") else { continue }  // nil: evicted or removed
                 present += 1
-                guard let described = describedBy(value) else {
+                guard let described = crashValueDescription(value) else {
                     Issue.record("seed \(seed) cycle \(cycle): key \(key) holds bytes that describe no value")
                     continue
                 }

@@ -35,8 +35,8 @@ struct CrashChild: ParsableCommand {
         journal("ready")
         var generator = SeededGenerator(seed: seed)
         var version = Int(seed % 100_000) * 10_000_000
-        // What this run wrote (version, length) or removed (nil), per key it touched.
-        var written: [Int: (version: Int, length: Int)?] = [:]
+        // What this run last did to each key it touched.
+        var written: [Int: LastWrite] = [:]
         var operations = 0
         while true {
             let state = generator.next()
@@ -49,7 +49,7 @@ struct CrashChild: ParsableCommand {
                 let length = Int((state >> 20) % 3000)
                 journal("s \(key) \(version) \(length) \(key % 4)")
                 try tier.set(crashValue(key: key, version: version, length: length), forKey: "k\(key)", group: "g\(key % 4)")
-                written[key] = (version, length)
+                written[key] = .value(version: version, length: length)
             case 19..<25:
                 let hot = key % max(1, keys / 10)
                 if let problem = check(try tier.value(forKey: "k\(hot)"), key: hot, written: written[hot]) {
@@ -59,11 +59,11 @@ struct CrashChild: ParsableCommand {
             case 25..<29:
                 journal("r \(key)")
                 try tier.removeValue(forKey: "k\(key)")
-                written[key] = .some(nil)
+                written[key] = .removed
             case 29:
                 journal("g \(key % 4)")
                 try tier.removeAll(inGroup: "g\(key % 4)")
-                for other in 0..<keys where other % 4 == key % 4 { written[other] = .some(nil) }
+                for other in 0..<keys where other % 4 == key % 4 { written[other] = .removed }
             default:
                 journal("f")
                 try tier.flush()
@@ -71,27 +71,25 @@ struct CrashChild: ParsableCommand {
         }
     }
 
-    /// What is wrong with `value`, read for `key`, given what this run last did to the key (`written`:
-    /// nil if it did nothing, .some(nil) if it removed it); nil when nothing is. A missing value is never
-    /// wrong: eviction may take any entry.
-    private func check(_ value: [UInt8]?, key: Int, written: (version: Int, length: Int)??) -> String? {
+    /// What this run last did to a key.
+    private enum LastWrite {
+        case value(version: Int, length: Int)
+        case removed
+    }
+
+    /// What is wrong with `value`, read for `key`, given what this run last did to the key (nil: nothing);
+    /// nil when nothing is. A missing value is never wrong: eviction may take any entry.
+    private func check(_ value: [UInt8]?, key: Int, written: LastWrite?) -> String? {
         guard let value else { return nil }
         switch written {
-        case .some(.none):
+        case .removed:
             return "a removed key read back (\(value.count) bytes)"
-        case .some(.some(let latest)):
-            return value == crashValue(key: key, version: latest.version, length: latest.length)
-                ? nil : "not the latest value written (version \(latest.version))"
-        case .none:
+        case .value(let version, let length):
+            return value == crashValue(key: key, version: version, length: length)
+                ? nil : "not the latest value written (version \(version))"
+        case nil:
             // Written by an earlier run: any version, but exactly the bytes of one written for this key.
-            guard let end = value.firstIndex(of: UInt8(ascii: ";")),
-                let text = String(bytes: value[..<end], encoding: .utf8), text.hasPrefix("k\(key)v")
-            else { return "bytes that describe no value of this key" }
-            let parts = text.dropFirst("k\(key)v".count).split(separator: "l")
-            guard parts.count == 2, let version = Int(parts[0]), let length = Int(parts[1]),
-                value == crashValue(key: key, version: version, length: length)
-            else { return "a damaged value" }
-            return nil
+            return isCrashValue(value, ofKey: key) ? nil : "bytes of no value written for this key"
         }
     }
 }

@@ -213,6 +213,25 @@ package func crashValue(key: Int, version: Int, length: Int) -> [UInt8] {
     return bytes
 }
 
+/// The key, version and length a value names in its "k<key>v<version>l<length>;" prefix (see
+/// ``crashValue(key:version:length:)``), or nil when it names none.
+package func crashValueDescription(_ value: [UInt8]) -> (key: Int, version: Int, length: Int)? {
+    guard let end = value.firstIndex(of: UInt8(ascii: ";")), let text = String(bytes: value[..<end], encoding: .utf8),
+        text.first == "k"
+    else { return nil }
+    let parts = text.dropFirst().split(whereSeparator: { $0 == "v" || $0 == "l" })
+    guard parts.count == 3, let key = Int(parts[0]), let version = Int(parts[1]), let length = Int(parts[2]) else {
+        return nil
+    }
+    return (key, version, length)
+}
+
+/// Whether `value` is exactly the crash value of `key` and of the version and length it names.
+package func isCrashValue(_ value: [UInt8], ofKey key: Int) -> Bool {
+    guard let described = crashValueDescription(value), described.key == key else { return false }
+    return value == crashValue(key: key, version: described.version, length: described.length)
+}
+
 /// A two-tier cache over a fresh directory, with a manual clock and a fixed seed.
 package func makeCache(
     _ directory: TemporaryDirectory?, clock: ManualClock = ManualClock(), memoryBudget: Int = 1 << 20,

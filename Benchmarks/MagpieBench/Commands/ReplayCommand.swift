@@ -169,7 +169,7 @@ struct Replay: ParsableCommand {
                 var referenceResult = result(text, bytes, name, reference, seconds: seconds, loaded)
                 if let path = try writeHits(reference, budget: text, system: name) {
                     referenceResult.extra["hits_file"] = .string(path)
-                    let (onlyIt, onlyMagpie, tenths) = Self.compareHits(reference.hits, outcome.hits)
+                    let (onlyIt, onlyMagpie, tenths) = Self.compareHits(reference.hits ?? [], outcome.hits ?? [])
                     referenceResult.extra["hit_only_by_reference"] = .int(onlyIt)
                     referenceResult.extra["hit_only_by_magpie"] = .int(onlyMagpie)
                     referenceResult.extra["hit_difference_by_tenth"] = .array(tenths.map { .int($0) })
@@ -185,13 +185,13 @@ struct Replay: ParsableCommand {
     /// With --hits-directory, writes `outcome`'s hits (a byte per request) to BUDGET-SYSTEM.hits there;
     /// returns the path.
     func writeHits(_ outcome: ReplayOutcome, budget: String, system: String) throws -> String? {
-        guard let hitsDirectory else { return nil }
+        guard let hitsDirectory, let hits = outcome.hits else { return nil }
         let safe = { (text: String) in
             text.replacingOccurrences(of: "%", with: "pct")
                 .map { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "." ? String($0) : "_" }.joined()
         }
         let path = hitsDirectory + "/" + safe(budget) + "-" + safe(system) + ".hits"
-        try Data(outcome.hits).write(to: URL(fileURLWithPath: path))
+        try Data(hits).write(to: URL(fileURLWithPath: path))
         return path
     }
 

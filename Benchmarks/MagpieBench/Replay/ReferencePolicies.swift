@@ -8,11 +8,10 @@ struct ReplayOutcome {
     var misses = 0
     var requestBytes = 0
     var missBytes = 0
-    /// With `recordingHits`: a byte per request, 1 for a hit, 0 for a miss (`replay --hits-directory`).
-    private(set) var hits: [UInt8] = []
-    let recordingHits: Bool
+    /// When recording (`replay --hits-directory`), a byte per request: 1 for a hit, 0 for a miss.
+    private(set) var hits: [UInt8]?
 
-    init(recordingHits: Bool = false) { self.recordingHits = recordingHits }
+    init(recordingHits: Bool = false) { hits = recordingHits ? [] : nil }
 
     var missRatio: Double { requests == 0 ? 0 : Double(misses) / Double(requests) }
     var byteMissRatio: Double { requestBytes == 0 ? 0 : Double(missBytes) / Double(requestBytes) }
@@ -20,7 +19,7 @@ struct ReplayOutcome {
     mutating func count(size: UInt32, hit: Bool) {
         requests += 1
         requestBytes += Int(size)
-        if recordingHits { hits.append(hit ? 1 : 0) }
+        hits?.append(hit ? 1 : 0)
         if !hit {
             misses += 1
             missBytes += Int(size)

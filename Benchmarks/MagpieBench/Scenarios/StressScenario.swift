@@ -1,7 +1,7 @@
 import ArgumentParser
 import Foundation
 import Magpie
-import MagpieTestSupport  // crashValue: the self-describing values the crash tests check too
+import MagpieTestSupport  // crashValue, isCrashValue: the self-describing values the crash tests check too
 import Synchronization
 
 /// State every stress task shares.
@@ -81,7 +81,7 @@ struct StressWorker {
         case 4..<9:
             let got = random(2) == 0 ? try syncValue(cache, name) : try await cache.async.value(forKey: name)
             shared.reads.add(1, ordering: .relaxed)
-            if let got, !isValue(got, ofKey: key) {
+            if let got, !isCrashValue(got, ofKey: key) {
                 shared.violate("task \(task): shared key \(name) read \(got.count) bytes not written for it: \(got.prefix(24))")
             }
         default:
@@ -144,17 +144,6 @@ struct StressWorker {
         if got != expected.value {
             shared.violate("task \(task): \(what) of \(name) returned \(got.prefix(24)), not the latest \(expected.value.prefix(24))")
         }
-    }
-
-    /// Whether `bytes` is exactly `crashValue(key:version:length:)` for `key` and the version and length
-    /// it names.
-    func isValue(_ bytes: [UInt8], ofKey key: Int) -> Bool {
-        guard let end = bytes.firstIndex(of: UInt8(ascii: ";")), let text = String(bytes: bytes[..<end], encoding: .utf8),
-            text.first == "k"
-        else { return false }
-        let parts = text.dropFirst().split(whereSeparator: { $0 == "v" || $0 == "l" })
-        guard parts.count == 3, Int(parts[0]) == key, let version = Int(parts[1]), let length = Int(parts[2]) else { return false }
-        return bytes == crashValue(key: key, version: version, length: length)
     }
 }
 
