@@ -458,6 +458,24 @@ struct DiskMemtableTests {
         #expect(sealedBuckets.withLock { $0.count } >= 240)
     }
 
+    @Test("the sealer thread runs as batch work (SCHED_BATCH): its wake-ups do not preempt a storing thread")
+    func sealerRunsAsBatchWork() {
+        // Read on the thread itself, in the work it runs. Without the call at the thread's start the policy
+        // is SCHED_OTHER (0) and this fails (checked).
+        let sealer = Sealer(bucketCount: 1)
+        let policy = Atomic<Int32>(-1)
+        sealer.setWork { _ in
+            policy.store(sched_getscheduler(0), ordering: .relaxed)
+            sealer.noteCompleted()
+        }
+        let before = sealer.completed
+        sealer.enqueue(0)
+        #expect(Self.sealed(sealer, after: before))
+        #expect(policy.load(ordering: .relaxed) == Sealer.schedBatch)
+        sealer.stop()
+        sealer.setWork(nil)
+    }
+
     @Test("a bucket queued between the parking sealer's last look at the queue and its wait is sealed")
     func racingHandOverAtParking() {
         // The window a lost wake-up would need, held open: right after the thread's look before parking
@@ -491,15 +509,15 @@ struct DiskMemtableTests {
         // spells, the next park at once. Without that, each round below adds five looks (checked).
         var policy = Sealer.LookPolicy()
         let long = 2 * Sealer.lookSpan + 1
-        policy.spellEnded(idle: long, parked: true)
+        policy.spellEndedParked(idle: long)
         #expect(policy.looking, "one long spell: a burst after a single long gap still finds the looks")
-        policy.spellEnded(idle: long, parked: true)
+        policy.spellEndedParked(idle: long)
         #expect(!policy.looking, "two long spells in a row: park at once")
-        policy.spellEnded(idle: 2 * Sealer.lookSpan, parked: true)
+        policy.spellEndedParked(idle: 2 * Sealer.lookSpan)
         #expect(policy.looking, "a spell within twice the span brings the looks back")
-        policy.spellEnded(idle: long, parked: true)
-        policy.spellEnded(idle: long, parked: true)
-        policy.spellEnded(idle: 0, parked: false)
+        policy.spellEndedParked(idle: long)
+        policy.spellEndedParked(idle: long)
+        policy.spellEndedInLook()
         #expect(policy.looking, "so does a spell that ended in a look")
         let sealer = Sealer(bucketCount: 4)
         sealer.setWork { _ in sealer.noteCompleted() }

@@ -11,13 +11,7 @@ func printDiskSummary(_ results: [BenchResult]) {
         disk.first { $0.scenario == scenario && $0.system == system }
     }
     func peers(_ scenario: String) -> [BenchResult] { disk.filter { $0.scenario == scenario && $0.system != "magpie" } }
-    func number(_ r: BenchResult?, _ key: String) -> Double? {
-        switch r?.extra[key] {
-        case .int(let v): Double(v)
-        case .double(let v): v
-        default: nil
-        }
-    }
+    func number(_ r: BenchResult?, _ key: String) -> Double? { HTMLReport.number(r?.extra[key]) }
     func p50(_ r: BenchResult?, _ key: String) -> Double? {
         if case .object(let p) = r?.extra[key], case .int(let v) = p["p50"] { return Double(v) }
         return nil
@@ -95,8 +89,15 @@ func printDiskSummary(_ results: [BenchResult]) {
     table = [["bar (#29)", "magpie", "target (this run)", "result"]]
     let rocksdbEvict = evictPeers.first { $0.system == "rocksdb" }
     if let evict = row("disk-evict", "magpie") {
-        if case .object(let p) = evict.extra["set_latency_ns"], case .int(let tail) = p["p999"] {
-            bar("eviction-heavy store p99.9", Double(tail), 100_000, ns, lowerIsBetter: true, "(no stall on the caller)")
+        func storeTail(_ r: BenchResult) -> Double? {
+            if case .object(let p) = r.extra["set_latency_ns"], case .int(let tail) = p["p999"] { return Double(tail) }
+            return nil
+        }
+        if let tail = storeTail(evict) {
+            // The peers' own store tails of the same run beside the bar (informative: the bar is absolute).
+            let peerTails = evictPeers.compactMap { r in storeTail(r).map { "\(r.system) \(ns($0))" } }
+            let note = (["no stall on the caller"] + peerTails).joined(separator: "; ")
+            bar("eviction-heavy store p99.9", tail, 100_000, ns, lowerIsBetter: true, "(\(note))")
         }
         if let rocksdbEvict {
             bar("write amplification (device)", number(evict, "write_amplification"), number(rocksdbEvict, "write_amplification"),

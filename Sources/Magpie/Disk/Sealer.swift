@@ -33,6 +33,10 @@ import Synchronization
 // looks; a burst after a single long gap finds them as before; after a trickle, the first two quick
 // hand-overs pay a futex wake-up each before the looks are back.
 //
+// The thread runs as batch work (`SCHED_BATCH`, see `runAsBatchWork`): its wake-ups wait for the end of
+// the running thread's slice instead of preempting it, so that on a machine with every core busy it takes
+// the storing thread's core a few times per second in long turns, not at every look.
+//
 // No lost wake-up: the thread sets `parked`, then looks at the queue under its lock, then waits on
 // `condition`, which it holds from before setting `parked` until the wait releases it. A store appends under
 // the queue's lock, then reads `parked`. Either the thread's look follows the append (it sees the bucket), or
@@ -85,11 +89,13 @@ final class Sealer: Sendable {
         /// Whether the next idle spell looks before it parks.
         var looking: Bool { longSpells < 2 }
 
-        /// An idle spell ended: in a look (`parked` false), or in a wake-up from the parked state `idle`
-        /// nanoseconds after it began.
-        mutating func spellEnded(idle: UInt64, parked: Bool) {
-            longSpells = parked && idle > 2 * Sealer.lookSpan ? min(longSpells + 1, 2) : 0
+        /// An idle spell ended in a wake-up from the parked state, `idle` nanoseconds after it began.
+        mutating func spellEndedParked(idle: UInt64) {
+            longSpells = idle > 2 * Sealer.lookSpan ? min(longSpells + 1, 2) : 0
         }
+
+        /// An idle spell ended in a look (a bucket found before the thread parked).
+        mutating func spellEndedInLook() { longSpells = 0 }
     }
 
     /// Seals one bucket (it logs its failures); set once, by the tier, when its initialiser is done.
@@ -189,6 +195,7 @@ final class Sealer: Sendable {
 
     private func run() {
         IOThreadPool.nameCurrentThread("magpie-io-sealer")
+        Self.runAsBatchWork()
         var looks = 0
         /// Whether this idle spell looks before it parks (set by the spells before, see the top).
         var policy = LookPolicy()
@@ -224,13 +231,13 @@ final class Sealer: Sendable {
                     // store), or by `stop()` or a spurious wake-up (then now).
                     let signalled = signalledAt.load(ordering: .relaxed)
                     let end = signalled > idleSince ? signalled : DispatchTime.now().uptimeNanoseconds
-                    policy.spellEnded(idle: end &- idleSince, parked: true)
+                    policy.spellEndedParked(idle: end &- idleSince)
                     idleSince = 0
                 }
             }
             if idleSince != 0 {
                 // The spell ended in a look (or in the look before parking).
-                policy.spellEnded(idle: 0, parked: false)
+                policy.spellEndedInLook()
                 idleSince = 0
             }
             switch step {
@@ -238,7 +245,7 @@ final class Sealer: Sendable {
                 looks = 0
                 work.withLock { $0 }?.seal(bucket)
             case .empty:
-                continue
+                continue  // not reached: the idle branch above leaves with a bucket or `.stop`, or continues
             case .stop:
                 condition.lock()
                 queue.withLock { $0.finished = true }
@@ -248,6 +255,29 @@ final class Sealer: Sendable {
             }
         }
     }
+
+    /// Puts the calling thread (the sealer's) under Linux's `SCHED_BATCH` policy: the same share of the CPU
+    /// as any thread of nice 0, but a wake-up of it never preempts the thread running on that core; it runs
+    /// when that thread's slice ends or its core goes idle. No privilege is needed; where the call fails
+    /// (a seccomp filter, say) the thread stays as it was, which costs only the tail below.
+    ///
+    /// Why: with every core busy (on a 2-core machine, one core taken by another process), the storing
+    /// thread and this one share a core, and each of this thread's wake-ups (a look after its sleep, or a
+    /// store's signal) took the core from the storing thread at once, often in the middle of a store, for
+    /// the rest of a seal. About 4,700–5,800 such preemptions per eviction-heavy run, 1,550–1,830 of them
+    /// over 100 µs: the store p99.9 was 189–428 µs. As batch work the thread waits for the end of the
+    /// storing thread's slice, and seals what has queued meanwhile in one turn: 560–700 preemptions per run,
+    /// each about a slice long, the same CPU in all; the p99.9 then 31–218 µs, under 100 µs in about half
+    /// the runs. With a free core nothing changes: the thread wakes on its own core (BENCHMARKS.md, "Disk
+    /// tier (#29), 2026-11-28 (late)").
+    static func runAsBatchWork() {
+        var parameters = sched_param()
+        _ = sched_setscheduler(0, schedBatch, &parameters)
+    }
+
+    /// `SCHED_BATCH` (3 in Linux's ABI, `<bits/sched.h>`; glibc's header declares it for `_GNU_SOURCE`
+    /// only, so Swift's Glibc module does not import it).
+    static let schedBatch: Int32 = 3
 
     /// Asks the thread to stop after the seal it is in, and waits until it has; nothing queued later
     /// runs.
