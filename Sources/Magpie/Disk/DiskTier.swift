@@ -23,8 +23,8 @@ import Synchronization
 /// ``Configuration/minimumCompressibleLength`` bytes that do not look like noise), hashes them, and
 /// appends them to the bucket's newest region, in one `pwrite`. A removal, and an overwrite of a value
 /// already in the file, write a small tombstone before they return. Nothing is ever rewritten in place.
-/// That thread runs under Linux's `SCHED_BATCH` policy (a full CPU share, but its wake-ups never preempt
-/// a running thread: on a machine with every core busy it does not interrupt the storing threads mid-store).
+/// That thread runs under Linux's `SCHED_BATCH` policy where the system allows it: the same CPU share, but
+/// its wake-ups do not preempt a running thread; it runs when that thread blocks or its slice ends.
 ///
 /// **Eviction.** A bucket that needs a new region takes a free slot of its file, else grows its file
 /// (borrowing from the tier's budget), else reclaims its oldest region: the entries there that were read

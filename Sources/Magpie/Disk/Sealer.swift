@@ -35,7 +35,7 @@ import Synchronization
 //
 // The thread runs as batch work (`SCHED_BATCH`, see `runAsBatchWork`): its wake-ups wait for the end of
 // the running thread's slice instead of preempting it, so that on a machine with every core busy it takes
-// the storing thread's core a few times per second in long turns, not at every look.
+// the storing thread's core once a slice or so, in slice-long turns, not at every look.
 //
 // No lost wake-up: the thread sets `parked`, then looks at the queue under its lock, then waits on
 // `condition`, which it holds from before setting `parked` until the wait releases it. A store appends under
@@ -79,6 +79,8 @@ final class Sealer: Sendable {
     static let lookSpan = UInt64(lookAfter.reduce(0, +)) * 1_000
     /// Looks taken at an empty queue, in all (tests).
     private let looksTaken = Atomic<Int>(0)
+    /// What `runAsBatchWork()` returned on the thread (see `batchScheduling`).
+    private let batchSchedulingResult = Atomic<Int32>(-1)
     /// When a store last signalled the parked thread (`DispatchTime` nanoseconds): the end of its idle spell.
     private let signalledAt = Atomic<UInt64>(0)
 
@@ -195,7 +197,7 @@ final class Sealer: Sendable {
 
     private func run() {
         IOThreadPool.nameCurrentThread("magpie-io-sealer")
-        Self.runAsBatchWork()
+        batchSchedulingResult.store(Self.runAsBatchWork(), ordering: .releasing)
         var looks = 0
         /// Whether this idle spell looks before it parks (set by the spells before, see the top).
         var policy = LookPolicy()
@@ -256,28 +258,35 @@ final class Sealer: Sendable {
         }
     }
 
-    /// Puts the calling thread (the sealer's) under Linux's `SCHED_BATCH` policy: the same share of the CPU
-    /// as any thread of nice 0, but a wake-up of it never preempts the thread running on that core; it runs
-    /// when that thread's slice ends or its core goes idle. No privilege is needed; where the call fails
-    /// (a seccomp filter, say) the thread stays as it was, which costs only the tail below.
+    /// Puts the calling thread (the sealer's) under Linux's `SCHED_BATCH` policy, and returns 0 or the
+    /// call's errno. The thread keeps its nice value and so its share of the CPU, but a wake-up of it never
+    /// preempts a running thread of the normal policy: it runs when that thread blocks, or at the first
+    /// tick after its slice ends, or on an idle core. No privilege is needed. Where the call is refused (a
+    /// seccomp filter, gVisor) the thread stays as it was: seals as before, only the store tail below.
+    /// `SCHED_RESET_ON_FORK`: a thread started from this one (by a user's log or metrics handler, say)
+    /// starts under the normal policy.
     ///
     /// Why: with every core busy (on a 2-core machine, one core taken by another process), the storing
     /// thread and this one share a core, and each of this thread's wake-ups (a look after its sleep, or a
     /// store's signal) took the core from the storing thread at once, often in the middle of a store, for
-    /// the rest of a seal. About 4,700–5,800 such preemptions per eviction-heavy run, 1,550–1,830 of them
-    /// over 100 µs: the store p99.9 was 189–428 µs. As batch work the thread waits for the end of the
-    /// storing thread's slice, and seals what has queued meanwhile in one turn: 560–700 preemptions per run,
-    /// each about a slice long, the same CPU in all; the p99.9 then 31–218 µs, under 100 µs in about half
-    /// the runs. With a free core nothing changes: the thread wakes on its own core (BENCHMARKS.md, "Disk
-    /// tier (#29), 2026-11-28 (late)").
-    static func runAsBatchWork() {
+    /// the rest of a seal: thousands of times per eviction-heavy run. As batch work it waits for the end of
+    /// the storing thread's slice and seals what has queued meanwhile in one turn, about an eighth as many
+    /// turns for about the same CPU; the store p99.9 with a core taken fell by about half, and nothing
+    /// changed with a free core (BENCHMARKS.md, "Disk tier (#29), 2026-11-28 (late)").
+    static func runAsBatchWork() -> Int32 {
         var parameters = sched_param()
-        _ = sched_setscheduler(0, schedBatch, &parameters)
+        return sched_setscheduler(0, schedBatch | schedResetOnFork, &parameters) == 0 ? 0 : errno
     }
 
-    /// `SCHED_BATCH` (3 in Linux's ABI, `<bits/sched.h>`; glibc's header declares it for `_GNU_SOURCE`
-    /// only, so Swift's Glibc module does not import it).
+    /// `SCHED_BATCH` and `SCHED_RESET_ON_FORK` (3 and 0x40000000 in Linux's ABI, `<linux/sched.h>`;
+    /// glibc's `<sched.h>` declares them for `_GNU_SOURCE` only, so Swift's Glibc module does not import
+    /// them). `sched_getscheduler` reports the policy with the second ORed in.
     static let schedBatch: Int32 = 3
+    static let schedResetOnFork: Int32 = 0x4000_0000
+
+    /// What the thread's `runAsBatchWork()` returned (0, or the errno of a refused call); -1 before the
+    /// thread has started (tests).
+    var batchScheduling: Int32 { batchSchedulingResult.load(ordering: .acquiring) }
 
     /// Asks the thread to stop after the seal it is in, and waits until it has; nothing queued later
     /// runs.
