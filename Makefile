@@ -98,8 +98,8 @@ unit: build
 # still reported. scripts/tsan-suppressions.txt lists the false reports TSan makes on Swift's
 # continuations and on SwiftNIO's reuse of a receive buffer (each with its cause). Built without the TLS
 # trait (Package.swift): BoringSSL's 406 C files took 168 s of the 450 s of this build on 2 cores, and
-# TLS adds no concurrency of its own (a handler in
-# the same event-loop pipeline); the default build's Redis run tests TLS, this one tests the refusal of
+# TLS adds no concurrency of its own (a handler in the same event-loop pipeline); the default build's
+# Redis run tests TLS, this one tests the refusal of
 # a TLS setting without the trait (RedisTLSTraitOffTests). It also builds the package's `tsan` subset
 # (MAGPIE_CI_SUBSET=tsan, end of Package.swift: no benchmarks, none of their tests or C peers), which
 # none of these suites use: 253 s against 299 s for the whole graph, cold, on 2 cores.

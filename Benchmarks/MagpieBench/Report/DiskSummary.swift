@@ -12,10 +12,11 @@ func printDiskSummary(_ results: [BenchResult]) {
     }
     func peers(_ scenario: String) -> [BenchResult] { disk.filter { $0.scenario == scenario && $0.system != "magpie" } }
     func number(_ r: BenchResult?, _ key: String) -> Double? { HTMLReport.number(r?.extra[key]) }
-    func p50(_ r: BenchResult?, _ key: String) -> Double? {
-        if case .object(let p) = r?.extra[key], case .int(let v) = p["p50"] { return Double(v) }
+    func percentile(_ r: BenchResult?, _ key: String, _ name: String) -> Double? {
+        if case .object(let p) = r?.extra[key], case .int(let v) = p[name] { return Double(v) }
         return nil
     }
+    func p50(_ r: BenchResult?, _ key: String) -> Double? { percentile(r, key, "p50") }
     func ns(_ v: Double) -> String { v >= 10_000 ? String(format: "%.1f µs", v / 1000) : String(format: "%.0f ns", v) }
     var table = [["bar", "magpie", "target (this run)", "result"]]
     func bar(_ name: String, _ value: Double?, _ target: Double?, _ show: (Double) -> String, lowerIsBetter: Bool, _ note: String) {
@@ -89,10 +90,7 @@ func printDiskSummary(_ results: [BenchResult]) {
     table = [["bar (#29)", "magpie", "target (this run)", "result"]]
     let rocksdbEvict = evictPeers.first { $0.system == "rocksdb" }
     if let evict = row("disk-evict", "magpie") {
-        func storeTail(_ r: BenchResult) -> Double? {
-            if case .object(let p) = r.extra["set_latency_ns"], case .int(let tail) = p["p999"] { return Double(tail) }
-            return nil
-        }
+        func storeTail(_ r: BenchResult) -> Double? { percentile(r, "set_latency_ns", "p999") }
         if let tail = storeTail(evict) {
             // The peers' own store tails of the same run beside the bar (informative: the bar is absolute).
             let peerTails = evictPeers.compactMap { r in storeTail(r).map { "\(r.system) \(ns($0))" } }
