@@ -136,7 +136,7 @@ package struct HashedKey {
 
 /// Calls `body` with the bytes of `sequence`, in place when it is contiguous (`[UInt8]`, `Data`, buffer
 /// pointers, a native `String`'s UTF-8 view), else with a copy.
-@inlinable
+@inlinable @inline(__always)
 package func withBytes<R>(_ sequence: some Sequence<UInt8>, _ body: (UnsafeRawBufferPointer) -> R) -> R {
     if let result = sequence.withContiguousStorageIfAvailable({ body(UnsafeRawBufferPointer($0)) }) { return result }
     return Array(sequence).withUnsafeBytes(body)
