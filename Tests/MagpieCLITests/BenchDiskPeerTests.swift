@@ -150,4 +150,65 @@ struct BenchDiskPeerTests {
             }
         }
     }
+
+    @Test("`--workloads paired`: every system and both floors take a turn in every round, reads are checked, rounds are tallied")
+    func paired() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let status = try runBench([
+            "disk", "--workloads", "paired", "--keys", "400", "--gets", "1200", "--paired-block", "200",
+            "--systems", "magpie", "lmdb", "--work-directory", directory.path, "--json", directory.child("paired.json"),
+        ])
+        #expect(status == 0)
+        let data = try Data(contentsOf: URL(fileURLWithPath: directory.child("paired.json")))
+        let report = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+        let rows = try #require(report["results"] as? [[String: Any]])
+        #expect(rows.count == 4, "\(rows.map { "\($0["scenario"] ?? "") \($0["system"] ?? "")" })")
+        func extra(_ scenario: String, _ system: String) throws -> [String: Any] {
+            let row = try #require(rows.first { $0["scenario"] as? String == scenario && $0["system"] as? String == system })
+            #expect(row["operations"] as? Int == 1200, "\(system): 6 rounds of 200")
+            return try #require(row["extra"] as? [String: Any])
+        }
+        for floor in ["zstd-decompress-4k", "zstd-decompress-4k-cold"] {
+            let figures = try extra("disk-paired-floor", floor)
+            #expect((figures["round_p50_ns"] as? [Int])?.count == 6, "\(floor): a p50 per round")
+        }
+        for system in ["magpie", "lmdb"] {
+            let figures = try extra("disk-paired-get", system)
+            #expect(figures["wrong_values"] as? Int == 0, "\(system)")
+            #expect(figures["rounds"] as? Int == 6 && figures["block"] as? Int == 200)
+            let raw = (figures["round_p50_ns"] as? [Int]) ?? []
+            #expect(!raw.isEmpty && raw.count <= 6 && raw.allSatisfy { $0 > 0 }, "\(system): \(raw)")
+        }
+        let magpie = try extra("disk-paired-get", "magpie")
+        for key in ["raw_p50_at_most_lmdb", "text_p50_at_most_floor_plus_800ns", "text_p50_at_most_cold_floor_plus_800ns"] {
+            let tally = try #require(magpie[key] as? [String: Int], "\(key)")
+            let (met, of) = (tally["rounds"] ?? -1, tally["of"] ?? -1)
+            #expect(of >= 1 && of <= 6 && met >= 0 && met <= of, "\(key): \(met) of \(of)")
+        }
+        // Every key was stored and the default budget holds them all: Magpie hits every read.
+        let row = try #require(rows.first { $0["scenario"] as? String == "disk-paired-get" && $0["system"] as? String == "magpie" })
+        #expect(row["hit_ratio"] as? Double == 1)
+    }
+
+    @Test("the paired workload's tally: a round counts when both have samples and the first p50 is at most the second's plus the margin")
+    func pairedTally() {
+        var a = PairedSamples()
+        var b = PairedSamples()
+        a.add(round: [5, 1, 3])  // p50 3
+        b.add(round: [4, 2, 6, 8])  // the lower median of an even count: 4
+        a.add(round: [10])
+        b.add(round: [7])
+        a.add(round: [])  // no sample: the round is left out
+        b.add(round: [1])
+        a.add(round: [9, 9])
+        b.add(round: [2, 2])
+        #expect(a.roundP50s == [3, 10, 9])
+        #expect(b.roundP50s == [4, 7, 1, 2])
+        #expect(PairedSamples.comparable(a, b) == 3)
+        #expect(PairedSamples.rounds(a, atMost: b, plus: 0) == 1)
+        #expect(PairedSamples.rounds(a, atMost: b, plus: 3) == 2)
+        #expect(PairedSamples.rounds(a, atMost: b, plus: 7) == 3)
+        #expect(a.percentiles.max == 10)
+    }
 }

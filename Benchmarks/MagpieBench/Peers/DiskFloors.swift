@@ -120,8 +120,9 @@ struct DiskFloors {
         return results
     }
 
-    private func zstdFloor(values: DiskValues, into buffer: UnsafeMutableRawBufferPointer) throws -> BenchResult {
-        // 256 JSON values (even keys) of this block size, compressed at level 1.
+    /// The zstd floor's input: 256 JSON values (even keys) of `blockSize`, each compressed at level 1 on
+    /// its own (also the paired workload's floor, DiskScenario+Paired.swift).
+    static func zstdFrames(values: DiskValues, blockSize: Int) throws -> [[UInt8]] {
         var frames: [[UInt8]] = []
         for i in stride(from: 0, to: 512, by: 2) {
             let value = values.value(i).prefix(blockSize)
@@ -132,6 +133,11 @@ struct DiskFloors {
             guard ZSTD_isError(size) == 0 else { throw PeerError(system: "floor", message: "ZSTD_compress failed") }
             frames.append(Array(frame.prefix(size)))
         }
+        return frames
+    }
+
+    private func zstdFloor(values: DiskValues, into buffer: UnsafeMutableRawBufferPointer) throws -> BenchResult {
+        let frames = try Self.zstdFrames(values: values, blockSize: blockSize)
         guard let context = ZSTD_createDCtx() else { throw PeerError(system: "floor", message: "ZSTD_createDCtx") }
         defer { ZSTD_freeDCtx(context) }
         var latency = Self.histogram()

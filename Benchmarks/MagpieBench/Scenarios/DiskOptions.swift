@@ -4,7 +4,7 @@ import Foundation
 /// Options of the disk scenario.
 struct DiskOptions: ParsableArguments {
     static let knownSystems = ["magpie", "rocksdb", "lmdb", "sqlite", "file-per-key", "URLCache"]
-    static let knownWorkloads = ["floor", "plain", "evict", "mixed", "trickle"]
+    static let knownWorkloads = ["floor", "plain", "evict", "mixed", "trickle", "paired"]
     /// The workloads run when none are named (`trickle` takes seconds of wall time per rate and system).
     static let defaultWorkloads = ["floor", "plain", "evict", "mixed"]
 
@@ -21,7 +21,7 @@ struct DiskOptions: ParsableArguments {
     var systems = knownSystems
     @Option(
         parsing: .upToNextOption,
-        help: "Workloads: floor (pread, mapped copy, zstd, XXH3), plain (set / get / reopen), evict, mixed; trickle (CPU of stores at a low rate, not run by default).")
+        help: "Workloads: floor (pread, mapped copy, zstd, XXH3), plain (set / get / reopen), evict, mixed; not run by default: trickle (CPU of stores at a low rate), paired (plain's gets with every system and the zstd floor sampled in turns).")
     var workloads = defaultWorkloads
     @Option(help: "Operations per phase for URLCache (each store costs more as it fills: 500 take about 20 s).")
     var urlcacheOps = 500
@@ -37,6 +37,8 @@ struct DiskOptions: ParsableArguments {
     @Option(parsing: .upToNextOption, help: "Trickle workload: store rates per second (0: open and idle).")
     var trickleRates = [0, 100, 1000]
     @Option(help: "Trickle workload: seconds per rate.") var trickleSeconds = 3.0
+    @Option(help: "Paired workload: operations per system (and per floor) in each turn; the rounds are --gets / this.")
+    var pairedBlock = 2_000
     @Option(help: "Parent directory for the cache directories (removed afterwards).") var workDirectory: String?
 
     var effectiveBudget: Int { budget ?? keys * (valueSize + 256) * 5 / 4 }
@@ -52,8 +54,8 @@ struct DiskOptions: ParsableArguments {
         guard trickleRates.allSatisfy({ $0 >= 0 && $0 <= 1_000_000 }), trickleSeconds > 0, trickleSeconds <= 3600 else {
             throw ValidationError("--trickle-rates must be 0–1,000,000 per second, --trickle-seconds 0–3600")
         }
-        guard evictBudget > 0, evictOps >= 0, mixedKeys > 0, mixedMin > 0, mixedMax >= mixedMin, floorSamples > 0 else {
-            throw ValidationError("--evict-budget, --evict-ops, --mixed-*, --floor-samples must be positive")
+        guard evictBudget > 0, evictOps >= 0, mixedKeys > 0, mixedMin > 0, mixedMax >= mixedMin, floorSamples > 0, pairedBlock > 0 else {
+            throw ValidationError("--evict-budget, --evict-ops, --mixed-*, --floor-samples, --paired-block must be positive")
         }
         for s in systems where !Self.knownSystems.contains(s) {
             throw ValidationError("unknown system \(s); known: \(Self.knownSystems)")
@@ -75,6 +77,7 @@ struct DiskOptions: ParsableArguments {
             "evict_alpha": .double(evictAlpha), "mixed_keys": .int(mixedKeys), "mixed_min": .int(mixedMin),
             "mixed_max": .int(mixedMax), "mixed_budget_bytes": .int(mixedBudget), "floor_samples": .int(floorSamples),
             "trickle_rates": .array(trickleRates.map { .int($0) }), "trickle_seconds": .double(trickleSeconds),
+            "paired_block": .int(pairedBlock),
         ]
     }
 }

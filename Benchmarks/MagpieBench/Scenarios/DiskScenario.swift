@@ -6,7 +6,8 @@ import Magpie
 /// The disk scenario: Magpie's disk tier beside RocksDB, LMDB, SQLite, one-file-per-key and URLCache in
 /// one process, on the same values: the floors of a get (`Peers/DiskFloors.swift`), set / page-cache-hot get /
 /// reopen (`plain`, and `mixed` with sizes of 1–256 KiB), an eviction-heavy workload
-/// (`DiskScenario+Evict.swift`), and stores at a trickle (`DiskScenario+Trickle.swift`, not by default).
+/// (`DiskScenario+Evict.swift`), and, not by default, stores at a trickle (`DiskScenario+Trickle.swift`) and
+/// gets in alternation (`DiskScenario+Paired.swift`).
 struct DiskScenario {
     let options: DiskOptions
 
@@ -51,6 +52,9 @@ struct DiskScenario {
                 results += try measure(name, directory: directory, values: mixed, plan: plan, reference: reference)
                 try? FileManager.default.removeItem(atPath: directory)
             }
+        }
+        if options.workloads.contains("paired") {
+            results += try measurePaired(root: root, values: values, progress: progress)
         }
         if options.workloads.contains("trickle") {
             for name in ["none"] + options.systems.filter({ Self.evictionSystems.contains($0) }) {

@@ -1,0 +1,217 @@
+import CZstd
+import Foundation
+import Histogram
+import Magpie
+
+// Gets in alternation (`--workloads paired`, not run by default): the get phase of `plain`, with every
+// system loaded at once and sampled in turns, beside the `ZSTD_decompressDCtx` floor.
+//
+// Why: on these VMs the same code's speed swings by a third from one second to the next (the zstd floor
+// alone measured 4.4–7.1 µs p50 in consecutive one-second phases), while `plain` measures each system's
+// gets in its own phase, seconds apart. Here each round gives every participant a turn of `--paired-block`
+// operations (the systems get the same keys, the order rotating), so every p50 comes from the same
+// minutes, and each round compares Magpie with the others on that round's figures alone. The issue #29
+// get bars are read both ways; `plain`'s stay as they are.
+//
+// Each system stores every key first (untimed, in order, as `plain`'s set phase), nothing flushed after,
+// also as in `plain`; every value read is checked against its digest outside the timed call.
+
+extension DiskScenario {
+    /// The systems the paired workload can load (file-per-key and URLCache are too slow to fill).
+    static let pairedSystems = ["magpie", "rocksdb", "lmdb", "sqlite"]
+
+    /// One `disk-paired-get` row per system and two `disk-paired-floor` rows (`zstd-decompress-4k`, the bar's,
+    /// and `zstd-decompress-4k-cold`).
+    func measurePaired(root: String, values: DiskValues, progress: (String) -> Void) throws -> [BenchResult] {
+        let names = options.systems.filter { Self.pairedSystems.contains($0) }
+        guard !names.isEmpty else { return [] }
+        let keys = options.keys
+        let block = options.pairedBlock
+        let rounds = max(1, options.gets / block)
+        let keyNames = (0..<keys).map { values.key($0) }
+        let digest = KeyHash(seed: 0)
+        var digests = [UInt64](repeating: 0, count: keys)
+        for i in 0..<keys { digests[i] = digest.hash(values.value(i)) }
+
+        var systems: [any DiskSystem] = []
+        defer { for system in systems { system.close() } }
+        for name in names {
+            progress("disk: paired gets, loading \(name)")
+            let system = try open(name, root + "/paired-" + name, budget: options.effectiveBudget)
+            systems.append(system)
+            var failures = 0
+            for i in 0..<keys where !system.set(values.value(i), key: keyNames[i]) { failures += 1 }
+            if failures > 0 { throw PeerError(system: name, message: "\(failures) of \(keys) stores failed while loading") }
+        }
+
+        // The floor: the `disk-floor` row's work (one reused context, a reused output buffer, the same 256
+        // frames), sampled in its turn like a system.
+        let frames = try DiskFloors.zstdFrames(values: values, blockSize: options.valueSize)
+        guard let context = ZSTD_createDCtx() else { throw PeerError(system: "floor", message: "ZSTD_createDCtx") }
+        defer { ZSTD_freeDCtx(context) }
+        // Invariant: `output` holds `valueSize` bytes (at least 1) until this function returns, and
+        // ZSTD_decompressDCtx writes at most `output.count` bytes into it.
+        let output = UnsafeMutableRawBufferPointer.allocate(byteCount: max(options.valueSize, 1), alignment: 64)
+        defer { output.deallocate() }
+
+        // The frames laid out one per slot: the hot floor's area holds each frame once (256 slots, in the CPU's
+        // caches after the first rounds), the cold floor's (informative) copies spread over 256 MiB, more than
+        // the caches hold, so that each of its samples reads its frame from DRAM as a get reads its record.
+        // The bar's floor is the hot one.
+        let slot = ((frames.map(\.count).max() ?? 0) + 63) / 64 * 64
+        let hotCount = frames.count
+        let coldCount = (256 << 20) / slot
+        // Invariant: each area holds `count` slots of `slot` bytes until this function returns; slot `j`
+        // begins with a copy of `frames[j % frames.count]`, which is no longer than a slot.
+        func area(_ count: Int) -> UnsafeMutableRawBufferPointer {
+            let area = UnsafeMutableRawBufferPointer.allocate(byteCount: count * slot, alignment: 4096)
+            for j in 0..<count {
+                frames[j % frames.count].withUnsafeBytes { (area.baseAddress! + j * slot).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
+            }
+            return area
+        }
+        let hot = area(hotCount)
+        defer { hot.deallocate() }
+        let cold = area(coldCount)
+        defer { cold.deallocate() }
+
+        progress("disk: paired gets, \(rounds) rounds of \(block) per system and floor")
+        let hotFloor = systems.count
+        let coldFloor = systems.count + 1
+        let participants = systems.count + 2  // the floors last
+        var text = [PairedSamples](repeating: PairedSamples(), count: participants)
+        var random = text
+        var all = [Histogram<UInt64>](repeating: PairedSamples.histogram(), count: participants)
+        var (hits, wrong) = ([Int](repeating: 0, count: participants), [Int](repeating: 0, count: participants))
+        var nanoseconds = [UInt64](repeating: 0, count: participants)
+        var frameState = options.seed ^ 0x2575
+        var roundText = [[UInt64]](repeating: [], count: participants)
+        var roundRandom = roundText
+        for round in 0..<rounds {
+            for turn in 0..<participants {
+                let p = (round + turn) % participants
+                roundText[p].removeAll(keepingCapacity: true)
+                roundRandom[p].removeAll(keepingCapacity: true)
+                if p >= hotFloor {
+                    for _ in 0..<block {
+                        frameState = splitmix64(frameState)
+                        let j = Int(frameState % UInt64(p == hotFloor ? hotCount : coldCount))
+                        let source = (p == hotFloor ? hot : cold).baseAddress! + j * slot
+                        let length = frames[j % frames.count].count
+                        let start = nowNanoseconds()
+                        let size = ZSTD_decompressDCtx(context, output.baseAddress, output.count, source, length)
+                        let elapsed = nowNanoseconds() - start
+                        guard ZSTD_isError(size) == 0 else { throw PeerError(system: "floor", message: "ZSTD_decompressDCtx failed") }
+                        nanoseconds[p] += elapsed
+                        _ = all[p].record(elapsed)
+                        roundText[p].append(elapsed)
+                        hits[p] += 1
+                    }
+                } else {
+                    // The same keys for every system in a round.
+                    var state = options.seed ^ 0xA1E5 &+ UInt64(round) &* 0x9E37_79B9
+                    let system = systems[p]
+                    for _ in 0..<block {
+                        state = splitmix64(state)
+                        let i = Int(state % UInt64(keys))
+                        let start = nowNanoseconds()
+                        let got = system.get(keyNames[i])
+                        let elapsed = nowNanoseconds() - start
+                        nanoseconds[p] += elapsed
+                        _ = all[p].record(elapsed)
+                        guard let got else { continue }
+                        hits[p] += 1
+                        if i % 2 == 0 { roundText[p].append(elapsed) } else { roundRandom[p].append(elapsed) }
+                        if digest.hash(got) != digests[i] { wrong[p] += 1 }
+                    }
+                }
+                text[p].add(round: roundText[p])
+                random[p].add(round: roundRandom[p])
+            }
+        }
+
+        // Per round: Magpie's p50 against each other system's (raw hits) and against the floor + 0.8 µs
+        // (compressible hits), each on that round's samples alone.
+        let magpie = names.firstIndex(of: "magpie")
+        var results: [BenchResult] = []
+        for p in 0..<participants {
+            let isFloor = p >= hotFloor
+            let operations = rounds * block
+            var extra: [String: JSONValue] = [
+                "rounds": .int(rounds), "block": .int(block),
+                "round_p50_ns": .array((isFloor ? text[p] : random[p]).roundP50s.map { .int(Int($0)) }),
+            ]
+            if isFloor {
+                let frames = p == hotFloor ? "256 frames, hot in the CPU's caches" : "copies of those frames spread over 256 MiB (read from DRAM)"
+                extra["what"] = .string("ZSTD_decompressDCtx (reused context) of the workload's JSON values, level 1, into a reused buffer: \(frames); in turns with the systems' gets")
+            } else {
+                extra["configuration"] = .string(systems[p].configuration)
+                extra["get_text_hit_latency_ns"] = text[p].percentiles.json
+                extra["get_random_hit_latency_ns"] = random[p].percentiles.json
+                extra["round_text_p50_ns"] = .array(text[p].roundP50s.map { .int(Int($0)) })
+                extra["wrong_values"] = .int(wrong[p])
+            }
+            if let magpie, p == magpie {
+                // {"rounds": in how many rounds Magpie's p50 was at most the other's (+ 0.8 µs for the floor),
+                // "of": rounds in which both had samples}.
+                func tally(_ a: PairedSamples, _ b: PairedSamples, plus: UInt64) -> JSONValue {
+                    .object(["rounds": .int(PairedSamples.rounds(a, atMost: b, plus: plus)), "of": .int(PairedSamples.comparable(a, b))])
+                }
+                for (q, name) in names.enumerated() where q != magpie {
+                    extra["raw_p50_at_most_\(name)"] = tally(random[p], random[q], plus: 0)
+                }
+                extra["text_p50_at_most_floor_plus_800ns"] = tally(text[p], text[hotFloor], plus: 800)
+                extra["text_p50_at_most_cold_floor_plus_800ns"] = tally(text[p], text[coldFloor], plus: 800)
+            }
+            results.append(
+                BenchResult(
+                    scenario: isFloor ? "disk-paired-floor" : "disk-paired-get",
+                    system: p == hotFloor ? "zstd-decompress-4k" : p == coldFloor ? "zstd-decompress-4k-cold" : names[p],
+                    threads: 1, operations: operations, seconds: Double(nanoseconds[p]) / 1e9,
+                    ops_per_sec: nanoseconds[p] == 0 ? 0 : Double(operations) * 1e9 / Double(nanoseconds[p]),
+                    latency_ns: Percentiles(all[p]), hit_ratio: Double(hits[p]) / Double(max(operations, 1)), extra: extra))
+        }
+        return results
+    }
+}
+
+/// One participant's samples of one kind (raw hits, compressible hits, or floor samples): all of them,
+/// and each round's p50 (nil for a round without a sample).
+struct PairedSamples {
+    private var histogram = PairedSamples.histogram()
+    private(set) var roundMedians: [UInt64?] = []
+
+    static func histogram() -> Histogram<UInt64> {
+        Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+    }
+
+    /// Adds one round's samples (in any order).
+    mutating func add(round samples: [UInt64]) {
+        for sample in samples { _ = histogram.record(sample) }
+        guard !samples.isEmpty else {
+            roundMedians.append(nil)
+            return
+        }
+        let sorted = samples.sorted()
+        // The lower median of an even count, as HdrHistogram's p50 reports.
+        roundMedians.append(sorted[(sorted.count - 1) / 2])
+    }
+
+    var percentiles: Percentiles { Percentiles(histogram) }
+
+    /// Each round's p50, rounds without a sample left out.
+    var roundP50s: [UInt64] { roundMedians.compactMap { $0 } }
+
+    /// In how many rounds `a`'s p50 was at most `b`'s + `plus` ns (rounds where either had no sample left out).
+    static func rounds(_ a: PairedSamples, atMost b: PairedSamples, plus: UInt64) -> Int {
+        zip(a.roundMedians, b.roundMedians).reduce(0) { count, pair in
+            guard let x = pair.0, let y = pair.1 else { return count }
+            return count + (x <= y + plus ? 1 : 0)
+        }
+    }
+
+    /// Rounds in which both had a sample.
+    static func comparable(_ a: PairedSamples, _ b: PairedSamples) -> Int {
+        zip(a.roundMedians, b.roundMedians).reduce(0) { $0 + ($1.0 != nil && $1.1 != nil ? 1 : 0) }
+    }
+}
