@@ -156,7 +156,7 @@ struct BenchDiskPeerTests {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
         let status = try runBench([
-            "disk", "--workloads", "paired", "--keys", "400", "--gets", "1200", "--paired-block", "200",
+            "disk", "--workloads", "paired", "--keys", "400", "--paired-rounds", "6", "--paired-block", "200",
             "--systems", "magpie", "lmdb", "--work-directory", directory.path, "--json", directory.child("paired.json"),
         ])
         #expect(status == 0)

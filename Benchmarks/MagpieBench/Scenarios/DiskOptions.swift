@@ -37,8 +37,9 @@ struct DiskOptions: ParsableArguments {
     @Option(parsing: .upToNextOption, help: "Trickle workload: store rates per second (0: open and idle).")
     var trickleRates = [0, 100, 1000]
     @Option(help: "Trickle workload: seconds per rate.") var trickleSeconds = 3.0
-    @Option(help: "Paired workload: operations per system (and per floor) in each turn; the rounds are --gets / this.")
-    var pairedBlock = 2_000
+    @Option(help: "Paired workload: operations per system (and per floor) in each turn (shorter turns cool each system's CPU caches for the next).")
+    var pairedBlock = 20_000
+    @Option(help: "Paired workload: rounds (each gives every system and floor one turn).") var pairedRounds = 40
     @Option(help: "Parent directory for the cache directories (removed afterwards).") var workDirectory: String?
 
     var effectiveBudget: Int { budget ?? keys * (valueSize + 256) * 5 / 4 }
@@ -54,8 +55,8 @@ struct DiskOptions: ParsableArguments {
         guard trickleRates.allSatisfy({ $0 >= 0 && $0 <= 1_000_000 }), trickleSeconds > 0, trickleSeconds <= 3600 else {
             throw ValidationError("--trickle-rates must be 0–1,000,000 per second, --trickle-seconds 0–3600")
         }
-        guard evictBudget > 0, evictOps >= 0, mixedKeys > 0, mixedMin > 0, mixedMax >= mixedMin, floorSamples > 0, pairedBlock > 0 else {
-            throw ValidationError("--evict-budget, --evict-ops, --mixed-*, --floor-samples, --paired-block must be positive")
+        guard evictBudget > 0, evictOps >= 0, mixedKeys > 0, mixedMin > 0, mixedMax >= mixedMin, floorSamples > 0, pairedBlock > 0, pairedRounds > 0 else {
+            throw ValidationError("--evict-budget, --evict-ops, --mixed-*, --floor-samples, --paired-* must be positive")
         }
         for s in systems where !Self.knownSystems.contains(s) {
             throw ValidationError("unknown system \(s); known: \(Self.knownSystems)")
@@ -77,7 +78,7 @@ struct DiskOptions: ParsableArguments {
             "evict_alpha": .double(evictAlpha), "mixed_keys": .int(mixedKeys), "mixed_min": .int(mixedMin),
             "mixed_max": .int(mixedMax), "mixed_budget_bytes": .int(mixedBudget), "floor_samples": .int(floorSamples),
             "trickle_rates": .array(trickleRates.map { .int($0) }), "trickle_seconds": .double(trickleSeconds),
-            "paired_block": .int(pairedBlock),
+            "paired_block": .int(pairedBlock), "paired_rounds": .int(pairedRounds),
         ]
     }
 }

@@ -13,6 +13,11 @@ import Magpie
 // minutes, and each round compares Magpie with the others on that round's figures alone. The issue #29
 // get bars are read both ways; `plain`'s stay as they are.
 //
+// Turns must be long: a system's first gets after another's turn find the CPU's caches holding the other's
+// data. With turns of 2,000 gets LMDB's p50 rose by about 0.1–0.3 µs more than Magpie's against turns of
+// 20,000 or 100,000 (BENCHMARKS.md, "the get bars with every system sampled in turns"), so the default is
+// 20,000 (about 50 ms of gets), still far shorter than the machine's swings.
+//
 // Each system stores every key first (untimed, in order, as `plain`'s set phase), nothing flushed after,
 // also as in `plain`; every value read is checked against its digest outside the timed call.
 
@@ -27,7 +32,7 @@ extension DiskScenario {
         guard !names.isEmpty else { return [] }
         let keys = options.keys
         let block = options.pairedBlock
-        let rounds = max(1, options.gets / block)
+        let rounds = options.pairedRounds
         let keyNames = (0..<keys).map { values.key($0) }
         let digest = KeyHash(seed: 0)
         var digests = [UInt64](repeating: 0, count: keys)
