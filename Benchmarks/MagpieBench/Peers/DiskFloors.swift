@@ -23,7 +23,7 @@ struct DiskFloors {
     var blockSize = 4096
     var blocks = 16_384
 
-    private var label: String { blockSize % 1024 == 0 ? "\(blockSize / 1024)k" : "\(blockSize)b" }
+    var label: String { blockSize % 1024 == 0 ? "\(blockSize / 1024)k" : "\(blockSize)b" }
 
     func measure(values: DiskValues) throws -> [BenchResult] {
         let path = directory + "/floor-\(getpid()).data"

@@ -6,27 +6,28 @@ import Magpie
 // Gets in alternation (`--workloads paired`, not run by default): the get phase of `plain`, with every
 // system loaded at once and sampled in turns, beside the `ZSTD_decompressDCtx` floor.
 //
-// Why: on these VMs the same code's speed swings by a third from one second to the next (the zstd floor
-// alone measured 4.4–7.1 µs p50 in consecutive one-second phases), while `plain` measures each system's
-// gets in its own phase, seconds apart. Here each round gives every participant a turn of `--paired-block`
-// operations (the systems get the same keys, the order rotating), so every p50 comes from the same
-// minutes, and each round compares Magpie with the others on that round's figures alone. The issue #29
-// get bars are read both ways; `plain`'s stay as they are.
+// Why: on these VMs the same code's speed changes by a third or more between runs seconds apart, while
+// `plain` measures each system's gets in its own phase. Here each round gives every participant a turn of
+// `--paired-block` operations (the systems get the same keys in a round; the order is drawn anew each round,
+// so that no participant always follows the same one), so every p50 comes from the same minutes, and each
+// round compares Magpie with the others on that round's figures alone. The issue #29 get bars are read
+// both ways; `plain`'s stay as they are. Figures: BENCHMARKS.md, "the get bars with every system sampled in
+// turns".
 //
-// Turns must be long: a system's first gets after another's turn find the CPU's caches holding the other's
-// data. With turns of 2,000 gets LMDB's p50 rose by about 0.1–0.3 µs more than Magpie's against turns of
-// 20,000 or 100,000 (BENCHMARKS.md, "the get bars with every system sampled in turns"), so the default is
-// 20,000 (about 50 ms of gets), still far shorter than the machine's swings.
+// Turns are long by default (20,000 operations: tens of milliseconds, far shorter than the machine's
+// swings): a system's first operations after another's turn find the CPU's caches holding the other's data,
+// and shorter turns would measure that more than the system.
 //
 // Each system stores every key first (untimed, in order, as `plain`'s set phase), nothing flushed after,
-// also as in `plain`; every value read is checked against its digest outside the timed call.
+// also as in `plain`; then one turn each that is not recorded (background work after the loads settles, the
+// caches fill), then the rounds. Every value read is checked against its digest outside the timed call.
 
 extension DiskScenario {
     /// The systems the paired workload can load (file-per-key and URLCache are too slow to fill).
     static let pairedSystems = ["magpie", "rocksdb", "lmdb", "sqlite"]
 
-    /// One `disk-paired-get` row per system and two `disk-paired-floor` rows (`zstd-decompress-4k`, the bar's,
-    /// and `zstd-decompress-4k-cold`).
+    /// One `disk-paired-get` row per system and two `disk-paired-floor` rows (`zstd-decompress-<size>`, the
+    /// bar's, and `zstd-decompress-<size>-cold`).
     func measurePaired(root: String, values: DiskValues, progress: (String) -> Void) throws -> [BenchResult] {
         let names = options.systems.filter { Self.pairedSystems.contains($0) }
         guard !names.isEmpty else { return [] }
@@ -49,8 +50,8 @@ extension DiskScenario {
             if failures > 0 { throw PeerError(system: name, message: "\(failures) of \(keys) stores failed while loading") }
         }
 
-        // The floor: the `disk-floor` row's work (one reused context, a reused output buffer, the same 256
-        // frames), sampled in its turn like a system.
+        // The floors: the `disk-floor` row's work (one reused context, a reused output buffer, 256 frames of
+        // the workload's JSON values at level 1), sampled in their turns like the systems.
         let frames = try DiskFloors.zstdFrames(values: values, blockSize: options.valueSize)
         guard let context = ZSTD_createDCtx() else { throw PeerError(system: "floor", message: "ZSTD_createDCtx") }
         defer { ZSTD_freeDCtx(context) }
@@ -60,12 +61,12 @@ extension DiskScenario {
         defer { output.deallocate() }
 
         // The frames laid out one per slot: the hot floor's area holds each frame once (256 slots, in the CPU's
-        // caches after the first rounds), the cold floor's (informative) copies spread over 256 MiB, more than
-        // the caches hold, so that each of its samples reads its frame from DRAM as a get reads its record.
-        // The bar's floor is the hot one.
+        // caches after its first turn); the cold floor's (informative) holds copies over 1 GiB, more than this
+        // VM reports for its caches (300 MiB of L3), so that most of its samples read their frame from memory,
+        // as a get reads its record. The bar's floor is the hot one.
         let slot = ((frames.map(\.count).max() ?? 0) + 63) / 64 * 64
         let hotCount = frames.count
-        let coldCount = (256 << 20) / slot
+        let coldCount = max(1, (1 << 30) / max(slot, 1))
         // Invariant: each area holds `count` slots of `slot` bytes until this function returns; slot `j`
         // begins with a copy of `frames[j % frames.count]`, which is no longer than a slot.
         func area(_ count: Int) -> UnsafeMutableRawBufferPointer {
@@ -90,13 +91,23 @@ extension DiskScenario {
         var (hits, wrong) = ([Int](repeating: 0, count: participants), [Int](repeating: 0, count: participants))
         var nanoseconds = [UInt64](repeating: 0, count: participants)
         var frameState = options.seed ^ 0x2575
+        var orderState = options.seed ^ 0x0BDE
+        var order = Array(0..<participants)
         var roundText = [[UInt64]](repeating: [], count: participants)
         var roundRandom = roundText
-        for round in 0..<rounds {
-            for turn in 0..<participants {
-                let p = (round + turn) % participants
+        // Round -1 is the turns that are not recorded.
+        for round in -1..<rounds {
+            // A new order each round (seeded Fisher-Yates).
+            for index in stride(from: participants - 1, to: 0, by: -1) {
+                orderState = splitmix64(orderState)
+                order.swapAt(index, Int(orderState % UInt64(index + 1)))
+            }
+            for p in order {
                 roundText[p].removeAll(keepingCapacity: true)
                 roundRandom[p].removeAll(keepingCapacity: true)
+                var turnNanoseconds: UInt64 = 0
+                var turnHits = 0
+                var turnWrong = 0
                 if p >= hotFloor {
                     for _ in 0..<block {
                         frameState = splitmix64(frameState)
@@ -107,14 +118,13 @@ extension DiskScenario {
                         let size = ZSTD_decompressDCtx(context, output.baseAddress, output.count, source, length)
                         let elapsed = nowNanoseconds() - start
                         guard ZSTD_isError(size) == 0 else { throw PeerError(system: "floor", message: "ZSTD_decompressDCtx failed") }
-                        nanoseconds[p] += elapsed
-                        _ = all[p].record(elapsed)
+                        turnNanoseconds += elapsed
                         roundText[p].append(elapsed)
-                        hits[p] += 1
+                        turnHits += 1
                     }
                 } else {
                     // The same keys for every system in a round.
-                    var state = options.seed ^ 0xA1E5 &+ UInt64(round) &* 0x9E37_79B9
+                    var state = options.seed ^ 0xA1E5 &+ UInt64(bitPattern: Int64(round)) &* 0x9E37_79B9
                     let system = systems[p]
                     for _ in 0..<block {
                         state = splitmix64(state)
@@ -122,37 +132,43 @@ extension DiskScenario {
                         let start = nowNanoseconds()
                         let got = system.get(keyNames[i])
                         let elapsed = nowNanoseconds() - start
-                        nanoseconds[p] += elapsed
-                        _ = all[p].record(elapsed)
+                        turnNanoseconds += elapsed
                         guard let got else { continue }
-                        hits[p] += 1
+                        turnHits += 1
                         if i % 2 == 0 { roundText[p].append(elapsed) } else { roundRandom[p].append(elapsed) }
-                        if digest.hash(got) != digests[i] { wrong[p] += 1 }
+                        if digest.hash(got) != digests[i] { turnWrong += 1 }
                     }
                 }
+                // Wrong values count in the warm-up turns too; nothing else does.
+                wrong[p] += turnWrong
+                guard round >= 0 else { continue }
+                nanoseconds[p] += turnNanoseconds
+                hits[p] += turnHits
                 text[p].add(round: roundText[p])
                 random[p].add(round: roundRandom[p])
+                for sample in roundText[p] { _ = all[p].record(sample) }
+                for sample in roundRandom[p] { _ = all[p].record(sample) }
             }
         }
 
-        // Per round: Magpie's p50 against each other system's (raw hits) and against the floor + 0.8 µs
+        // Per round: Magpie's p50 against each other system's (raw hits) and against each floor + 0.8 µs
         // (compressible hits), each on that round's samples alone.
         let magpie = names.firstIndex(of: "magpie")
+        let label = DiskFloors(directory: root, samples: 1, seed: 0, blockSize: options.valueSize).label
         var results: [BenchResult] = []
         for p in 0..<participants {
             let isFloor = p >= hotFloor
             let operations = rounds * block
-            var extra: [String: JSONValue] = [
-                "rounds": .int(rounds), "block": .int(block),
-                "round_p50_ns": .array((isFloor ? text[p] : random[p]).roundP50s.map { .int(Int($0)) }),
-            ]
+            var extra: [String: JSONValue] = ["rounds": .int(rounds), "block": .int(block)]
             if isFloor {
-                let frames = p == hotFloor ? "256 frames, hot in the CPU's caches" : "copies of those frames spread over 256 MiB (read from DRAM)"
+                extra["round_p50_ns"] = .array(text[p].roundP50s.map { .int(Int($0)) })
+                let frames = p == hotFloor ? "256 frames, hot in the CPU's caches" : "copies of those frames over 1 GiB (most read from memory)"
                 extra["what"] = .string("ZSTD_decompressDCtx (reused context) of the workload's JSON values, level 1, into a reused buffer: \(frames); in turns with the systems' gets")
             } else {
                 extra["configuration"] = .string(systems[p].configuration)
                 extra["get_text_hit_latency_ns"] = text[p].percentiles.json
                 extra["get_random_hit_latency_ns"] = random[p].percentiles.json
+                extra["round_raw_p50_ns"] = .array(random[p].roundP50s.map { .int(Int($0)) })
                 extra["round_text_p50_ns"] = .array(text[p].roundP50s.map { .int(Int($0)) })
                 extra["wrong_values"] = .int(wrong[p])
             }
@@ -171,7 +187,7 @@ extension DiskScenario {
             results.append(
                 BenchResult(
                     scenario: isFloor ? "disk-paired-floor" : "disk-paired-get",
-                    system: p == hotFloor ? "zstd-decompress-4k" : p == coldFloor ? "zstd-decompress-4k-cold" : names[p],
+                    system: p == hotFloor ? "zstd-decompress-\(label)" : p == coldFloor ? "zstd-decompress-\(label)-cold" : names[p],
                     threads: 1, operations: operations, seconds: Double(nanoseconds[p]) / 1e9,
                     ops_per_sec: nanoseconds[p] == 0 ? 0 : Double(operations) * 1e9 / Double(nanoseconds[p]),
                     latency_ns: Percentiles(all[p]), hit_ratio: Double(hits[p]) / Double(max(operations, 1)), extra: extra))
@@ -179,7 +195,6 @@ extension DiskScenario {
         return results
     }
 }
-
 /// One participant's samples of one kind (raw hits, compressible hits, or floor samples): all of them,
 /// and each round's p50 (nil for a round without a sample).
 struct PairedSamples {

@@ -135,7 +135,8 @@ package struct HashedKey {
 }
 
 /// Calls `body` with the bytes of `sequence`, in place when it is contiguous (`[UInt8]`, `Data`, buffer
-/// pointers, a native `String`'s UTF-8 view), else with a copy.
+/// pointers, a native `String`'s UTF-8 view), else with a copy. Always inlined: DiskTier's generic callers
+/// called it unspecialised, and its `R?` then cost a metadata lookup in the Swift runtime on every call.
 @inlinable @inline(__always)
 package func withBytes<R>(_ sequence: some Sequence<UInt8>, _ body: (UnsafeRawBufferPointer) -> R) -> R {
     if let result = sequence.withContiguousStorageIfAvailable({ body(UnsafeRawBufferPointer($0)) }) { return result }
