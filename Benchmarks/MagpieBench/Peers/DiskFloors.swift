@@ -23,7 +23,10 @@ struct DiskFloors {
     var blockSize = 4096
     var blocks = 16_384
 
-    var label: String { blockSize % 1024 == 0 ? "\(blockSize / 1024)k" : "\(blockSize)b" }
+    private var label: String { Self.label(blockSize) }
+
+    /// How rows name a block of `size` bytes: `4k`, `512b`.
+    static func label(_ size: Int) -> String { size % 1024 == 0 ? "\(size / 1024)k" : "\(size)b" }
 
     func measure(values: DiskValues) throws -> [BenchResult] {
         let path = directory + "/floor-\(getpid()).data"
@@ -103,7 +106,7 @@ struct DiskFloors {
                 ]))
 
         // ZSTD_decompress of the workload's JSON blocks, compressed at level 1.
-        results.append(try zstdFloor(values: values, into: buffer))
+        results.append(try zstdFloor(values: values))
 
         // XXH3 of a hot block, through the entry Magpie's records use on this CPU.
         let dispatch = magpie_xxh3_dispatch_wanted()
@@ -120,52 +123,23 @@ struct DiskFloors {
         return results
     }
 
-    /// The zstd floor's input: 256 JSON values (even keys) of `blockSize`, each compressed at level 1 on
-    /// its own (also the paired workload's floor, DiskScenario+Paired.swift).
-    static func zstdFrames(values: DiskValues, blockSize: Int) throws -> [[UInt8]] {
-        var frames: [[UInt8]] = []
-        for i in stride(from: 0, to: 512, by: 2) {
-            let value = values.value(i).prefix(blockSize)
-            var frame = [UInt8](repeating: 0, count: ZSTD_compressBound(value.count))
-            let size = value.withUnsafeBytes { v in
-                frame.withUnsafeMutableBytes { f in ZSTD_compress(f.baseAddress, f.count, v.baseAddress, v.count, 1) }
-            }
-            guard ZSTD_isError(size) == 0 else { throw PeerError(system: "floor", message: "ZSTD_compress failed") }
-            frames.append(Array(frame.prefix(size)))
-        }
-        return frames
-    }
-
-    private func zstdFloor(values: DiskValues, into buffer: UnsafeMutableRawBufferPointer) throws -> BenchResult {
-        let frames = try Self.zstdFrames(values: values, blockSize: blockSize)
-        guard let context = ZSTD_createDCtx() else { throw PeerError(system: "floor", message: "ZSTD_createDCtx") }
-        defer { ZSTD_freeDCtx(context) }
+    private func zstdFloor(values: DiskValues) throws -> BenchResult {
+        let floor = try ZstdFloorFrames(values: values, blockSize: blockSize, areaBytes: nil)
         var latency = Self.histogram()
         var plain = Self.histogram()
         var state = seed ^ 0x2575
-        var original = 0
         for n in 0..<samples {
             state = splitmix64(state)
-            let frame = frames[Int(state % UInt64(frames.count))]
-            let start = nowNanoseconds()
-            let size = frame.withUnsafeBytes { ZSTD_decompressDCtx(context, buffer.baseAddress, buffer.count, $0.baseAddress, $0.count) }
-            let elapsed = nowNanoseconds() - start
-            _ = latency.record(elapsed)
-            guard ZSTD_isError(size) == 0 else { throw PeerError(system: "floor", message: "ZSTD_decompressDCtx failed") }
-            original = size
-            if n % 4 == 0 {
-                // The plain entry point (a context per call), on a quarter of the samples.
-                let plainStart = nowNanoseconds()
-                _ = frame.withUnsafeBytes { ZSTD_decompress(buffer.baseAddress, buffer.count, $0.baseAddress, $0.count) }
-                _ = plain.record(nowNanoseconds() - plainStart)
-            }
+            let slot = Int(state % UInt64(floor.slots))
+            _ = latency.record(try floor.decompress(slot))
+            // The plain entry point (a context per call), on a quarter of the samples.
+            if n % 4 == 0 { _ = plain.record(floor.decompressWithoutContext(slot)) }
         }
-        let ratio = Double(frames.count * original) / Double(frames.reduce(0) { $0 + $1.count })
         return row(
             "zstd-decompress-\(label)", latency,
             [
                 "what": .string("ZSTD_decompressDCtx (reused context) of the workload's JSON values, level 1, into a reused buffer"),
-                "zstd_decompress_p50_ns": .int(Int(Percentiles(plain).p50)), "compression_ratio": .double(ratio),
+                "zstd_decompress_p50_ns": .int(Int(Percentiles(plain).p50)), "compression_ratio": .double(floor.compressionRatio),
             ])
     }
 
@@ -183,5 +157,77 @@ struct DiskFloors {
             scenario: "disk-floor", system: system, threads: 1, operations: samples, seconds: seconds,
             ops_per_sec: percentiles.p50 == 0 ? 0 : 1e9 / Double(percentiles.p50), latency_ns: percentiles, hit_ratio: 1,
             extra: extra)
+    }
+}
+
+/// The zstd floor's frames and the timed decompression of one of them: 256 JSON values (even keys) of
+/// `blockSize`, each compressed at level 1 on its own, laid out one per slot in an area of their own, and
+/// decompressed with one reused context into a reused buffer. With `areaBytes`, the area repeats the frames
+/// over that many bytes, so that a sample reads its frame from memory rather than from the CPU's caches
+/// (the paired workload's cold floor, DiskScenario+Paired.swift).
+final class ZstdFloorFrames {
+    /// Slots in the area (256, or as many as `areaBytes` holds).
+    let slots: Int
+    /// The frames' original bytes over their compressed bytes.
+    let compressionRatio: Double
+    private let lengths: [Int]
+    private let slotBytes: Int
+    private let context: OpaquePointer
+    // Invariants: `area` holds `slots` slots of `slotBytes` bytes, slot `j` beginning with the frame of
+    // `lengths[j % lengths.count]` bytes (no longer than a slot); `output` holds `blockSize` bytes (at least 1),
+    // and ZSTD_decompressDCtx writes at most `output.count` bytes into it. Both live until deinit.
+    private let area: UnsafeMutableRawBufferPointer
+    private let output: UnsafeMutableRawBufferPointer
+
+    init(values: DiskValues, blockSize: Int, areaBytes: Int?) throws {
+        var frames: [[UInt8]] = []
+        var original = 0
+        for i in stride(from: 0, to: 512, by: 2) {
+            let value = values.value(i).prefix(blockSize)
+            var frame = [UInt8](repeating: 0, count: ZSTD_compressBound(value.count))
+            let size = value.withUnsafeBytes { v in
+                frame.withUnsafeMutableBytes { f in ZSTD_compress(f.baseAddress, f.count, v.baseAddress, v.count, 1) }
+            }
+            guard ZSTD_isError(size) == 0 else { throw PeerError(system: "floor", message: "ZSTD_compress failed") }
+            frames.append(Array(frame.prefix(size)))
+            original += value.count
+        }
+        guard let context = ZSTD_createDCtx() else { throw PeerError(system: "floor", message: "ZSTD_createDCtx") }
+        self.context = context
+        lengths = frames.map(\.count)
+        compressionRatio = Double(original) / Double(lengths.reduce(0, +))
+        slotBytes = ((lengths.max() ?? 0) + 63) / 64 * 64
+        slots = max(frames.count, (areaBytes ?? 0) / max(slotBytes, 1))
+        let (slots, slotBytes) = (self.slots, self.slotBytes)
+        let area = UnsafeMutableRawBufferPointer.allocate(byteCount: slots * slotBytes, alignment: 4096)
+        for j in 0..<slots {
+            frames[j % frames.count].withUnsafeBytes { (area.baseAddress! + j * slotBytes).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
+        }
+        self.area = area
+        output = UnsafeMutableRawBufferPointer.allocate(byteCount: max(blockSize, 1), alignment: 64)
+    }
+
+    deinit {
+        ZSTD_freeDCtx(context)
+        area.deallocate()
+        output.deallocate()
+    }
+
+    /// Decompresses slot `slot` (below `slots`) with the reused context; the nanoseconds it took.
+    func decompress(_ slot: Int) throws -> UInt64 {
+        let source = area.baseAddress! + slot * slotBytes
+        let start = nowNanoseconds()
+        let size = ZSTD_decompressDCtx(context, output.baseAddress, output.count, source, lengths[slot % lengths.count])
+        let elapsed = nowNanoseconds() - start
+        guard ZSTD_isError(size) == 0 else { throw PeerError(system: "floor", message: "ZSTD_decompressDCtx failed") }
+        return elapsed
+    }
+
+    /// The same through the plain entry point (a context per call); the nanoseconds it took.
+    func decompressWithoutContext(_ slot: Int) -> UInt64 {
+        let source = area.baseAddress! + slot * slotBytes
+        let start = nowNanoseconds()
+        _ = ZSTD_decompress(output.baseAddress, output.count, source, lengths[slot % lengths.count])
+        return nowNanoseconds() - start
     }
 }

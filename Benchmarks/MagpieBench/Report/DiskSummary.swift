@@ -12,10 +12,7 @@ func printDiskSummary(_ results: [BenchResult]) {
     }
     func peers(_ scenario: String) -> [BenchResult] { disk.filter { $0.scenario == scenario && $0.system != "magpie" } }
     func number(_ r: BenchResult?, _ key: String) -> Double? { HTMLReport.number(r?.extra[key]) }
-    func percentile(_ r: BenchResult?, _ key: String, _ name: String) -> Double? {
-        if case .object(let p) = r?.extra[key], case .int(let v) = p[name] { return Double(v) }
-        return nil
-    }
+    func percentile(_ r: BenchResult?, _ key: String, _ name: String) -> Double? { extraPercentile(r, key, name).map(Double.init) }
     func p50(_ r: BenchResult?, _ key: String) -> Double? { percentile(r, key, "p50") }
     func ns(_ v: Double) -> String { v >= 10_000 ? String(format: "%.1f µs", v / 1000) : String(format: "%.0f ns", v) }
     var table = [["bar", "magpie", "target (this run)", "result"]]
@@ -135,6 +132,12 @@ func printDiskSummary(_ results: [BenchResult]) {
     }
 }
 
+/// The percentile `name` of the latency object `key` in a row's extra figures.
+private func extraPercentile(_ r: BenchResult?, _ key: String, _ name: String) -> Int? {
+    if case .object(let p) = r?.extra[key], case .int(let v) = p[name] { return v }
+    return nil
+}
+
 /// The paired workload's rows (DiskScenario+Paired.swift) as the #29 get bars, on figures of the same
 /// minutes, over all rounds, and in how many rounds each held on that round's samples alone: a header row,
 /// then one row per bar. A system without hits of a kind has no p50 of it (its histogram's 0 is no time),
@@ -144,10 +147,7 @@ func pairedGetBars(_ rows: [BenchResult]) -> [[String]] {
     guard let magpie = rows.first(where: { $0.scenario == "disk-paired-get" && $0.system == "magpie" }) else { return table }
     let peers = rows.filter { $0.scenario == "disk-paired-get" && $0.system != "magpie" }
     let floors = rows.filter { $0.scenario == "disk-paired-floor" }
-    func p50(_ r: BenchResult, _ key: String) -> UInt64? {
-        if case .object(let p) = r.extra[key], case .int(let v) = p["p50"], v > 0 { return UInt64(v) }
-        return nil
-    }
+    func p50(_ r: BenchResult, _ key: String) -> UInt64? { extraPercentile(r, key, "p50").flatMap { $0 > 0 ? UInt64($0) : nil } }
     func rounds(_ key: String) -> String {
         guard case .object(let tally) = magpie.extra[key], case .int(let met) = tally["rounds"], case .int(let of) = tally["of"] else { return "-" }
         return "\(met) of \(of)"

@@ -1,4 +1,3 @@
-import CZstd
 import Foundation
 import Histogram
 import Magpie
@@ -50,36 +49,13 @@ extension DiskScenario {
             if failures > 0 { throw PeerError(system: name, message: "\(failures) of \(keys) stores failed while loading") }
         }
 
-        // The floors: the `disk-floor` row's work (one reused context, a reused output buffer, 256 frames of
-        // the workload's JSON values at level 1), sampled in their turns like the systems.
-        let frames = try DiskFloors.zstdFrames(values: values, blockSize: options.valueSize)
-        guard let context = ZSTD_createDCtx() else { throw PeerError(system: "floor", message: "ZSTD_createDCtx") }
-        defer { ZSTD_freeDCtx(context) }
-        // Invariant: `output` holds `valueSize` bytes (at least 1) until this function returns, and
-        // ZSTD_decompressDCtx writes at most `output.count` bytes into it.
-        let output = UnsafeMutableRawBufferPointer.allocate(byteCount: max(options.valueSize, 1), alignment: 64)
-        defer { output.deallocate() }
-
-        // The frames laid out one per slot: the hot floor's area holds each frame once (256 slots, in the CPU's
-        // caches after its first turn); the cold floor's (informative) holds copies over 1 GiB, more than this
-        // VM reports for its caches (300 MiB of L3), so that most of its samples read their frame from memory,
+        // The floors: the `disk-floor` row's work (ZstdFloorFrames, Peers/DiskFloors.swift), sampled in their
+        // turns like the systems. The hot floor's area holds each of its 256 frames once (in the CPU's caches
+        // after its first turn); the cold floor's (informative) repeats them over 1 GiB, more than this VM
+        // reports for its caches (300 MiB of L3), so that most of its samples read their frame from memory,
         // as a get reads its record. The bar's floor is the hot one.
-        let slot = ((frames.map(\.count).max() ?? 0) + 63) / 64 * 64
-        let hotCount = frames.count
-        let coldCount = max(1, (1 << 30) / max(slot, 1))
-        // Invariant: each area holds `count` slots of `slot` bytes until this function returns; slot `j`
-        // begins with a copy of `frames[j % frames.count]`, which is no longer than a slot.
-        func area(_ count: Int) -> UnsafeMutableRawBufferPointer {
-            let area = UnsafeMutableRawBufferPointer.allocate(byteCount: count * slot, alignment: 4096)
-            for j in 0..<count {
-                frames[j % frames.count].withUnsafeBytes { (area.baseAddress! + j * slot).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
-            }
-            return area
-        }
-        let hot = area(hotCount)
-        defer { hot.deallocate() }
-        let cold = area(coldCount)
-        defer { cold.deallocate() }
+        let hot = try ZstdFloorFrames(values: values, blockSize: options.valueSize, areaBytes: nil)
+        let cold = try ZstdFloorFrames(values: values, blockSize: options.valueSize, areaBytes: 1 << 30)
 
         progress("disk: paired gets, \(rounds) rounds of \(block) per system and floor")
         let hotFloor = systems.count
@@ -109,15 +85,10 @@ extension DiskScenario {
                 var turnHits = 0
                 var turnWrong = 0
                 if p >= hotFloor {
+                    let floor = p == hotFloor ? hot : cold
                     for _ in 0..<block {
                         frameState = splitmix64(frameState)
-                        let j = Int(frameState % UInt64(p == hotFloor ? hotCount : coldCount))
-                        let source = (p == hotFloor ? hot : cold).baseAddress! + j * slot
-                        let length = frames[j % frames.count].count
-                        let start = nowNanoseconds()
-                        let size = ZSTD_decompressDCtx(context, output.baseAddress, output.count, source, length)
-                        let elapsed = nowNanoseconds() - start
-                        guard ZSTD_isError(size) == 0 else { throw PeerError(system: "floor", message: "ZSTD_decompressDCtx failed") }
+                        let elapsed = try floor.decompress(Int(frameState % UInt64(floor.slots)))
                         turnNanoseconds += elapsed
                         roundText[p].append(elapsed)
                         turnHits += 1
@@ -154,7 +125,7 @@ extension DiskScenario {
         // Per round: Magpie's p50 against each other system's (raw hits) and against each floor + 0.8 µs
         // (compressible hits), each on that round's samples alone.
         let magpie = names.firstIndex(of: "magpie")
-        let label = DiskFloors(directory: root, samples: 1, seed: 0, blockSize: options.valueSize).label
+        let label = DiskFloors.label(options.valueSize)
         var results: [BenchResult] = []
         for p in 0..<participants {
             let isFloor = p >= hotFloor
