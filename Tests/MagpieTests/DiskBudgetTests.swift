@@ -140,6 +140,93 @@ struct DiskBudgetTests {
         #expect(directoryBytes(directory.path) <= budget)
     }
 
+    @Test(
+        "a bucket asked to evict for a record its limit cannot hold even alone reports the shortfall and evicts nothing"
+    )
+    func evictReportsWhatNoEvictionCovers() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let tier = try DiskTier(
+            .init(directory: directory.path, budget: 4 << 20, bucketCount: 8, compressionLevel: nil, hashSeed: 21))
+        let hasher = KeyHash(seed: 21)
+        let inOne = (0..<2_000).filter { DiskTier.bucket(of: hasher.hash(keyBytes($0)), count: 8) == 1 }.prefix(100)
+        for key in inOne { try tier.set(noise(2000, seed: UInt64(key)), forKey: keyBytes(key)) }
+        try tier.flush()
+        let before = tier.statistics
+        // The room loop chose `.evict` when the record fitted the bucket's limit alone; the room was lent
+        // away before the attempt (another thread's store gathered it). Evicting every region would not make
+        // the record fit: the bucket used to do so, then refuse it as too large.
+        let outcome = try tier.bucketSet.buckets[1].withLock {
+            (state: inout BucketState) throws(MagpieError) -> RoomOutcome<Void> in
+            var batch = WriteBatch()
+            batch.append(length: 4 << 20, origin: .other) { _ in }
+            return try state.write(&batch, policy: .evict, now: 0)
+        }
+        guard case .short(let shortfall) = outcome else {
+            Issue.record("a record larger than the whole budget was written")
+            return
+        }
+        #expect(!shortfall.fitsAlone)
+        #expect(shortfall.bytes > 0)
+        #expect(tier.statistics.evictions == before.evictions)
+        #expect(tier.statistics.regionsReclaimed == before.regionsReclaimed)
+        for key in inOne { #expect(try tier.value(forKey: keyBytes(key)) == noise(2000, seed: UInt64(key))) }
+        // `.last` refuses it.
+        let refused = #expect(throws: MagpieError.self) {
+            try tier.bucketSet.buckets[1].withLock { (state: inout BucketState) throws(MagpieError) in
+                var batch = WriteBatch()
+                batch.append(length: 4 << 20, origin: .other) { _ in }
+                _ = try state.write(&batch, policy: .last, now: 0)
+            }
+        }
+        #expect(refused?.code == .valueTooLarge)
+        try tier.close()
+        #expect(directoryBytes(directory.path) <= 4 << 20)
+    }
+
+    @Test(
+        "the room loop hands what the others lent to the borrower, gathers by evicting for what evicting here cannot cover, and ends"
+    )
+    func roomLoop() {
+        // Scripted stripe: each attempt records its policy and what it was handed, and answers from a list.
+        var seen: [(RoomPolicy, Int)] = []
+        var gathers: [(Int, Bool)] = []
+        var answers: [RoomOutcome<Int>] = [
+            .short(Shortfall(bytes: 100, fitsAlone: true)),  // the others lend 100: tried again with them
+            .short(Shortfall(bytes: 300, fitsAlone: true)),  // they lend 40 of 300: evict here
+            .short(Shortfall(bytes: 500, fitsAlone: false)),  // `.evict`, lent away meanwhile: they evict to lend
+            .done(7),
+        ]
+        var free = [100, 40, 0]  // the others' free room, lent without evicting, round by round
+        let result = withBorrowedRoom { (policy: RoomPolicy, granted: Int) -> RoomOutcome<Int> in
+            seen.append((policy, granted))
+            return answers.removeFirst()
+        } gather: { bytes, evicting in
+            gathers.append((bytes, evicting))
+            return evicting ? bytes : free.removeFirst()
+        }
+        #expect(result == 7)
+        #expect(seen.map(\.0) == [.borrow, .borrow, .evict, .evict])
+        #expect(seen.map(\.1) == [0, 100, 40, 500])
+        #expect(gathers.map(\.0) == [100, 300, 500, 500])
+        #expect(gathers.map(\.1) == [false, false, false, true])
+
+        // Never enough: the eighth round is `.last`, which ends it.
+        var policies: [RoomPolicy] = []
+        var handed = 0
+        let last = withBorrowedRoom { (policy: RoomPolicy, granted: Int) -> RoomOutcome<Bool> in
+            policies.append(policy)
+            handed += granted
+            return policy == .last ? .done(false) : .short(Shortfall(bytes: 1000, fitsAlone: false))
+        } gather: { _, evicting in
+            evicting ? 10 : 0
+        }
+        #expect(last == false)
+        #expect(policies.count == 9 && policies.last == .last && policies.dropLast().allSatisfy { $0 == .borrow })
+        #expect(
+            handed == 70, "every byte gathered reaches the stripe: 7 evicting gathers of 10 before the eighth round")
+    }
+
     @Test("a full tier keeps working: lent room comes back, totals never pass the budget, values stay exact")
     func churn() throws {
         let directory = TemporaryDirectory()

@@ -99,6 +99,6 @@ extension BucketState {
             }
         }
         defer { for slot in held { freeSlots[slot] = true } }
-        _ = try write(&batch, policy: .evict, now: now)
+        _ = try write(&batch, policy: .last, now: now)
     }
 }

@@ -93,7 +93,7 @@ extension BucketState {
             for slot in region.slot..<(region.slot + region.slots) { freeSlots[slot] = true }
             forget(region.sequence)
         }
-        _ = try write(&batch, policy: .evict, now: now)
+        _ = try write(&batch, policy: .last, now: now)
         try zeroHeaders(of: reclaimed.map(\.slot))
     }
 }

@@ -136,9 +136,9 @@ extension BucketState {
         // written (nothing may be placed there while its tombstones are still needed).
         regions.remove(at: position)
         do {
-            switch try write(&batch, policy: .evict, now: now) {
+            switch try write(&batch, policy: .last, now: now) {
             case .done: break
-            case .short: break  // `.evict` never reports a shortfall
+            case .short: break  // `.last` never reports a shortfall
             }
         } catch {
             // The region's records stay in the file, and its tombstones with them: keep it (its entries are

@@ -144,8 +144,10 @@ extension BucketState {
 
     /// Writes `batch` (see the top of this file). With `.borrow`, reports a shortfall (nothing changed)
     /// when the file cannot grow enough within its limit and what the tier's pool lends; with `.evict`, it
-    /// reclaims the oldest regions for what is missing. Memtable records whose key no longer points at
-    /// them are left out. On a throw the records not written are gone (see the top of this file).
+    /// reclaims the oldest regions for what is missing (a record that would not fit the limit even alone is
+    /// still reported short); with `.last`, such a record is refused (`valueTooLarge`). Memtable records
+    /// whose key no longer points at them are left out. On a throw the records not written are gone (see
+    /// the top of this file).
     mutating func write(_ batch: inout WriteBatch, policy: RoomPolicy, now: Int64) throws(MagpieError) -> RoomOutcome<Void> {
         switch try write(&batch, policy: policy, now: now, deferring: false) {
         case .done: return .done(())
@@ -161,9 +163,18 @@ extension BucketState {
     {
         guard !batch.isEmpty else { return .done(nil) }
         let missing = slotsNeeded(batch) - freeSlotCount
+        let largest = batch.items.map(\.length).max() ?? 0
         if missing > 0, let short = reserveRoom(missing * regionSize, policy: policy) {
-            let largest = batch.items.map(\.length).max() ?? 0
             return .short(Shortfall(bytes: short.bytes, fitsAlone: BucketFileHeader.size + slotsFor(largest) * regionSize <= limit))
+        }
+        // `.evict` was chosen when the record fitted the limit alone; the room may have been lent since (a
+        // bucket's free room is another's to borrow between two attempts). Evicting every region here would
+        // not make it fit: report what is missing instead, nothing changed, and the tier gathers it.
+        if policy == .evict {
+            let alone = BucketFileHeader.size + slotsFor(largest) * regionSize
+            if alone > limit, let short = reserveRoom(alone - size, policy: .borrow) {
+                return .short(Shortfall(bytes: short.bytes, fitsAlone: false))
+            }
         }
         try beforeFileChange()
         var flight = Flight()

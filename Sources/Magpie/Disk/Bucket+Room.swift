@@ -26,12 +26,26 @@ extension BucketState {
         return Shortfall(bytes: still + slack, fitsAlone: length + BucketFileHeader.size <= limit)
     }
 
-    /// Lends up to `wanted` bytes of its limit to the tier (the caller puts them in the pool): its free
+    /// Takes `granted` bytes that other buckets lent it (`withBorrowedRoom`) into its limit; a bucket that
+    /// is closed or not loaded (its limit is set at its load) puts them in the pool instead.
+    mutating func acceptGranted(_ granted: Int) {
+        guard granted > 0 else { return }
+        guard isOpen && loaded else {
+            context.ledger.pool.give(granted)
+            return
+        }
+        limit += granted
+        if let mapping, limit > mapping.length {
+            remap(length: min(context.ledger.maximumLimit, max(limit, 2 * mapping.length)))
+        }
+    }
+
+    /// Lends up to `wanted` bytes of its limit to the tier (the caller hands them on): its free
     /// room beyond the slack, however far below its share that takes the limit (so a store evicts nothing
     /// while the tier has room anywhere, a value as large as ``DiskTier/largestStorableValue`` included);
     /// with `evicting`, also by giving up its last slots down to half a share — their regions emptied out
     /// of turn, their entries evicted. Returns the bytes lent.
-    mutating func lend(upTo wanted: Int, evicting: Bool, now: Int64) throws(MagpieError) -> Int {
+    mutating func lend(upTo wanted: Int, evicting: Bool, now: Int64) -> Int {
         guard isOpen, context.health.failure == nil else { return 0 }
         let floor = context.share / 2
         var lent = min(wanted, max(0, limit - (size + slack)))

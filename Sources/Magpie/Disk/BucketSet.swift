@@ -30,35 +30,36 @@ final class BucketSet: Sendable {
 
     /// Runs `operation` on bucket `number` with room for what it appends: the bucket borrows from the
     /// pool; if that is short, the other buckets lend their free room (one at a time, holding no other
-    /// bucket's lock) and the operation runs again; only when no bucket has room does the bucket evict its
-    /// own entries (or, for a record larger than it could hold alone, the others evict to lend).
+    /// bucket's lock) to this one and the operation runs again; only when no bucket has room does the
+    /// bucket evict its own entries (or, for a record larger than it could hold alone, the others evict
+    /// to lend).
     func withRoom<R>(
         _ number: Int, now: Int64, _ operation: (inout BucketState, RoomPolicy) throws(MagpieError) -> RoomOutcome<R>
     ) throws(MagpieError) -> R {
-        try withBorrowedRoom { (policy) throws(MagpieError) in
+        try withBorrowedRoom { (policy, granted) throws(MagpieError) in
             try buckets[number].withLock { (state: inout BucketState) throws(MagpieError) in
+                state.acceptGranted(granted)  // first: what the others lent is this bucket's from here on
                 try state.loadIfNeeded()
                 return try operation(&state, policy)
             }
-        } gather: { (bytes, evicting) throws(MagpieError) in
-            try gatherRoom(bytes, for: number, evicting: evicting, now: now)
+        } gather: { (bytes, evicting) in
+            gatherRoom(bytes, for: number, evicting: evicting, now: now)
         }
     }
 
-    /// Asks the buckets other than `number`, one at a time, to lend up to `bytes` into the pool (see
-    /// `BucketState.lend`). Returns what they lent.
-    func gatherRoom(_ bytes: Int, for number: Int, evicting: Bool, now: Int64) throws(MagpieError) -> Int {
+    /// Asks the buckets other than `number`, one at a time, to lend up to `bytes` (see
+    /// `BucketState.lend`). Returns what they lent, which the caller now holds: it gives them to a
+    /// bucket's limit or to the pool.
+    func gatherRoom(_ bytes: Int, for number: Int, evicting: Bool, now: Int64) -> Int {
         var gathered = 0
-        defer { shared.ledger.pool.give(gathered) }
         var step = 1
         while step < bucketCount && gathered < bytes {
             let wanted = bytes - gathered
-            gathered += try buckets[(number + step) & (bucketCount - 1)].withLock {
-                (state: inout BucketState) throws(MagpieError) -> Int in
+            gathered += buckets[(number + step) & (bucketCount - 1)].withLock { (state: inout BucketState) -> Int in
                 // Its room is known once its index is; a bucket that cannot load lends nothing (its own
                 // operations report the failure), rather than failing a store into another bucket.
                 do { try state.loadIfNeeded() } catch { return 0 }
-                return try state.lend(upTo: wanted, evicting: evicting, now: now)
+                return state.lend(upTo: wanted, evicting: evicting, now: now)
             }
             step += 1
         }

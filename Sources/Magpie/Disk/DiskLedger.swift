@@ -11,7 +11,8 @@
 //  - pool (here, atomic): bytes no bucket holds. A bucket whose file must grow past its limit first
 //    takes from the pool; if the pool is short, the tier (holding no bucket lock) asks the other
 //    buckets, one at a time, to lend their free room (limit − size beyond a little slack, however far
-//    below a share that takes them), so a store evicts nothing while the tier has room anywhere, a
+//    below a share that takes them; handed to the borrowing bucket, not through the pool, where another
+//    thread's bucket could take them first), so a store evicts nothing while the tier has room anywhere, a
 //    record of the largest storable size included. Only when no bucket has room does a bucket reclaim
 //    its own oldest region; a record too large for that takes room from the others by making them give
 //    up their last slots (their regions emptied, entries evicted) down to half a share.

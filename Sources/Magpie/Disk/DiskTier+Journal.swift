@@ -168,7 +168,7 @@ extension DiskTier {
         guard wanted > 0 else { return true }
         var taken = ledger.pool.take(upTo: wanted)
         if taken < wanted {
-            _ = try bucketSet.gatherRoom(wanted - taken, for: 0, evicting: false, now: configuration.clock.now())
+            taken += bucketSet.gatherRoom(wanted - taken, for: 0, evicting: false, now: configuration.clock.now())
             taken += ledger.pool.take(upTo: wanted - taken)
         }
         guard taken == wanted else {

@@ -171,9 +171,10 @@ extension MemoryTier {
         freshness: Freshness, stamp: Int64
     ) -> StoreOutcome {
         let number = Int(truncatingIfNeeded: hash) & shardMask
-        return withBorrowedRoom { (policy) -> RoomOutcome<StoreOutcome> in
+        return withBorrowedRoom { (policy, granted) -> RoomOutcome<StoreOutcome> in
             let outcome = withShard(for: hash) {
-                $0.store(
+                $0.acceptGranted(granted)
+                return $0.store(
                     hash: hash, key: key, value: value, deadline: deadline, group: group, freshness: freshness, stamp: stamp,
                     policy: policy)
             }
@@ -184,8 +185,9 @@ extension MemoryTier {
         }
     }
 
-    /// Asks the shards other than `number`, one lock at a time, to lend up to `bytes` into the pool
-    /// (see `ShardStorage.lend`). Returns what they lent. Free room is taken from the nearest shards
+    /// Asks the shards other than `number`, one lock at a time, to lend up to `bytes` (see
+    /// `ShardStorage.lend`). Returns what they lent, which the caller now holds (`withBorrowedRoom` hands
+    /// it to the borrowing shard's limit). Free room is taken from the nearest shards
     /// first; evicting, each shard is asked for an equal part of what is still missing (so that no few
     /// shards lose half their entries while the others lose none), then, if some could not give their
     /// part, the shards are asked again for all that is missing. Out of line: inlined, it made every
@@ -205,7 +207,6 @@ extension MemoryTier {
                 step += 1
             }
         }
-        pool.give(gathered)
         return gathered
     }
 }

@@ -24,10 +24,12 @@ extension MemoryTier {
         let hash = hasher.hash(key)
         let number = Int(truncatingIfNeeded: hash) & shardMask
         var first = true  // a retry after gathering room is the same request: counted once
-        return withBorrowedRoom { policy -> RoomOutcome<Bool> in
+        return withBorrowedRoom { policy, granted -> RoomOutcome<Bool> in
             defer { first = false }
             return withShard(for: hash) {
-                $0.simulateRequest(hash: hash, key: key, valueLength: valueLength, policy: policy, counted: !first)
+                $0.acceptGranted(granted)
+                return $0.simulateRequest(
+                    hash: hash, key: key, valueLength: valueLength, policy: policy, counted: !first)
             }
         } gather: { bytes, evicting in
             gatherRoom(bytes, for: number, evicting: evicting)

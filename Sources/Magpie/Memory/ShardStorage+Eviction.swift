@@ -110,7 +110,13 @@ extension ShardStorage {
         return Shortfall(bytes: still + slack, fitsAlone: charge <= limit)
     }
 
-    /// Lends up to `wanted` bytes of its limit (the caller puts them in the pool): free room beyond the
+    /// Takes `granted` bytes that other shards lent it (`withBorrowedRoom`) into its limit.
+    @inline(__always)
+    mutating func acceptGranted(_ granted: Int) {
+        limit += granted
+    }
+
+    /// Lends up to `wanted` bytes of its limit (the caller hands them on): free room beyond the
     /// slack, never below half its share; with `evicting`, also by evicting down to half its share.
     /// Returns the bytes lent.
     mutating func lend(upTo wanted: Int, evicting: Bool) -> Int {

@@ -97,11 +97,12 @@ import Synchronization
 //
 // Invariants. `charged` (live and dead blocks) ≤ `limit` whenever the lock is free; Σ limits + pool +
 // bytes in flight == the tier's budget, where bytes in flight have been taken off a limit and not yet
-// added to the pool, or the other way round (a lender lowers its limit before the tier puts the bytes
-// in the pool; a borrower takes from the pool before it raises its limit), so the sum may fall short of
-// the budget during a loan but never passes it; a lender's limit never falls below half its share. A
-// shard raises its limit only with bytes it took from the pool, so the tier never charges more than its
-// budget, not even during a store: room is made before a block is added.
+// added to the pool or to the borrower's limit, or taken from the pool and not yet added to a limit (a
+// lender lowers its limit before the tier hands the bytes to the borrower; a borrower takes from the pool
+// before it raises its limit), so the sum may fall short of the budget during a loan but never passes
+// it; a lender's limit never falls below half its share. A shard raises its limit only with bytes it
+// took from the pool or that others lent it, so the tier never charges more than its budget, not even
+// during a store: room is made before a block is added.
 //
 // Rules.
 //  - A small entry that does not fit under the limit of a shard at its share evicts here, touching
@@ -112,11 +113,12 @@ import Synchronization
 //    charge) and gives it back. The store's only added cost is one compare (limit > share).
 //  - A large entry takes from the pool; if that is short, the shard reports the shortfall without
 //    changing anything (the key's previous value included), and the tier, holding no shard's lock,
-//    asks the other shards one lock at a time to lend their free room, nearest first, never below half
-//    their share; so a large store into a tier that has room evicts nothing. When they have no free
-//    room, an entry that fits the shard's own limit is stored by evicting here; a larger one makes every
-//    other shard evict an equal part (S3-FIFO order, each down to half its share at most) and lend it.
-//    Retries are bounded (MemoryTier+Bytes.swift, withBorrowedRoom); the last attempt evicts or refuses.
+//    asks the other shards one lock at a time to lend their free room (handed to this shard, not through
+//    the pool), nearest first, never below half their share; so a large store into a tier that has room
+//    evicts nothing. When they have no free room, an entry that fits the shard's own limit is stored by
+//    evicting here; a larger one makes every other shard evict an equal part (S3-FIFO order, each down to
+//    half its share at most) and lend it. Retries are bounded (MemoryTier+Bytes.swift, withBorrowedRoom);
+//    the last attempt (`.last`, which a shard treats as `.evict`) evicts or refuses.
 //  - An entry charged more than `largestCharge` can never fit: it is refused at once, borrowing and
 //    evicting nothing (and, as every refusal, removing the key's previous value).
 //  - A shard above its share gives back what its limit holds beyond max(share, charge + slack) after a

@@ -7,10 +7,10 @@ import Synchronization
 // its limit borrows: first from the tier's pool (atomic, below), then, through the tier (which holds no
 // stripe's lock while it asks), from the other stripes' free room, and only when no stripe has room to
 // lend does it evict its own entries; an entry larger than a stripe could hold alone makes the others
-// evict to lend. Invariant, per tier: Σ limits + pool + (bytes in flight between a lender and the pool)
-// == the budget, and every stripe's charge ≤ its limit, so the charge of the whole tier never exceeds
-// the budget, not even transiently. The tiers' own comments (ShardStorage.swift, DiskLedger.swift) give
-// their floors and slack.
+// evict to lend. Invariant, per tier: Σ limits + pool + (bytes in flight from a lender to the pool or to
+// the borrower it lent to) == the budget, and every stripe's charge ≤ its limit, so the charge of the
+// whole tier never exceeds the budget, not even transiently. The tiers' own comments (ShardStorage.swift,
+// DiskLedger.swift) give their floors and slack.
 
 /// Bytes of a tier's budget that no stripe holds.
 final class BudgetPool: Sendable {
@@ -46,8 +46,13 @@ final class BudgetPool: Sendable {
 enum RoomPolicy {
     /// Report the shortfall (nothing changed): the tier then gathers room from the other stripes.
     case borrow
-    /// Evict the stripe's own entries (the tier has no room elsewhere, or the entry is small).
+    /// Evict the stripe's own entries (the tier has no room elsewhere, or the entry is small). A disk
+    /// bucket still reports a shortfall, changing nothing, for a record that would not fit its limit even
+    /// alone (room it held for the record may have been lent away since the attempt that chose `.evict`).
     case evict
+    /// As `.evict`, and never a shortfall: what cannot fit even alone is refused (the last round, and a
+    /// stripe's own rewrites).
+    case last
 }
 
 /// What a stripe lacked: `bytes` more; `fitsAlone`: the entry would fit the stripe's own limit if it
@@ -64,29 +69,46 @@ enum RoomOutcome<Result> {
 }
 
 /// Runs `attempt` until it finds room: with `.borrow` first; after a shortfall `gather(bytes, evicting)`
-/// collects room from the other stripes into the pool (holding no stripe's lock) and the attempt runs
-/// again; when the others had no free room, an entry that fits its stripe alone is stored by evicting
-/// there (`.evict`), and a larger one makes the others evict to lend. Bounded: after 8 rounds the attempt
-/// runs with `.evict`, which never reports a shortfall.
+/// collects room from the other stripes (holding no stripe's lock; it cannot fail, so nothing gathered is
+/// dropped) and the attempt runs again, handed what was gathered (`granted`, which it adds to its
+/// stripe's limit under the stripe's lock before anything else: `acceptGranted`); when the others had no
+/// free room, an entry that fits its stripe alone is stored by evicting there (`.evict`), and a larger one
+/// makes the others evict to lend. Bounded: after 8 rounds the attempt runs with `.last`, which never
+/// reports a shortfall.
+///
+/// Lent room goes to the borrowing stripe, never through the pool, where whichever stripe of another
+/// thread borrowed first took it. And a stripe's room is lendable between two attempts, so `.evict` may
+/// still find an entry too large for the limit alone (a disk bucket then reports it short rather than
+/// evicting everything in vain). Before both, a record that did not fit its bucket alone was refused as
+/// too large, after its bucket had evicted every entry, although the tier had room for it (seen in CI
+/// about once in 80 runs of a test: a 570 KB record into a 4 MiB disk tier of 8 buckets while another
+/// thread wrote a memtable).
 @inline(__always)
 func withBorrowedRoom<R, E: Error>(
-    _ attempt: (RoomPolicy) throws(E) -> RoomOutcome<R>, gather: (_ bytes: Int, _ evicting: Bool) throws(E) -> Int
+    _ attempt: (_ policy: RoomPolicy, _ granted: Int) throws(E) -> RoomOutcome<R>,
+    gather: (_ bytes: Int, _ evicting: Bool) -> Int
 ) throws(E) -> R {
     var policy = RoomPolicy.borrow
     var rounds = 0
+    var granted = 0
     while true {
         let shortfall: Shortfall
-        switch try attempt(policy) {
+        let handed = granted
+        granted = 0
+        switch try attempt(policy, handed) {
         case .done(let result): return result
         case .short(let lacking): shortfall = lacking
         }
         rounds += 1
-        let gathered = try gather(shortfall.bytes, false)
-        if gathered >= shortfall.bytes && rounds < 8 { continue }  // there was room: try again with it
-        if shortfall.fitsAlone || rounds >= 8 {
+        granted = gather(shortfall.bytes, false)
+        if rounds >= 8 {
+            policy = .last
+        } else if granted >= shortfall.bytes {
+            continue  // there was room: try again with it
+        } else if shortfall.fitsAlone {
             policy = .evict
         } else {
-            _ = try gather(shortfall.bytes - gathered, true)
+            granted += gather(shortfall.bytes - granted, true)
         }
     }
 }
