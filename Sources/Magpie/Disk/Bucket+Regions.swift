@@ -170,9 +170,13 @@ extension BucketState {
         // `.evict` was chosen when the record fitted the limit alone; the room may have been lent since (a
         // bucket's free room is another's to borrow between two attempts). Evicting every region here would
         // not make it fit: report what is missing instead, nothing changed, and the tier gathers it.
-        if policy == .evict {
+        // `.last` refuses it here, before anything changes (reclaiming every region would not help).
+        if policy != .borrow {
             let alone = BucketFileHeader.size + slotsFor(largest) * regionSize
             if alone > limit, let short = reserveRoom(alone - size, policy: .borrow) {
+                guard policy == .evict else {
+                    throw MagpieError(.valueTooLarge, "a \(largest)-byte record does not fit the disk tier's budget", path: context.path)
+                }
                 return .short(Shortfall(bytes: short.bytes, fitsAlone: false))
             }
         }

@@ -26,15 +26,15 @@ extension BucketState {
         return Shortfall(bytes: still + slack, fitsAlone: length + BucketFileHeader.size <= limit)
     }
 
-    /// Takes `granted` bytes that other buckets lent it (`withBorrowedRoom`) into its limit; a bucket that
-    /// is closed or not loaded (its limit is set at its load) puts them in the pool instead.
+    /// Takes `granted` bytes that other buckets lent it (`withBorrowedRoom`) into its limit, up to the
+    /// largest limit (its index addresses no more); the rest, and all of it for a bucket closed or not
+    /// loaded (its limit is set at its load), goes to the pool.
     mutating func acceptGranted(_ granted: Int) {
         guard granted > 0 else { return }
-        guard isOpen && loaded else {
-            context.ledger.pool.give(granted)
-            return
-        }
-        limit += granted
+        let taken = isOpen && loaded ? min(granted, max(0, context.ledger.maximumLimit - limit)) : 0
+        context.ledger.pool.give(granted - taken)
+        guard taken > 0 else { return }
+        limit += taken
         if let mapping, limit > mapping.length {
             remap(length: min(context.ledger.maximumLimit, max(limit, 2 * mapping.length)))
         }
@@ -95,6 +95,7 @@ extension BucketState {
             try FileIO.truncate(fd, to: end, path: context.path)
         }
         slotCount = cut
+        context.ledger.noteFileCut()
         freeSlots.removeLast(freeSlots.count - cut)
     }
 }

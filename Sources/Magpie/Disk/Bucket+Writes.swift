@@ -134,6 +134,7 @@ extension BucketState {
     /// learns it all again from the file).
     mutating func forgetRegions() {
         liveBytes = 0
+        if slotCount > 0 { context.ledger.noteFileCut() }
         slotCount = 0
         regions = []
         freeSlots = []

@@ -1,3 +1,5 @@
+import Synchronization
+
 // MARK: - The tier's byte ledger: one budget, lent between buckets
 //
 // Everything the tier writes in its directory fits in ``DiskTier/Configuration/budget`` bytes:
@@ -44,6 +46,16 @@ final class DiskLedger: Sendable {
 
     /// What the MANIFEST (and its temporary file at creation) may take of the budget.
     static let manifestAllowance = 128
+
+    /// How many times a bucket's file lost slots (a shrink to lend, an emptying). Room only moves from one
+    /// bucket's size to another's through such a cut, so a sum of sizes read one bucket at a time while
+    /// this count did not change is within the budget (`DiskTier.statistics`). Changed under the bucket's
+    /// lock, whose release publishes it; read with acquiring loads, so that the bucket reads between two
+    /// of them stay between them.
+    private let fileCuts = Atomic<UInt64>(0)
+
+    func noteFileCut() { fileCuts.add(1, ordering: .relaxed) }
+    var fileCutCount: UInt64 { fileCuts.load(ordering: .acquiring) }
 
     init(pool: Int, share: Int, maximumLimit: Int) {
         self.pool = BudgetPool(pool)

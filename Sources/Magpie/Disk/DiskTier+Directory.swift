@@ -287,14 +287,30 @@ extension DiskTier {
 
     /// The counters and sizes of all buckets. Waits for the buckets whose indexes are still loading
     /// after the open, and for the loader thread's end (see `Disk/BucketLoader.swift`): a bucket that
-    /// fails to load counts as empty. Read with every bucket's lock held at once (taken in order; no
-    /// other code holds two), so that the sums are of one instant: summed one bucket at a time, room a
-    /// lender gave up after it was read and a borrower grew by before it was read counted twice, and
-    /// `bytesOnDisk` exceeded the budget (seen in a test, once in 300 runs under load: 4.92 MB of 4 MiB).
+    /// fails to load counts as empty. Read one bucket at a time, and read again (up to 3 times) if a
+    /// bucket's file lost slots meanwhile: room that a lender gave up after it was read, and that a
+    /// borrower grew by before it was read, counted twice, and `bytesOnDisk` exceeded the budget (seen in
+    /// a test, once in 300 runs under load: 4.92 MB of 4 MiB). After that, read with every bucket's lock
+    /// held at once (taken in order; no other code holds two), which stalls each bucket's operations
+    /// while a later bucket's lock is awaited.
     public var statistics: DiskTierStatistics {
-        for bucket in buckets { bucket.withLock { state in try? state.loadIfNeeded() } }
         var total = DiskTierStatistics()
-        sumLocked(from: 0, into: &total)
+        var consistent = false
+        for _ in 0..<3 where !consistent {
+            let cuts = ledger.fileCutCount
+            total = DiskTierStatistics()
+            for bucket in buckets {
+                bucket.withLock { state in
+                    try? state.loadIfNeeded()
+                    Self.add(state, to: &total)
+                }
+            }
+            consistent = ledger.fileCutCount == cuts
+        }
+        if !consistent {
+            total = DiskTierStatistics()
+            sumLocked(from: 0, into: &total)
+        }
         loader.waitUntilFinished()  // and for the strays an open that read SIZES left to it
         total.missingBucketFiles = missingBucketFiles + health.bucketFilesRecreatedSinceOpen
         total.originalValueBytes = bucketSet.originalBytes.load(ordering: .relaxed)
@@ -303,37 +319,41 @@ extension DiskTier {
     }
 
     /// Adds bucket `number`'s counters and those of every bucket after it to `total`, holding the lock of
-    /// each until all are read.
+    /// each until all are read. (A bucket that fails to load counts as empty; no load is tried with every
+    /// lock held: the read above tried.)
     private func sumLocked(from number: Int, into total: inout DiskTierStatistics) {
         guard number < buckets.count else { return }
         buckets[number].withLock { state in
-            // Loaded by the caller, unless that failed: then it counts as empty (no load is tried again
-            // with every lock held).
-            let c = state.counters
-            total.hits += c.hits
-            total.misses += c.misses
-            total.writes += c.writes
-            total.removals += c.removals
-            total.evictions += c.evictions
-            total.regionsReclaimed += c.reclaims
-            total.regionsEvacuated += c.evacuations
-            total.reinsertions += c.reinsertions
-            total.reinsertedBytes += c.reinsertedBytes
-            total.bytesWritten += c.bytesWritten
-            total.corruptRecords += c.corruptRecords
-            total.truncatedTails += c.truncatedTails
-            total.expired += c.expired
-            if c.openedFromSnapshot { total.bucketsOpenedFromSnapshot += 1 }
-            total.entries += state.index.count
-            total.liveBytes += state.liveBytes
-            total.bytesOnDisk += state.size
-            total.bufferedBytes += (state.active?.count ?? 0) + (state.sealing?.count ?? 0)
-            total.regions += state.regions.count
-            total.lostBufferedStores += c.lostBufferedRecords
-            total.droppedForDamage += c.droppedForDamage
-            total.indexBytes += state.index.bytes
+            Self.add(state, to: &total)
             sumLocked(from: number + 1, into: &total)
         }
+    }
+
+    /// Adds one bucket's counters and sizes to `total` (under its lock).
+    private static func add(_ state: borrowing BucketState, to total: inout DiskTierStatistics) {
+        let c = state.counters
+        total.hits += c.hits
+        total.misses += c.misses
+        total.writes += c.writes
+        total.removals += c.removals
+        total.evictions += c.evictions
+        total.regionsReclaimed += c.reclaims
+        total.regionsEvacuated += c.evacuations
+        total.reinsertions += c.reinsertions
+        total.reinsertedBytes += c.reinsertedBytes
+        total.bytesWritten += c.bytesWritten
+        total.corruptRecords += c.corruptRecords
+        total.truncatedTails += c.truncatedTails
+        total.expired += c.expired
+        if c.openedFromSnapshot { total.bucketsOpenedFromSnapshot += 1 }
+        total.entries += state.index.count
+        total.liveBytes += state.liveBytes
+        total.bytesOnDisk += state.size
+        total.bufferedBytes += (state.active?.count ?? 0) + (state.sealing?.count ?? 0)
+        total.regions += state.regions.count
+        total.lostBufferedStores += c.lostBufferedRecords
+        total.droppedForDamage += c.droppedForDamage
+        total.indexBytes += state.index.bytes
     }
 }
 
