@@ -12,7 +12,8 @@ import Synchronization
 ///             the restarted server was up (0 = not yet)
 ///   status    16 words per worker: 0 the last instant its change feed was seen confirmed
 ///   keys      8 words per key: 0 lock, 1 next version, 2 latest version, 3 latest returned at,
-///             4 latest was a removal, 5 previous version, 6 previous returned at
+///             4 latest was a removal, 5 previous version, 6 previous returned at, 7 the record's
+///             sequence (odd while a write changes words 2-6: a reader retries, see `truth`)
 ///   probes    (1 + workers) words per probe: 0 the write returned at, 1 + w dropped on worker w
 ///
 /// Writes of one key (sets, removals, an origin load's fill) hold the key's lock across the system's
@@ -138,13 +139,26 @@ final class FleetShared: @unchecked Sendable {
     /// A new version of `key` (the caller holds its lock).
     func nextVersion(_ key: Int) -> Int64 { add(keyWord(key, 1), 1) + 1 }
 
-    /// Records that the write of `version` returned at `now` (the caller holds the key's lock).
-    func recordWrite(_ key: Int, version: Int64, removal: Bool, now: Int64) {
+    /// Records that the write of `version` returned at `now` (the caller holds the key's lock, so writes
+    /// of one key never overlap). A seqlock: word 7 is odd while words 2-6 change, so that `truth` never
+    /// pairs one write's version with another's instant. (Read field by field, a reader between the
+    /// version's store and its instant's saw the new version with the old one's return instant, and
+    /// judged a read of the old version replaced when the old version was itself written: counted stale
+    /// beyond the bound when the writer was descheduled there for as long as the bound, possible on a
+    /// loaded 2-core machine, and the likely cause of the one such read `BenchFleetTests` counted once
+    /// inside a pause window, TESTING.md.) `midway`, for tests, runs between the fields' stores.
+    func recordWrite(_ key: Int, version: Int64, removal: Bool, now: Int64, midway: (() -> Void)? = nil) {
+        let sequence = keyWord(key, 7)
+        let begun = load(sequence) + 1
+        store(sequence, begun)
+        atomicMemoryFence(ordering: .releasing)  // the odd sequence is seen before any field changes
         store(keyWord(key, 5), load(keyWord(key, 2)))
         store(keyWord(key, 6), load(keyWord(key, 3)))
         store(keyWord(key, 2), version)
+        midway?()
         store(keyWord(key, 3), now)
         store(keyWord(key, 4), removal ? 1 : 0)
+        store(sequence, begun + 1)  // releasing: the fields are seen before the even sequence
     }
 
     struct Truth {
@@ -155,10 +169,26 @@ final class FleetShared: @unchecked Sendable {
         var previousAt: Int64
     }
 
-    func truth(_ key: Int) -> Truth {
-        Truth(latest: load(keyWord(key, 2)), latestAt: load(keyWord(key, 3)), removal: load(keyWord(key, 4)) != 0,
-              previous: load(keyWord(key, 5)), previousAt: load(keyWord(key, 6)))
+    /// The key's latest and previous writes as one write left them, or nil when a write was changing them
+    /// through all of `attempts` reads (its writer descheduled midway): the caller then judges nothing.
+    func truth(_ key: Int, attempts: Int = 64) -> Truth? {
+        let sequence = keyWord(key, 7)
+        for attempt in 0..<attempts {
+            let before = load(sequence)  // acquiring: the fields are read after it
+            if before & 1 == 0 {
+                let truth = Truth(
+                    latest: load(keyWord(key, 2)), latestAt: load(keyWord(key, 3)), removal: load(keyWord(key, 4)) != 0,
+                    previous: load(keyWord(key, 5)), previousAt: load(keyWord(key, 6)))
+                atomicMemoryFence(ordering: .acquiring)  // the fields are read before the sequence again
+                if load(sequence) == before { return truth }
+            }
+            if attempt >= 8 { sched_yield() }
+        }
+        return nil
     }
+
+    /// The key's latest version (one word: never torn).
+    func latestVersion(_ key: Int) -> Int64 { load(keyWord(key, 2)) }
 
     // Probes.
     func probeWord(_ probe: Int, _ field: Int) -> Int {

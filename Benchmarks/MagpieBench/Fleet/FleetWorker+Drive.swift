@@ -79,7 +79,7 @@ extension FleetInstance {
         }
         tally.originCalls += 1
         if options.originUs > 0 { usleep(UInt32(options.originUs)) }
-        let version = table.truth(key).latest
+        let version = table.latestVersion(key)
         do {
             try write(key, value(key, version: version))
         } catch {
@@ -111,10 +111,10 @@ extension FleetInstance {
     /// A read of `version` that started at `readStarted` is stale beyond the bound when a newer version
     /// had replaced it more than the bound before the read began (the replacing write's return instant
     /// is known exactly when it is the latest or the one before; older ones replaced it no later than
-    /// the previous write returned, so this never over-counts).
+    /// the previous write returned, so this never over-counts). A read whose key's record stayed mid-write
+    /// through every attempt to read it whole is not judged (rare: its writer was descheduled midway).
     private func judge(_ key: Int, version: Int64, readStarted: Int64, remote: Bool, tally: FleetTally) {
-        let truth = table.truth(key)
-        guard version < truth.latest else { return }
+        guard let truth = table.truth(key), version < truth.latest else { return }
         let replacedAt = version == truth.previous ? truth.latestAt : truth.previousAt
         guard replacedAt > 0, replacedAt < readStarted - boundNs else { return }
         tally.staleBeyondBound += 1

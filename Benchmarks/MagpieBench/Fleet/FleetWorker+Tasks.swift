@@ -131,7 +131,7 @@ extension FleetInstance {
         }
         tally.originCalls += 1
         if options.originUs > 0 { try? await Task.sleep(for: .microseconds(options.originUs)) }
-        let version = table.truth(key).latest
+        let version = table.latestVersion(key)
         do {
             try await writeAsync(key, value(key, version: version))
         } catch {
