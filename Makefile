@@ -107,7 +107,7 @@ TSAN_BUILD := --sanitize=thread --scratch-path .build-tsan --disable-default-tra
 TSAN_ENV := MAGPIE_CI_SUBSET=tsan TSAN_OPTIONS="detect_deadlocks=0 halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan-suppressions.txt"
 tsan: deps
 	$(TSAN_ENV) scripts/keep-resolved.sh swift test $(TSAN_BUILD) \
-	  --filter "Cache|MemoryTierPropertyTests|MemoryBudgetTests|DiskTierConcurrencyTests|DiskLazyOpenTests|DiskSizesTests|DiskMemtableTests"
+	  --filter "Cache|MemoryTierPropertyTests|MemoryBudgetTests|DiskTierConcurrencyTests|DiskLazyOpenTests|DiskSizesTests|DiskMemtableTests|ThreadContextsTests"
 	$(TSAN_ENV) scripts/keep-resolved.sh swift test $(TSAN_BUILD) \
 	  --filter MemoryLockFreeReadTests
 	$(TSAN_ENV) scripts/keep-resolved.sh swift test $(TSAN_BUILD) \
@@ -121,7 +121,7 @@ tsan: deps
 ASAN_BUILD := --sanitize=address --scratch-path .build-asan
 asan: deps
 	ASAN_OPTIONS="detect_leaks=0 halt_on_error=1" MAGPIE_CI_SUBSET=core scripts/keep-resolved.sh swift test $(ASAN_BUILD) \
-	  --filter "MemoryLockFreeReadTests|MemoryTierPropertyTests|MemoryBudgetTests|MemoryTierExpiryGroupTests|CacheLoaderTests"
+	  --filter "MemoryLockFreeReadTests|MemoryTierPropertyTests|MemoryBudgetTests|MemoryTierExpiryGroupTests|CacheLoaderTests|ByteArrayFillTests|ThreadContextsTests"
 
 # DocC: builds the symbol graph and the catalog, failing on any warning (undocumented parameter,
 # broken link).

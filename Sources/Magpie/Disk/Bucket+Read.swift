@@ -41,6 +41,27 @@ enum ReadScratch {
     }
 }
 
+/// A raw payload copied out of the file's mapping into the array a read returns
+/// (``Swift/Array/init(count:filledBy:)``), and checked against its hash as it lies there.
+private struct MappedPayload: ByteFiller {
+    let mapping: FileMapping
+    /// Where the payload starts in the file.
+    let offset: Int
+    /// The record's payload hash.
+    let hash: UInt64
+    /// After `fill`: nil when the mapping could not serve the copy (the range is outside it, or a SIGBUS
+    /// interrupted it), else whether the bytes copied match `hash`.
+    var intact: Bool? = nil
+
+    mutating func fill(_ buffer: UnsafeMutableRawBufferPointer) {
+        guard mapping.copy(at: offset, into: buffer) else {
+            buffer.initializeMemory(as: UInt8.self, repeating: 0)  // an interrupted copy left a prefix
+            return
+        }
+        intact = KeyHash.payloadHash(UnsafeRawBufferPointer(buffer)) == hash
+    }
+}
+
 /// What a candidate slot holds, as far as a read can tell (the entry itself travels apart, as an
 /// optional: an enum carrying it cost value-witness calls on every read, measured).
 private enum Verdict {
@@ -141,6 +162,16 @@ extension BucketState {
             var entry = Self.entry(prefix, header, payload: [])
             entry.frameInReadScratch = frame
             return entry
+        }
+        if let mapping, !FileIO.mayInject {
+            var copy = MappedPayload(mapping: mapping, offset: payloadAt, hash: header.payloadHash)
+            let payload = [UInt8](count: header.storedLength, filledBy: &copy)
+            if let intact = copy.intact {
+                guard intact else { return nil }
+                verdict = .value
+                return Self.entry(prefix, header, payload: payload)
+            }
+            // The mapping could not serve the copy: read again below, where `pread` tells what failed.
         }
         var failure: MagpieError? = nil
         var intact = false

@@ -21,6 +21,11 @@ package enum FileIO {
     /// Set by tests while any failure is injected: I/O in tests pays one relaxed load when none is.
     package static let hasInjections = Atomic<Bool>(false)
 
+    /// Whether a test has injected failures: a read that bypasses ``read(_:mapping:into:at:path:)`` (a
+    /// mapped copy of its own) must go through it instead while this holds.
+    @inline(__always)
+    static var mayInject: Bool { hasInjections.load(ordering: .relaxed) }
+
     @inline(__always)
     private static func injected(_ call: String, _ path: String) throws(MagpieError) {
         guard hasInjections.load(ordering: .relaxed) else { return }
@@ -30,6 +35,9 @@ package enum FileIO {
         }
     }
     #else
+    @inline(__always)
+    static var mayInject: Bool { false }
+
     @inline(__always)
     private static func injected(_ call: String, _ path: String) throws(MagpieError) {}
     #endif
