@@ -31,4 +31,14 @@ static inline void magpie_prefetch(const void *start, size_t count) {
     }
 }
 
+/// A relaxed atomic load and store of a word: the disk tier's read hints (Disk/BucketReadHints.swift), written
+/// under a bucket's lock and read without it, only ever as prefetch addresses.
+static inline uintptr_t magpie_load_relaxed(const uintptr_t *word) {
+    return __atomic_load_n(word, __ATOMIC_RELAXED);
+}
+
+static inline void magpie_store_relaxed(uintptr_t *word, uintptr_t value) {
+    __atomic_store_n(word, value, __ATOMIC_RELAXED);
+}
+
 #endif

@@ -132,6 +132,10 @@ struct BucketIndex {
     }
 
     var capacity: Int { slots.count }
+    /// Where the slots are stored, and how many (a prefetch hint: Disk/BucketReadHints.swift).
+    var storage: (slots: UInt, capacity: UInt) {
+        slots.withUnsafeBufferPointer { (UInt(bitPattern: $0.baseAddress), UInt($0.count)) }
+    }
     var bytes: Int { slots.count * MemoryLayout<DiskSlot>.stride }
 
     /// Where the probe for `tag` starts.

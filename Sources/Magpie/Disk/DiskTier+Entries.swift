@@ -29,10 +29,13 @@ extension DiskTier {
     package func entry(_ key: HashedKey) throws(MagpieError) -> DiskEntry? {
         try checkKey(key)
         var failure: MagpieError? = nil
-        let found = unownedBuckets[Self.bucket(of: key.hash, count: bucketCount)]._withUnsafeGuaranteedRef { bucket in
+        let number = Self.bucket(of: key.hash, count: bucketCount)
+        readHints.prefetch(bucket: number, tag: DiskSlot.tag(of: key.hash))  // see Disk/BucketReadHints.swift
+        let found = unownedBuckets[number]._withUnsafeGuaranteedRef { bucket in
             bucket.withLock { (state: inout BucketState) -> DiskEntry? in
                 do throws(MagpieError) {
                     try state.loadIfNeeded()
+                    defer { readHints.noteIndex(bucket: number, state.index) }
                     return try state.readValue(key)
                 } catch {
                     failure = error

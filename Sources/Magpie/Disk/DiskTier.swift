@@ -111,6 +111,8 @@ public final class DiskTier: Sendable {
     /// The same buckets, reached without retain and release on the read and write paths. Valid while
     /// `buckets` holds them (as long as this tier lives).
     let unownedBuckets: [Unmanaged<Locked<BucketState>>]
+    /// Where a read's first misses lie, to ask for them before the bucket's lock (Disk/BucketReadHints.swift).
+    let readHints: BucketReadHints
     let compression: ZstdPool
     /// The buckets apart from this object, for the sealer thread (Disk/BucketSet.swift).
     let bucketSet: BucketSet
@@ -264,6 +266,9 @@ public final class DiskTier: Sendable {
             self.hasher = hasher
             self.buckets = buckets
             self.unownedBuckets = buckets.map { Unmanaged.passUnretained($0) }
+            let readHints = BucketReadHints(count: count)
+            readHints.register(buckets)
+            self.readHints = readHints
             self.lockFile = Locked(lockFD)
             self.missingBucketFiles = missing
             self.directory = directory

@@ -68,6 +68,12 @@ package final class Locked<State>: @unchecked Sendable {
         mutex.address.deallocate()
     }
 
+    /// Where the mutex and the state live (they never move while this object lives): for prefetching
+    /// (Disk/BucketReadHints.swift), never for access.
+    var addresses: (mutex: UnsafeRawPointer, state: UnsafeRawPointer) {
+        (UnsafeRawPointer(mutex.address), UnsafeRawPointer(state))
+    }
+
     /// Runs `body` with exclusive access to the state.
     package func withLock<R, E: Error>(_ body: (inout State) throws(E) -> R) throws(E) -> R {
         mutex.lock()
