@@ -4,7 +4,8 @@ import CZstd
 ///
 /// Creating a context costs far more than compressing a 4 KiB blob, so a context is made once and
 /// reused for every blob. A context is not thread-safe: it is `~Copyable` and not `Sendable`, so one
-/// owner at a time uses it (the disk tier lends them out from a pool, see ZstdPool.swift). `deinit` frees it.
+/// owner at a time uses it (the disk tier lends compression contexts out from a pool and keeps a
+/// decompression context per thread, see ZstdPool.swift). `deinit` frees it.
 ///
 /// This file is the only code that imports `CZstd`.
 package struct ZstdCompressor: ~Copyable {

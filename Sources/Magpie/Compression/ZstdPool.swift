@@ -1,7 +1,9 @@
 import Glibc
 
-/// A pool of zstd contexts shared by many threads: a caller takes a context, uses it outside any lock,
-/// and gives it back. The pool holds at most as many contexts of each kind as were ever in use at once.
+/// A pool of zstd compression contexts shared by many threads: a caller takes a context, uses it outside
+/// any lock, and gives it back. The pool holds at most as many contexts as were ever in use at once.
+/// Decompression uses the calling thread's own context instead (``ThreadDecompressors``): it runs on every
+/// disk read of a compressed value, compression only when a memtable is written.
 final class ZstdPool: Sendable {
     /// A context in a box, so the pool can hold `~Copyable` contexts in an array.
     private final class CompressorBox {
