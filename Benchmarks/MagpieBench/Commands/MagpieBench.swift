@@ -7,7 +7,7 @@ struct MagpieBench: AsyncParsableCommand {
         commandName: "magpie-bench",
         abstract: "Measures Magpie and the caches it replaces on the same workload, in one process.",
         version: magpieBenchVersion,
-        subcommands: [Suite.self, Memory.self, Disk.self, Tiered.self, Loader.self, Stress.self, Replay.self, Sweep.self, RedisBench.self, FleetBench.self, FleetAsyncBench.self, FleetWorker.self, Compare.self, RenderReport.self, TraceGen.self],
+        subcommands: [Suite.self, Memory.self, Disk.self, Tiered.self, Loader.self, Stress.self, Replay.self, Sweep.self, RedisBench.self, FleetBench.self, FleetAsyncBench.self, DiskTasksBench.self, FleetWorker.self, Compare.self, RenderReport.self, TraceGen.self],
         defaultSubcommand: Suite.self)
 
     /// Parses and runs the command, with the library's log lines sent to a file (BenchLogging.swift).

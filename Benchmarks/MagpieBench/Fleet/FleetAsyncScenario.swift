@@ -126,40 +126,12 @@ struct FleetAsyncScenario {
     }
 
     /// Runs `operation(i)` for i in 0..<count from `tasks` concurrent tasks (each takes the next i), on
-    /// the global executor; a row with the rate, each operation's latency, and the share that found
-    /// something.
+    /// the global executor (Scenarios/TaskDriver.swift); a row with the rate, each operation's latency,
+    /// and the share that found something.
     private func timed(
         _ workload: String, system: String, tasks: Int, count: Int, _ operation: @escaping @Sendable (Int) async throws -> Bool
     ) async throws -> BenchResult {
-        let next = FleetAsyncCounter()
-        let start = ContinuousClock.now
-        let tallies = await withTaskGroup(of: FleetAsyncTally.self) { group -> [FleetAsyncTally] in
-            for _ in 0..<tasks {
-                group.addTask {
-                    var tally = FleetAsyncTally()
-                    while true {
-                        let i = next.take()
-                        guard i < count else { break }
-                        let began = ContinuousClock.now
-                        do {
-                            if try await operation(i) { tally.found += 1 }
-                        } catch {
-                            tally.errors += 1
-                        }
-                        let elapsed = ContinuousClock.now - began
-                        tally.latency.record(UInt64(max(1, elapsed.components.attoseconds / 1_000_000_000 + elapsed.components.seconds * 1_000_000_000)))
-                    }
-                    return tally
-                }
-            }
-            var all: [FleetAsyncTally] = []
-            for await tally in group { all.append(tally) }
-            return all
-        }
-        let elapsed = ContinuousClock.now - start
-        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-        var total = FleetAsyncTally()
-        for tally in tallies { total.merge(tally) }
+        let (total, seconds) = await driveTasks(tasks: tasks, count: count, operation) { $1 }
         return BenchResult(
             scenario: "fleet-async", system: system, threads: tasks, operations: count, seconds: seconds,
             ops_per_sec: Double(count) / seconds, latency_ns: Percentiles(total.latency),
@@ -192,34 +164,6 @@ struct FleetAsyncCache {
 
     func close() async {
         try? await cache.shutdown(replayingFor: .seconds(1))
-    }
-}
-
-final class FleetAsyncCounter: Sendable {
-    private let value = NSLockedInt()
-    func take() -> Int { value.next() }
-}
-
-final class NSLockedInt: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value = 0
-    func next() -> Int {
-        lock.lock()
-        defer { lock.unlock() }
-        value += 1
-        return value - 1
-    }
-}
-
-struct FleetAsyncTally: Sendable {
-    var latency = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
-    var found = 0
-    var errors = 0
-
-    mutating func merge(_ other: FleetAsyncTally) {
-        latency.add(other.latency)
-        found += other.found
-        errors += other.errors
     }
 }
 

@@ -1,0 +1,125 @@
+import ArgumentParser
+import Foundation
+import Magpie
+
+// `magpie-bench disk-tasks`: disk reads called the way services call them, from N concurrent tasks on
+// Swift's global executor, through `cache.async` (the read runs on the cache's own I/O threads, never on
+// the cooperative pool) beside the plain alternative at the same concurrency: the same cache's synchronous
+// read called inside the task, which holds the task's cooperative thread for the read (what a service
+// does that calls a synchronous cache from async code; fine while the page cache holds the file, a
+// stalled cooperative thread when it does not).
+//
+// One cache: a disk tier holding `--keys` values of the disk scenario's kind (half JSON-like text, zstd,
+// half random bytes, raw), every one stored disk-only, so each read is a disk hit (no promotion); a
+// small memory tier. Per concurrency (default 1, 16 and 256 tasks), in one run: `magpie-sync`, then
+// `magpie-async`, each over the same uniformly drawn keys. Each read is checked against its value's
+// digest outside the timed span; a row with any wrong read fails the run.
+
+struct DiskTasksBench: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "disk-tasks",
+        abstract: "Disk hits from 1, 16 and 256 async tasks: cache.async.value beside the synchronous read called in the task.")
+
+    @Option(parsing: .upToNextOption, help: "Concurrent tasks per measurement.") var tasks: [Int] = [1, 16, 256]
+    @Option(help: "Distinct keys (page-cache hot).") var keys = 20_000
+    @Option(help: "Value size in bytes (half JSON-like text, half random bytes).") var valueSize = 4096
+    @Option(help: "Reads per row (a quarter of it at 1 task).") var gets = 100_000
+    @Option(help: "Seed of the values and the keys read.") var seed: UInt64 = 42
+    @Option(help: "Parent directory for the cache directory (removed afterwards).") var workDirectory: String?
+    @OptionGroup var outputOptions: OutputOptions
+
+    func run() async throws {
+        let results = try await DiskTasksScenario(options: self).run(progress: progressLine)
+        printDiskTasksSummary(results)
+        if let json = outputOptions.json {
+            try Report(date: timestamp(), machine: .current(), config: ["disk-tasks": .object(config)], results: results)
+                .write(to: json)
+            print("\nwrote \(json)")
+        }
+    }
+
+    /// Every workload parameter, for the JSON report.
+    var config: [String: JSONValue] {
+        [
+            "tasks": .array(tasks.map { .int($0) }), "keys": .int(keys), "value_size": .int(valueSize), "gets": .int(gets),
+            "seed": .int(Int(truncatingIfNeeded: seed)), "entries": .string("disk-only (every read a disk hit)"),
+        ]
+    }
+}
+
+struct DiskTasksScenario {
+    let options: DiskTasksBench
+
+    func run(progress: (String) -> Void) async throws -> [BenchResult] {
+        let parent = options.workDirectory ?? NSTemporaryDirectory()
+        let directory = (parent as NSString).appendingPathComponent("magpie-bench-disk-tasks-\(getpid())")
+        try? FileManager.default.removeItem(atPath: directory)
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+
+        let values = DiskValues(size: options.valueSize, seed: options.seed)
+        let keyNames = (0..<options.keys).map { values.key($0) }
+        let digest = KeyHash(seed: 0)
+        let digests = (0..<options.keys).map { digest.hash(values.value($0)) }
+        var configuration = Cache.Configuration(
+            directory: directory, memoryBudget: 1 << 20, diskBudget: max(64 << 20, values.totalBytes(options.keys) * 2))
+        configuration.metrics = nil
+        let cache = try Cache(configuration)
+        progress("disk-tasks: storing \(options.keys) values of \(options.valueSize) bytes, disk-only")
+        let diskOnly = EntryOptions(tiers: .diskOnly)
+        for i in 0..<options.keys { try cache.set(values.value(i), forKey: keyNames[i], options: diskOnly) }
+        try cache.flush()
+
+        let keys = options.keys
+        let seed = options.seed
+        @Sendable func key(_ i: Int) -> Int { Int(truncatingIfNeeded: splitmix64(seed ^ 0x7A5C &+ UInt64(i)) % UInt64(keys)) }
+        let check: @Sendable (Int, [UInt8]?) -> Bool = { i, value in value.map { digest.hash($0) == digests[key(i)] } ?? false }
+        var results: [BenchResult] = []
+        for tasks in options.tasks {
+            let count = tasks == 1 ? options.gets / 4 : options.gets
+            progress("disk-tasks: \(tasks) task(s), the synchronous read in the task ×\(count)")
+            results.append(
+                try await row("magpie-sync", tasks: tasks, count: count, check: check) { i in try cache.value(forKey: keyNames[key(i)]) })
+            progress("disk-tasks: \(tasks) task(s), cache.async.value ×\(count)")
+            results.append(
+                try await row("magpie-async", tasks: tasks, count: count, check: check) { i in try await cache.async.value(forKey: keyNames[key(i)]) })
+        }
+        let hits = cache.statistics.disk?.hits ?? 0
+        try cache.close()
+        let reads = results.reduce(0) { $0 + $1.operations }
+        guard hits >= UInt64(reads) else { throw BenchError("\(hits) disk hits for \(reads) reads: some reads did not reach the disk tier") }
+        return results
+    }
+
+    private func row(
+        _ system: String, tasks: Int, count: Int, check: @escaping @Sendable (Int, [UInt8]?) -> Bool,
+        _ read: @escaping @Sendable (Int) async throws -> [UInt8]?
+    ) async throws -> BenchResult {
+        let (tally, seconds) = await driveTasks(tasks: tasks, count: count, read, check: check)
+        guard tally.errors == 0, tally.found == count else {
+            throw BenchError("\(system), \(tasks) tasks: \(count - tally.found) of \(count) reads wrong or missing, \(tally.errors) errors")
+        }
+        return BenchResult(
+            scenario: "disk-tasks", system: system, threads: tasks, operations: count, seconds: seconds,
+            ops_per_sec: Double(count) / seconds, latency_ns: Percentiles(tally.latency),
+            hit_ratio: Double(tally.found) / Double(max(1, count)),
+            extra: ["workload": .string("get"), "tasks": .int(tasks), "errors": .int(tally.errors)])
+    }
+}
+
+/// The table: per concurrency, the synchronous read in the task and `cache.async`, side by side.
+func printDiskTasksSummary(_ results: [BenchResult]) {
+    print("\ndisk-tasks: disk hits from async tasks (one cache, every entry disk-only)")
+    print("tasks  system          ops/s        p50 µs    p99 µs    p99.9 µs   async / sync")
+    var sync: [Int: Double] = [:]
+    for row in results {
+        var ratio = ""
+        if row.system == "magpie-sync" { sync[row.threads] = row.ops_per_sec }
+        if row.system == "magpie-async", let base = sync[row.threads] { ratio = String(format: "%.2f ×", row.ops_per_sec / base) }
+        print(
+            String(
+                format: "%5d  %-14@  %10.0f  %9.1f %9.1f  %9.1f   %@", row.threads, row.system as NSString, row.ops_per_sec,
+                Double(row.latency_ns.p50) / 1000, Double(row.latency_ns.p99) / 1000, Double(row.latency_ns.p999) / 1000,
+                ratio as NSString))
+    }
+}
