@@ -235,7 +235,8 @@ package func isCrashValue(_ value: [UInt8], ofKey key: Int) -> Bool {
 /// A two-tier cache over a fresh directory, with a manual clock and a fixed seed.
 package func makeCache(
     _ directory: TemporaryDirectory?, clock: ManualClock = ManualClock(), memoryBudget: Int = 1 << 20,
-    diskBudget: Int = 4 << 20, buckets: Int = 8, defaults: EntryOptions = EntryOptions(), diskWriteBuffer: Int = 64 << 10
+    diskBudget: Int = 4 << 20, buckets: Int = 8, defaults: EntryOptions = EntryOptions(), diskWriteBuffer: Int = 64 << 10,
+    inlineDiskReads: Bool = true
 ) throws -> Cache {
     var configuration = Cache.Configuration(
         directory: directory?.path, memoryBudget: memoryBudget, diskBudget: diskBudget, defaultOptions: defaults)
@@ -245,6 +246,7 @@ package func makeCache(
     configuration.clock = clock.cacheClock
     configuration.hashSeed = 42
     configuration.metrics = nil
+    configuration.inlineResidentDiskReads = inlineDiskReads
     return try Cache(configuration)
 }
 

@@ -170,11 +170,12 @@ struct CacheAsyncTests {
         #expect(ran.value == 0)
     }
 
-    @Test("async operations do their disk I/O on the cache's I/O threads; a memory hit does none")
+    @Test("without inline reads, async operations do all their disk I/O on the cache's I/O threads; a memory hit does none")
     func diskIOOnPoolThreads() async throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
-        let cache = try makeCache(directory, diskWriteBuffer: 0)  // the store's write is a pwrite, its read a pread
+        // The store's write is a pwrite, its read a pread (or a mapped copy, counted as one).
+        let cache = try makeCache(directory, diskWriteBuffer: 0, inlineDiskReads: false)
         let threads = Locked<[String]>([])
         _ = cache.statistics  // every bucket loaded (the loader thread's reads are not this test's)
         FileIOFaults.set(under: directory.path) { call, _ in
@@ -190,6 +191,7 @@ struct CacheAsyncTests {
         #expect(diskCalls.allSatisfy { $0.hasPrefix("magpie-io-") }, "\(diskCalls)")
         #expect(try await cache.async.value(forKey: "k") == [1, 2, 3])  // memory hit: no I/O at all
         #expect(threads.withLock { $0.count } == diskCalls.count)
+        #expect(cache.statistics.inlineDiskReads == 0)
     }
 
     @Test("typed async API and typed loader")

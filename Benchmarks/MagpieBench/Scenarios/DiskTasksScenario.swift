@@ -81,8 +81,12 @@ struct DiskTasksScenario {
             results.append(
                 try await row("magpie-sync", tasks: tasks, count: count, check: check) { i in try cache.value(forKey: keyNames[key(i)]) })
             progress("disk-tasks: \(tasks) task(s), cache.async.value ×\(count)")
-            results.append(
-                try await row("magpie-async", tasks: tasks, count: count, check: check) { i in try await cache.async.value(forKey: keyNames[key(i)]) })
+            let inlineBefore = cache.statistics.inlineDiskReads
+            var async = try await row("magpie-async", tasks: tasks, count: count, check: check) { i in
+                try await cache.async.value(forKey: keyNames[key(i)])
+            }
+            async.extra["inline_reads"] = .int(Int(cache.statistics.inlineDiskReads - inlineBefore))
+            results.append(async)
         }
         let hits = cache.statistics.disk?.hits ?? 0
         try cache.close()
@@ -110,16 +114,17 @@ struct DiskTasksScenario {
 /// The table: per concurrency, the synchronous read in the task and `cache.async`, side by side.
 func printDiskTasksSummary(_ results: [BenchResult]) {
     print("\ndisk-tasks: disk hits from async tasks (one cache, every entry disk-only)")
-    print("tasks  system          ops/s        p50 µs    p99 µs    p99.9 µs   async / sync")
+    print("tasks  system          ops/s        p50 µs    p99 µs    p99.9 µs   async / sync   read on the task")
     var sync: [Int: Double] = [:]
     for row in results {
-        var ratio = ""
+        var (ratio, inline) = ("", "")
         if row.system == "magpie-sync" { sync[row.threads] = row.ops_per_sec }
         if row.system == "magpie-async", let base = sync[row.threads] { ratio = String(format: "%.2f ×", row.ops_per_sec / base) }
+        if case .int(let reads) = row.extra["inline_reads"] { inline = String(format: "%.2f %%", 100 * Double(reads) / Double(max(1, row.operations))) }
         print(
             String(
-                format: "%5d  %-14@  %10.0f  %9.1f %9.1f  %9.1f   %@", row.threads, row.system as NSString, row.ops_per_sec,
+                format: "%5d  %-14@  %10.0f  %9.1f %9.1f  %9.1f   %-12@   %@", row.threads, row.system as NSString, row.ops_per_sec,
                 Double(row.latency_ns.p50) / 1000, Double(row.latency_ns.p99) / 1000, Double(row.latency_ns.p999) / 1000,
-                ratio as NSString))
+                ratio as NSString, inline as NSString))
     }
 }

@@ -31,6 +31,15 @@ static inline void magpie_prefetch(const void *start, size_t count) {
     }
 }
 
+/// Tells the CPU this thread is spinning on a lock another thread holds (x86 `pause`, arm64 `yield`).
+static inline void magpie_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
 /// A relaxed atomic load and store of a word: the disk tier's read hints (Disk/BucketReadHints.swift), written
 /// under a bucket's lock and read without it, only ever as prefetch addresses.
 static inline uintptr_t magpie_load_relaxed(const uintptr_t *word) {

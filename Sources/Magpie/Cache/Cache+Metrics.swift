@@ -50,6 +50,7 @@ final class MetricsReporter: Sendable {
                 ("loader_superseded", nil, now.loadsSuperseded, previous.loadsSuperseded),
                 ("disk_errors", nil, now.diskErrors, previous.diskErrors),
                 ("subscript_failures", nil, now.subscriptFailures, previous.subscriptFailures),
+                ("inline_disk_reads", nil, now.inlineDiskReads, previous.inlineDiskReads),
             ]
             if let disk = now.disk {
                 let before = previous.disk ?? DiskTierStatistics()

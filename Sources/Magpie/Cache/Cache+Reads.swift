@@ -65,6 +65,27 @@ extension Cache {
         return entry.value
     }
 
+    /// ``valueAfterMemoryMiss(_:)`` tried on an async caller's task: `.wouldBlock`, with nothing read or
+    /// changed, when the key's stripe is held or the disk read would wait (``DiskTier/entryIfImmediate(_:)``);
+    /// the caller then hops to an I/O thread.
+    func valueAfterMemoryMissIfImmediate(_ key: HashedKey) throws(MagpieError) -> ImmediateRead<[UInt8]?> {
+        guard let disk else { return .done(nil) }
+        guard stripes.tryLock(for: key.hash) else { return .wouldBlock }
+        defer { stripes.unlock(for: key.hash) }
+        let read: ImmediateRead<DiskEntry?>
+        do {
+            read = try disk.entryIfImmediate(key)
+        } catch {
+            noteDiskFailure("read", error)
+            throw error
+        }
+        guard case .done(let found) = read else { return .wouldBlock }
+        counters.inlineDiskReads.add(1, ordering: .relaxed)
+        guard let entry = found, !entry.placement.freshness.negative else { return .done(nil) }
+        promote(entry, for: key)
+        return .done(entry.value)
+    }
+
     /// The disk half of the loader API's read: the entry with its expiry and freshness, negative ones
     /// included, promoted like any disk hit.
     func storedEntryAfterMemoryMiss(_ key: HashedKey) throws(MagpieError) -> StoredEntry? {

@@ -108,6 +108,12 @@ extension Cache {
         let (value, hash) = try withHashedKey(key) { key throws(MagpieError) in (memory.copyValue(key), key.hash) }
         if let value { return value }
         let name = Array(key)
+        // A disk read that cannot wait runs here, on the caller's task (Configuration.inlineResidentDiskReads).
+        if configuration.inlineResidentDiskReads, disk != nil,
+            case .done(let value) = try withHashedKey(name, hash: hash, { key throws(MagpieError) in try valueAfterMemoryMissIfImmediate(key) })
+        {
+            return value
+        }
         return try await onDisk { [self] () throws(MagpieError) -> [UInt8]? in
             try withHashedKey(name, hash: hash) { key throws(MagpieError) in try valueAfterMemoryMiss(key) }
         }

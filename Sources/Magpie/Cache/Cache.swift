@@ -97,6 +97,7 @@ public final class Cache: Sendable {
         let loadsSuperseded = Atomic<UInt64>(0)
         let diskErrors = Atomic<UInt64>(0)
         let subscriptFailures = Atomic<UInt64>(0)
+        let inlineDiskReads = Atomic<UInt64>(0)
     }
 
     /// The longest key, in bytes (a key's UTF-8 bytes for a `String`).

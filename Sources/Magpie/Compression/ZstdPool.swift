@@ -117,7 +117,9 @@ final class ThreadContexts<Context: AnyObject>: Sendable {
     // Invariant: a thread's value under `key` is nil or a `ThreadSlot` retained once (`passRetained`),
     // owned by that thread alone: only it reads the slot (`withContext`, never re-entered with the same
     // instance while its body runs), and the key's destructor, at the thread's exit, takes the retain
-    // over and gives the context back to its owner.
+    // over and gives the context back to its owner. So one thread at a time uses a context (which need
+    // not be `Sendable`): it moves between threads only through `spare`, under its lock, after the
+    // thread that used it has ended.
     private let key: pthread_key_t
     private let spare = Locked<[Context]>([])
     private let make: @Sendable () throws(MagpieError) -> Context

@@ -1,6 +1,12 @@
 // The record-level read and write paths of DiskTier, shared by its public byte API and by `Cache`,
 // which also stores a memory policy and a disk-only flag with each value (see `Format/Record.swift`).
 
+/// What a read that must not wait found: its result, or that it would have had to wait.
+package enum ImmediateRead<Value> {
+    case done(Value)
+    case wouldBlock
+}
+
 /// A value read from disk with what was stored beside it.
 package struct DiskEntry: Sendable {
     var value: [UInt8]
@@ -44,14 +50,57 @@ extension DiskTier {
             }
         }
         if let failure { throw failure }
+        // (Written out in both readers: passing the optional entry to a shared function copied it in and
+        // out, value witnesses and reference counts, about 120 instructions per read.)
         guard let originalLength = found?.compressedLength else { return found }
         var entry = found.unsafelyUnwrapped
-        // The checksum matched, so a failure here means the writer stored a bad frame: still a miss.
+        return decompressFrame(&entry, originalLength: originalLength, key) ? entry : nil
+    }
+
+    /// ``entry(_:)`` for a caller that must not wait: for the disk, or for another thread's work on the
+    /// bucket (which may be waiting for the disk). `.wouldBlock`, with nothing changed, when the bucket's
+    /// lock is held, its index not loaded yet, the file not mapped, a candidate record not all in the page
+    /// cache, or a candidate damaged (healing writes); the caller then reads with ``entry(_:)`` on a
+    /// thread that may wait. Decompressing is CPU work and done here (only a frame that fails to
+    /// decompress, which a writer's bug alone can leave, is counted under the bucket's lock, waiting for it).
+    package func entryIfImmediate(_ key: HashedKey) throws(MagpieError) -> ImmediateRead<DiskEntry?> {
+        try checkKey(key)
+        var failure: MagpieError? = nil
+        var blocked = false
+        var found: DiskEntry? = nil
+        let number = Self.bucket(of: key.hash, count: bucketCount)
+        readHints.prefetch(bucket: number, tag: DiskSlot.tag(of: key.hash))
+        let locked = unownedBuckets[number]._withUnsafeGuaranteedRef { bucket -> Bool in
+            bucket.withLockIfAvailable { (state: inout BucketState) -> Bool in
+                guard state.loaded else {
+                    blocked = true  // loading reads the file
+                    return true
+                }
+                do throws(MagpieError) {
+                    defer { readHints.noteIndex(bucket: number, state.index) }
+                    found = try state.readValueIfImmediate(key, blocked: &blocked)
+                } catch {
+                    failure = error
+                }
+                return true
+            } ?? false
+        }
+        if let failure { throw failure }
+        if !locked || blocked { return .wouldBlock }
+        guard let originalLength = found?.compressedLength else { return .done(found) }
+        var entry = found.unsafelyUnwrapped
+        return .done(decompressFrame(&entry, originalLength: originalLength, key) ? entry : nil)
+    }
+
+    /// Decompresses the zstd frame a read left in `entry` (in this thread's read scratch, or in
+    /// `entry.value`) into `entry.value`. False when it does not decompress (counted and logged: its
+    /// checksum matched, so the writer stored a bad frame; the read is then a miss).
+    private func decompressFrame(_ entry: inout DiskEntry, originalLength: Int, _ key: HashedKey) -> Bool {
         do {
             if let frame = entry.frameInReadScratch {
                 // The read just verified the frame in this thread's scratch (allocated by that read), and this
                 // thread has not read since.
-                guard let scratch = ReadScratch.bytes(frame.upperBound) else { return nil }
+                guard let scratch = ReadScratch.bytes(frame.upperBound) else { return false }
                 entry.value = try compression.decompress(UnsafeRawBufferPointer(rebasing: scratch[frame]), originalLength: originalLength)
                 entry.frameInReadScratch = nil
             } else {
@@ -60,11 +109,11 @@ extension DiskTier {
                 }.get()
             }
             entry.compressedLength = nil
-            return entry
+            return true
         } catch {
             _ = try? withBucket(for: key.hash) { $0.counters.corruptRecords += 1 }
             logs.undecompressible.record(key: key.hash, error: "\(error)")
-            return nil
+            return false
         }
     }
 

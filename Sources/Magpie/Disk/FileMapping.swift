@@ -36,7 +36,7 @@ struct FileMapping {
     /// reads with `pread`, correctly, only slower.
     static func map(_ fd: Int32, length: Int) -> FileMapping? {
         guard length > 0, magpie_guard_install() == 0 else { return nil }
-        let page = max(4096, Int(sysconf(Int32(_SC_PAGESIZE))))
+        let page = pageSize
         let rounded = (length + page - 1) / page * page
         guard let address = mmap(nil, rounded, PROT_READ, MAP_SHARED, fd, 0), address != MAP_FAILED else { return nil }
         return FileMapping(base: UnsafeRawPointer(address), length: rounded)
@@ -53,6 +53,31 @@ struct FileMapping {
         guard offset >= 0, offset < length, count > 0 else { return }
         magpie_prefetch(base + offset, min(count, length - offset))
     }
+
+    /// The most pages ``isResident(at:count:)`` asks about (a record of up to 256 KiB); a longer range is
+    /// reported as not resident.
+    static let residencyPages = 64
+
+    /// Whether every page of `count` bytes at file offset `offset` is in the page cache now (`mincore`), so
+    /// that copying them cannot wait for the disk (barring the kernel evicting one in between, when the
+    /// copy waits as any read would). False when the range is not inside the mapping, longer than
+    /// ``residencyPages`` pages, or the call fails.
+    func isResident(at offset: Int, count: Int) -> Bool {
+        guard offset >= 0, count > 0, offset <= length, count <= length - offset else { return false }
+        let page = Self.pageSize
+        let first = offset / page * page
+        let pages = (offset + count - first + page - 1) / page
+        guard pages <= Self.residencyPages else { return false }
+        // mincore reads whole pages of this mapping (`first` is page-aligned, and the mapping's length is a
+        // whole number of pages, so the range stays inside it) and writes one byte per page into `vector`.
+        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: Self.residencyPages) { vector in
+            guard mincore(UnsafeMutableRawPointer(mutating: base + first), pages * page, vector.baseAddress) == 0 else { return false }
+            for index in 0..<pages where vector[index] & 1 == 0 { return false }
+            return true
+        }
+    }
+
+    private static let pageSize = max(4096, Int(sysconf(Int32(_SC_PAGESIZE))))
 
     /// Copies `destination.count` bytes from file offset `offset`. False when the range is not inside
     /// the mapping or a SIGBUS interrupted the copy (the file shrank, or the kernel could not read a page).

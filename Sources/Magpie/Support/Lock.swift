@@ -1,3 +1,4 @@
+import CMagpieGuard
 import Glibc
 
 /// The library's one lock: a `pthread_mutex_t` at a fixed address, which its owner allocates (alone,
@@ -28,6 +29,23 @@ struct PThreadMutex {
 
     @inline(__always) func lock() { pthread_mutex_lock(mutex) }
     @inline(__always) func unlock() { pthread_mutex_unlock(mutex) }
+    /// Takes the mutex if no one holds it; false (not taken) otherwise.
+    @inline(__always) func tryLock() -> Bool { pthread_mutex_trylock(mutex) == 0 }
+
+    /// Takes the mutex if it is free now or within a short spin (``spinAttempts`` tries, a CPU pause
+    /// between them: a few microseconds, about what another thread's disk read holds a bucket for); false
+    /// (not taken) otherwise. Never sleeps: for a caller that must not wait on a holder that may be
+    /// waiting for the disk.
+    @inline(__always) func tryLockSpinning() -> Bool {
+        for _ in 0..<Self.spinAttempts {
+            if pthread_mutex_trylock(mutex) == 0 { return true }
+            for _ in 0..<8 { magpie_cpu_relax() }
+        }
+        return false
+    }
+
+    /// Tries of ``tryLockSpinning()``.
+    static let spinAttempts = 64
 
     /// Runs `body` with the mutex held.
     @inline(__always)
@@ -77,6 +95,15 @@ package final class Locked<State>: @unchecked Sendable {
     /// Runs `body` with exclusive access to the state.
     package func withLock<R, E: Error>(_ body: (inout State) throws(E) -> R) throws(E) -> R {
         mutex.lock()
+        defer { mutex.unlock() }
+        return try body(&state.pointee)
+    }
+
+    /// Runs `body` with exclusive access to the state if no one holds it now or within a short spin
+    /// (``PThreadMutex/tryLockSpinning()``); nil (`body` not run) otherwise. For a caller that must not
+    /// wait long (an async read tried on the caller's task).
+    func withLockIfAvailable<R, E: Error>(_ body: (inout State) throws(E) -> R) throws(E) -> R? {
+        guard mutex.tryLockSpinning() else { return nil }
         defer { mutex.unlock() }
         return try body(&state.pointee)
     }

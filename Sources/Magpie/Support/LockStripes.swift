@@ -43,6 +43,12 @@ final class LockStripes: @unchecked Sendable {
     @inline(__always)
     func unlock(for hash: UInt64) { mutex(Int(truncatingIfNeeded: hash >> 32) & mask).unlock() }
 
+    /// Locks the stripe of `hash` if no one holds it now or within a short spin
+    /// (``PThreadMutex/tryLockSpinning()``); false (not locked) otherwise. Pair a true with
+    /// ``unlock(for:)``.
+    @inline(__always)
+    func tryLock(for hash: UInt64) -> Bool { mutex(Int(truncatingIfNeeded: hash >> 32) & mask).tryLockSpinning() }
+
     /// Runs `body` with every stripe held (taken in index order, so two callers cannot deadlock).
     func withAllLocked<R, E: Error>(_ body: () throws(E) -> R) throws(E) -> R {
         for index in 0..<count { mutex(index).lock() }

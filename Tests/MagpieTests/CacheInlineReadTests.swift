@@ -1,0 +1,178 @@
+import Foundation
+import MagpieTestSupport
+import Synchronization
+import Testing
+
+@testable import Magpie
+
+/// Whether every page of `path` is in the page cache now (a private read-only mapping's `mincore`).
+private func fileResident(_ path: String) -> Bool {
+    let fd = open(path, O_RDONLY)
+    guard fd >= 0 else { return false }
+    defer { close(fd) }
+    var info = stat()
+    guard fstat(fd, &info) == 0, info.st_size > 0 else { return false }
+    let length = Int(info.st_size)
+    guard let base = mmap(nil, length, PROT_READ, MAP_SHARED, fd, 0), base != MAP_FAILED else { return false }
+    defer { munmap(base, length) }
+    var vector = [UInt8](repeating: 0, count: (length + 4095) / 4096)
+    guard mincore(base, length, &vector) == 0 else { return false }
+    return vector.allSatisfy { $0 & 1 == 1 }
+}
+
+/// Writes a bucket file's dirty pages and asks the kernel to drop it from the page cache.
+private func dropFromPageCache(_ path: String) {
+    let fd = open(path, O_RDONLY)
+    guard fd >= 0 else { return }
+    fdatasync(fd)
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)
+    close(fd)
+}
+
+@Suite("Cache: async disk reads on the caller's task (inline when they cannot wait)")
+struct CacheInlineReadTests {
+    static let value = [UInt8](repeating: 7, count: 3000)
+
+    @Test("a record the page cache holds is read on the caller's task; writes stay on the I/O threads")
+    func residentReadInline() async throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let cache = try makeCache(directory, diskWriteBuffer: 0)
+        _ = cache.statistics  // every bucket loaded
+        let threads = Locked<[String]>([])
+        FileIOFaults.set(under: directory.path) { call, _ in
+            threads.withLock { $0.append("\(call)@\(IOThreadPool.currentThreadName ?? "caller")") }
+            return nil
+        }
+        defer { FileIOFaults.set(under: directory.path, nil) }
+        try await cache.async.set(Self.value, forKey: "k")
+        #expect(threads.withLock { $0 }.allSatisfy { $0.contains("@magpie-io-") })
+        threads.withLock { $0.removeAll() }
+        cache.memory.removeAll()
+        #expect(try await cache.async.value(forKey: "k") == Self.value)  // a disk hit, promoted
+        #expect(threads.withLock { $0 }.contains("pread@caller"), "\(threads.withLock { $0 })")
+        #expect(!threads.withLock { $0 }.contains { $0.contains("@magpie-io-") })
+        #expect(cache.statistics.inlineDiskReads == 1)
+        #expect(cache.statistics.promotions == 1)
+        // A miss on disk is answered inline too.
+        #expect(try await cache.async.value(forKey: "absent") == nil)
+        #expect(cache.statistics.inlineDiskReads == 2)
+        try cache.close()
+    }
+
+    @Test("a bucket whose lock is held: the read hops to an I/O thread, waits there, and gets the value")
+    func busyBucketHops() async throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let cache = try makeCache(directory, diskWriteBuffer: 0)
+        _ = cache.statistics
+        try await cache.async.set(Self.value, forKey: "k")
+        cache.memory.removeAll()
+        let disk = try #require(cache.disk)
+        let bucket = DiskTier.bucket(of: disk.hasher.hash("k"), count: disk.bucketCount)
+        let held = DispatchSemaphore(value: 0)
+        let release = DispatchSemaphore(value: 0)
+        let holder = Thread {
+            disk.buckets[bucket].withLock { _ in
+                held.signal()
+                release.wait()
+            }
+        }
+        holder.start()
+        held.wait()
+        let read = Task { try await cache.async.value(forKey: "k") }
+        try await Task.sleep(for: .milliseconds(100))
+        // Not `statistics`, which takes every bucket's lock: the counter itself.
+        #expect(cache.counters.inlineDiskReads.load(ordering: .relaxed) == 0)  // it did not read inline
+        release.signal()
+        #expect(try await read.value == Self.value)
+        #expect(cache.statistics.inlineDiskReads == 0)
+        #expect(cache.statistics.promotions == 1)
+        try cache.close()
+    }
+
+    @Test("a record not in the page cache hops; once read it is resident and the next read is inline")
+    func coldRecordHops() async throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        do {
+            let cache = try makeCache(directory, diskWriteBuffer: 0)
+            for key in 0..<50 { try cache.set(Self.value, forKey: "k\(key)") }
+            try cache.close()
+        }
+        let files = try FileManager.default.contentsOfDirectory(atPath: directory.path + "/buckets")
+            .filter { !$0.contains(".") }.map { directory.path + "/buckets/" + $0 }
+        for file in files { dropFromPageCache(file) }
+        // tmpfs and some kernels keep the pages: then there is nothing cold to read, and the test says so.
+        guard !files.contains(where: fileResident) else {
+            withKnownIssue("the page cache kept the bucket files (tmpfs?): no cold read to test") { Issue.record("skipped") }
+            return
+        }
+        let cache = try makeCache(directory, diskWriteBuffer: 0)
+        _ = cache.statistics  // loads every bucket, whose checks read the file (and the kernel reads ahead)
+        for file in files { dropFromPageCache(file) }
+        guard !files.contains(where: fileResident) else {
+            withKnownIssue("the page cache kept the bucket files: no cold read to test") { Issue.record("skipped") }
+            return
+        }
+        #expect(try await cache.async.value(forKey: "k3") == Self.value)
+        #expect(cache.statistics.inlineDiskReads == 0)
+        cache.memory.removeAll()
+        #expect(try await cache.async.value(forKey: "k3") == Self.value)
+        #expect(cache.statistics.inlineDiskReads == 1)
+        try cache.close()
+    }
+
+    @Test("DiskTier: an unloaded bucket or a damaged record would wait; nothing is changed or counted, and the waiting read drops, counts and heals")
+    func immediateEntryRefuses() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        var configuration = DiskTier.Configuration(directory: directory.path, budget: 4 << 20, bucketCount: 1, hashSeed: 9)
+        configuration.loadsInBackground = false
+        do {
+            let tier = try DiskTier(configuration)
+            for key in 0..<20 { try tier.set(Array("value \(key)".utf8) + [UInt8](repeating: UInt8(key), count: 500), forKey: keyBytes(key)) }
+            try tier.close()
+        }
+        let tier = try DiskTier(configuration)
+        func immediate(_ key: Int) throws -> ImmediateRead<DiskEntry?> {
+            try keyBytes(key).withUnsafeBytes { bytes in
+                Result { () throws(MagpieError) in try tier.entryIfImmediate(HashedKey(bytes, hasher: tier.hasher)) }
+            }.get()
+        }
+        guard case .wouldBlock = try immediate(3) else {
+            Issue.record("an unloaded bucket was read inline")
+            return
+        }
+        #expect(try tier.value(forKey: keyBytes(3)) != nil)  // loads the bucket
+        guard case .done(let entry?) = try immediate(4) else {
+            Issue.record("a loaded, resident record was not read inline")
+            return
+        }
+        #expect(Array(entry.value.prefix(7)) == Array("value 4".utf8))
+        // One byte of key 5's payload changed in the file, behind the tier's back.
+        let (offset, length) = tier.buckets[0].withLock { state -> (Int, Int) in
+            let position = state.index.positions(tag: DiskSlot.tag(of: tier.hasher.hash(keyBytes(5))))[0]
+            return (state.index[position].offset, state.index[position].length)
+        }
+        let fd = open(directory.path + "/buckets/" + DiskTier.bucketName(0, count: 1), O_RDWR)
+        var byte: UInt8 = 0
+        _ = pread(fd, &byte, 1, off_t(offset + length - 20))
+        byte ^= 0xFF
+        _ = pwrite(fd, &byte, 1, off_t(offset + length - 20))
+        close(fd)
+        let before = tier.statistics.corruptRecords
+        guard case .wouldBlock = try immediate(5) else {
+            Issue.record("a damaged record was not left to a read that may wait")
+            return
+        }
+        #expect(tier.statistics.corruptRecords == before)
+        #expect(try tier.value(forKey: keyBytes(5)) == nil)  // dropped, counted, healed there
+        #expect(tier.statistics.corruptRecords == before + 1)
+        guard case .done(nil) = try immediate(5) else {
+            Issue.record("the key's record was not gone after the waiting read")
+            return
+        }
+        try tier.close()
+    }
+}
