@@ -6,7 +6,7 @@ import Testing
 /// every read checked.
 @Suite("magpie-bench disk-tasks")
 struct BenchDiskTasksTests {
-    @Test("a synchronous and an async row per concurrency, every read a correct disk hit")
+    @Test("a synchronous row and one per async read (value, lookup, loader) per concurrency, every read a correct disk hit")
     func rows() throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
@@ -18,9 +18,10 @@ struct BenchDiskTasksTests {
         let data = try Data(contentsOf: URL(fileURLWithPath: directory.child("tasks.json")))
         let report = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
         let rows = try #require(report["results"] as? [[String: Any]])
-        #expect(rows.compactMap { $0["system"] as? String } == ["magpie-sync", "magpie-async", "magpie-sync", "magpie-async"])
-        #expect(rows.compactMap { $0["threads"] as? Int } == [1, 1, 8, 8])
-        #expect(rows.compactMap { $0["operations"] as? Int } == [200, 200, 800, 800])
+        let systems = ["magpie-sync", "magpie-async", "magpie-async-lookup", "magpie-loader"]
+        #expect(rows.compactMap { $0["system"] as? String } == systems + systems)
+        #expect(rows.compactMap { $0["threads"] as? Int } == [1, 1, 1, 1, 8, 8, 8, 8])
+        #expect(rows.compactMap { $0["operations"] as? Int } == [200, 200, 200, 200, 800, 800, 800, 800])
         for row in rows {
             #expect(row["scenario"] as? String == "disk-tasks")
             #expect((row["hit_ratio"] as? Double) == 1.0)

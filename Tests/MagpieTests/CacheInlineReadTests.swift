@@ -60,6 +60,88 @@ struct CacheInlineReadTests {
         try cache.close()
     }
 
+    @Test("lookup and the loaders read a resident record on the caller's task, a remembered absence too; contains hops")
+    func lookupAndLoaderInline() async throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let cache = try makeCache(directory, diskWriteBuffer: 0)
+        _ = cache.statistics  // every bucket loaded
+        let threads = Locked<[String]>([])
+        FileIOFaults.set(under: directory.path) { call, _ in
+            threads.withLock { $0.append("\(call)@\(IOThreadPool.currentThreadName ?? "caller")") }
+            return nil
+        }
+        defer { FileIOFaults.set(under: directory.path, nil) }
+        try await cache.async.set(Self.value, forKey: "k")
+        let absent = LoaderOptions(negativeLifetime: .seconds(60))
+        #expect(try await cache.valueIfPresent(forKey: "gone", loader: absent) { nil } == nil)  // remembered, on disk too
+        let before = cache.statistics.inlineDiskReads  // that call's look at the disk (nothing there yet)
+        func onlyTheCaller() -> Bool {
+            let calls = threads.withLock { $0 }
+            return calls.contains("pread@caller") && !calls.contains { $0.contains("@magpie-io-") }
+        }
+
+        threads.withLock { $0.removeAll() }
+        cache.memory.removeAll()
+        let hit = try await cache.async.lookup("k")
+        #expect(hit?.value == Self.value && hit?.tier == .disk)
+        #expect(onlyTheCaller(), "\(threads.withLock { $0 })")
+        #expect(cache.statistics.inlineDiskReads == before + 1)
+
+        threads.withLock { $0.removeAll() }
+        cache.memory.removeAll()
+        let loaded = try await cache.value(forKey: "k") {
+            Issue.record("the loader ran for a value on disk")
+            return []
+        }
+        #expect(loaded == Self.value)
+        #expect(onlyTheCaller(), "\(threads.withLock { $0 })")
+        #expect(cache.statistics.inlineDiskReads == before + 2)
+
+        threads.withLock { $0.removeAll() }
+        cache.memory.removeAll()
+        let remembered = try await cache.valueIfPresent(forKey: "gone", loader: absent) {
+            Issue.record("the loader ran for a remembered absence")
+            return Array("wrong".utf8)
+        }
+        #expect(remembered == nil)
+        #expect(onlyTheCaller(), "\(threads.withLock { $0 })")
+        #expect(cache.statistics.inlineDiskReads == before + 3)
+        #expect(try await cache.async.value(forKey: "gone") == nil)  // promoted as what it is: an absence
+        let afterPlainRead = cache.statistics.inlineDiskReads
+
+        // contains reads only the record's header, through the I/O threads (not done inline yet).
+        threads.withLock { $0.removeAll() }
+        cache.memory.removeAll()
+        #expect(try await cache.async.contains("k"))
+        #expect(threads.withLock { $0 }.contains { $0.hasPrefix("pread@magpie-io-") }, "\(threads.withLock { $0 })")
+        #expect(cache.statistics.inlineDiskReads == afterPlainRead)
+        try cache.close()
+    }
+
+    @Test("with inline reads off, lookup and the loaders read on the I/O threads")
+    func lookupAndLoaderHopWhenOff() async throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let cache = try makeCache(directory, diskWriteBuffer: 0, inlineDiskReads: false)
+        _ = cache.statistics
+        let threads = Locked<[String]>([])
+        FileIOFaults.set(under: directory.path) { call, _ in
+            threads.withLock { $0.append("\(call)@\(IOThreadPool.currentThreadName ?? "caller")") }
+            return nil
+        }
+        defer { FileIOFaults.set(under: directory.path, nil) }
+        try await cache.async.set(Self.value, forKey: "k")
+        cache.memory.removeAll()
+        #expect(try await cache.async.lookup("k")?.tier == .disk)
+        cache.memory.removeAll()
+        #expect(try await cache.value(forKey: "k") { [] } == Self.value)
+        let calls = threads.withLock { $0 }
+        #expect(!calls.contains("pread@caller") && calls.filter { $0.hasPrefix("pread@magpie-io-") }.count >= 2, "\(calls)")
+        #expect(cache.statistics.inlineDiskReads == 0)
+        try cache.close()
+    }
+
     @Test("a bucket whose lock is held: the read hops to an I/O thread, waits there, and gets the value")
     func busyBucketHops() async throws {
         let directory = TemporaryDirectory()

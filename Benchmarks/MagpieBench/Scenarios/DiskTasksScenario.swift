@@ -12,8 +12,11 @@ import Magpie
 // One cache: a disk tier holding `--keys` values of the disk scenario's kind (half JSON-like text, zstd,
 // half random bytes, raw), every one stored disk-only, so each read is a disk hit (no promotion); a
 // small memory tier. Per concurrency (default 1, 16 and 256 tasks), in one run: `magpie-sync`, then
-// `magpie-async`, each over the same uniformly drawn keys. Each read is checked against its value's
-// digest outside the timed span; a row with any wrong read fails the run.
+// `magpie-async` (`cache.async.value`), `magpie-async-lookup` (`cache.async.lookup`) and `magpie-loader`
+// (`cache.value(forKey:load:)`, the get-or-load services call; its loader never runs, as every key is on
+// disk: a run of it fails the row), each over the same uniformly drawn keys (`--apis` picks the async
+// rows). Each read is checked against its value's digest outside the timed span; a row with any wrong
+// read fails the run.
 
 struct DiskTasksBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -25,6 +28,7 @@ struct DiskTasksBench: AsyncParsableCommand {
     @Option(help: "Value size in bytes (half JSON-like text, half random bytes).") var valueSize = 4096
     @Option(help: "Reads per row (a quarter of it at 1 task).") var gets = 100_000
     @Option(help: "Seed of the values and the keys read.") var seed: UInt64 = 42
+    @Option(parsing: .upToNextOption, help: "Async reads to measure: value, lookup, loader.") var apis: [AsyncRead] = AsyncRead.allCases
     @Option(help: "Parent directory for the cache directory (removed afterwards).") var workDirectory: String?
     @OptionGroup var outputOptions: OutputOptions
 
@@ -43,7 +47,22 @@ struct DiskTasksBench: AsyncParsableCommand {
         [
             "tasks": .array(tasks.map { .int($0) }), "keys": .int(keys), "value_size": .int(valueSize), "gets": .int(gets),
             "seed": .int(Int(truncatingIfNeeded: seed)), "entries": .string("disk-only (every read a disk hit)"),
+            "apis": .array(apis.map { .string($0.rawValue) }),
         ]
+    }
+}
+
+/// The async reads `disk-tasks` measures, each a row beside the synchronous read.
+enum AsyncRead: String, CaseIterable, ExpressibleByArgument, Sendable {
+    case value, lookup, loader
+
+    /// The row's system name.
+    var system: String {
+        switch self {
+        case .value: "magpie-async"
+        case .lookup: "magpie-async-lookup"
+        case .loader: "magpie-loader"
+        }
     }
 }
 
@@ -80,13 +99,27 @@ struct DiskTasksScenario {
             progress("disk-tasks: \(tasks) task(s), the synchronous read in the task ×\(count)")
             results.append(
                 try await row("magpie-sync", tasks: tasks, count: count, check: check) { i in try cache.value(forKey: keyNames[key(i)]) })
-            progress("disk-tasks: \(tasks) task(s), cache.async.value ×\(count)")
-            let inlineBefore = cache.statistics.inlineDiskReads
-            var async = try await row("magpie-async", tasks: tasks, count: count, check: check) { i in
-                try await cache.async.value(forKey: keyNames[key(i)])
+            for api in options.apis {
+                progress("disk-tasks: \(tasks) task(s), \(api.system) ×\(count)")
+                let inlineBefore = cache.statistics.inlineDiskReads
+                var async: BenchResult
+                switch api {
+                case .value:
+                    async = try await row(api.system, tasks: tasks, count: count, check: check) { i in
+                        try await cache.async.value(forKey: keyNames[key(i)])
+                    }
+                case .lookup:
+                    async = try await row(api.system, tasks: tasks, count: count, check: check) { i in
+                        try await cache.async.lookup(keyNames[key(i)])?.value
+                    }
+                case .loader:
+                    async = try await row(api.system, tasks: tasks, count: count, check: check) { i in
+                        try await cache.value(forKey: keyNames[key(i)]) { throw BenchError("the loader ran for a key on disk") }
+                    }
+                }
+                async.extra["inline_reads"] = .int(Int(cache.statistics.inlineDiskReads - inlineBefore))
+                results.append(async)
             }
-            async.extra["inline_reads"] = .int(Int(cache.statistics.inlineDiskReads - inlineBefore))
-            results.append(async)
         }
         let hits = cache.statistics.disk?.hits ?? 0
         try cache.close()
@@ -114,16 +147,16 @@ struct DiskTasksScenario {
 /// The table: per concurrency, the synchronous read in the task and `cache.async`, side by side.
 func printDiskTasksSummary(_ results: [BenchResult]) {
     print("\ndisk-tasks: disk hits from async tasks (one cache, every entry disk-only)")
-    print("tasks  system          ops/s        p50 µs    p99 µs    p99.9 µs   async / sync   read on the task")
+    print("tasks  system                ops/s        p50 µs    p99 µs    p99.9 µs   async / sync   read on the task")
     var sync: [Int: Double] = [:]
     for row in results {
         var (ratio, inline) = ("", "")
         if row.system == "magpie-sync" { sync[row.threads] = row.ops_per_sec }
-        if row.system == "magpie-async", let base = sync[row.threads] { ratio = String(format: "%.2f ×", row.ops_per_sec / base) }
+        if row.system != "magpie-sync", let base = sync[row.threads] { ratio = String(format: "%.2f ×", row.ops_per_sec / base) }
         if case .int(let reads) = row.extra["inline_reads"] { inline = String(format: "%.2f %%", 100 * Double(reads) / Double(max(1, row.operations))) }
         print(
             String(
-                format: "%5d  %-14@  %10.0f  %9.1f %9.1f  %9.1f   %-12@   %@", row.threads, row.system as NSString, row.ops_per_sec,
+                format: "%5d  %-20@  %10.0f  %9.1f %9.1f  %9.1f   %-12@   %@", row.threads, row.system as NSString, row.ops_per_sec,
                 Double(row.latency_ns.p50) / 1000, Double(row.latency_ns.p99) / 1000, Double(row.latency_ns.p999) / 1000,
                 ratio as NSString, inline as NSString))
     }

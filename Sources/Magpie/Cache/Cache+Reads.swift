@@ -69,6 +69,28 @@ extension Cache {
     /// changed, when the key's stripe is held or the disk read would wait (``DiskTier/entryIfImmediate(_:)``);
     /// the caller then hops to an I/O thread.
     func valueAfterMemoryMissIfImmediate(_ key: HashedKey) throws(MagpieError) -> ImmediateRead<[UInt8]?> {
+        guard case .done(let found) = try diskEntryAfterMemoryMissIfImmediate(key, promotingNegative: false) else { return .wouldBlock }
+        guard let entry = found, !entry.placement.freshness.negative else { return .done(nil) }
+        return .done(entry.value)
+    }
+
+    /// ``storedEntryAfterMemoryMiss(_:)`` tried on an async caller's task, as
+    /// ``valueAfterMemoryMissIfImmediate(_:)`` is (`lookup` and the loaders' reads).
+    func storedEntryAfterMemoryMissIfImmediate(_ key: HashedKey) throws(MagpieError) -> ImmediateRead<StoredEntry?> {
+        guard case .done(let found) = try diskEntryAfterMemoryMissIfImmediate(key, promotingNegative: true) else { return .wouldBlock }
+        guard let entry = found else { return .done(nil) }
+        var stored = StoredEntry(value: entry.value, deadline: entry.expiry, freshness: entry.placement.freshness)
+        stored.stamp = entry.placement.stamp
+        return .done(stored)
+    }
+
+    /// ``diskEntryAfterMemoryMiss(_:promotingNegative:)`` that does not wait: the stripe by a bounded
+    /// spin, the disk through ``DiskTier/entryIfImmediate(_:)``. A read done here is counted in
+    /// `inlineDiskReads` and promoted as any disk hit.
+    @inline(__always)
+    private func diskEntryAfterMemoryMissIfImmediate(_ key: HashedKey, promotingNegative: Bool) throws(MagpieError)
+        -> ImmediateRead<DiskEntry?>
+    {
         guard let disk else { return .done(nil) }
         guard stripes.tryLock(for: key.hash) else { return .wouldBlock }
         defer { stripes.unlock(for: key.hash) }
@@ -81,9 +103,8 @@ extension Cache {
         }
         guard case .done(let found) = read else { return .wouldBlock }
         counters.inlineDiskReads.add(1, ordering: .relaxed)
-        guard let entry = found, !entry.placement.freshness.negative else { return .done(nil) }
-        promote(entry, for: key)
-        return .done(entry.value)
+        if let entry = found, promotingNegative || !entry.placement.freshness.negative { promote(entry, for: key) }
+        return .done(found)
     }
 
     /// The disk half of the loader API's read: the entry with its expiry and freshness, negative ones

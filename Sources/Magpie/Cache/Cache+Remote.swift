@@ -115,7 +115,8 @@ extension Cache {
         return found ?? nil
     }
 
-    /// ``fleetEntry(_:_:unverifiedFallback:)`` for the async API: memory here, disk on an I/O thread, the
+    /// ``fleetEntry(_:_:unverifiedFallback:)`` for the async API: memory here, disk here when the read
+    /// cannot wait and on an I/O thread otherwise (``storedEntryAfterMemoryMissAsync(_:hash:)``), the
     /// store awaited (no thread blocked), a remote hit kept locally (on an I/O thread when there is a
     /// disk tier). `memoryChecked`: the caller found no servable copy in memory already.
     nonisolated(nonsending)
@@ -131,9 +132,7 @@ extension Cache {
             if unverifiedFallback { unverified = stripped(entry).map { ($0, .memory) } }
         }
         if disk != nil, unverified == nil {
-            let found = try await onDisk { [self] () throws(MagpieError) -> StoredEntry? in
-                try withHashedKey(name, hash: hash) { key throws(MagpieError) in try storedEntryAfterMemoryMiss(key) }
-            }
+            let found = try await storedEntryAfterMemoryMissAsync(name, hash: hash)
             if let entry = found {
                 if let local = servable(entry, remote, now: now) { return (local, .disk) }
                 if unverifiedFallback { unverified = stripped(entry).map { ($0, .disk) } }

@@ -93,7 +93,7 @@ extension Cache {
     // MARK: Reads (async)
 
     /// ``readValue(_:)`` for the async API: a memory hit returns on the caller's executor; disk is read
-    /// on an I/O thread, the store awaited with no thread blocked.
+    /// here when the read cannot wait, else on an I/O thread; the store awaited with no thread blocked.
     nonisolated(nonsending)
     func readValueAsync(_ key: some Sequence<UInt8>) async throws -> [UInt8]? {
         if let remote {
@@ -132,12 +132,7 @@ extension Cache {
         }
         if let hit { return hit }
         guard disk != nil else { return nil }
-        let name = Array(key)
-        return try await onDisk { [self] () throws(MagpieError) -> CacheHit? in
-            try withHashedKey(name, hash: hash) { key throws(MagpieError) in
-                CacheHit(try storedEntryAfterMemoryMiss(key), tier: .disk, clock: clock)
-            }
-        }
+        return CacheHit(try await storedEntryAfterMemoryMissAsync(Array(key), hash: hash), tier: .disk, clock: clock)
     }
 
     /// ``readContains(_:)`` for the async API.
@@ -160,7 +155,8 @@ extension Cache {
         }
     }
 
-    /// ``readLoaderEntry(_:memoryChecked:)`` for the async loader: memory here, disk on an I/O thread,
+    /// ``readLoaderEntry(_:memoryChecked:)`` for the async loader: memory here, disk as
+    /// ``storedEntryAfterMemoryMissAsync(_:hash:)`` reads it,
     /// the store awaited.
     nonisolated(nonsending)
     func readLoaderEntryAsync(_ call: LoaderCall, memoryChecked: Bool) async throws -> StoredEntry? {
@@ -173,7 +169,19 @@ extension Cache {
             return entry
         }
         guard disk != nil else { return nil }
-        let (name, hash) = (call.name, call.hash)
+        return try await storedEntryAfterMemoryMissAsync(call.name, hash: call.hash)
+    }
+
+    /// ``storedEntryAfterMemoryMiss(_:)`` for the async API (`lookup`, the loaders, a fleet's local
+    /// read): on the caller's task when the read cannot wait (Configuration.inlineResidentDiskReads),
+    /// else on an I/O thread.
+    nonisolated(nonsending)
+    func storedEntryAfterMemoryMissAsync(_ name: [UInt8], hash: UInt64) async throws -> StoredEntry? {
+        if configuration.inlineResidentDiskReads,
+            case .done(let entry) = try withHashedKey(name, hash: hash, { key throws(MagpieError) in try storedEntryAfterMemoryMissIfImmediate(key) })
+        {
+            return entry
+        }
         return try await onDisk { [self] () throws(MagpieError) -> StoredEntry? in
             try withHashedKey(name, hash: hash) { key throws(MagpieError) in try storedEntryAfterMemoryMiss(key) }
         }
