@@ -60,7 +60,7 @@ struct CacheInlineReadTests {
         try cache.close()
     }
 
-    @Test("lookup and the loaders read a resident record on the caller's task, a remembered absence too; contains hops")
+    @Test("lookup, the loaders and contains read a resident record on the caller's task, a remembered absence too")
     func lookupAndLoaderInline() async throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
@@ -110,16 +110,18 @@ struct CacheInlineReadTests {
         #expect(try await cache.async.value(forKey: "gone") == nil)  // promoted as what it is: an absence
         let afterPlainRead = cache.statistics.inlineDiskReads
 
-        // contains reads only the record's header, through the I/O threads (not done inline yet).
+        // contains reads the record's first bytes, on the caller's thread too; a remembered absence is not contained.
         threads.withLock { $0.removeAll() }
         cache.memory.removeAll()
         #expect(try await cache.async.contains("k"))
-        #expect(threads.withLock { $0 }.contains { $0.hasPrefix("pread@magpie-io-") }, "\(threads.withLock { $0 })")
-        #expect(cache.statistics.inlineDiskReads == afterPlainRead)
+        #expect(try await cache.async.contains("gone") == false)
+        #expect(try await cache.async.contains("never stored") == false)
+        #expect(onlyTheCaller(), "\(threads.withLock { $0 })")
+        #expect(cache.statistics.inlineDiskReads == afterPlainRead + 3)
         try cache.close()
     }
 
-    @Test("with inline reads off, lookup and the loaders read on the I/O threads")
+    @Test("with inline reads off, lookup, the loaders and contains read on the I/O threads")
     func lookupAndLoaderHopWhenOff() async throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
@@ -136,8 +138,10 @@ struct CacheInlineReadTests {
         #expect(try await cache.async.lookup("k")?.tier == .disk)
         cache.memory.removeAll()
         #expect(try await cache.value(forKey: "k") { [] } == Self.value)
+        cache.memory.removeAll()
+        #expect(try await cache.async.contains("k"))
         let calls = threads.withLock { $0 }
-        #expect(!calls.contains("pread@caller") && calls.filter { $0.hasPrefix("pread@magpie-io-") }.count >= 2, "\(calls)")
+        #expect(!calls.contains("pread@caller") && calls.filter { $0.hasPrefix("pread@magpie-io-") }.count >= 3, "\(calls)")
         #expect(cache.statistics.inlineDiskReads == 0)
         try cache.close()
     }
@@ -252,6 +256,70 @@ struct CacheInlineReadTests {
         #expect(try tier.value(forKey: keyBytes(5)) == nil)  // dropped, counted, healed there
         #expect(tier.statistics.corruptRecords == before + 1)
         guard case .done(nil) = try immediate(5) else {
+            Issue.record("the key's record was not gone after the waiting read")
+            return
+        }
+        try tier.close()
+    }
+
+    @Test("DiskTier: contains that must not wait refuses an unloaded bucket and a damaged record, nothing counted; answers the rest")
+    func immediateContainsRefuses() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let clock = ManualClock()
+        var configuration = DiskTier.Configuration(directory: directory.path, budget: 4 << 20, bucketCount: 1, hashSeed: 9)
+        configuration.loadsInBackground = false
+        configuration.clock = clock.cacheClock
+        do {
+            let tier = try DiskTier(configuration)
+            for key in 0..<20 { try tier.set([UInt8](repeating: UInt8(key), count: 500), forKey: keyBytes(key)) }
+            try tier.set([1, 2, 3], forKey: keyBytes(99), expiry: .after(.seconds(5)))
+            try tier.close()
+        }
+        let tier = try DiskTier(configuration)
+        func immediate(_ key: Int) throws -> ImmediateRead<Bool> {
+            try keyBytes(key).withUnsafeBytes { bytes in
+                Result { () throws(MagpieError) in try tier.containsIfImmediate(HashedKey(bytes, hasher: tier.hasher)) }
+            }.get()
+        }
+        func waitingContains(_ key: Int) throws -> Bool {
+            try keyBytes(key).withUnsafeBytes { bytes in
+                Result { () throws(MagpieError) in try tier.contains(HashedKey(bytes, hasher: tier.hasher)) }
+            }.get()
+        }
+        guard case .wouldBlock = try immediate(3) else {
+            Issue.record("an unloaded bucket was read inline")
+            return
+        }
+        #expect(try waitingContains(3))  // loads the bucket
+        guard case .done(true) = try immediate(4), case .done(false) = try immediate(1_000), case .done(true) = try immediate(99) else {
+            Issue.record("a loaded bucket's answers were not given inline")
+            return
+        }
+        clock.advance(seconds: 6)
+        guard case .done(false) = try immediate(99) else {
+            Issue.record("an expired record was contained")
+            return
+        }
+        // One byte of key 5's header changed in the file, behind the tier's back.
+        let offset = tier.buckets[0].withLock { state -> Int in
+            state.index[state.index.positions(tag: DiskSlot.tag(of: tier.hasher.hash(keyBytes(5))))[0]].offset
+        }
+        let fd = open(directory.path + "/buckets/" + DiskTier.bucketName(0, count: 1), O_RDWR)
+        var byte: UInt8 = 0
+        _ = pread(fd, &byte, 1, off_t(offset + 12))
+        byte ^= 0xFF
+        _ = pwrite(fd, &byte, 1, off_t(offset + 12))
+        close(fd)
+        let before = tier.statistics.corruptRecords
+        guard case .wouldBlock = try immediate(5) else {
+            Issue.record("a damaged record was not left to a read that may wait")
+            return
+        }
+        #expect(tier.statistics.corruptRecords == before)
+        #expect(try waitingContains(5) == false)  // dropped, counted, healed there
+        #expect(tier.statistics.corruptRecords == before + 1)
+        guard case .done(false) = try immediate(5) else {
             Issue.record("the key's record was not gone after the waiting read")
             return
         }

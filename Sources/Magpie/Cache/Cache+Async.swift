@@ -15,15 +15,15 @@ import Foundation
 // `nonisolated(nonsending)` keeps each call on its caller's executor, so a memory hit returns without a
 // hop, whatever the tiers; a disk access moves to an I/O thread and back, and a remote call is awaited on
 // the caller's task (the store's event loop does the I/O; no thread waits for it). The one exception: a
-// read (`value(forKey:)`, `lookup`, a loader's read of the local tiers) whose disk read cannot wait (the
-// record in the page cache, its locks free: see `Configuration.inlineResidentDiskReads`) reads on the
-// caller's task, since the hop would cost ten times the read. `contains` still hops.
+// read (`value(forKey:)`, `lookup`, `contains`, a loader's read of the local tiers) whose disk read cannot
+// wait (the record in the page cache, its locks free: see `Configuration.inlineResidentDiskReads`) reads
+// on the caller's task, since the hop would cost ten times the read.
 
 extension Cache {
     /// The asynchronous forms of the cache's operations: disk I/O runs on the cache's I/O threads
     /// (``Configuration/ioThreadCount``), never on Swift's cooperative pool, and a memory hit returns on
-    /// the caller's executor without a hop. A read (``AsyncCache/value(forKey:)-(String)``, `lookup`, a
-    /// loader's read of the local tiers) whose record the page cache holds, its bucket's lock free, is
+    /// the caller's executor without a hop. A read (``AsyncCache/value(forKey:)-(String)``, `lookup`,
+    /// `contains`, a loader's read of the local tiers) whose record the page cache holds, its bucket's lock free, is
     /// read on the caller's task too: no disk I/O, and
     /// no hop (``Configuration/inlineResidentDiskReads``).
     ///

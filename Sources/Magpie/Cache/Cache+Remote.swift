@@ -63,6 +63,20 @@ extension Cache {
         return remote.coherence.servable(stamp: entry.placement.stamp, now: now)
     }
 
+    /// ``fleetDiskContains(_:_:now:)`` that does not wait: the stripe by a bounded spin, the disk through
+    /// ``DiskTier/entryIfImmediate(_:)``; `.wouldBlock`, with nothing read or changed, otherwise.
+    func fleetDiskContainsIfImmediate(_ key: HashedKey, _ remote: RemoteTier, now: Int64) throws(MagpieError) -> ImmediateRead<Bool> {
+        guard let disk else { return .done(false) }
+        guard stripes.tryLock(for: key.hash) else { return .wouldBlock }
+        defer { stripes.unlock(for: key.hash) }
+        guard case .done(let found) = try logged("contains", { () throws(MagpieError) in try disk.entryIfImmediate(key) }) else {
+            return .wouldBlock
+        }
+        counters.inlineDiskReads.add(1, ordering: .relaxed)
+        guard let entry = found, !entry.placement.freshness.negative, entry.placement.stamp != 0 else { return .done(false) }
+        return .done(remote.coherence.servable(stamp: entry.placement.stamp, now: now))
+    }
+
     /// The key's entry for a read of a cache with a remote tier, and the tier that answered: a servable
     /// local copy, else the store's record, kept locally.
     ///

@@ -63,6 +63,17 @@ extension Cache {
         return try logged("contains") { () throws(MagpieError) in try disk.contains(key) }
     }
 
+    /// ``containsAfterMemoryMiss(_:)`` tried on an async caller's task: `.wouldBlock`, with nothing read or
+    /// changed, when the disk read would wait (``DiskTier/containsIfImmediate(_:)``; with a remote tier,
+    /// ``fleetDiskContainsIfImmediate(_:_:now:)``).
+    func containsAfterMemoryMissIfImmediate(_ key: HashedKey, now: Int64) throws(MagpieError) -> ImmediateRead<Bool> {
+        if let remote { return try fleetDiskContainsIfImmediate(key, remote, now: now) }
+        guard let disk else { return .done(false) }
+        let read = try logged("contains") { () throws(MagpieError) in try disk.containsIfImmediate(key) }
+        if case .done = read { counters.inlineDiskReads.add(1, ordering: .relaxed) }
+        return read
+    }
+
     /// The loader API's read of `key`: the entry with its expiry and freshness, negative ones included;
     /// with a remote tier, a local copy past its staleness bound comes marked unverified when the store
     /// has nothing (fail-safe may serve it). `memoryChecked`: memory was read and found nothing.
@@ -143,13 +154,24 @@ extension Cache {
             if found { return true }
             guard disk != nil else { return false }
             let (key, now) = (Array(key), clock.now())
+            if configuration.inlineResidentDiskReads,
+                case .done(let found) = try withHashedKey(key, hash: hash, { key throws(MagpieError) in try containsAfterMemoryMissIfImmediate(key, now: now) })
+            {
+                return found
+            }
             return try await onDisk { [self] () throws(MagpieError) -> Bool in
                 try withHashedKey(key, hash: hash) { key throws(MagpieError) in try fleetDiskContains(key, remote, now: now) }
             }
         }
         let (found, hash) = try withHashedKey(key) { key throws(MagpieError) in (memory.contains(key), key.hash) }
         if found { return true }
+        guard disk != nil else { return false }
         let key = Array(key)
+        if configuration.inlineResidentDiskReads,
+            case .done(let found) = try withHashedKey(key, hash: hash, { key throws(MagpieError) in try containsAfterMemoryMissIfImmediate(key, now: 0) })
+        {
+            return found
+        }
         return try await onDisk { [self] () throws(MagpieError) -> Bool in
             try withHashedKey(key, hash: hash) { key throws(MagpieError) in try containsAfterMemoryMiss(key) }
         }

@@ -31,8 +31,8 @@ extension Cache {
         public var hashSeed: UInt64?
         /// Threads that run disk I/O for the async API. Default 2.
         public var ioThreadCount: Int
-        /// Whether an async read that misses memory (``AsyncCache/value(forKey:)-(String)``, `lookup`, and a
-        /// loader's read of the local tiers; not `contains`) first tries its
+        /// Whether an async read that misses memory (``AsyncCache/value(forKey:)-(String)``, `lookup`,
+        /// `contains`, and a loader's read of the local tiers) first tries its
         /// disk read on the caller's task, when that read cannot wait: the key's stripe and the bucket's
         /// lock free, the bucket's index loaded, and the record's pages in the page cache (`mincore`). A
         /// disk hit then costs no hop to an I/O thread and back (two thread wake-ups, tens of

@@ -333,6 +333,34 @@ extension BucketState {
         return nil
     }
 
+    /// Whether `key` has a live value record (not expired at `now`, not a remembered absence), for a caller
+    /// that must not wait (an async `contains` tried on its caller's task): nil, with nothing changed or
+    /// counted, when a candidate record (in the file) is not all in the page cache, the file is not
+    /// mapped, or a candidate fails its checks (dropping it writes: left to ``find(tag:key:)`` on a
+    /// thread that may wait, which drops and heals).
+    mutating func containsIfImmediate(_ key: HashedKey, now: Int64) throws(MagpieError) -> Bool? {
+        try checkOpen()
+        let tag = DiskSlot.tag(of: key.hash)
+        var position = index.home(tag)
+        while let next = index.position(of: tag, from: position) {
+            position = next
+            let slot = index[position]
+            // The whole record's pages, as a value read checks them: its prefix's length is known only
+            // from its header, and `recordPrefix` must not fault on a page the kernel has to read.
+            guard slot.isPending || (mapping?.isResident(at: slot.offset, count: slot.length) ?? false),
+                let (header, prefix) = try recordPrefix(slot), header.kind == .value
+            else { return nil }
+            let bytes = key.bytes
+            let matches = prefix.withUnsafeBytes { raw in
+                header.keyLength == bytes.count
+                    && (bytes.isEmpty || memcmp(raw.baseAddress! + header.keyOffset, bytes.baseAddress!, bytes.count) == 0)
+            }
+            if matches { return (header.expiry == 0 || header.expiry > now) && !header.flags.contains(.negative) }
+            position = index.next(position)
+        }
+        return false
+    }
+
     /// The index position of `key`'s record, for a store that replaces it: confirmed by the record's
     /// header and key alone (64 + key bytes, read without an allocation for keys up to a few KiB), not
     /// by its checksum, so an overwrite neither copies nor hashes the old value. Enough here: the

@@ -234,6 +234,26 @@ extension DiskTier {
         }
     }
 
+    /// ``contains(_:)`` for a caller that must not wait, as ``entryIfImmediate(_:)`` is: `.wouldBlock`,
+    /// with nothing changed, when the bucket's lock is held, its index not loaded, or a candidate record
+    /// not all in the page cache or damaged (``BucketState/containsIfImmediate(_:now:)``).
+    package func containsIfImmediate(_ key: HashedKey) throws(MagpieError) -> ImmediateRead<Bool> {
+        try checkKey(key)
+        let now = configuration.clock.now()
+        var failure: MagpieError? = nil
+        var found: Bool? = nil
+        _ = buckets[Self.bucket(of: key.hash, count: bucketCount)].withLockIfAvailable { (state: inout BucketState) in
+            guard state.loaded else { return }  // loading reads the file
+            do throws(MagpieError) {
+                found = try state.containsIfImmediate(key, now: now)
+            } catch {
+                failure = error
+            }
+        }
+        if let failure { throw failure }
+        return found.map { .done($0) } ?? .wouldBlock
+    }
+
     func checkKey(_ key: HashedKey) throws(MagpieError) {
         guard key.count <= Self.maximumKeyLength else {
             throw MagpieError(.keyTooLong, "key of \(key.count) bytes; the limit is \(Self.maximumKeyLength)")
