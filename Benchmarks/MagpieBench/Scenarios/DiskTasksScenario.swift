@@ -29,6 +29,7 @@ struct DiskTasksBench: AsyncParsableCommand {
     @Option(help: "Reads per row (a quarter of it at 1 task).") var gets = 100_000
     @Option(help: "Seed of the values and the keys read.") var seed: UInt64 = 42
     @Option(parsing: .upToNextOption, help: "Async reads to measure: value, lookup, loader.") var apis: [AsyncRead] = AsyncRead.allCases
+    @Flag(help: "Every async disk read on an I/O thread (Configuration.inlineResidentDiskReads = false).") var noInlineReads = false
     @Option(help: "Parent directory for the cache directory (removed afterwards).") var workDirectory: String?
     @OptionGroup var outputOptions: OutputOptions
 
@@ -47,7 +48,7 @@ struct DiskTasksBench: AsyncParsableCommand {
         [
             "tasks": .array(tasks.map { .int($0) }), "keys": .int(keys), "value_size": .int(valueSize), "gets": .int(gets),
             "seed": .int(Int(truncatingIfNeeded: seed)), "entries": .string("disk-only (every read a disk hit)"),
-            "apis": .array(apis.map { .string($0.rawValue) }),
+            "apis": .array(apis.map { .string($0.rawValue) }), "inline_resident_disk_reads": .bool(!noInlineReads),
         ]
     }
 }
@@ -83,6 +84,7 @@ struct DiskTasksScenario {
         var configuration = Cache.Configuration(
             directory: directory, memoryBudget: 1 << 20, diskBudget: max(64 << 20, values.totalBytes(options.keys) * 2))
         configuration.metrics = nil
+        configuration.inlineResidentDiskReads = !options.noInlineReads
         let cache = try Cache(configuration)
         progress("disk-tasks: storing \(options.keys) values of \(options.valueSize) bytes, disk-only")
         let diskOnly = EntryOptions(tiers: .diskOnly)
@@ -156,8 +158,9 @@ func printDiskTasksSummary(_ results: [BenchResult]) {
         if case .int(let reads) = row.extra["inline_reads"] { inline = String(format: "%.2f %%", 100 * Double(reads) / Double(max(1, row.operations))) }
         print(
             String(
-                format: "%5d  %-20@  %10.0f  %9.1f %9.1f  %9.1f   %-12@   %@", row.threads, row.system as NSString, row.ops_per_sec,
+                format: "%5d  %@  %10.0f  %9.1f %9.1f  %9.1f   %@   %@", row.threads, row.system.padding(toLength: 20, withPad: " ", startingAt: 0),
+                row.ops_per_sec,
                 Double(row.latency_ns.p50) / 1000, Double(row.latency_ns.p99) / 1000, Double(row.latency_ns.p999) / 1000,
-                ratio as NSString, inline as NSString))
+                ratio.padding(toLength: 12, withPad: " ", startingAt: 0), inline))
     }
 }
