@@ -29,121 +29,127 @@ private func dropFromPageCache(_ path: String) {
     close(fd)
 }
 
+/// Records each file call made under `directory` with the thread that made it ("pread@caller",
+/// "pwrite@magpie-io-0") until the caller removes the hook (`FileIOFaults.set(under:nil)`).
+private func recordThreads(under directory: TemporaryDirectory) -> Locked<[String]> {
+    let threads = Locked<[String]>([])
+    FileIOFaults.set(under: directory.path) { call, _ in
+        threads.withLock { $0.append("\(call)@\(IOThreadPool.currentThreadName ?? "caller")") }
+        return nil
+    }
+    return threads
+}
+
+/// Flips one byte of a bucket file at `offset`, behind the open tier's back.
+private func flipByte(_ path: String, at offset: Int) {
+    let fd = open(path, O_RDWR)
+    guard fd >= 0 else { return }
+    defer { close(fd) }
+    var byte: UInt8 = 0
+    _ = pread(fd, &byte, 1, off_t(offset))
+    byte ^= 0xFF
+    _ = pwrite(fd, &byte, 1, off_t(offset))
+}
+
 @Suite("Cache: async disk reads on the caller's task (inline when they cannot wait)")
 struct CacheInlineReadTests {
     static let value = [UInt8](repeating: 7, count: 3000)
 
-    @Test("a record the page cache holds is read on the caller's task; writes stay on the I/O threads")
-    func residentReadInline() async throws {
+    /// A two-tier cache (every bucket loaded, `value` stored under "k", which is then on disk and in memory)
+    /// whose file calls are recorded with their threads (``recordThreads(under:)``); closed after `body`.
+    static func withRecordedCache(inline: Bool, _ body: (Cache, Locked<[String]>) async throws -> Void) async throws {
         let directory = TemporaryDirectory()
         defer { directory.cleanup() }
-        let cache = try makeCache(directory, diskWriteBuffer: 0)
+        let cache = try makeCache(directory, diskWriteBuffer: 0, inlineDiskReads: inline)
         _ = cache.statistics  // every bucket loaded
-        let threads = Locked<[String]>([])
-        FileIOFaults.set(under: directory.path) { call, _ in
-            threads.withLock { $0.append("\(call)@\(IOThreadPool.currentThreadName ?? "caller")") }
-            return nil
-        }
+        let threads = recordThreads(under: directory)
         defer { FileIOFaults.set(under: directory.path, nil) }
-        try await cache.async.set(Self.value, forKey: "k")
-        #expect(threads.withLock { $0 }.allSatisfy { $0.contains("@magpie-io-") })
-        threads.withLock { $0.removeAll() }
-        cache.memory.removeAll()
-        #expect(try await cache.async.value(forKey: "k") == Self.value)  // a disk hit, promoted
-        #expect(threads.withLock { $0 }.contains("pread@caller"), "\(threads.withLock { $0 })")
-        #expect(!threads.withLock { $0 }.contains { $0.contains("@magpie-io-") })
-        #expect(cache.statistics.inlineDiskReads == 1)
-        #expect(cache.statistics.promotions == 1)
-        // A miss on disk is answered inline too.
-        #expect(try await cache.async.value(forKey: "absent") == nil)
-        #expect(cache.statistics.inlineDiskReads == 2)
+        try await cache.async.set(value, forKey: "k")
+        try await body(cache, threads)
         try cache.close()
+    }
+
+    @Test("a record the page cache holds is read on the caller's task; writes stay on the I/O threads")
+    func residentReadInline() async throws {
+        try await Self.withRecordedCache(inline: true) { (cache: Cache, threads: Locked<[String]>) async throws in
+            #expect(threads.withLock { $0 }.allSatisfy { $0.contains("@magpie-io-") })
+            threads.withLock { $0.removeAll() }
+            cache.memory.removeAll()
+            #expect(try await cache.async.value(forKey: "k") == Self.value)  // a disk hit, promoted
+            #expect(threads.withLock { $0 }.contains("pread@caller"), "\(threads.withLock { $0 })")
+            #expect(!threads.withLock { $0 }.contains { $0.contains("@magpie-io-") })
+            #expect(cache.statistics.inlineDiskReads == 1)
+            #expect(cache.statistics.promotions == 1)
+            // A miss on disk is answered inline too.
+            #expect(try await cache.async.value(forKey: "absent") == nil)
+            #expect(cache.statistics.inlineDiskReads == 2)
+        }
     }
 
     @Test("lookup, the loaders and contains read a resident record on the caller's task, a remembered absence too")
     func lookupAndLoaderInline() async throws {
-        let directory = TemporaryDirectory()
-        defer { directory.cleanup() }
-        let cache = try makeCache(directory, diskWriteBuffer: 0)
-        _ = cache.statistics  // every bucket loaded
-        let threads = Locked<[String]>([])
-        FileIOFaults.set(under: directory.path) { call, _ in
-            threads.withLock { $0.append("\(call)@\(IOThreadPool.currentThreadName ?? "caller")") }
-            return nil
-        }
-        defer { FileIOFaults.set(under: directory.path, nil) }
-        try await cache.async.set(Self.value, forKey: "k")
-        let absent = LoaderOptions(negativeLifetime: .seconds(60))
-        #expect(try await cache.valueIfPresent(forKey: "gone", loader: absent) { nil } == nil)  // remembered, on disk too
-        let before = cache.statistics.inlineDiskReads  // that call's look at the disk (nothing there yet)
-        func onlyTheCaller() -> Bool {
-            let calls = threads.withLock { $0 }
-            return calls.contains("pread@caller") && !calls.contains { $0.contains("@magpie-io-") }
-        }
+        try await Self.withRecordedCache(inline: true) { (cache: Cache, threads: Locked<[String]>) async throws in
+            let absent = LoaderOptions(negativeLifetime: .seconds(60))
+            #expect(try await cache.valueIfPresent(forKey: "gone", loader: absent) { nil } == nil)  // remembered, on disk too
+            let before = cache.statistics.inlineDiskReads  // that call's look at the disk (nothing there yet)
+            func onlyTheCaller() -> Bool {
+                let calls = threads.withLock { $0 }
+                return calls.contains("pread@caller") && !calls.contains { $0.contains("@magpie-io-") }
+            }
 
-        threads.withLock { $0.removeAll() }
-        cache.memory.removeAll()
-        let hit = try await cache.async.lookup("k")
-        #expect(hit?.value == Self.value && hit?.tier == .disk)
-        #expect(onlyTheCaller(), "\(threads.withLock { $0 })")
-        #expect(cache.statistics.inlineDiskReads == before + 1)
+            threads.withLock { $0.removeAll() }
+            cache.memory.removeAll()
+            let hit = try await cache.async.lookup("k")
+            #expect(hit?.value == Self.value && hit?.tier == .disk)
+            #expect(onlyTheCaller(), "\(threads.withLock { $0 })")
+            #expect(cache.statistics.inlineDiskReads == before + 1)
 
-        threads.withLock { $0.removeAll() }
-        cache.memory.removeAll()
-        let loaded = try await cache.value(forKey: "k") {
-            Issue.record("the loader ran for a value on disk")
-            return []
+            threads.withLock { $0.removeAll() }
+            cache.memory.removeAll()
+            let loaded = try await cache.value(forKey: "k") {
+                Issue.record("the loader ran for a value on disk")
+                return []
+            }
+            #expect(loaded == Self.value)
+            #expect(onlyTheCaller(), "\(threads.withLock { $0 })")
+            #expect(cache.statistics.inlineDiskReads == before + 2)
+
+            threads.withLock { $0.removeAll() }
+            cache.memory.removeAll()
+            let remembered = try await cache.valueIfPresent(forKey: "gone", loader: absent) {
+                Issue.record("the loader ran for a remembered absence")
+                return Array("wrong".utf8)
+            }
+            #expect(remembered == nil)
+            #expect(onlyTheCaller(), "\(threads.withLock { $0 })")
+            #expect(cache.statistics.inlineDiskReads == before + 3)
+            #expect(try await cache.async.value(forKey: "gone") == nil)  // promoted as what it is: an absence
+            let afterPlainRead = cache.statistics.inlineDiskReads
+
+            // contains reads the record's first bytes, on the caller's thread too; a remembered absence is not contained.
+            threads.withLock { $0.removeAll() }
+            cache.memory.removeAll()
+            #expect(try await cache.async.contains("k"))
+            #expect(try await cache.async.contains("gone") == false)
+            #expect(try await cache.async.contains("never stored") == false)
+            #expect(onlyTheCaller(), "\(threads.withLock { $0 })")
+            #expect(cache.statistics.inlineDiskReads == afterPlainRead + 3)
         }
-        #expect(loaded == Self.value)
-        #expect(onlyTheCaller(), "\(threads.withLock { $0 })")
-        #expect(cache.statistics.inlineDiskReads == before + 2)
-
-        threads.withLock { $0.removeAll() }
-        cache.memory.removeAll()
-        let remembered = try await cache.valueIfPresent(forKey: "gone", loader: absent) {
-            Issue.record("the loader ran for a remembered absence")
-            return Array("wrong".utf8)
-        }
-        #expect(remembered == nil)
-        #expect(onlyTheCaller(), "\(threads.withLock { $0 })")
-        #expect(cache.statistics.inlineDiskReads == before + 3)
-        #expect(try await cache.async.value(forKey: "gone") == nil)  // promoted as what it is: an absence
-        let afterPlainRead = cache.statistics.inlineDiskReads
-
-        // contains reads the record's first bytes, on the caller's thread too; a remembered absence is not contained.
-        threads.withLock { $0.removeAll() }
-        cache.memory.removeAll()
-        #expect(try await cache.async.contains("k"))
-        #expect(try await cache.async.contains("gone") == false)
-        #expect(try await cache.async.contains("never stored") == false)
-        #expect(onlyTheCaller(), "\(threads.withLock { $0 })")
-        #expect(cache.statistics.inlineDiskReads == afterPlainRead + 3)
-        try cache.close()
     }
 
     @Test("with inline reads off, lookup, the loaders and contains read on the I/O threads")
     func lookupAndLoaderHopWhenOff() async throws {
-        let directory = TemporaryDirectory()
-        defer { directory.cleanup() }
-        let cache = try makeCache(directory, diskWriteBuffer: 0, inlineDiskReads: false)
-        _ = cache.statistics
-        let threads = Locked<[String]>([])
-        FileIOFaults.set(under: directory.path) { call, _ in
-            threads.withLock { $0.append("\(call)@\(IOThreadPool.currentThreadName ?? "caller")") }
-            return nil
+        try await Self.withRecordedCache(inline: false) { (cache: Cache, threads: Locked<[String]>) async throws in
+            cache.memory.removeAll()
+            #expect(try await cache.async.lookup("k")?.tier == .disk)
+            cache.memory.removeAll()
+            #expect(try await cache.value(forKey: "k") { [] } == Self.value)
+            cache.memory.removeAll()
+            #expect(try await cache.async.contains("k"))
+            let calls = threads.withLock { $0 }
+            #expect(!calls.contains("pread@caller") && calls.filter { $0.hasPrefix("pread@magpie-io-") }.count >= 3, "\(calls)")
+            #expect(cache.statistics.inlineDiskReads == 0)
         }
-        defer { FileIOFaults.set(under: directory.path, nil) }
-        try await cache.async.set(Self.value, forKey: "k")
-        cache.memory.removeAll()
-        #expect(try await cache.async.lookup("k")?.tier == .disk)
-        cache.memory.removeAll()
-        #expect(try await cache.value(forKey: "k") { [] } == Self.value)
-        cache.memory.removeAll()
-        #expect(try await cache.async.contains("k"))
-        let calls = threads.withLock { $0 }
-        #expect(!calls.contains("pread@caller") && calls.filter { $0.hasPrefix("pread@magpie-io-") }.count >= 3, "\(calls)")
-        #expect(cache.statistics.inlineDiskReads == 0)
-        try cache.close()
     }
 
     @Test("a bucket whose lock is held: the read hops to an I/O thread, waits there, and gets the value")
@@ -241,12 +247,7 @@ struct CacheInlineReadTests {
             let position = state.index.positions(tag: DiskSlot.tag(of: tier.hasher.hash(keyBytes(5))))[0]
             return (state.index[position].offset, state.index[position].length)
         }
-        let fd = open(directory.path + "/buckets/" + DiskTier.bucketName(0, count: 1), O_RDWR)
-        var byte: UInt8 = 0
-        _ = pread(fd, &byte, 1, off_t(offset + length - 20))
-        byte ^= 0xFF
-        _ = pwrite(fd, &byte, 1, off_t(offset + length - 20))
-        close(fd)
+        flipByte(directory.path + "/buckets/" + DiskTier.bucketName(0, count: 1), at: offset + length - 20)
         let before = tier.statistics.corruptRecords
         guard case .wouldBlock = try immediate(5) else {
             Issue.record("a damaged record was not left to a read that may wait")
@@ -305,12 +306,7 @@ struct CacheInlineReadTests {
         let offset = tier.buckets[0].withLock { state -> Int in
             state.index[state.index.positions(tag: DiskSlot.tag(of: tier.hasher.hash(keyBytes(5))))[0]].offset
         }
-        let fd = open(directory.path + "/buckets/" + DiskTier.bucketName(0, count: 1), O_RDWR)
-        var byte: UInt8 = 0
-        _ = pread(fd, &byte, 1, off_t(offset + 12))
-        byte ^= 0xFF
-        _ = pwrite(fd, &byte, 1, off_t(offset + 12))
-        close(fd)
+        flipByte(directory.path + "/buckets/" + DiskTier.bucketName(0, count: 1), at: offset + 12)
         let before = tier.statistics.corruptRecords
         guard case .wouldBlock = try immediate(5) else {
             Issue.record("a damaged record was not left to a read that may wait")
