@@ -52,6 +52,11 @@ struct Suite: AsyncParsableCommand {
         var results = try MemoryScenario(options: memory).run(progress: progressLine)
         let diskResults = try DiskScenario(options: disk).run(progress: progressLine)
         results += diskResults
+        // Disk hits from 1, 16 and 256 async tasks: cache.async.value, lookup and the loader beside the
+        // synchronous read in the task (`magpie-bench disk-tasks`, the same; about 6 s).
+        let diskTasks = try DiskTasksBench.parse([])
+        let diskTaskResults = try await DiskTasksScenario(options: diskTasks).run(progress: progressLine)
+        results += diskTaskResults
         let tiered = try TieredOptions.parse([])
         results += try TieredScenario(options: tiered).run(progress: progressLine)
         // The loader scenario at 12 s per system (20 s with `magpie-bench loader`).
@@ -81,7 +86,7 @@ struct Suite: AsyncParsableCommand {
             config: [
                 "memory": .object(memory.config),
                 "disk": .object(disk.config.merging(["system_configurations": diskConfigurations(diskResults)]) { $1 }),
-                "tiered": .object(tiered.config), "loader": .object(loader.config), "redis": .object(redis.config),
+                "disk-tasks": .object(diskTasks.config), "tiered": .object(tiered.config), "loader": .object(loader.config), "redis": .object(redis.config),
                 "fleet": .object(fleet.config), "fleet-async": .object(fleetAsync.config), "sweep": .object(sweep.config),
             ],
             results: results)
@@ -89,9 +94,11 @@ struct Suite: AsyncParsableCommand {
         // The curves and the Redis rows get their own tables.
         printTable(results.filter {
             $0.extra["sweep_parameter"] == nil && !$0.scenario.hasPrefix("redis-") && !$0.scenario.hasPrefix("fleet")
+                && $0.scenario != "disk-tasks"
         })
         printMemorySummary(results)
         printDiskSummary(results)
+        printDiskTasksSummary(diskTaskResults)
         printTieredSummary(results)
         printLoaderSummary(results)
         printRedisSummary(results)
