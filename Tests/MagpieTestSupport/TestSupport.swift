@@ -236,7 +236,7 @@ package func isCrashValue(_ value: [UInt8], ofKey key: Int) -> Bool {
 package func makeCache(
     _ directory: TemporaryDirectory?, clock: ManualClock = ManualClock(), memoryBudget: Int = 1 << 20,
     diskBudget: Int = 4 << 20, buckets: Int = 8, defaults: EntryOptions = EntryOptions(), diskWriteBuffer: Int = 64 << 10,
-    inlineDiskReads: Bool = true
+    inlineDiskReads: Bool = true, backgroundLoads: Bool = true
 ) throws -> Cache {
     var configuration = Cache.Configuration(
         directory: directory?.path, memoryBudget: memoryBudget, diskBudget: diskBudget, defaultOptions: defaults)
@@ -247,6 +247,7 @@ package func makeCache(
     configuration.hashSeed = 42
     configuration.metrics = nil
     configuration.inlineResidentDiskReads = inlineDiskReads
+    configuration.disk?.loadsInBackground = backgroundLoads
     return try Cache(configuration)
 }
 

@@ -119,8 +119,9 @@ extension Cache {
         let (value, hash) = try withHashedKey(key) { key throws(MagpieError) in (memory.copyValue(key), key.hash) }
         if let value { return value }
         let name = Array(key)
-        // A disk read that cannot wait runs here, on the caller's task (Configuration.inlineResidentDiskReads).
-        if configuration.inlineResidentDiskReads, disk != nil,
+        // A disk read that cannot wait runs here, on the caller's task (Configuration.inlineResidentDiskReads);
+        // a cancelled task's read goes to `onDisk`, which throws CancellationError as it always has.
+        if configuration.inlineResidentDiskReads, disk != nil, !Task.isCancelled,
             case .done(let value) = try withHashedKey(name, hash: hash, { key throws(MagpieError) in try valueAfterMemoryMissIfImmediate(key) })
         {
             return value
@@ -154,7 +155,7 @@ extension Cache {
             if found { return true }
             guard disk != nil else { return false }
             let (key, now) = (Array(key), clock.now())
-            if configuration.inlineResidentDiskReads,
+            if configuration.inlineResidentDiskReads, !Task.isCancelled,  // cancelled: `onDisk` throws
                 case .done(let found) = try withHashedKey(key, hash: hash, { key throws(MagpieError) in try containsAfterMemoryMissIfImmediate(key, now: now) })
             {
                 return found
@@ -167,7 +168,7 @@ extension Cache {
         if found { return true }
         guard disk != nil else { return false }
         let key = Array(key)
-        if configuration.inlineResidentDiskReads,
+        if configuration.inlineResidentDiskReads, !Task.isCancelled,  // cancelled: `onDisk` throws
             case .done(let found) = try withHashedKey(key, hash: hash, { key throws(MagpieError) in try containsAfterMemoryMissIfImmediate(key, now: 0) })
         {
             return found
@@ -199,7 +200,7 @@ extension Cache {
     /// else on an I/O thread.
     nonisolated(nonsending)
     func storedEntryAfterMemoryMissAsync(_ name: [UInt8], hash: UInt64) async throws -> StoredEntry? {
-        if configuration.inlineResidentDiskReads,
+        if configuration.inlineResidentDiskReads, !Task.isCancelled,  // cancelled: `onDisk` throws
             case .done(let entry) = try withHashedKey(name, hash: hash, { key throws(MagpieError) in try storedEntryAfterMemoryMissIfImmediate(key) })
         {
             return entry

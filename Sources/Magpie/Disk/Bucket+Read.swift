@@ -336,10 +336,12 @@ extension BucketState {
     /// Whether `key` has a live value record (not expired at `now`, not a remembered absence), for a caller
     /// that must not wait (an async `contains` tried on its caller's task): nil, with nothing changed or
     /// counted, when a candidate record (in the file) is not all in the page cache, the file is not
-    /// mapped, or a candidate fails its checks (dropping it writes: left to ``find(tag:key:)`` on a
-    /// thread that may wait, which drops and heals).
+    /// mapped, a candidate fails its checks (dropping it writes: left to ``find(tag:key:)`` on a
+    /// thread that may wait, which drops and heals), or the bucket has damage left to heal.
     mutating func containsIfImmediate(_ key: HashedKey, now: Int64) throws(MagpieError) -> Bool? {
         try checkOpen()
+        // Damage left to heal: `contains` retries it (`DiskTier.contains`), which writes.
+        guard !needsScrub, damaged.isEmpty, hiddenDamage.isEmpty else { return nil }
         let tag = DiskSlot.tag(of: key.hash)
         var position = index.home(tag)
         while let next = index.position(of: tag, from: position) {

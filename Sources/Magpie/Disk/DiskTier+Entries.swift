@@ -242,12 +242,14 @@ extension DiskTier {
         let now = configuration.clock.now()
         var failure: MagpieError? = nil
         var found: Bool? = nil
-        _ = buckets[Self.bucket(of: key.hash, count: bucketCount)].withLockIfAvailable { (state: inout BucketState) in
-            guard state.loaded else { return }  // loading reads the file
-            do throws(MagpieError) {
-                found = try state.containsIfImmediate(key, now: now)
-            } catch {
-                failure = error
+        unownedBuckets[Self.bucket(of: key.hash, count: bucketCount)]._withUnsafeGuaranteedRef { bucket in
+            _ = bucket.withLockIfAvailable { (state: inout BucketState) in
+                guard state.loaded else { return }  // loading reads the file
+                do throws(MagpieError) {
+                    found = try state.containsIfImmediate(key, now: now)
+                } catch {
+                    failure = error
+                }
             }
         }
         if let failure { throw failure }
