@@ -51,6 +51,19 @@ private func flipByte(_ path: String, at offset: Int) {
     _ = pwrite(fd, &byte, 1, off_t(offset))
 }
 
+/// `body` on test key `key` hashed by `tier`'s hasher.
+private func hashed<R>(_ key: Int, _ tier: DiskTier, _ body: (HashedKey) throws(MagpieError) -> R) throws -> R {
+    try keyBytes(key).withUnsafeBytes { bytes in Result { () throws(MagpieError) in try body(HashedKey(bytes, hasher: tier.hasher)) } }.get()
+}
+
+/// The file offset and length of test key `key`'s record in a one-bucket tier.
+private func fileSlot(of key: Int, _ tier: DiskTier) -> (offset: Int, length: Int) {
+    tier.buckets[0].withLock { state in
+        let position = state.index.positions(tag: DiskSlot.tag(of: tier.hasher.hash(keyBytes(key))))[0]
+        return (state.index[position].offset, state.index[position].length)
+    }
+}
+
 @Suite("Cache: async disk reads on the caller's task (inline when they cannot wait)")
 struct CacheInlineReadTests {
     static let value = [UInt8](repeating: 7, count: 3000)
@@ -291,11 +304,7 @@ struct CacheInlineReadTests {
             try tier.close()
         }
         let tier = try DiskTier(configuration)
-        func immediate(_ key: Int) throws -> ImmediateRead<DiskEntry?> {
-            try keyBytes(key).withUnsafeBytes { bytes in
-                Result { () throws(MagpieError) in try tier.entryIfImmediate(HashedKey(bytes, hasher: tier.hasher)) }
-            }.get()
-        }
+        func immediate(_ key: Int) throws -> ImmediateRead<DiskEntry?> { try hashed(key, tier) { key throws(MagpieError) in try tier.entryIfImmediate(key) } }
         guard case .wouldBlock = try immediate(3) else {
             Issue.record("an unloaded bucket was read inline")
             return
@@ -307,10 +316,7 @@ struct CacheInlineReadTests {
         }
         #expect(Array(entry.value.prefix(7)) == Array("value 4".utf8))
         // One byte of key 5's payload changed in the file, behind the tier's back.
-        let (offset, length) = tier.buckets[0].withLock { state -> (Int, Int) in
-            let position = state.index.positions(tag: DiskSlot.tag(of: tier.hasher.hash(keyBytes(5))))[0]
-            return (state.index[position].offset, state.index[position].length)
-        }
+        let (offset, length) = fileSlot(of: 5, tier)
         flipByte(directory.path + "/buckets/" + DiskTier.bucketName(0, count: 1), at: offset + length - 20)
         let before = tier.statistics.corruptRecords
         guard case .wouldBlock = try immediate(5) else {
@@ -342,16 +348,8 @@ struct CacheInlineReadTests {
             try tier.close()
         }
         let tier = try DiskTier(configuration)
-        func immediate(_ key: Int) throws -> ImmediateRead<Bool> {
-            try keyBytes(key).withUnsafeBytes { bytes in
-                Result { () throws(MagpieError) in try tier.containsIfImmediate(HashedKey(bytes, hasher: tier.hasher)) }
-            }.get()
-        }
-        func waitingContains(_ key: Int) throws -> Bool {
-            try keyBytes(key).withUnsafeBytes { bytes in
-                Result { () throws(MagpieError) in try tier.contains(HashedKey(bytes, hasher: tier.hasher)) }
-            }.get()
-        }
+        func immediate(_ key: Int) throws -> ImmediateRead<Bool> { try hashed(key, tier) { key throws(MagpieError) in try tier.containsIfImmediate(key) } }
+        func waitingContains(_ key: Int) throws -> Bool { try hashed(key, tier) { key throws(MagpieError) in try tier.contains(key) } }
         guard case .wouldBlock = try immediate(3) else {
             Issue.record("an unloaded bucket was read inline")
             return
@@ -366,10 +364,8 @@ struct CacheInlineReadTests {
             Issue.record("an expired record was contained")
             return
         }
-        // One byte of key 5's header changed in the file, behind the tier's back.
-        let offset = tier.buckets[0].withLock { state -> Int in
-            state.index[state.index.positions(tag: DiskSlot.tag(of: tier.hasher.hash(keyBytes(5))))[0]].offset
-        }
+        // One byte of key 5's header (its stored length) changed in the file, behind the tier's back.
+        let (offset, _) = fileSlot(of: 5, tier)
         flipByte(directory.path + "/buckets/" + DiskTier.bucketName(0, count: 1), at: offset + 12)
         let before = tier.statistics.corruptRecords
         guard case .wouldBlock = try immediate(5) else {

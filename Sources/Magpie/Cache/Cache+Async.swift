@@ -23,9 +23,9 @@ extension Cache {
     /// The asynchronous forms of the cache's operations: disk I/O runs on the cache's I/O threads
     /// (``Configuration/ioThreadCount``), never on Swift's cooperative pool, and a memory hit returns on
     /// the caller's executor without a hop. A read (``AsyncCache/value(forKey:)-(String)``, `lookup`,
-    /// `contains`, a loader's read of the local tiers) whose record the page cache holds, its bucket's lock free, is
-    /// read on the caller's task too: no disk I/O, and
-    /// no hop (``Configuration/inlineResidentDiskReads``).
+    /// `contains`, a loader's read of the local tiers) whose record the page cache holds, its bucket's
+    /// lock free, is read on the caller's task too: no disk I/O, and no hop
+    /// (``Configuration/inlineResidentDiskReads``).
     ///
     /// ```swift
     /// try await cache.async.set(bytes, forKey: "avatar:42")

@@ -179,8 +179,7 @@ extension Cache {
     }
 
     /// ``readLoaderEntry(_:memoryChecked:)`` for the async loader: memory here, disk as
-    /// ``storedEntryAfterMemoryMissAsync(_:hash:)`` reads it,
-    /// the store awaited.
+    /// ``storedEntryAfterMemoryMissAsync(_:hash:)`` reads it, the store awaited.
     nonisolated(nonsending)
     func readLoaderEntryAsync(_ call: LoaderCall, memoryChecked: Bool) async throws -> StoredEntry? {
         if let remote {

@@ -41,7 +41,8 @@ public struct CacheStatistics: Sendable, Hashable {
     /// so it logs the error, counts it here and reads nil.
     public var subscriptFailures: UInt64 = 0
     /// Async disk reads done on their caller's task, with no hop to an I/O thread (hits and misses alike,
-    /// `contains` included; see ``Cache/Configuration/inlineResidentDiskReads``). The rest of the async disk reads hopped.
+    /// `contains` included; see ``Cache/Configuration/inlineResidentDiskReads``). The rest of the async
+    /// disk reads hopped.
     public var inlineDiskReads: UInt64 = 0
     /// The remote tier's figures; nil without one.
     public var remote: RemoteTierStatistics? = nil

@@ -32,10 +32,10 @@ extension Cache {
         /// Threads that run disk I/O for the async API. Default 2.
         public var ioThreadCount: Int
         /// Whether an async read that misses memory (``AsyncCache/value(forKey:)-(String)``, `lookup`,
-        /// `contains`, and a loader's read of the local tiers) first tries its
-        /// disk read on the caller's task, when that read cannot wait: the key's stripe (taken by the
-        /// reads that promote) and the bucket's lock free, the bucket's index loaded, and the record's pages in the page cache (`mincore`). A
-        /// disk hit then costs no hop to an I/O thread and back (two thread wake-ups, tens of
+        /// `contains`, and a loader's read of the local tiers) first tries its disk read on the caller's
+        /// task, when that read cannot wait: the key's stripe (taken by the reads that promote) and the
+        /// bucket's lock free, the bucket's index loaded, and the record's pages in the page cache
+        /// (`mincore`). A disk hit then costs no hop to an I/O thread and back (two thread wake-ups, tens of
         /// microseconds on a VM, against a few for the read). Otherwise, and for every write, the work
         /// hops as before, and so does the read of a cancelled task (which throws `CancellationError`
         /// there). Default true; false: every async disk read runs on an I/O thread (a caller's

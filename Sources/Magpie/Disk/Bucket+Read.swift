@@ -115,7 +115,7 @@ extension BucketState {
             let found: DiskEntry?
             if slot.isPending {
                 found = pendingCandidate(slot, key, &verdict)
-            } else if immediate && !(mapping?.isResident(at: slot.offset, count: slot.length) ?? false) {
+            } else if immediate && !isResident(slot) {
                 found = nil
                 verdict = .wouldBlock
             } else {
@@ -349,18 +349,20 @@ extension BucketState {
             let slot = index[position]
             // The whole record's pages, as a value read checks them: its prefix's length is known only
             // from its header, and `recordPrefix` must not fault on a page the kernel has to read.
-            guard slot.isPending || (mapping?.isResident(at: slot.offset, count: slot.length) ?? false),
-                let (header, prefix) = try recordPrefix(slot), header.kind == .value
+            guard slot.isPending || isResident(slot), let (header, prefix) = try recordPrefix(slot), header.kind == .value
             else { return nil }
-            let bytes = key.bytes
-            let matches = prefix.withUnsafeBytes { raw in
-                header.keyLength == bytes.count
-                    && (bytes.isEmpty || memcmp(raw.baseAddress! + header.keyOffset, bytes.baseAddress!, bytes.count) == 0)
+            if prefix.withUnsafeBytes({ Self.isKey(key, in: $0, header) }) {
+                return (header.expiry == 0 || header.expiry > now) && !header.flags.contains(.negative)
             }
-            if matches { return (header.expiry == 0 || header.expiry > now) && !header.flags.contains(.negative) }
             position = index.next(position)
         }
         return false
+    }
+
+    /// Whether every page of the file record `slot` points at is in the page cache (false when the file
+    /// is not mapped): reading it cannot wait for the disk.
+    private func isResident(_ slot: DiskSlot) -> Bool {
+        mapping?.isResident(at: slot.offset, count: slot.length) ?? false
     }
 
     /// The index position of `key`'s record, for a store that replaces it: confirmed by the record's

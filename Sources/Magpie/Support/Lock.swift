@@ -29,8 +29,6 @@ struct PThreadMutex {
 
     @inline(__always) func lock() { pthread_mutex_lock(mutex) }
     @inline(__always) func unlock() { pthread_mutex_unlock(mutex) }
-    /// Takes the mutex if no one holds it; false (not taken) otherwise.
-    @inline(__always) func tryLock() -> Bool { pthread_mutex_trylock(mutex) == 0 }
 
     /// Takes the mutex if it is free now or within a short spin (``spinAttempts`` tries, eight CPU
     /// pauses between them: 512 pauses in all when the mutex stays held, about 10 µs where a pause is
