@@ -41,7 +41,10 @@ struct FleetDeliveryTests {
                 return try await b.async.contains("k")
             })
             try await offloaded { try settle(b) }
-            #expect((b.statistics.remote?.undeliveredMilliseconds ?? 9_999) < 500)
+            // The watermark trails by the heartbeats' rhythm (100–250 ms); on a loaded machine one sample
+            // can trail further (515 ms once, the whole suite running on 2 cores): healthy is "within 500 ms
+            // again soon", not "within 500 ms at this instant".
+            #expect(pollUntil { (b.statistics.remote?.undeliveredMilliseconds ?? 9_999) < 500 } != nil)
 
             // a's data writes fail from now on (its heartbeats do not): its removal is owed.
             gated.closed.store(true, ordering: .sequentiallyConsistent)

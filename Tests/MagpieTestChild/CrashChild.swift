@@ -27,10 +27,14 @@ struct CrashChild: ParsableCommand {
     @Option(help: "Bucket count.") var buckets = 4
     @Option(help: "Distinct keys.") var keys = 300
     @Option(help: "The tier's reinsertion threshold (DiskTier.Configuration).") var reinsertionThreshold = 1
+    @Option(help: "Values are 0 to this many bytes long (less one).") var maxLength = 3000
+    @Flag(help: "Bucket files grown in 2 MiB ranges held as huge pages (DiskTier.Configuration.hugePageFiles).")
+    var hugePages = false
 
     func run() throws {
         var configuration = DiskTier.Configuration(directory: directory, budget: budget, bucketCount: buckets)
         configuration.reinsertionThreshold = reinsertionThreshold
+        configuration.hugePageFiles = hugePages
         let tier = try DiskTier(configuration)
         journal("ready")
         var generator = SeededGenerator(seed: seed)
@@ -46,7 +50,7 @@ struct CrashChild: ParsableCommand {
             if operations % 64 == 0 { journal("n \(tier.statistics.reinsertions)") }
             switch (state >> 56) % 32 {
             case 0..<19:
-                let length = Int((state >> 20) % 3000)
+                let length = Int((state >> 20) % UInt64(max(1, maxLength)))
                 journal("s \(key) \(version) \(length) \(key % 4)")
                 try tier.set(crashValue(key: key, version: version, length: length), forKey: "k\(key)", group: "g\(key % 4)")
                 written[key] = .value(version: version, length: length)

@@ -33,8 +33,9 @@ final class MagpieDisk: DiskSystem {
     let level: Int?
     var name: String { "magpie" }
 
-    init(directory: String, budget: Int, level: Int?, buckets: Int?, reinsertionThreshold: Int? = nil) throws {
+    init(directory: String, budget: Int, level: Int?, buckets: Int?, reinsertionThreshold: Int? = nil, hugePages: Bool = false) throws {
         var configuration = DiskTier.Configuration(directory: directory, budget: budget, bucketCount: buckets, compressionLevel: level)
+        configuration.hugePageFiles = hugePages
         if let reinsertionThreshold { configuration.reinsertionThreshold = reinsertionThreshold }
         tier = try DiskTier(configuration)
         self.budget = budget
@@ -47,7 +48,7 @@ final class MagpieDisk: DiskSystem {
 
     var configuration: String {
         "Magpie DiskTier: budget=\(budget), \(tier.bucketCount) buckets, zstd \(level.map { "-\($0)" } ?? "off") where it pays, "
-            + "64 KiB memtables written in the background, mapped reads, FIFO regions with size-aware reinsertion "
+            + "64 KiB memtables written in the background, mapped reads\(tier.configuration.hugePageFiles ? " (huge pages)" : ""), FIFO regions with size-aware reinsertion "
             + "(threshold \(tier.configuration.reinsertionThreshold)), no fsync"
     }
 

@@ -82,6 +82,14 @@ func printDiskSummary(_ results: [BenchResult]) {
         return String(format: "%@ %.1f B (%d entries)", r.scenario, perEntry, Int(entries))
     }
     if !dram.isEmpty { print("magpie index DRAM per on-disk entry: " + dram.joined(separator: ", ")) }
+    // How much of each system's mapped files the kernel maps by 2 MiB pages (a random read's TLB misses;
+    // Magpie's `hugePageFiles`, LMDB's file as the kernel caches it), after the plain gets and the paired
+    // turns (informative).
+    let huge = disk.filter { $0.scenario == "disk-get" || $0.scenario == "disk-paired-get" }.compactMap { r -> String? in
+        guard let resident = number(r, "mapped_resident_bytes"), resident > 0, let pmd = number(r, "huge_page_mapped_bytes") else { return nil }
+        return String(format: "%@ %@ %.0f %% (%.0f of %.0f MB)", r.scenario, r.system, 100 * pmd / resident, pmd / 1e6, resident / 1e6)
+    }
+    if !huge.isEmpty { print("mapped file bytes on 2 MiB pages: " + huge.joined(separator: ", ")) }
 
     // The issue #29 bars where they differ from #20's: against RocksDB (FIFO) and LMDB by name, the store
     // tail, and write amplification counted two ways (the device's writes, which the page cache absorbs

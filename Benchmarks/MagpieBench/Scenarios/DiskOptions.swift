@@ -17,6 +17,8 @@ struct DiskOptions: ParsableArguments {
     @Option(help: "Magpie's reinsertion threshold (DiskTier.Configuration.reinsertionThreshold); default: the tier's.")
     var reinsertionThreshold: Int?
     @Option(help: "Magpie bucket count; default: from the budget.") var buckets: Int?
+    @Flag(help: "Magpie with huge pages for its bucket files (DiskTier.Configuration.hugePageFiles = true).")
+    var hugePages = false
     @Option(parsing: .upToNextOption, help: "Systems to run (\(knownSystems.joined(separator: ", "))).")
     var systems = knownSystems
     @Option(
@@ -70,7 +72,7 @@ struct DiskOptions: ParsableArguments {
         [
             "scenario": .string("disk"), "keys": .int(keys), "value_size": .int(valueSize),
             "budget_bytes": .int(effectiveBudget), "gets": .int(gets), "seed": .int(Int(seed)), "zstd_level": .int(level),
-            "buckets": buckets.map { .int($0) } ?? .string("default"), "urlcache_ops": .int(urlcacheOps),
+            "buckets": buckets.map { .int($0) } ?? .string("default"), "huge_page_files": .bool(hugePages), "urlcache_ops": .int(urlcacheOps),
             "fileperkey_keys": .int(min(fileperkeyKeys ?? keys, keys)),
             "systems": .array(systems.map { .string($0) }), "workloads": .array(workloads.map { .string($0) }),
             "values": .string("even keys JSON-like text, odd keys random bytes"),

@@ -137,6 +137,9 @@ extension DiskScenario {
                 extra["what"] = .string("ZSTD_decompressDCtx (reused context) of the workload's JSON values, level 1, into a reused buffer: \(frames); in turns with the systems' gets")
             } else {
                 extra["configuration"] = .string(systems[p].configuration)
+                let mappings = hugePageMappings(under: root + "/paired-" + names[p])
+                extra["mapped_resident_bytes"] = .int(mappings.resident)
+                extra["huge_page_mapped_bytes"] = .int(mappings.pmdMapped)
                 extra["get_text_hit_latency_ns"] = text[p].percentiles.json
                 extra["get_random_hit_latency_ns"] = random[p].percentiles.json
                 extra["round_raw_p50_ns"] = .array(random[p].roundP50s.map { .int(Int($0)) })

@@ -108,7 +108,7 @@ struct DiskScenario {
         case "magpie":
             return try MagpieDisk(
                 directory: directory, budget: budget, level: options.level == 0 ? nil : options.level,
-                buckets: options.buckets, reinsertionThreshold: options.reinsertionThreshold)
+                buckets: options.buckets, reinsertionThreshold: options.reinsertionThreshold, hugePages: options.hugePages)
         case "rocksdb": return try RocksDBDisk(directory: directory, budget: budget)
         case "lmdb": return try LMDBDisk(directory: directory, budget: budget)
         case "sqlite": return try SQLiteDisk(directory: directory, budget: budget)
@@ -182,6 +182,9 @@ struct DiskScenario {
         var extra = system.extra()
         extra["configuration"] = .string(system.configuration)
         extra["du_bytes"] = .int(directoryBytes(directory))
+        let mappings = hugePageMappings(under: directory)
+        extra["mapped_resident_bytes"] = .int(mappings.resident)
+        extra["huge_page_mapped_bytes"] = .int(mappings.pmdMapped)
         extra["budget_bytes"] = .int(plan.budget)
         extra["slack_bytes"] = .int(system.slackBytes)
         extra["zstd1_reference_ratio"] = .double(reference)

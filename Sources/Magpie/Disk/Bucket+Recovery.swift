@@ -160,7 +160,9 @@ extension BucketState {
         // be one it removed: nothing in the file is trusted.
         let cut = header.map { $0.closedLength > bytes.count } ?? false
         guard let header, header.isSameFile(as: expectedHeader(regionSize: header.regionSize)), !cut else {
-            if !bytes.isEmpty { counters.corruptRecords += 1 }
+            // A file of zeros holds nothing: what a crash leaves between a new file's extension and its
+            // header's write (Bucket+HugePages.swift).
+            if bytes.contains(where: { $0 != 0 }) { counters.corruptRecords += 1 }
             if cut { counters.truncatedTails += 1 }
             try context.sizesFile.retire()  // SIZES goes before the file changes
             try FileIO.truncate(fd, to: 0, path: context.path)

@@ -365,11 +365,19 @@ extension BucketState {
         while trailing < freeSlots.count && freeSlots[freeSlots.count - 1 - trailing] { trailing += 1 }
         let adding = count - trailing
         guard size + adding * regionSize <= limit else { return nil }
-        // Only counted: the file itself grows as its slots are written (so it holds no unwritten tail).
-        slotCount += adding
-        freeSlots += repeatElement(true, count: adding)
+        let first = slotCount - trailing
+        // With huge pages, as many more free slots as complete the 2 MiB range these end in (if it fits),
+        // and the file extended over them, that range cached as one folio (Bucket+HugePages.swift).
+        // Otherwise only counted: the file itself grows as its slots are written.
+        let huge = hugePageSlots(adding: adding)
+        let extra = huge ?? 0
+        let oldSize = size
+        let wasEmpty = slotCount == 0
+        slotCount += adding + extra
+        freeSlots += repeatElement(true, count: adding + extra)
         remapIfGrown()
-        return slotCount - count
+        if huge != nil { try populateHugePages(from: oldSize, wasEmpty: wasEmpty) }
+        return first
     }
 
     /// Maps the file anew once it has grown past its mapping (to the limit, at least twice the old length,

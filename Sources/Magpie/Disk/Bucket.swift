@@ -51,6 +51,9 @@ final class BucketShared: Sendable {
     let logs: DiskLogs
     /// Read through a mapping of the file (``DiskTier/Configuration/mappedReads``).
     let mappedReads: Bool
+    /// Grow the file in whole 2 MiB ranges held as huge pages (``DiskTier/Configuration/hugePageFiles``,
+    /// Bucket+HugePages.swift).
+    let hugePages: Bool
     /// Bytes of a memtable (Disk/Memtable.swift); 0: every store is written before it returns.
     let writeBuffer: Int
     /// The SIZES a clean close left, deleted before any bucket file first changes (Bucket+Snapshot.swift).
@@ -66,7 +69,7 @@ final class BucketShared: Sendable {
 
     init(
         directory: CacheDirectory, share: Int, hasher: KeyHash, clock: CacheClock, bucketCount: Int, ledger: DiskLedger,
-        health: TierHealth, logs: DiskLogs, mappedReads: Bool, writeBuffer: Int, sizesFile: SizesFile, regionSize: Int,
+        health: TierHealth, logs: DiskLogs, mappedReads: Bool, hugePages: Bool, writeBuffer: Int, sizesFile: SizesFile, regionSize: Int,
         reinsertionThreshold: Int, compression: ZstdPool?, minimumCompressibleLength: Int
     ) {
         self.directory = directory
@@ -78,6 +81,7 @@ final class BucketShared: Sendable {
         self.health = health
         self.logs = logs
         self.mappedReads = mappedReads
+        self.hugePages = hugePages
         self.writeBuffer = writeBuffer
         self.sizesFile = sizesFile
         self.regionSize = regionSize
@@ -105,6 +109,7 @@ struct BucketContext: Sendable {
     var health: TierHealth { shared.health }
     var logs: DiskLogs { shared.logs }
     var mappedReads: Bool { shared.mappedReads }
+    var hugePages: Bool { shared.hugePages }
     var writeBuffer: Int { shared.writeBuffer }
     var sizesFile: SizesFile { shared.sizesFile }
 }

@@ -34,6 +34,28 @@ extension DiskTier {
         /// inside its own copy into a fallback to `pread` and passes every other SIGBUS on to the handler
         /// installed before it. Set false to keep the process's signal handling untouched.
         public var mappedReads = true
+        /// Grow each bucket file in whole 2 MiB ranges that the kernel caches as one huge page each, so that
+        /// reads through the mapping (``mappedReads``) take one TLB entry per 2 MiB instead of 512: about 150 ns
+        /// less per random 4 KiB read of a page-cache-hot tier on our machine, enough to read faster than LMDB
+        /// (BENCHMARKS.md, "huge pages for bucket files"). Off by default, for what it costs:
+        /// - **Growth.** When a bucket's growth reaches into a new 2 MiB range of its file and the whole range
+        ///   fits within the bucket's limit, the file is extended to the range's end (a hole: no block is
+        ///   allocated) and the kernel is asked to cache the range as one folio of zeros, which the bucket's
+        ///   writes then fill. The kernel zero-fills 2 MiB, under the bucket's lock: 1–6 ms each on our VM
+        ///   (whose host backs guest memory on first touch; a fraction of that where memory is backed), so a
+        ///   tier filling from empty stores about 5 × slower (100 k against 500 k stores/s of 4 KiB values, 256
+        ///   buckets, p99.9 4–5 ms). A tier whose files are at their limits (a full cache) no longer grows.
+        /// - **Memory.** The page cache holds each range whole from its first use: a bucket whose file has not
+        ///   reached its limit keeps up to 2 MiB of zeros cached beyond its records (reclaimable, as any clean
+        ///   page cache). Files are as long as their slots (charged to the budget as before); the unused ends
+        ///   are holes on disk. The kernel counts a write into a large folio as a write of the whole folio in
+        ///   the process's I/O accounting (`/proc/self/io`), not in the blocks it writes.
+        /// - **Where it holds.** Only ranges the tier grew with this on, while the page cache keeps them: a file
+        ///   read back after its pages were dropped (a reboot) is cached in small pages again. File systems
+        ///   without large folios (ext4 before Linux 6.16) and transparent huge pages `never` gain nothing, nor
+        ///   buckets whose share is under 2 MiB (budgets under 512 MiB at 256 buckets, under 32 MiB at 16).
+        /// Off with ``mappedReads`` off.
+        public var hugePageFiles = false
         /// Bytes of each bucket's memtable (at most an eighth of ``DiskTier/bucketBudget``): a store copies
         /// its record there and returns; a background thread compresses and writes the memtable when it is
         /// full (see ``DiskTier``, **Writes**). The price: a store reaches the kernel only when its memtable

@@ -36,7 +36,9 @@ import Synchronization
 /// metadata) in a copy in its thread's read scratch, then copies the payload once, out of a read-only
 /// mapping of the bucket file (or with `pread`, see ``Configuration/mappedReads``; or out of a memtable),
 /// straight into the array it returns, and checks it against its hash; a compressed value is
-/// decompressed from its copy outside the lock.
+/// decompressed from its copy outside the lock. With ``Configuration/hugePageFiles`` bucket files grow in
+/// whole 2 MiB ranges that the kernel caches as huge pages, so that the mapping's random reads rarely miss
+/// the TLB (`Disk/Bucket+HugePages.swift`).
 ///
 /// **Budget.** Everything the tier writes in its directory — bucket files, the index snapshots a close
 /// leaves, SIZES, MANIFEST and LOCK, the journal of owed removals — stays within ``Configuration/budget``
@@ -219,6 +221,7 @@ public final class DiskTier: Sendable {
             let shared = BucketShared(
                     directory: directory, share: share, hasher: hasher, clock: configuration.clock, bucketCount: count,
                     ledger: ledger, health: health, logs: logs, mappedReads: configuration.mappedReads,
+                    hugePages: configuration.mappedReads && configuration.hugePageFiles,
                     writeBuffer: max(0, min(configuration.writeBufferSize, share / 8)), sizesFile: sizesFile,
                     regionSize: Self.regionSize(share: share), reinsertionThreshold: max(1, configuration.reinsertionThreshold),
                     compression: configuration.compressionLevel == nil ? nil : compression,

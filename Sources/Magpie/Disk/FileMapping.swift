@@ -10,10 +10,11 @@ import Glibc
 // and decoded (Bucket+Read.swift). Copying first, then verifying, means a check and a use always see
 // the same bytes, even if another process scribbles on the file in between.
 //
-// One mapping serves a file for its whole life: it spans the bucket's share (rounded up to pages),
-// and the file never grows past the share. Pages past the end of the file are mapped but never read:
-// records are read only below the bucket's `size`. A compaction replaces the file (a new inode), so
-// the bucket maps the new one under its lock before anyone can read through the old.
+// A mapping spans the bucket's limit (at least its share, rounded up to pages); a file that grows past
+// it is mapped anew, under the bucket's lock (Bucket+Regions.swift, `remapIfGrown`). Pages past the end of
+// the file are mapped but never read: records are read only below the bucket's `size`. Mappings of 2 MiB
+// or more start at a 2 MiB boundary (Linux aligns them on file systems with large folios), so that the file's 2 MiB folios, where the
+// bucket made them (Bucket+HugePages.swift), are mapped by huge pages.
 //
 // The danger of mappings is SIGBUS: reading a page the file no longer has (truncated behind our back,
 // by something that ignored the LOCK) or one the kernel cannot read (an I/O error). `magpie_guarded_copy`
@@ -78,6 +79,32 @@ struct FileMapping {
     }
 
     private static let pageSize = max(4096, Int(sysconf(Int32(_SC_PAGESIZE))))
+
+    /// The size of a PMD-mapped ("huge") page on x86-64 and on arm64 with 4 KiB pages.
+    static let hugePageSize = 2 << 20
+
+    /// Asks the kernel to hold file bytes [`offset`, `offset` + 2 MiB) of `fd` in one 2 MiB page-cache folio,
+    /// so that every mapping of the file maps them by one huge page (one TLB entry instead of 512).
+    /// `offset` must be 2 MiB-aligned and the range inside the file, a hole that nothing has read or
+    /// written yet (a folio already cached there decides the layout instead). How: a transient shared
+    /// mapping of the range, marked `MADV_HUGEPAGE`, populated with `MADV_POPULATE_READ`: the fault's
+    /// readahead then allocates the range as one folio (Linux with large folios for the file system, ext4
+    /// since 6.16, xfs earlier; transparent huge pages in `madvise` or `always`), of zeros, which later
+    /// `pwrite`s fill in place; holes stay holes on disk. Elsewhere the kernel caches the zeros in small
+    /// pages, or refuses the advice: nothing but the layout differs. Returns whether the kernel took both
+    /// pieces of advice (not whether it made the large folio, which nothing cheap can tell).
+    static func populateHugePage(_ fd: Int32, at offset: Int) -> Bool {
+        guard offset >= 0, offset % hugePageSize == 0 else { return false }
+        // The mapping lives only inside this function and is read by nothing but the kernel's populate;
+        // a range past the file's end (truncated behind our back) makes the populate fail (EFAULT), not
+        // fault, since nothing here dereferences the mapping.
+        guard let address = mmap(nil, hugePageSize, PROT_READ, MAP_SHARED, fd, off_t(offset)), address != MAP_FAILED else {
+            return false
+        }
+        defer { munmap(address, hugePageSize) }
+        guard madvise(address, hugePageSize, MADV_HUGEPAGE) == 0 else { return false }
+        return madvise(address, hugePageSize, MADV_POPULATE_READ) == 0
+    }
 
     /// Copies `destination.count` bytes from file offset `offset`. False when the range is not inside
     /// the mapping or a SIGBUS interrupted the copy (the file shrank, or the kernel could not read a page).
