@@ -16,7 +16,10 @@ import Magpie
 // (`cache.value(forKey:load:)`, the get-or-load services call; its loader never runs, as every key is on
 // disk: a run of it fails the row), each over the same uniformly drawn keys (`--apis` picks the async
 // rows). Each read is checked against its value's digest outside the timed span; a row with any wrong
-// read fails the run.
+// read fails the run. Then stores (`--stores` per row, 0: none): `magpie-sync-set`, the synchronous
+// `set` called in the task, beside `magpie-async-set` (`cache.async.set`), each of keys never stored
+// before (the store a loader's miss makes), values of the same kind, into both tiers; the memtables are
+// written in the background as they fill. After the rows every stored key is read back and checked.
 
 struct DiskTasksBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -30,6 +33,8 @@ struct DiskTasksBench: AsyncParsableCommand {
     @Option(help: "Seed of the values and the keys read.") var seed: UInt64 = 42
     @Option(parsing: .upToNextOption, help: "Async reads to measure: value, lookup, loader.") var apis: [AsyncRead] = AsyncRead.allCases
     @Flag(help: "Every async disk read on an I/O thread (Configuration.inlineResidentDiskReads = false).") var noInlineReads = false
+    @Option(help: "Stores per store row (new keys, both tiers; a quarter of it at 1 task); 0: no store rows.") var stores = 10_000
+    @Flag(help: "Every async store on an I/O thread (Configuration.inlineDiskStores = false).") var noInlineStores = false
     @Option(help: "Parent directory for the cache directory (removed afterwards).") var workDirectory: String?
     @OptionGroup var outputOptions: OutputOptions
 
@@ -49,6 +54,7 @@ struct DiskTasksBench: AsyncParsableCommand {
             "tasks": .array(tasks.map { .int($0) }), "keys": .int(keys), "value_size": .int(valueSize), "gets": .int(gets),
             "seed": .int(Int(truncatingIfNeeded: seed)), "entries": .string("disk-only (every read a disk hit)"),
             "apis": .array(apis.map { .string($0.rawValue) }), "inline_resident_disk_reads": .bool(!noInlineReads),
+            "stores": .int(stores), "inline_disk_stores": .bool(!noInlineStores),
         ]
     }
 }
@@ -81,10 +87,15 @@ struct DiskTasksScenario {
         let keyNames = (0..<options.keys).map { values.key($0) }
         let digest = KeyHash(seed: 0)
         let digests = (0..<options.keys).map { digest.hash(values.value($0)) }
+        // Room for every value read and stored, twice over: a stored key read back must be there.
+        let stored = options.tasks.reduce(0) { $0 + 2 * ($1 == 1 ? options.stores / 4 : options.stores) }
+        let perValue = values.totalBytes(options.keys) / max(1, options.keys) + 256
         var configuration = Cache.Configuration(
-            directory: directory, memoryBudget: 1 << 20, diskBudget: max(64 << 20, values.totalBytes(options.keys) * 2))
+            directory: directory, memoryBudget: 1 << 20,
+            diskBudget: max(64 << 20, (values.totalBytes(options.keys) + stored * perValue) * 2))
         configuration.metrics = nil
         configuration.inlineResidentDiskReads = !options.noInlineReads
+        configuration.inlineDiskStores = !options.noInlineStores
         let cache = try Cache(configuration)
         progress("disk-tasks: storing \(options.keys) values of \(options.valueSize) bytes, disk-only")
         let diskOnly = EntryOptions(tiers: .diskOnly)
@@ -124,9 +135,51 @@ struct DiskTasksScenario {
             }
         }
         let hits = cache.statistics.disk?.hits ?? 0
-        try cache.close()
         let reads = results.reduce(0) { $0 + $1.operations }
         guard hits >= UInt64(reads) else { throw BenchError("\(hits) disk hits for \(reads) reads: some reads did not reach the disk tier") }
+        if options.stores > 0 { results += try await storeRows(cache, values: values, progress: progress) }
+        try cache.close()
+        return results
+    }
+
+    /// The store rows: per concurrency, the synchronous `set` in the task, then `cache.async.set`, each of new
+    /// keys (`s<row>-<i>`, value `i % keys` of the workload's kind); then every stored key read back.
+    private func storeRows(_ cache: Cache, values: DiskValues, progress: (String) -> Void) async throws -> [BenchResult] {
+        let keys = options.keys
+        var results: [BenchResult] = []
+        var written: [(prefix: String, count: Int)] = []
+        for tasks in options.tasks {
+            let count = tasks == 1 ? options.stores / 4 : options.stores
+            for (system, inTask) in [("magpie-sync-set", true), ("magpie-async-set", false)] {
+                let prefix = "s\(results.count)-"
+                progress("disk-tasks: \(tasks) task(s), \(system) ×\(count)")
+                let inlineBefore = cache.statistics.inlineDiskStores
+                var result = try await row(system, tasks: tasks, count: count, check: { _, stored in stored != nil }) { i in
+                    let value = values.value(i % keys)
+                    if inTask { try cache.set(value, forKey: prefix + "\(i)") } else { try await cache.async.set(value, forKey: prefix + "\(i)") }
+                    return []
+                }
+                result.extra["workload"] = .string("set")
+                if !inTask { result.extra["inline_stores"] = .int(Int(cache.statistics.inlineDiskStores - inlineBefore)) }
+                results.append(result)
+                written.append((prefix, count))
+            }
+        }
+        progress("disk-tasks: reading the stored keys back")
+        try cache.flush()
+        var wrong = 0
+        var missing = 0
+        for (prefix, count) in written {
+            for i in 0..<count {
+                guard let got = try cache.value(forKey: prefix + "\(i)") else {
+                    missing += 1
+                    continue
+                }
+                if got != values.value(i % keys) { wrong += 1 }
+            }
+        }
+        // The disk budget holds every value twice over: nothing stored may be missing.
+        guard wrong == 0, missing == 0 else { throw BenchError("stores: \(wrong) wrong and \(missing) missing values read back") }
         return results
     }
 
@@ -148,14 +201,20 @@ struct DiskTasksScenario {
 
 /// The table: per concurrency, the synchronous read in the task and `cache.async`, side by side.
 func printDiskTasksSummary(_ results: [BenchResult]) {
-    print("\ndisk-tasks: disk hits from async tasks (one cache, every entry disk-only)")
-    print("tasks  system                ops/s        p50 µs    p99 µs    p99.9 µs   async / sync   read on the task")
-    var sync: [Int: Double] = [:]
+    print("\ndisk-tasks: disk hits (entries stored disk-only) and stores of new keys (both tiers) from async tasks")
+    print("tasks  system                ops/s        p50 µs    p99 µs    p99.9 µs   async / sync   on the task")
+    var sync: [String: Double] = [:]  // "threads workload" -> the synchronous row's ops/s
     for row in results {
         var (ratio, inline) = ("", "")
-        if row.system == "magpie-sync" { sync[row.threads] = row.ops_per_sec }
-        if row.system != "magpie-sync", let base = sync[row.threads] { ratio = String(format: "%.2f ×", row.ops_per_sec / base) }
-        if case .int(let reads) = row.extra["inline_reads"] { inline = String(format: "%.2f %%", 100 * Double(reads) / Double(max(1, row.operations))) }
+        let workload = "\(row.threads) " + (row.system.hasSuffix("-set") ? "set" : "get")
+        if row.system.hasPrefix("magpie-sync") {
+            sync[workload] = row.ops_per_sec
+        } else if let base = sync[workload] {
+            ratio = String(format: "%.2f ×", row.ops_per_sec / base)
+        }
+        if case .int(let done) = row.extra["inline_reads"] ?? row.extra["inline_stores"] {
+            inline = String(format: "%.2f %%", 100 * Double(done) / Double(max(1, row.operations)))
+        }
         print(
             String(
                 format: "%5d  %@  %10.0f  %9.1f %9.1f  %9.1f   %@   %@", row.threads, row.system.padding(toLength: 20, withPad: " ", startingAt: 0),

@@ -14,10 +14,11 @@ import Foundation
 //
 // `nonisolated(nonsending)` keeps each call on its caller's executor, so a memory hit returns without a
 // hop, whatever the tiers; a disk access moves to an I/O thread and back, and a remote call is awaited on
-// the caller's task (the store's event loop does the I/O; no thread waits for it). The one exception: a
+// the caller's task (the store's event loop does the I/O; no thread waits for it). The two exceptions: a
 // read (`value(forKey:)`, `lookup`, `contains`, a loader's read of the local tiers) whose disk read cannot
 // wait (the record in the page cache, its locks free: see `Configuration.inlineResidentDiskReads`) reads
-// on the caller's task, since the hop would cost ten times the read.
+// on the caller's task, since the hop would cost ten times the read; and a store (no remote tier) whose
+// disk half is a memtable append that cannot wait (`Configuration.inlineDiskStores`) stores there.
 
 extension Cache {
     /// The asynchronous forms of the cache's operations: disk I/O runs on the cache's I/O threads
@@ -25,7 +26,8 @@ extension Cache {
     /// the caller's executor without a hop. A read (``AsyncCache/value(forKey:)-(String)``, `lookup`,
     /// `contains`, a loader's read of the local tiers) whose record the page cache holds, its bucket's
     /// lock free, is read on the caller's task too: no disk I/O, and no hop
-    /// (``Configuration/inlineResidentDiskReads``).
+    /// (``Configuration/inlineResidentDiskReads``); so is a store whose disk half is a memtable append
+    /// that cannot wait (``Configuration/inlineDiskStores``).
     ///
     /// ```swift
     /// try await cache.async.set(bytes, forKey: "avatar:42")
@@ -120,10 +122,12 @@ public struct AsyncCache: Sendable {
         _ value: some Sequence<UInt8> & Sendable, forKey key: some Sequence<UInt8>, options: EntryOptions? = nil
     ) async throws {
         let key = Array(key)
+        let value = Array(value)
         guard cache.sendsWrites else {
+            // On this task when the store cannot wait (Configuration.inlineDiskStores), else on an I/O thread.
+            if try cache.setIfImmediate(value, forKey: key, options: options) { return }
             return try await cache.onDisk { [cache] () throws(MagpieError) in try cache.set(value, forKey: key, options: options) }
         }
-        let value = Array(value)
         let send = try await cache.onDisk { [cache] () throws(MagpieError) -> RemoteSend? in
             try cache.withHashedKey(key) { key throws(MagpieError) -> RemoteSend? in
                 cache.supersedeLoads(of: key)

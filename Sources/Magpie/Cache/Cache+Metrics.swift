@@ -51,6 +51,7 @@ final class MetricsReporter: Sendable {
                 ("disk_errors", nil, now.diskErrors, previous.diskErrors),
                 ("subscript_failures", nil, now.subscriptFailures, previous.subscriptFailures),
                 ("inline_disk_reads", nil, now.inlineDiskReads, previous.inlineDiskReads),
+                ("inline_disk_stores", nil, now.inlineDiskStores, previous.inlineDiskStores),
             ]
             if let disk = now.disk {
                 let before = previous.disk ?? DiskTierStatistics()

@@ -227,6 +227,55 @@ extension Cache {
         return nil
     }
 
+    /// What a store keeps beside its disk record: the memory policy (`memoryPolicy`, the memory expiry a
+    /// promotion restores), its tiers for a disk-only store, its freshness and coherence stamp.
+    @inline(__always)
+    static func diskPlacement(_ options: EntryOptions, memoryPolicy: Int64, stamp: StoreStamp) -> EntryMetadata {
+        options.tiers == .diskOnly
+            ? EntryMetadata(memoryPolicy: memoryPolicy, tiers: .diskOnly, freshness: stamp.freshness, stamp: stamp.coherence)
+            : EntryMetadata(memoryPolicy: memoryPolicy, freshness: stamp.freshness, stamp: stamp.coherence)
+    }
+
+    /// `cache.async.set` without a remote tier, tried on the caller's task (``Configuration/inlineDiskStores``):
+    /// both tiers written here, as ``writeLocally(_:for:options:stamp:)`` writes them, when the disk's half
+    /// needs neither the file nor a wait (``DiskTier/storeIfImmediate(_:for:expiry:group:placement:)``) and
+    /// the key's stripe is free within a short spin. False, with nothing changed but the key's running loads
+    /// superseded (which the waiting store does first as well), otherwise; and for a cancelled task (whose
+    /// store then throws `CancellationError` in `onDisk`), a memory-only store (which removes the disk's
+    /// record) and a cache without a disk tier (whose stores never wait).
+    func setIfImmediate(_ value: [UInt8], forKey key: [UInt8], options: EntryOptions?) throws(MagpieError) -> Bool {
+        guard configuration.inlineDiskStores, let disk, remote == nil, !Task.isCancelled else { return false }
+        try checkOpen()
+        let options = options ?? defaultOptions
+        guard options.tiers != .memoryOnly else { return false }
+        return try withHashedKey(key) { key throws(MagpieError) -> Bool in
+            supersedeLoads(of: key)
+            guard stripes.tryLock(for: key.hash) else { return false }
+            defer { stripes.unlock(for: key.hash) }
+            let stamp = options.stamp(now: clock.now(), hash: key.hash)
+            let diskExpiry = stamp.disk == 0 ? Expiry.never : .at(millisecondsSince1970: stamp.disk)
+            let placement = Self.diskPlacement(options, memoryPolicy: options.encodedMemoryPolicy, stamp: stamp)
+            let stored = try value.withUnsafeBytes { bytes in
+                Result { () throws(MagpieError) -> Bool in
+                    let disk = try logged("store") { () throws(MagpieError) in
+                        try disk.storeIfImmediate(bytes, for: key, expiry: diskExpiry, group: options.group, placement: placement)
+                    }
+                    guard case .done = disk else { return false }
+                    if options.tiers == .diskOnly {
+                        _ = memory.remove(key)
+                    } else {
+                        _ = try memory.set(
+                            bytes, for: key, deadline: stamp.memory, group: options.group, freshness: stamp.freshness, stamp: stamp.coherence
+                        ).get()
+                    }
+                    return true
+                }
+            }.get()
+            if stored { counters.inlineDiskStores.add(1, ordering: .relaxed) }
+            return stored
+        }
+    }
+
     /// A removal's local half: whether either local tier held the key, and, with a remote tier, the
     /// removal still to send (Cache+Remote.swift).
     func removeLocally(_ key: HashedKey) throws(MagpieError) -> (Bool, RemoteSend?) {

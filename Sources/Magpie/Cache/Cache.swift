@@ -98,6 +98,7 @@ public final class Cache: Sendable {
         let diskErrors = Atomic<UInt64>(0)
         let subscriptFailures = Atomic<UInt64>(0)
         let inlineDiskReads = Atomic<UInt64>(0)
+        let inlineDiskStores = Atomic<UInt64>(0)
     }
 
     /// The longest key, in bytes (a key's UTF-8 bytes for a `String`).
@@ -238,7 +239,7 @@ public final class Cache: Sendable {
                 let diskExpiry = stamp.disk == 0 ? Expiry.never : .at(millisecondsSince1970: stamp.disk)
                 switch options.tiers {
                 case .memoryAndDisk:
-                    let placement = EntryMetadata(memoryPolicy: memoryPolicy, freshness: stamp.freshness, stamp: stamp.coherence)
+                    let placement = Self.diskPlacement(options, memoryPolicy: memoryPolicy, stamp: stamp)
                     try disk.store(value, for: key, expiry: diskExpiry, group: options.group, placement: placement)
                     _ = try memory.set(
                         value, for: key, deadline: stamp.memory, group: options.group, freshness: stamp.freshness, stamp: stamp.coherence
@@ -249,8 +250,7 @@ public final class Cache: Sendable {
                         value, for: key, deadline: stamp.memory, group: options.group, freshness: stamp.freshness, stamp: stamp.coherence
                     ).get()
                 case .diskOnly:
-                    let placement = EntryMetadata(
-                        memoryPolicy: memoryPolicy, tiers: .diskOnly, freshness: stamp.freshness, stamp: stamp.coherence)
+                    let placement = Self.diskPlacement(options, memoryPolicy: memoryPolicy, stamp: stamp)
                     try disk.store(value, for: key, expiry: diskExpiry, group: options.group, placement: placement)
                     _ = memory.remove(key)
                 }

@@ -44,6 +44,9 @@ public struct CacheStatistics: Sendable, Hashable {
     /// `contains` included; see ``Cache/Configuration/inlineResidentDiskReads``). The rest of the async
     /// disk reads hopped.
     public var inlineDiskReads: UInt64 = 0
+    /// Async stores (`cache.async.set`) done on the caller's task, their disk half a memtable append that
+    /// needed neither the file nor a wait (see ``Cache/Configuration/inlineDiskStores``); the others hopped.
+    public var inlineDiskStores: UInt64 = 0
     /// The remote tier's figures; nil without one.
     public var remote: RemoteTierStatistics? = nil
 
@@ -94,6 +97,7 @@ extension Cache {
         statistics.hardTimeouts = counters.hardTimeouts.load(ordering: .relaxed)
         statistics.loadsSuperseded = counters.loadsSuperseded.load(ordering: .relaxed)
         statistics.inlineDiskReads = counters.inlineDiskReads.load(ordering: .relaxed)
+        statistics.inlineDiskStores = counters.inlineDiskStores.load(ordering: .relaxed)
         statistics.remote = remote?.statistics
         return statistics
     }

@@ -41,6 +41,15 @@ extension Cache {
         /// there). Default true; false: every async disk read runs on an I/O thread (a caller's
         /// thread then never takes a disk tier lock, nor copies from a file's mapping).
         public var inlineResidentDiskReads: Bool
+        /// Whether an async store without a remote tier (``AsyncCache/set(_:forKey:options:)-(_,String,_)``)
+        /// first tries to run on the caller's task, when it cannot wait: the key's stripe and the bucket's
+        /// lock free within a short spin, and the disk's half a plain memtable append (no record of the key
+        /// in the file, whose tombstone would be written; room in the memtables; the bucket loaded and with
+        /// nothing to heal; a value that fits a memtable). It then costs no hop (two thread wake-ups) and
+        /// keeps every guarantee of the store that hops. Otherwise it hops as before: overwrites of values
+        /// in the file, memory-only stores, expiries already past, cancelled tasks, no write buffer.
+        /// Default true; false: every async store with a disk tier runs on an I/O thread.
+        public var inlineDiskStores: Bool
         /// Where disk I/O errors and corruption found on disk are logged.
         public var logger: Logger
         /// A failure that repeats (failed loads, subscript failures, disk I/O errors, corrupt records)
@@ -77,6 +86,7 @@ extension Cache {
             hashSeed = nil
             ioThreadCount = 2
             inlineResidentDiskReads = true
+            inlineDiskStores = true
             logger = Logger(label: "magpie")
             metrics = MetricsOptions()
         }

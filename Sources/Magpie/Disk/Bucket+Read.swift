@@ -382,13 +382,33 @@ extension BucketState {
         return nil
     }
 
+    /// ``position(of:)`` for a store that must not wait: `.wouldBlock` when a candidate slot (one of the
+    /// key's tag) before the key's is in the file (comparing it would read the file; and a record of the
+    /// key there needs a tombstone written), else the key's position among the memtables' records, if any.
+    func pendingPosition(of key: HashedKey) -> ImmediateRead<Int?> {
+        let tag = DiskSlot.tag(of: key.hash)
+        var position = index.home(tag)
+        while let next = index.position(of: tag, from: position) {
+            let slot = index[next]
+            guard slot.isPending else { return .wouldBlock }
+            if slot.length >= RecordHeader.size + key.count, memtableHolds(key, slot) { return .done(next) }
+            position = index.next(next)
+        }
+        return .done(nil)
+    }
+
+    /// Whether the memtable record the pending `slot` points at is a value record of `key`.
+    @inline(__always)
+    private func memtableHolds(_ key: HashedKey, _ slot: DiskSlot) -> Bool {
+        let length = RecordHeader.size + key.count
+        guard let memtable = memtable(parity: slot.memtableParity), slot.memtableOffset + length <= memtable.count else { return false }
+        return Self.holds(memtable.bytes(at: slot.memtableOffset, length: length), key, slot)
+    }
+
     /// Whether the record `slot` points at is a value record of `key` (header and key compared).
     private func recordHolds(_ key: HashedKey, _ slot: DiskSlot) throws(MagpieError) -> Bool {
         let length = RecordHeader.size + key.count
-        if slot.isPending {
-            guard let memtable = memtable(parity: slot.memtableParity), slot.memtableOffset + length <= memtable.count else { return false }
-            return Self.holds(memtable.bytes(at: slot.memtableOffset, length: length), key, slot)
-        }
+        if slot.isPending { return memtableHolds(key, slot) }
         let (fd, path, mapping) = (self.fd, context.path, self.mapping)
         return try withUnsafeTemporaryAllocation(byteCount: length, alignment: 8) { buffer in
             Result { () throws(MagpieError) -> Bool in

@@ -43,11 +43,37 @@ extension BucketState {
         // (Found again: writing a tombstone may have reclaimed a region, which moves slots.)
         let credits = max(earned, try position(of: key).map { take(at: $0).credits } ?? 0)
         guard let memtable = active else { throw MagpieError(.ioFailure, "out of memory for a memtable", path: context.path) }
+        return .done(append(draft, key: key, credits: credits, to: memtable))
+    }
+
+    /// ``store(_:key:now:policy:)`` for a caller that must not wait (an async caller's task, through
+    /// `DiskTier.storeIfImmediate`): the same store when it needs neither the file nor a wait — the bucket
+    /// loaded, with nothing to heal and no failed write to report; no record of the key in the file (its
+    /// tombstone would be written) and none in a flight (which would be waited for); room in the memtables
+    /// at once — else nil, with nothing changed. `draft` fits a memtable (the caller checks).
+    mutating func storeIfImmediate(_ draft: RecordDraft, key: HashedKey) -> DiskStoreOutcome? {
+        guard isOpen, loaded, context.health.failure == nil, sealFailure == nil, unindexedRegion == nil, !needsScrub,
+            damaged.isEmpty, hiddenDamage.isEmpty, context.writeBuffer > 0, draft.length <= context.writeBuffer
+        else { return nil }
+        guard case .done(let existing) = pendingPosition(of: key) else { return nil }
+        if let found = existing, isInFlight(index[found]) { return nil }
+        // The last step that may refuse; a memtable it detached is handed over by this store's outcome.
+        guard let detached = makeMemtableRoom(for: draft.length), let memtable = active else { return nil }
+        if detached { sealingNotHandedOver = true }
+        let credits = existing.map { take(at: $0).credits } ?? 0
+        return append(draft, key: key, credits: credits, to: memtable)
+    }
+
+    /// Appends `draft` to `memtable` (the active one, with room) and points the index at it, keeping the
+    /// reads the key earned (`credits`: an overwrite keeps them); says whether a detached memtable waits
+    /// for the sealer.
+    @inline(__always)
+    private mutating func append(_ draft: RecordDraft, key: HashedKey, credits: Int, to memtable: Memtable) -> DiskStoreOutcome {
         let offset = memtable.append(draft)
         var slot = DiskSlot(
             hash: key.hash, memtableParity: memtable.parity, offset: offset, length: draft.length,
             expiryMilliseconds: draft.header.expiry)
-        slot.credits = credits  // an overwrite keeps the reads the key earned
+        slot.credits = credits
         insert(slot)
         counters.writes += 1
         var outcome = sealingNotHandedOver ? DiskStoreOutcome.storedAndDetached : .stored
@@ -58,7 +84,7 @@ extension BucketState {
             detach()
             outcome = .storedAndDetached
         }
-        return .done(outcome)
+        return outcome
     }
 
     /// Removes `key`. A record of it in the file gets a tombstone (written at once, so the removal

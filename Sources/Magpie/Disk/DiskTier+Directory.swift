@@ -250,8 +250,13 @@ extension DiskTier {
     @inline(__always)
     func checkDirectoryIfDue() throws(MagpieError) {
         if let failure = health.failure { throw failure }
-        guard let interval = checkInterval else { return }
-        if Self.monotonicMilliseconds() - lastCheck.load(ordering: .relaxed) >= interval { try verifyDirectory() }
+        if directoryCheckIsDue { try verifyDirectory() }
+    }
+
+    /// Whether the next write checks the directory (``checkDirectoryIfDue()``: a few `fstat` calls per bucket).
+    var directoryCheckIsDue: Bool {
+        guard let interval = checkInterval else { return false }
+        return Self.monotonicMilliseconds() - lastCheck.load(ordering: .relaxed) >= interval
     }
 
     static func monotonicMilliseconds() -> Int64 {

@@ -165,6 +165,44 @@ extension DiskTier {
         }.get()
     }
 
+    /// ``store(_:for:expiry:group:placement:)`` for a caller that must not wait (an async caller's task): the
+    /// record goes into its bucket's memtable here, with every guarantee of a store that waited, when that
+    /// needs neither the file nor a wait (``BucketState/storeIfImmediate(_:key:)``: the bucket's lock free
+    /// within a short spin, no record of the key in the file, room in the memtables at once); a full memtable
+    /// it detached goes to the sealer. `.wouldBlock`, with nothing changed, otherwise, and for each store the
+    /// waiting path treats apart: a value to compress before it can be measured, or longer than a memtable;
+    /// an expiry already past (a removal); no write buffer or no background sealing (written before it
+    /// returns); the directory's check due; a failure to report, a group name too long.
+    package func storeIfImmediate(
+        _ value: UnsafeRawBufferPointer, for key: HashedKey, expiry: Expiry, group: String?, placement: EntryMetadata
+    ) throws(MagpieError) -> ImmediateRead<Void> {
+        try checkKey(key)
+        guard shared.writeBuffer > 0, bucketSet.sealsInBackground, health.failure == nil, !directoryCheckIsDue,
+            value.count <= shared.writeBuffer
+        else { return .wouldBlock }
+        let now = configuration.clock.now()
+        let deadline = expiry.deadline(now: now)
+        guard deadline == 0 || deadline > now else { return .wouldBlock }
+        let number = Self.bucket(of: key.hash, count: bucketCount)
+        let outcome = withBytes((group ?? "").utf8) { group -> DiskStoreOutcome? in
+            guard group.count <= Self.maximumGroupLength else { return nil }
+            let header = RecordHeader(
+                kind: .value, codec: .raw, keyLength: key.count, groupLength: group.count, storedLength: value.count,
+                originalLength: value.count, expiry: deadline, sequence: 0, keyHash: key.hash, flags: placement.flags.intersection(.all))
+            guard header.recordLength <= largestStorableRecord else { return nil }
+            let draft = RecordDraft(header: header, key: key.bytes, group: group, payload: value, metadata: placement)
+            var outcome: DiskStoreOutcome? = nil
+            _ = unownedBuckets[number]._withUnsafeGuaranteedRef { bucket in
+                bucket.withLockIfAvailable { (state: inout BucketState) in outcome = state.storeIfImmediate(draft, key: key) }
+            }
+            return outcome
+        }
+        guard let outcome else { return .wouldBlock }
+        // Background sealing (checked above): the hand-over queues the bucket for the sealer.
+        if outcome == .storedAndDetached { try bucketSet.handOver(number) }
+        return .done(())
+    }
+
     /// Puts the record of `payload` (`value` encoded by `codec`) into the key's bucket's memtable; hands a
     /// memtable the store detached to the sealer (or, with no write buffer, writes it before returning).
     private func store(
