@@ -251,6 +251,21 @@ package func makeCache(
     return try Cache(configuration)
 }
 
+/// Runs `hold` on a thread of its own: `hold` takes what it holds (a lock) and calls the function it is
+/// given, which returns once the caller lets go. Returns, once `hold` holds it, the function that lets go.
+package func holdOnAnotherThread(_ hold: @escaping @Sendable (_ waitForRelease: () -> Void) -> Void) -> @Sendable () -> Void {
+    let held = DispatchSemaphore(value: 0)
+    let release = DispatchSemaphore(value: 0)
+    Thread {
+        hold {
+            held.signal()
+            release.wait()
+        }
+    }.start()
+    held.wait()
+    return { release.signal() }
+}
+
 /// A gate a loader waits at until the test opens it (async loaders) or signals it (blocking loaders).
 package final class Gate: Sendable {
     private let state = Locked<(open: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))

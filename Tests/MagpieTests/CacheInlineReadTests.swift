@@ -235,23 +235,14 @@ struct CacheInlineReadTests {
         cache.memory.removeAll()
         let disk = try #require(cache.disk)
         let bucket = DiskTier.bucket(of: disk.hasher.hash("k"), count: disk.bucketCount)
-        let held = DispatchSemaphore(value: 0)
-        let release = DispatchSemaphore(value: 0)
-        let holder = Thread {
-            disk.buckets[bucket].withLock { _ in
-                held.signal()
-                release.wait()
-            }
-        }
-        holder.start()
-        held.wait()
+        let release = holdOnAnotherThread { wait in disk.buckets[bucket].withLock { _ in wait() } }
         let read = Task { try await cache.async.value(forKey: "k") }
         let lookup = Task { try await cache.async.lookup("k") }
         let contains = Task { try await cache.async.contains("k") }
         try await Task.sleep(for: .milliseconds(100))
         // Not `statistics`, which takes every bucket's lock: the counter itself.
         #expect(cache.counters.inlineDiskReads.load(ordering: .relaxed) == 0)  // none read inline
-        release.signal()
+        release()
         #expect(try await read.value == Self.value)
         #expect(try await lookup.value?.value == Self.value)
         #expect(try await contains.value)

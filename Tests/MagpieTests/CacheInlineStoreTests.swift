@@ -115,39 +115,21 @@ struct CacheInlineStoreTests {
 
         // The bucket's lock, held by another thread until the store has had time to try.
         let bucket = DiskTier.bucket(of: disk.hasher.hash("b"), count: disk.bucketCount)
-        let held = DispatchSemaphore(value: 0)
-        let release = DispatchSemaphore(value: 0)
-        let holder = Thread {
-            disk.buckets[bucket].withLock { _ in
-                held.signal()
-                release.wait()
-            }
-        }
-        holder.start()
-        held.wait()
+        let release = holdOnAnotherThread { wait in disk.buckets[bucket].withLock { _ in wait() } }
         let store = Task { try await cache.async.set(value, forKey: "b") }
         try await Task.sleep(for: .milliseconds(100))
         #expect(inlineStores(cache) == base)
-        release.signal()
+        release()
         try await store.value
         #expect(inlineStores(cache) == base)
         #expect(try cache.value(forKey: "b") == value)
 
         // The key's stripe, likewise.
-        let stripeHeld = DispatchSemaphore(value: 0)
-        let stripeRelease = DispatchSemaphore(value: 0)
         let hash = disk.hasher.hash("s")
-        let stripeHolder = Thread {
-            cache.stripes.withLock(for: hash) {
-                stripeHeld.signal()
-                stripeRelease.wait()
-            }
-        }
-        stripeHolder.start()
-        stripeHeld.wait()
+        let stripeRelease = holdOnAnotherThread { wait in cache.stripes.withLock(for: hash) { wait() } }
         let striped = Task { try await cache.async.set(value, forKey: "s") }
         try await Task.sleep(for: .milliseconds(100))
-        stripeRelease.signal()
+        stripeRelease()
         try await striped.value
         #expect(inlineStores(cache) == base)
         #expect(try cache.value(forKey: "s") == value)
