@@ -134,6 +134,28 @@ struct CacheInlineStoreTests {
         #expect(inlineStores(cache) == base)
         #expect(try cache.value(forKey: "s") == value)
 
+        // A load of the key landing now (its flight's lock held across the landing's store): the store hops
+        // and waits for it, and the load, superseded, does not land over it.
+        let gate = Gate()
+        let load = Task { try await cache.value(forKey: "f") { await gate.wait(); return other } }
+        let flightHash = disk.hasher.hash("f")
+        var flight: Flight? = nil
+        for _ in 0..<2000 where flight == nil {
+            flight = cache.flights.withLock { $0[flightHash] }
+            if flight == nil { try await Task.sleep(for: .milliseconds(1)) }
+        }
+        let running = try #require(flight)
+        let landing = holdOnAnotherThread { wait in running.superseded.withLock { _ in wait() } }
+        let superseding = Task { try await cache.async.set(value, forKey: "f") }
+        try await Task.sleep(for: .milliseconds(100))
+        #expect(inlineStores(cache) == base)
+        landing()
+        try await superseding.value
+        gate.open()
+        _ = try await load.value
+        #expect(inlineStores(cache) == base)
+        #expect(try cache.value(forKey: "f") == value)
+
         // A cancelled task: the store throws, as the hop does, and stores nothing.
         let cancelled = Task {
             withUnsafeCurrentTask { $0?.cancel() }

@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import Synchronization
 import MagpieTestSupport
 import Testing
 
@@ -125,20 +126,50 @@ struct DiskHugePageTests {
         try smallTier.close()
     }
 
-    @Test("a bucket file of zeros (a crash between a new file's extension and its header) opens as an empty file, not as damage; other bytes without a header are damage")
+    @Test("with huge pages, a bucket file of zeros (a crash between a new file's extension and its header) opens as an empty file, not as damage; other bytes without a header are damage, and so are zeros without huge pages")
     func zerosAreNew() throws {
-        for (fill, damage) in [(UInt8(0), UInt64(0)), (UInt8(0x5a), UInt64(1))] {
+        for (fill, hugePages, damage) in [(UInt8(0), true, UInt64(0)), (UInt8(0x5a), true, UInt64(1)), (UInt8(0), false, UInt64(1))] {
             let directory = TemporaryDirectory()
             defer { directory.cleanup() }
-            try DiskTier(configuration(directory.path)).close()
+            try DiskTier(configuration(directory.path, hugePages: hugePages)).close()
             let path = DiskMappedReadTests.bucketFiles(directory.path)[0]
             try Data(repeating: fill, count: 2 << 20).write(to: URL(fileURLWithPath: path))
-            let tier = try DiskTier(configuration(directory.path))
-            #expect(tier.statistics.corruptRecords == damage, "fill \(fill)")
+            let tier = try DiskTier(configuration(directory.path, hugePages: hugePages))
+            #expect(tier.statistics.corruptRecords == damage, "fill \(fill), huge pages \(hugePages)")
             try tier.set(selfDescribingValue(key: 1, version: 1, length: 1000), forKey: keyBytes(1))
             #expect(try tier.value(forKey: keyBytes(1)) == selfDescribingValue(key: 1, version: 1, length: 1000))
             try tier.close()
         }
+    }
+
+    @Test("the header's write back after the first range failed: the store fails, the file has no header until the next change of the file writes it first; a reopen then finds no damage and the later value")
+    func headerWriteFails() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let tier = try DiskTier(configuration(directory.path))
+        _ = tier.statistics  // loaded: the file holds its header alone
+        let path = DiskMappedReadTests.bucketFiles(directory.path)[0]
+        // The first pwrite of the first store is the header's, written back after the emptying.
+        let writes = Atomic<Int>(0)
+        FileIOFaults.set(under: directory.path) { call, _ in
+            guard call == "pwrite" else { return nil }
+            return writes.add(1, ordering: .relaxed).oldValue == 0 ? EIO : nil
+        }
+        #expect(throws: MagpieError.self) { try tier.set(selfDescribingValue(key: 1, version: 1, length: 10_000), forKey: keyBytes(1)) }
+        FileIOFaults.set(under: directory.path, nil)
+        let head = try FileHandle(forReadingFrom: URL(fileURLWithPath: path)).read(upToCount: BucketFileHeader.size) ?? Data()
+        #expect(head.allSatisfy { $0 == 0 }, "the failed write left a header")
+        try tier.set(selfDescribingValue(key: 2, version: 1, length: 10_000), forKey: keyBytes(2))
+        #expect(try tier.value(forKey: keyBytes(2)) == selfDescribingValue(key: 2, version: 1, length: 10_000))
+        // A crash image (no clean close, which would write the header too).
+        let image = TemporaryDirectory()
+        defer { image.cleanup() }
+        try DiskMemtableTests.crashImage(of: directory.path, to: image.path, holding: tier)
+        try tier.close()
+        let recovered = try DiskTier(configuration(image.path))
+        #expect(recovered.statistics.corruptRecords == 0)
+        #expect(try recovered.value(forKey: keyBytes(2)) == selfDescribingValue(key: 2, version: 1, length: 10_000))
+        try recovered.close()
     }
 
     @Test("where the kernel caches a populated hole as one 2 MiB folio, the tier's file is mapped by 2 MiB pages")

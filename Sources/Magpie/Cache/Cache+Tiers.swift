@@ -239,8 +239,9 @@ extension Cache {
     /// `cache.async.set` without a remote tier, tried on the caller's task (``Configuration/inlineDiskStores``):
     /// both tiers written here, as ``writeLocally(_:for:options:stamp:)`` writes them, when the disk's half
     /// needs neither the file nor a wait (``DiskTier/storeIfImmediate(_:for:expiry:group:placement:)``) and
-    /// the key's stripe is free within a short spin. False, with nothing changed but the key's running loads
-    /// superseded (which the waiting store does first as well), otherwise; and for a cancelled task (whose
+    /// the key's stripe is free within a short spin. False, with nothing changed but the key's running load
+    /// superseded (which the waiting store does first as well), otherwise, and when that load is landing
+    /// (the hop waits for it to land, as a synchronous store does); and for a cancelled task (whose
     /// store then throws `CancellationError` in `onDisk`), a memory-only store (which removes the disk's
     /// record) and a cache without a disk tier (whose stores never wait).
     func setIfImmediate(_ value: [UInt8], forKey key: [UInt8], options: EntryOptions?) throws(MagpieError) -> Bool {
@@ -249,18 +250,18 @@ extension Cache {
         let options = options ?? defaultOptions
         guard options.tiers != .memoryOnly else { return false }
         return try withHashedKey(key) { key throws(MagpieError) -> Bool in
-            supersedeLoads(of: key)
-            guard stripes.tryLock(for: key.hash) else { return false }
+            // A load of the key landing now holds its flight's lock across its store: the hop waits for it.
+            guard supersedeLoadsIfImmediate(of: key), stripes.tryLock(for: key.hash) else { return false }
             defer { stripes.unlock(for: key.hash) }
             let stamp = options.stamp(now: clock.now(), hash: key.hash)
             let diskExpiry = stamp.disk == 0 ? Expiry.never : .at(millisecondsSince1970: stamp.disk)
             let placement = Self.diskPlacement(options, memoryPolicy: options.encodedMemoryPolicy, stamp: stamp)
             let stored = try value.withUnsafeBytes { bytes in
                 Result { () throws(MagpieError) -> Bool in
-                    let disk = try logged("store") { () throws(MagpieError) in
+                    let outcome = try logged("store") { () throws(MagpieError) in
                         try disk.storeIfImmediate(bytes, for: key, expiry: diskExpiry, group: options.group, placement: placement)
                     }
-                    guard case .done = disk else { return false }
+                    guard case .done = outcome else { return false }
                     if options.tiers == .diskOnly {
                         _ = memory.remove(key)
                     } else {

@@ -273,6 +273,17 @@ public final class Cache: Sendable {
         flight?.superseded.withLock { $0 = true }
     }
 
+    /// ``supersedeLoads(of:)`` for a caller that must not wait (an inline async store): false, with nothing
+    /// marked, when the key's load is landing now (its value is being stored, with the disk's waits, under
+    /// the lock this would take).
+    @inline(__always)
+    func supersedeLoadsIfImmediate(of key: HashedKey) -> Bool {
+        guard flightCount.load(ordering: .sequentiallyConsistent) != 0 else { return true }
+        let flight = flights.withLock { flights in flights[key.hash].flatMap { sameKey($0.name, key.bytes) ? $0 : nil } }
+        guard let flight else { return true }
+        return flight.superseded.withLockIfAvailable { $0 = true } != nil
+    }
+
     /// Marks every running load superseded (a removal of all entries, or of a group).
     func supersedeAllLoads() {
         guard flightCount.load(ordering: .sequentiallyConsistent) != 0 else { return }

@@ -61,31 +61,37 @@ extension BucketState {
     mutating func populateHugePages(from oldSize: Int, wasEmpty: Bool) throws(MagpieError) {
         guard context.hugePages, mapping != nil else { return }
         let page = Self.hugePage
-        var first = wasEmpty ? 0 : oldSize / page * page
+        let first = wasEmpty ? 0 : oldSize / page * page
         guard first + page <= size else { return }
         guard let length = try? FileIO.size(fd, path: context.path), length <= size else { return }
         if wasEmpty {
-            guard length == BucketFileHeader.size else {
-                first = page  // not the file this bucket thinks it is: leave its first range alone
-                guard first + page <= size else { return }
-                return populate(from: first)
-            }
+            // Not the file this bucket thinks it is (longer than its header): left alone.
+            guard length == BucketFileHeader.size else { return }
             try beforeFileChange()
-            let header = expectedHeader(regionSize: regionSize).encoded()
+            // From the emptying until the header is back, the file has none: should its write fail, the next
+            // change of the file writes it first (`beforeFileChange`), and a crash meanwhile leaves a file of
+            // zeros, which holds no region (the file held none), read as a new file.
+            headerMissing = true
             do throws(MagpieError) {
                 try FileIO.truncate(fd, to: 0, path: context.path)
                 try FileIO.truncate(fd, to: size, path: context.path)
+                populate(from: first)
             } catch {
-                // The file is empty or a hole: its header goes back, or the write fails.
-                try FileIO.write(fd, header, at: 0, path: context.path)
-                return
+                // The file is empty or a hole: only its header is to go back.
             }
-            populate(from: first)
-            try FileIO.write(fd, header, at: 0, path: context.path)
+            try writeMissingHeader()
             return
         }
         guard (try? FileIO.truncate(fd, to: size, path: context.path)) != nil else { return }
         populate(from: first)
+    }
+
+    /// Writes the file's header back if emptying the file for its first range took it away
+    /// (`headerMissing`).
+    mutating func writeMissingHeader() throws(MagpieError) {
+        guard headerMissing else { return }
+        try FileIO.write(fd, expectedHeader(regionSize: regionSize).encoded(), at: 0, path: context.path)
+        headerMissing = false
     }
 
     /// Populates each 2 MiB range from `first` that lies wholly within the file's `size`.

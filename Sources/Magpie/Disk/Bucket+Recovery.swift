@@ -160,13 +160,15 @@ extension BucketState {
         // be one it removed: nothing in the file is trusted.
         let cut = header.map { $0.closedLength > bytes.count } ?? false
         guard let header, header.isSameFile(as: expectedHeader(regionSize: header.regionSize)), !cut else {
-            // A file of zeros holds nothing: what a crash leaves between a new file's extension and its
-            // header's write (Bucket+HugePages.swift).
-            if bytes.contains(where: { $0 != 0 }) { counters.corruptRecords += 1 }
+            // With huge pages, a file of zeros holds nothing: what a crash leaves between a new file's
+            // extension and its header's write (Bucket+HugePages.swift). Without, it is damage, as any file
+            // without a header.
+            if context.hugePages ? bytes.contains(where: { $0 != 0 }) : !bytes.isEmpty { counters.corruptRecords += 1 }
             if cut { counters.truncatedTails += 1 }
             try context.sizesFile.retire()  // SIZES goes before the file changes
             try FileIO.truncate(fd, to: 0, path: context.path)
             try FileIO.write(fd, expectedHeader(regionSize: context.shared.regionSize).encoded(), at: 0, path: context.path)
+            headerMissing = false
             regionSize = context.shared.regionSize
             slotCount = 0
             freeSlots = []

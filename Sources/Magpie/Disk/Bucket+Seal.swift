@@ -19,28 +19,29 @@
 extension BucketState {
     /// Makes room in the active memtable for a record of `length` bytes, detaching a full one into
     /// `sealing` (and, for a record that gets a memtable of its own — longer than the write buffer, or no
-    /// write buffer at all — a non-empty one). Returns whether it detached one; nil when it cannot, because
-    /// the sealing memtable is still there (or memory ran out): the store is then busy.
-    mutating func makeMemtableRoom(for length: Int) -> Bool? {
+    /// write buffer at all — a non-empty one). A memtable it detaches is owed to the sealer from then on
+    /// (`sealingNotHandedOver`: the store that next returns `.storedAndDetached` hands it over), even when it
+    /// then fails. False when it cannot make room, because the sealing memtable is still there (or memory
+    /// ran out): the store is then busy.
+    mutating func makeMemtableRoom(for length: Int) -> Bool {
         let ownMemtable = length > context.writeBuffer || context.writeBuffer == 0
-        var detached = false
         if let current = active, ownMemtable ? !current.isEmpty || current.capacity < length : !current.fits(length) {
             if current.isEmpty {
                 active = nil
             } else {
-                guard sealing == nil else { return nil }
+                guard sealing == nil else { return false }
                 detach()
-                detached = true
+                sealingNotHandedOver = true
             }
         }
         // Its memtable is detached right after the store: the sealing one must be gone by then.
-        if ownMemtable && sealing != nil { return nil }
+        if ownMemtable && sealing != nil { return false }
         if active == nil {
             guard let memtable = Memtable(capacity: ownMemtable ? length : context.writeBuffer, parity: sealing.map { 1 - $0.parity } ?? 0)
-            else { return nil }
+            else { return false }
             active = memtable
         }
-        return detached
+        return true
     }
 
     /// Makes the active memtable, if it holds records, the sealing one. Precondition: none is sealing.

@@ -107,6 +107,7 @@ extension BucketState {
         try context.sizesFile.retire()
         try retireSnapshot()
         if closedLength > 0 { try forgetClosedLength() }
+        if headerMissing { try writeMissingHeader() }
     }
 
     /// Sets the file header's closed length back to 0: the file may change (and shrink) from now on.
@@ -121,7 +122,10 @@ extension BucketState {
         settleFlight()
         guard let length = try? FileIO.size(fd, path: context.path), length != closedLength, length >= BucketFileHeader.size else { return }
         let header = expectedHeader(regionSize: regionSize, closedLength: length)
-        if (try? FileIO.write(fd, header.encoded(), at: 0, path: context.path)) != nil { closedLength = length }
+        if (try? FileIO.write(fd, header.encoded(), at: 0, path: context.path)) != nil {
+            closedLength = length
+            headerMissing = false
+        }
     }
 
     /// Deletes the snapshot the bucket was loaded from, if it is still in the directory, and frees its

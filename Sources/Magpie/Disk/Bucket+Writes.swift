@@ -19,10 +19,10 @@ extension BucketState {
         }
         defer { healIfNeeded(now: now) }
         // Room in the memtables first, so that a busy store has written nothing.
-        guard let detached = makeMemtableRoom(for: draft.length) else { return .done(.busy) }
-        // A memtable detached here is handed to the sealer by the store that returns `.storedAndDetached`:
-        // this one, or, if this one returns `.short` or throws (its tombstone needed room), the next.
-        if detached { sealingNotHandedOver = true }
+        // A memtable detached here is handed to the sealer by the store that returns `.storedAndDetached`
+        // (makeMemtableRoom notes it in `sealingNotHandedOver`): this one, or, if this one returns `.short`
+        // or throws (its tombstone needed room), the next.
+        guard makeMemtableRoom(for: draft.length) else { return .done(.busy) }
         var earned = 0  // the reads the key earned, kept by the new value (writeTombstone zeroes them)
         var existing = try position(of: key)
         // A record of the key in a flight is about to be in the file: it lands first, and gets its tombstone.
@@ -57,9 +57,9 @@ extension BucketState {
         else { return nil }
         guard case .done(let existing) = pendingPosition(of: key) else { return nil }
         if let found = existing, isInFlight(index[found]) { return nil }
-        // The last step that may refuse; a memtable it detached is handed over by this store's outcome.
-        guard let detached = makeMemtableRoom(for: draft.length), let memtable = active else { return nil }
-        if detached { sealingNotHandedOver = true }
+        // The last step that may refuse (a memtable it detached before refusing is owed to the sealer by
+        // `sealingNotHandedOver`, which the next store's outcome pays).
+        guard makeMemtableRoom(for: draft.length), let memtable = active else { return nil }
         let credits = existing.map { take(at: $0).credits } ?? 0
         return append(draft, key: key, credits: credits, to: memtable)
     }
@@ -180,6 +180,7 @@ extension BucketState {
             regionSize: context.shared.regionSize)
         try FileIO.truncate(fd, to: 0, path: context.path)
         try FileIO.write(fd, header.encoded(), at: 0, path: context.path)
+        headerMissing = false
         closedLength = 0
         counters.removals += UInt64(index.count)
         index.removeAll()

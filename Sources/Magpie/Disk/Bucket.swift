@@ -207,6 +207,9 @@ struct BucketState {
     /// A store detached the active memtable but did not return `.storedAndDetached` (its tombstone needed
     /// room first, or failed): the next store that succeeds returns it, so that the sealer is told.
     var sealingNotHandedOver = false
+    /// The file's header is not in the file: emptying it for its first 2 MiB range took it away, and writing
+    /// it back failed (Bucket+HugePages.swift). The next change of the file writes it first.
+    var headerMissing = false
     /// A seal's records placed in the file, their write not yet settled (Bucket+Flight.swift): settled
     /// before anything else changes the file.
     var flight: SealFlight? = nil

@@ -48,7 +48,8 @@ extension DiskTier {
         /// - **Memory.** The page cache holds each range whole from its first use: a bucket whose file has not
         ///   reached its limit keeps up to 2 MiB of zeros cached beyond its records (reclaimable, as any clean
         ///   page cache). Files are as long as their slots (charged to the budget as before); the unused ends
-        ///   are holes on disk. The kernel counts a write into a large folio as a write of the whole folio in
+        ///   are holes on disk. A bucket lends its unused slots to the others only when they must evict to get
+        ///   room (the lending that cuts a file's last slots), not before. The kernel counts a write into a large folio as a write of the whole folio in
         ///   the process's I/O accounting (`/proc/self/io`), not in the blocks it writes.
         /// - **Where it holds.** Only ranges the tier grew with this on, while the page cache keeps them: a file
         ///   read back after its pages were dropped (a reboot) is cached in small pages again. File systems
