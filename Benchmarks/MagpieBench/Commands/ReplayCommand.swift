@@ -34,6 +34,17 @@ struct Replay: ParsableCommand {
     @Option(help: "Memory tier shards (1: one global policy, as simulators have).") var shards = 1
     @Option(help: "Key hash seed of the tier replayed: it decides which shard and bucket a key lands in.")
     var hashSeed: UInt64 = 1
+    @Option(
+        help: ArgumentHelp(
+            "Replay Magpie with this many hash seeds (--hash-seed, then the next ones) and report the spread.",
+            discussion: """
+                A seed decides which keys share a ghost group, a sketch counter or a shard, so Magpie's miss \
+                ratio moves with it (a cache directory or tier picks a random one); the reference policies have \
+                no seed. The table then shows the first seed's miss ratio and the mean, lowest and highest over \
+                the seeds; the JSON row keeps the first seed's figures and adds every seed's miss ratio. \
+                --hits-directory records the first seed's hits.
+                """))
+    var seeds = 1
     @Flag(help: "With --tier memory: store each missed object's bytes instead of a placeholder charged the same.")
     var storeValues = false
     @Option(help: "What to replay through: memory, disk or both.") var tier: TierChoice = .memory
@@ -69,6 +80,7 @@ struct Replay: ParsableCommand {
     func validate() throws {
         guard shards >= 1, shards <= MemoryTier.maximumShardCount else { throw ValidationError("--shards out of range") }
         guard diskFactor >= 1 else { throw ValidationError("--disk-factor must be ≥ 1") }
+        guard seeds >= 1, seeds <= 10_000 else { throw ValidationError("--seeds must be 1 to 10000") }
         var isDirectory: ObjCBool = false
         if let hitsDirectory, FileManager.default.fileExists(atPath: hitsDirectory, isDirectory: &isDirectory),
             !isDirectory.boolValue
@@ -121,6 +133,7 @@ struct Replay: ParsableCommand {
             "budgets": .array(budget.map { .string($0) }), "charge": .string(charge.rawValue), "shards": .int(shards),
             "tier": .string(tier.rawValue), "disk_factor": .double(diskFactor), "store_values": .bool(storeValues),
             "references": .array(references.map { .string($0) }), "hash_seed": .int(Int(truncatingIfNeeded: hashSeed)),
+            "seeds": .int(seeds),
         ]
     }
 
@@ -135,6 +148,7 @@ struct Replay: ParsableCommand {
                 + "(\(String(format: "%.1f", Double(loaded.workingSetBytes) / 1_048_576)) MiB)")
         var results: [BenchResult] = []
         var rows = [["budget", "system", "miss ratio", "byte miss ratio", "requests/s"]]
+        if seeds > 1 { rows[0].append("over \(seeds) seeds: mean (lowest-highest)") }
         var comparisons = [
             ["budget", "reference", "hit by it only", "by Magpie only", "by tenth of the trace: it only − Magpie only"]
         ]
@@ -146,15 +160,22 @@ struct Replay: ParsableCommand {
             let label = text.hasSuffix("%") ? "\(text) = \(bytes) B" : "\(bytes) B"
             let system = "magpie-\(tier.rawValue)"
             progressLine("replay: \(system) at \(label)")
-            let (outcome, seconds, extra) =
-                switch tier {
-                case .memory: try replayMagpie(loaded, budget: bytes)
-                case .disk: try replayDisk(loaded, budget: bytes)
-                case .both: try replayCache(loaded, budget: bytes)
-                }
-            rows.append(row(label, system, outcome, rate: Double(outcome.requests) / seconds))
+            let (outcome, seconds, extra) = try replayTier(loaded, budget: bytes, seed: hashSeed)
             var measured = result(text, bytes, system, outcome, seconds: seconds, loaded)
             measured.extra.merge(extra) { _, new in new }
+            var magpieRow = row(label, system, outcome, rate: Double(outcome.requests) / seconds)
+            if seeds > 1 {
+                // The other seeds replay after the first (whose row, hits and rate stand as they are).
+                var ratios = [outcome.missRatio]
+                for offset in 1..<UInt64(seeds) {
+                    progressLine("replay: \(system) at \(label), hash seed \(hashSeed &+ offset)")
+                    ratios.append(try replayTier(loaded, budget: bytes, seed: hashSeed &+ offset).0.missRatio)
+                }
+                let spread = SeedSpread(ratios)
+                measured.extra.merge(spread.json) { _, new in new }
+                magpieRow.append(spread.text)
+            }
+            rows.append(magpieRow)
             if let path = try writeHits(outcome, budget: text, system: system) {
                 measured.extra["hits_file"] = .string(path)
             }
@@ -165,7 +186,7 @@ struct Replay: ParsableCommand {
                 let start = nowNanoseconds()
                 let reference = policy.replay(loaded, capacity: bytes, recordingHits: hitsDirectory != nil)
                 let seconds = Double(nowNanoseconds() - start) / 1e9
-                rows.append(row(label, name, reference, rate: nil))
+                rows.append(row(label, name, reference, rate: nil) + (seeds > 1 ? ["-"] : []))
                 var referenceResult = result(text, bytes, name, reference, seconds: seconds, loaded)
                 if let path = try writeHits(reference, budget: text, system: name) {
                     referenceResult.extra["hits_file"] = .string(path)
@@ -248,8 +269,8 @@ struct Replay: ParsableCommand {
     /// The memory tier alone: a hit is a read (it counts for the eviction policy) without a copy. A
     /// miss stores a placeholder charged as the value (`MemoryTier.simulateRequest`), or with
     /// `--store-values` the value's bytes.
-    func replayMagpie(_ trace: Trace, budget: Int) throws -> Measured {
-        let tier = try MemoryTier(budget: budget, shardCount: shards, hashSeed: hashSeed)
+    func replayMagpie(_ trace: Trace, budget: Int, seed: UInt64) throws -> Measured {
+        let tier = try MemoryTier(budget: budget, shardCount: shards, hashSeed: seed)
         let overhead = MemoryLayout<UInt64>.size + MemoryTier.entryOverhead
         let (outcome, seconds) =
             if storeValues {
@@ -262,6 +283,15 @@ struct Replay: ParsableCommand {
                 drive(trace, overhead: overhead) { key, value in tier.simulateRequest(forKey: key, valueLength: value.count) }
             }
         return (outcome, seconds, ["refused": .int(Int(tier.statistics.refusals)), "store_values": .bool(storeValues)])
+    }
+
+    /// The chosen tier (--tier) replayed with hash seed `seed`.
+    func replayTier(_ trace: Trace, budget: Int, seed: UInt64) throws -> Measured {
+        switch tier {
+        case .memory: try replayMagpie(trace, budget: budget, seed: seed)
+        case .disk: try replayDisk(trace, budget: budget, seed: seed)
+        case .both: try replayCache(trace, budget: budget, seed: seed)
+        }
     }
 
     /// A fresh directory for a disk replay, removed by the caller.
@@ -278,13 +308,13 @@ struct Replay: ParsableCommand {
     }
 
     /// The disk tier alone, raw values; a store the tier refuses (larger than a bucket's share) is a miss.
-    func replayDisk(_ trace: Trace, budget: Int) throws -> Measured {
+    func replayDisk(_ trace: Trace, budget: Int, seed: UInt64) throws -> Measured {
         let directory = scratchDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let count = bucketCount(budget: budget, largest: Int(trace.sizes.max() ?? 0))
         // A fixed seed (--hash-seed), as the memory and Cache replays: a random one moved keys between
         // buckets from run to run, and the miss ratio with them (up to 0.4 points on the shared trace).
-        var configuration = DiskTier.Configuration(directory: directory, budget: budget, bucketCount: count, compressionLevel: nil, hashSeed: hashSeed)
+        var configuration = DiskTier.Configuration(directory: directory, budget: budget, bucketCount: count, compressionLevel: nil, hashSeed: seed)
         if let reinsertionThreshold { configuration.reinsertionThreshold = reinsertionThreshold }
         let tier = try DiskTier(configuration)
         var refused = 0
@@ -304,7 +334,7 @@ struct Replay: ParsableCommand {
     }
 
     /// A `Cache`: memory budget `budget`, disk budget `budget` × --disk-factor.
-    func replayCache(_ trace: Trace, budget: Int) throws -> Measured {
+    func replayCache(_ trace: Trace, budget: Int, seed: UInt64) throws -> Measured {
         let directory = scratchDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let diskBudget = Int(Double(budget) * diskFactor)
@@ -312,7 +342,7 @@ struct Replay: ParsableCommand {
         configuration.memory.shardCount = shards
         configuration.disk?.bucketCount = bucketCount(budget: diskBudget, largest: Int(trace.sizes.max() ?? 0))
         configuration.disk?.compressionLevel = nil
-        configuration.hashSeed = hashSeed
+        configuration.hashSeed = seed
         configuration.metrics = nil
         let cache = try Cache(configuration)
         var memoryHits = 0
@@ -353,5 +383,27 @@ struct Replay: ParsableCommand {
             "charge": .string(charge.rawValue), "trace": .string(URL(fileURLWithPath: self.trace).lastPathComponent),
         ]
         return result
+    }
+}
+
+/// Magpie's miss ratios over several hash seeds (`replay --seeds`), the first seed's first.
+struct SeedSpread {
+    let ratios: [Double]
+
+    init(_ ratios: [Double]) { self.ratios = ratios }
+
+    var mean: Double { ratios.reduce(0, +) / Double(max(1, ratios.count)) }
+    var lowest: Double { ratios.min() ?? 0 }
+    var highest: Double { ratios.max() ?? 0 }
+
+    /// The table's cell: mean (lowest-highest), four digits as the miss ratio column.
+    var text: String { String(format: "%.4f (%.4f-%.4f)", mean, lowest, highest) }
+
+    /// The JSON row's additions.
+    var json: [String: JSONValue] {
+        [
+            "miss_ratio_by_seed": .array(ratios.map { .double($0) }), "miss_ratio_mean": .double(mean),
+            "miss_ratio_lowest": .double(lowest), "miss_ratio_highest": .double(highest),
+        ]
     }
 }
