@@ -367,6 +367,7 @@ struct BenchReplayTests {
         for (offset, ratio) in ratios.enumerated() {
             let alone = try extras(["--hash-seed", String(5 + offset)])
             #expect(alone["magpie-memory"]?["miss_ratio"] as? Double == ratio, "seed \(5 + offset)")
+            #expect(alone["magpie-memory"]?["miss_ratio_by_seed"] == nil)  // one seed: the row as before
         }
         // With 4 shards the seed moves keys between shards: the seeds do not all agree (this trace, checked).
         #expect(Set(ratios).count > 1)
