@@ -11,14 +11,20 @@ struct BenchReplayTests {
         defer { directory.cleanup() }
         try trace.write(toFile: directory.child(name), atomically: true, encoding: .utf8)
         #expect(try runBench(["replay", directory.child(name), "--json", directory.child("out.json")] + arguments) == 0)
-        let data = try Data(contentsOf: URL(fileURLWithPath: directory.child("out.json")))
-        let report = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
-        var out: [String: (Double, Double)] = [:]
-        for case let row as [String: Any] in report["results"] as? [Any] ?? [] {
-            let extra = row["extra"] as? [String: Any] ?? [:]
-            out[row["system"] as? String ?? ""] = (extra["miss_ratio"] as? Double ?? -1, extra["byte_miss_ratio"] as? Double ?? -1)
+        return try extras(ofReport: directory.child("out.json")).mapValues { extra in
+            (extra["miss_ratio"] as? Double ?? -1, extra["byte_miss_ratio"] as? Double ?? -1)
         }
-        return out
+    }
+
+    /// Each system's `extra` in the JSON report at `path` (the last row of a system wins).
+    func extras(ofReport path: String) throws -> [String: [String: Any]] {
+        let data = try Data(contentsOf: URL(fileURLWithPath: path))
+        let report = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+        var extras: [String: [String: Any]] = [:]
+        for case let row as [String: Any] in report["results"] as? [Any] ?? [] {
+            extras[row["system"] as? String ?? ""] = row["extra"] as? [String: Any] ?? [:]
+        }
+        return extras
     }
 
     /// The text of a trace `magpie-bench trace-gen` writes with `arguments`.
@@ -68,12 +74,7 @@ struct BenchReplayTests {
         #expect(try recorded("LRU") == [0, 1, 0, 0, 0, 0, 0])
         #expect(try recorded("magpie-memory") == [0, 1, 0, 0, 0, 1, 0])
         #expect(try recorded("Belady") == [0, 1, 0, 0, 0, 1, 1])
-        let data = try Data(contentsOf: URL(fileURLWithPath: directory.child("out.json")))
-        let report = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
-        var extras: [String: [String: Any]] = [:]
-        for case let row as [String: Any] in report["results"] as? [Any] ?? [] {
-            extras[row["system"] as? String ?? ""] = row["extra"] as? [String: Any] ?? [:]
-        }
+        let extras = try extras(ofReport: directory.child("out.json"))
         #expect(abs((extras["magpie-memory"]?["miss_ratio"] as? Double ?? -1) - 5.0 / 7) < 1e-12)
         // Request 5 (of 0-6) is in tenth 5 × 10 / 7 = 7, request 6 in tenth 8; + where the reference hit alone.
         #expect(extras["LRU"]?["hit_only_by_reference"] as? Int == 0)
@@ -346,26 +347,20 @@ struct BenchReplayTests {
         defer { directory.cleanup() }
         try trace.write(toFile: directory.child("t.csv"), atomically: true, encoding: .utf8)
         /// Each system's JSON `extra` of a replay with `arguments` (at 5 %, 4 shards, LRU beside).
-        func extras(_ arguments: [String]) throws -> [String: [String: Any]] {
+        func replayed(_ arguments: [String]) throws -> [String: [String: Any]] {
             let out = directory.child("out.json")
             let common = ["--budget", "5%", "--shards", "4", "--references", "LRU", "--json", out]
             #expect(try runBench(["replay", directory.child("t.csv")] + common + arguments) == 0)
-            let data = try Data(contentsOf: URL(fileURLWithPath: out))
-            let report = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
-            var extras: [String: [String: Any]] = [:]
-            for case let row as [String: Any] in report["results"] as? [Any] ?? [] {
-                extras[row["system"] as? String ?? ""] = row["extra"] as? [String: Any] ?? [:]
-            }
-            return extras
+            return try extras(ofReport: out)
         }
-        let spread = try extras(["--hash-seed", "5", "--seeds", "3"])
+        let spread = try replayed(["--hash-seed", "5", "--seeds", "3"])
         let magpie = try #require(spread["magpie-memory"])
         let ratios = try #require(magpie["miss_ratio_by_seed"] as? [Double])
         #expect(ratios.count == 3)
         // Seed 5 is the row's own figure; seeds 5, 6 and 7 each match a replay of that seed alone.
         #expect(ratios.first == magpie["miss_ratio"] as? Double)
         for (offset, ratio) in ratios.enumerated() {
-            let alone = try extras(["--hash-seed", String(5 + offset)])
+            let alone = try replayed(["--hash-seed", String(5 + offset)])
             #expect(alone["magpie-memory"]?["miss_ratio"] as? Double == ratio, "seed \(5 + offset)")
             #expect(alone["magpie-memory"]?["miss_ratio_by_seed"] == nil)  // one seed: the row as before
         }
