@@ -2,7 +2,7 @@ import Glibc
 
 /// The wall clock Magpie reads for expiry and freshness, in milliseconds since 1970, and the timer
 /// the loader API's timeouts wait on. Inject one in tests to move time without sleeping.
-public struct CacheClock: Sendable {
+public struct CacheClock: Sendable, Equatable {
     /// Milliseconds since 1970-01-01 UTC.
     public let now: @Sendable () -> Int64
     /// Suspends for a duration (``LoaderOptions/softTimeout`` and ``LoaderOptions/hardTimeout`` wait on
@@ -12,6 +12,13 @@ public struct CacheClock: Sendable {
     /// the remote tier's write versions use them to order writes made within one millisecond. Nil for
     /// an injected clock (versions then carry milliseconds only).
     let microseconds: (@Sendable () -> Int64)?
+    /// Who this clock is: two clocks are equal when they are the same clock (copies of one value).
+    private let identity = Identity()
+
+    private final class Identity: Sendable {}
+
+    /// Whether `lhs` and `rhs` are the same clock (copies of one ``CacheClock`` value, such as ``system``).
+    public static func == (lhs: CacheClock, rhs: CacheClock) -> Bool { lhs.identity === rhs.identity }
 
     /// A clock that calls `now`, and whose timers wait on `sleep` (by default `Task.sleep`).
     public init(

@@ -140,9 +140,9 @@ struct FleetTests {
                 defer { try? a.close(); try? b.close() }
                 try a.set(Array("v1".utf8), forKey: "k")
                 usleep(200_000)  // the write's report reaches b first (b holds no copy: nothing to drop)
-                let remote = try #require(b.remote)
+                let remote = try #require(b.composition.coherent?.remote)
                 let hash = Array("k".utf8).withUnsafeBytes { HashedKey($0, hasher: b.hasher).hash }
-                let began = b.clock.now()
+                let began = b.runtime.clock.now()
                 remote.coherence.beginWrite(hash, now: began)  // as if b were writing the key itself
                 #expect(text(try b.value(forKey: "k")) == "v1")  // served
                 #expect(try b.lookup("k")?.tier == .remote)  // not kept: the store is asked again

@@ -168,4 +168,43 @@ struct CacheAPITests {
         #expect(cache.statistics.subscriptFailures == 3)
         try cache.close()
     }
+
+    @Test("the settings both tiers share exist once: a tier left at its default takes the cache's, another value is refused")
+    func sharedSettingsExistOnce() throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let clock = CacheClock(now: { 1_000_000 })
+        var configuration = Cache.Configuration(directory: directory.path, memoryBudget: 1 << 20, diskBudget: 16 << 20)
+        configuration.metrics = nil
+        configuration.clock = clock
+        configuration.hashSeed = 7
+        configuration.logInterval = .seconds(60)
+        let cache = try Cache(configuration)
+        #expect(cache.configuration.memory.clock == clock && cache.configuration.disk?.clock == clock)
+        #expect(cache.configuration.memory.hashSeed == 7 && cache.configuration.disk?.hashSeed == 7)
+        #expect(cache.configuration.disk?.logInterval == .seconds(60))
+        try cache.close()
+        let conflicting: [(String, (inout Cache.Configuration) -> Void)] = [
+            ("memory clock", { $0.memory.clock = CacheClock(now: { 2 }) }),
+            ("disk clock", { $0.disk?.clock = CacheClock(now: { 2 }) }),
+            ("memory seed", { $0.memory.hashSeed = 8 }),
+            ("disk seed", { $0.disk?.hashSeed = 8 }),
+            ("disk log interval", { $0.disk?.logInterval = .seconds(1) }),
+        ]
+        for (what, change) in conflicting {
+            var refused = configuration
+            change(&refused)
+            do {
+                let opened = try Cache(refused)
+                try opened.close()
+                Issue.record("\(what): opened")
+            } catch {
+                #expect(error.code == .invalidConfiguration, "\(what): \(error)")
+            }
+        }
+        var same = configuration
+        same.memory.clock = clock  // the cache's own value: no conflict
+        same.disk?.hashSeed = 7
+        try Cache(same).close()
+    }
 }

@@ -109,7 +109,7 @@ struct CacheAsyncTests {
             return [1]
         }
         let lone = Task { try await cache.value(forKey: "j", load: slow) }
-        #expect(await eventually { cache.flightCount.load(ordering: .relaxed) == 1 })
+        #expect(await eventually { cache.loads.flightCount.load(ordering: .relaxed) == 1 })
         lone.cancel()
         await #expect(throws: CancellationError.self) { try await lone.value }
         #expect(await eventually { loaderCancelled.value == 1 })

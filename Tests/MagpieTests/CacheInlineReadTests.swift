@@ -241,7 +241,7 @@ struct CacheInlineReadTests {
         let contains = Task { try await cache.async.contains("k") }
         try await Task.sleep(for: .milliseconds(100))
         // Not `statistics`, which takes every bucket's lock: the counter itself.
-        #expect(cache.counters.inlineDiskReads.load(ordering: .relaxed) == 0)  // none read inline
+        #expect(cache.runtime.value(of: .inlineDiskReads) == 0)  // none read inline
         release()
         #expect(try await read.value == Self.value)
         #expect(try await lookup.value?.value == Self.value)

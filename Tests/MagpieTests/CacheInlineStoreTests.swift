@@ -37,7 +37,7 @@ private func inlineCache(_ directory: TemporaryDirectory, diskBudget: Int = 4 <<
 }
 
 /// The inline store counter itself (not `statistics`, which takes every bucket's lock).
-private func inlineStores(_ cache: Cache) -> UInt64 { cache.counters.inlineDiskStores.load(ordering: .relaxed) }
+private func inlineStores(_ cache: Cache) -> UInt64 { cache.runtime.value(of: .inlineDiskStores) }
 
 @Suite("Cache: async stores on the caller's task")
 struct CacheInlineStoreTests {
@@ -126,7 +126,7 @@ struct CacheInlineStoreTests {
 
         // The key's stripe, likewise.
         let hash = disk.hasher.hash("s")
-        let stripeRelease = holdOnAnotherThread { wait in cache.stripes.withLock(for: hash) { wait() } }
+        let stripeRelease = holdOnAnotherThread { wait in cache.composition.local.stripes.withLock(for: hash) { wait() } }
         let striped = Task { try await cache.async.set(value, forKey: "s") }
         try await Task.sleep(for: .milliseconds(100))
         stripeRelease()
@@ -141,7 +141,7 @@ struct CacheInlineStoreTests {
         let flightHash = disk.hasher.hash("f")
         var flight: Flight? = nil
         for _ in 0..<2000 where flight == nil {
-            flight = cache.flights.withLock { $0[flightHash] }
+            flight = cache.loads.flights.withLock { $0[flightHash] }
             if flight == nil { try await Task.sleep(for: .milliseconds(1)) }
         }
         let running = try #require(flight)

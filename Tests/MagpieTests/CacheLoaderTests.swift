@@ -66,7 +66,7 @@ struct CacheLoaderTests {
         #expect(value == [1, 2, 3])
         gate.open()
         #expect(await eventually { (try? cache.lookup("k"))?.value == [9] })
-        #expect(await eventually { cache.flightCount.load(ordering: .relaxed) == 0 })
+        #expect(await eventually { cache.loads.flightCount.load(ordering: .relaxed) == 0 })
         let refreshed = clock.now
         try reopenIfOnDisk()
         #expect(try cache.lookup("k")?.isStale == false)
@@ -110,7 +110,7 @@ struct CacheLoaderTests {
         }
         #expect(await eventually { gate.arrivals == 1 })
         gate.open()
-        #expect(await eventually { cache.flightCount.load(ordering: .relaxed) == 0 })
+        #expect(await eventually { cache.loads.flightCount.load(ordering: .relaxed) == 0 })
         #expect(runs.value == 1)
         let statistics = cache.statistics
         #expect(statistics.staleHits == 1000 && statistics.backgroundRefreshes == 1 && statistics.loaderRuns == 1)
@@ -131,7 +131,7 @@ struct CacheLoaderTests {
         clock.advance(milliseconds: 1)
         let value = try await cache.value(forKey: "k", options: swr) { runs.add(); return [2] }
         #expect(value == [1])  // still fresh: served, and refreshed behind the caller
-        #expect(await eventually { cache.flightCount.load(ordering: .relaxed) == 0 })
+        #expect(await eventually { cache.loads.flightCount.load(ordering: .relaxed) == 0 })
         #expect(runs.value == 1 && cache.statistics.backgroundRefreshes == 1)
         #expect(try cache.lookup("k")?.freshUntil == clock.now + 10_000)
         #expect(cache.statistics.staleHits == 0)
@@ -186,7 +186,7 @@ struct CacheLoaderTests {
                 throw OriginDown()
             }
             #expect(value == [1])
-            _ = await eventually { cache.flightCount.load(ordering: .relaxed) == 0 }
+            _ = await eventually { cache.loads.flightCount.load(ordering: .relaxed) == 0 }
         }
         #expect(calls.value == 1)
         #expect(cache.statistics.failSafeActivations == 1)
@@ -327,7 +327,7 @@ struct CacheLoaderTests {
             default: try cache.set([3], forKey: key)
             }
             gate.open()
-            #expect(await eventually { cache.flightCount.load(ordering: .relaxed) == 0 })
+            #expect(await eventually { cache.loads.flightCount.load(ordering: .relaxed) == 0 })
             #expect(try cache.value(forKey: key) == (key == "stored" ? [3] : nil), "\(key)")
             #expect(try cache.disk?.value(forKey: key) == (key == "stored" ? [3] : nil), "\(key)")
         }
@@ -441,7 +441,7 @@ struct CacheLoaderTests {
         _ = try await cache.value(forKey: "k", options: swr) { [2] }  // fresh
         clock.advance(seconds: 11)
         _ = try await cache.value(forKey: "k", options: swr) { [2] }  // stale: refreshed in the background
-        #expect(await eventually { cache.flightCount.load(ordering: .relaxed) == 0 })
+        #expect(await eventually { cache.loads.flightCount.load(ordering: .relaxed) == 0 })
         _ = try await cache.valueIfPresent(forKey: "none") { nil }
         _ = try await cache.valueIfPresent(forKey: "none") { nil }  // negative hit
         let statistics = cache.statistics

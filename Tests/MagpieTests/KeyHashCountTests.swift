@@ -79,7 +79,7 @@ struct KeyHashCountTests {
             #expect(try await cache.async.contains("disk"))
             // A loader's miss: its reads and its store (on an I/O thread) take the hash of the call.
             #expect(try await cache.value(forKey: "loaded-\(round)") { value } == value)
-            let count = try await cache.onDisk { () throws(MagpieError) in KeyHashCounter.count }
+            let count = try await cache.composition.local.offload { () throws(MagpieError) in KeyHashCounter.count }
             mostOnAnIOThread = max(mostOnAnIOThread, count)
         }
         #expect(mostOnAnIOThread == 0, "an I/O thread hashed a key")

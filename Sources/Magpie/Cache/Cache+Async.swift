@@ -13,12 +13,13 @@ import Foundation
 // distinct names, `syncShutdownGracefully()` beside `shutdownGracefully()`.)
 //
 // `nonisolated(nonsending)` keeps each call on its caller's executor, so a memory hit returns without a
-// hop, whatever the tiers; a disk access moves to an I/O thread and back, and a remote call is awaited on
-// the caller's task (the store's event loop does the I/O; no thread waits for it). The two exceptions: a
-// read (`value(forKey:)`, `lookup`, `contains`, a loader's read of the local tiers) whose disk read cannot
-// wait (the record in the page cache, its locks free: see `Configuration.inlineResidentDiskReads`) reads
-// on the caller's task, since the hop would cost ten times the read; and a store (no remote tier) whose
-// disk half is a memtable append that cannot wait (`Configuration.inlineDiskStores`) stores there.
+// hop, whatever the tiers; a disk access that may wait moves to an I/O thread and back, and a remote call
+// is awaited on the caller's task (the store's event loop does the I/O; no thread waits for it). A read
+// (`value(forKey:)`, `lookup`, `contains`, a loader's read of the local tiers) whose disk read cannot wait
+// (the record in the page cache, its locks free: `Configuration.inlineResidentDiskReads`) reads on the
+// caller's task, since the hop would cost ten times the read; so does a store whose disk half is a
+// memtable append that cannot wait (`Configuration.inlineDiskStores`). One read and one store serve the
+// synchronous and the async API alike (`ReadWait`, Runtime.immediateOrHop).
 
 extension Cache {
     /// The asynchronous forms of the cache's operations: disk I/O runs on the cache's I/O threads
@@ -52,7 +53,13 @@ public struct AsyncCache: Sendable {
     /// ``value(forKey:)-(String)`` for a key of arbitrary bytes.
     nonisolated(nonsending)
     public func value(forKey key: some Sequence<UInt8>) async throws -> [UInt8]? {
-        try await cache.readValueAsync(key)
+        // The key is hashed once, here; the hash travels with a copy of its bytes past memory.
+        let (value, hash) = try cache.withHashedKey(key) { key throws(MagpieError) in (cache.memoryValue(key), key.hash) }
+        if let value { return value }
+        guard let (entry, _) = try await cache.composition.read(Array(key), hash: hash, .value, memoryChecked: true),
+            !entry.freshness.negative
+        else { return nil }
+        return entry.value
     }
 
     /// The value stored for `key` as `Data`; see ``Cache/data(forKey:)-(String)``.
@@ -93,7 +100,8 @@ public struct AsyncCache: Sendable {
     /// ``lookup(_:)-(String)`` for a key of arbitrary bytes.
     nonisolated(nonsending)
     public func lookup(_ key: some Sequence<UInt8>) async throws -> CacheHit? {
-        try await cache.readHitAsync(key)
+        let hash = try cache.withHashedKey(key) { $0.hash }
+        return try await cache.composition.read(Array(key), hash: hash, .entry).flatMap { CacheHit($0.0, tier: $0.1, clock: cache.runtime.clock) }
     }
 
     /// Whether `key` has a live value in either tier; see ``Cache/contains(_:)-(String)``.
@@ -105,12 +113,14 @@ public struct AsyncCache: Sendable {
     /// ``contains(_:)-(String)`` for a key of arbitrary bytes.
     nonisolated(nonsending)
     public func contains(_ key: some Sequence<UInt8>) async throws -> Bool {
-        try await cache.readContainsAsync(key)
+        let hash = try cache.withHashedKey(key) { $0.hash }
+        return try await cache.composition.read(Array(key), hash: hash, .contains) != nil
     }
 
     /// Stores `value` for `key`; see ``Cache/set(_:forKey:options:)-(_,String,_)``. With a remote tier,
     /// returns once the store answered (or failed, which owes the key a removal; never thrown), having
-    /// awaited it with no thread blocked.
+    /// awaited it with no thread blocked. The local half runs on the caller's task when it cannot wait
+    /// (``Cache/Configuration/inlineDiskStores``), else on an I/O thread.
     nonisolated(nonsending)
     public func set(_ value: some Sequence<UInt8> & Sendable, forKey key: String, options: EntryOptions? = nil) async throws {
         try await set(value, forKey: key.utf8, options: options)
@@ -121,24 +131,15 @@ public struct AsyncCache: Sendable {
     public func set(
         _ value: some Sequence<UInt8> & Sendable, forKey key: some Sequence<UInt8>, options: EntryOptions? = nil
     ) async throws {
-        let key = Array(key)
-        let value = Array(value)
-        guard cache.sendsWrites else {
-            // On this task when the store cannot wait (Configuration.inlineDiskStores), else on an I/O thread.
-            if try cache.setIfImmediate(value, forKey: key, options: options) { return }
-            return try await cache.onDisk { [cache] () throws(MagpieError) in try cache.set(value, forKey: key, options: options) }
+        let (key, value, cache) = (Array(key), Array(value), cache)
+        let hash = try cache.withHashedKey(key) { $0.hash }
+        let local = cache.composition.local
+        let send = try await local.immediateOrHop(key, hash: hash, inline: cache.runtime.inlineStores) { key, wait throws(MagpieError) in
+            try value.withUnsafeBytes { bytes in
+                Result { () throws(MagpieError) in try cache.write(bytes, for: key, options: options, wait: wait) }
+            }.get()
         }
-        let send = try await cache.onDisk { [cache] () throws(MagpieError) -> RemoteSend? in
-            try cache.withHashedKey(key) { key throws(MagpieError) -> RemoteSend? in
-                cache.supersedeLoads(of: key)
-                let options = options ?? cache.defaultOptions
-                let stamp = options.stamp(now: cache.clock.now(), hash: key.hash)
-                return try value.withUnsafeBytes { bytes in
-                    Result { () throws(MagpieError) in try cache.writeLocally(bytes, for: key, options: options, stamp: stamp) }
-                }.get()
-            }
-        }
-        if let send { await cache.send(send) }
+        await cache.composition.send(send)
     }
 
     /// Removes `key` from both tiers; see ``Cache/removeValue(forKey:)-(String)``.
@@ -150,55 +151,46 @@ public struct AsyncCache: Sendable {
     /// ``removeValue(forKey:)-(String)`` for a key of arbitrary bytes.
     @discardableResult nonisolated(nonsending)
     public func removeValue(forKey key: some Sequence<UInt8>) async throws -> Bool {
-        let key = Array(key)
-        let (removed, send) = try await cache.onDisk { [cache] () throws(MagpieError) -> (Bool, RemoteSend?) in
-            try cache.withHashedKey(key) { key throws(MagpieError) -> (Bool, RemoteSend?) in
-                cache.supersedeLoads(of: key)
-                return try cache.removeLocally(key)
+        let (key, cache) = (Array(key), cache)
+        let hash = try cache.withHashedKey(key) { $0.hash }
+        let (removed, send) = try await cache.composition.local.offload { () throws(MagpieError) -> (Bool, RemoteSend?) in
+            try cache.runtime.withKey(key, hash: hash) { key throws(MagpieError) -> (Bool, RemoteSend?) in
+                cache.loads.supersede(key)
+                return try cache.composition.removeLocally(key)
             }
         }
-        if let send { await cache.send(send) }
+        await cache.composition.send(send)
         return removed
     }
 
     /// Removes every entry; see ``Cache/removeAll()``.
     nonisolated(nonsending)
     public func removeAll() async throws {
-        try await cache.onDisk { [cache] () throws(MagpieError) in try cache.removeAllLocally() }
-        await cache.removeAllRemotely()
+        try cache.runtime.checkOpen()
+        cache.loads.supersedeAll()
+        try await cache.composition.removeAllAsync()
     }
 
-    /// Removes a group's entries from both tiers; see ``Cache/removeAll(inGroup:)``.
+    /// Removes a group's entries from every tier; see ``Cache/removeAll(inGroup:)``.
     @discardableResult nonisolated(nonsending)
     public func removeAll(inGroup group: String) async throws -> RemovedEntries {
-        try cache.checkOpen()
+        try cache.runtime.checkOpen()
         guard !group.isEmpty else { return RemovedEntries() }
-        cache.supersedeAllLoads()
-        let removed = try await cache.onDisk { [cache] () throws(MagpieError) -> RemovedEntries in try cache.removeAllLocally(inGroup: group) }
-        await cache.removeGroupRemotelyAsync(group)
-        return removed
+        cache.loads.supersedeAll()
+        return try await cache.composition.removeAllAsync(inGroup: group)
     }
 
-    /// Removes expired entries from both tiers; see ``Cache/removeExpired()``.
+    /// Removes expired entries from both local tiers; see ``Cache/removeExpired()``.
     @discardableResult nonisolated(nonsending)
     public func removeExpired() async throws -> RemovedEntries {
-        try await cache.onDisk { [cache] () throws(MagpieError) -> RemovedEntries in try cache.removeExpired() }
+        let cache = cache
+        return try await cache.composition.local.offload { () throws(MagpieError) -> RemovedEntries in try cache.removeExpired() }
     }
 
     /// Makes everything written so far durable; see ``Cache/flush()``.
     nonisolated(nonsending)
     public func flush() async throws {
-        try await cache.onDisk { [cache] () throws(MagpieError) in try cache.flush() }
-    }
-}
-
-extension Cache {
-    /// Runs `work` on an I/O thread when there is a disk tier, else right here (memory work never
-    /// blocks; the remote tier is awaited by the callers, never run here).
-    nonisolated(nonsending)
-    func onDisk<R: Sendable>(_ work: @escaping @Sendable () throws(MagpieError) -> R) async throws -> R {
-        guard disk != nil else { return try work() }
-        try checkOpen()
-        return try await pool.run(work)
+        let cache = cache
+        try await cache.composition.local.offload { () throws(MagpieError) in try cache.flush() }
     }
 }

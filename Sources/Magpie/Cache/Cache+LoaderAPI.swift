@@ -1,6 +1,6 @@
 // The loader API's entry points: async and synchronous, for a loader that always finds a value and one
 // that may find nothing. Each answers a fresh hit from its first probe; the protocol behind them is in
-// Cache+Loader.swift.
+// Loading/LoadCoordinator.swift.
 
 extension Cache {
     /// The value for `key`; when it is missing (or stale, see ``LoaderOptions``), `load` produces it, it
@@ -40,7 +40,7 @@ extension Cache {
     ) async throws -> [UInt8] {
         let probe = firstProbe(key, loader, acceptsAbsence: false)
         if case .served(let value) = probe { return value ?? [] }  // a load of this form never finds nothing
-        let found = try await loadingValue(Array(key), options, loader, .async { try await load() }, acceptsAbsence: false, probe)
+        let found = try await loads.loadingValue(Array(key), options, loader, .async { try await load() }, acceptsAbsence: false, probe)
         return found ?? []
     }
 
@@ -65,7 +65,7 @@ extension Cache {
     ) async throws -> [UInt8]? {
         let probe = firstProbe(key, loader, acceptsAbsence: true)
         if case .served(let value) = probe { return value }
-        return try await loadingValue(Array(key), options, loader, .async(load), acceptsAbsence: true, probe)
+        return try await loads.loadingValue(Array(key), options, loader, .async(load), acceptsAbsence: true, probe)
     }
 
     /// The synchronous form of ``value(forKey:options:loader:load:)-(String,_,_,_)``: blocks the calling
@@ -86,7 +86,7 @@ extension Cache {
     ) throws -> [UInt8] {
         let probe = firstProbe(key, loader, acceptsAbsence: false)
         if case .served(let value) = probe { return value ?? [] }
-        return try loadingValueBlocking(Array(key), options, loader, .blocking { try load() }, acceptsAbsence: false, probe) ?? []
+        return try loads.loadingValueBlocking(Array(key), options, loader, .blocking { try load() }, acceptsAbsence: false, probe) ?? []
     }
 
     /// The synchronous form of ``valueIfPresent(forKey:options:loader:load:)-(String,_,_,_)``.
@@ -104,7 +104,7 @@ extension Cache {
     ) throws -> [UInt8]? {
         let probe = firstProbe(key, loader, acceptsAbsence: true)
         if case .served(let value) = probe { return value }
-        return try loadingValueBlocking(Array(key), options, loader, .blocking(load), acceptsAbsence: true, probe)
+        return try loads.loadingValueBlocking(Array(key), options, loader, .blocking(load), acceptsAbsence: true, probe)
     }
 }
 
@@ -117,36 +117,36 @@ extension Cache {
     @inline(__always)
     func firstProbe(_ key: some Sequence<UInt8>, _ loader: LoaderOptions?, acceptsAbsence: Bool) -> LoaderProbe {
         withBytes(key) { bytes -> LoaderProbe in
-            guard bytes.count <= Self.maximumKeyLength, !closed.load(ordering: .relaxed) else { return .refused }
+            guard bytes.count <= Self.maximumKeyLength, !runtime.closed.load(ordering: .relaxed) else { return .refused }
             let key = HashedKey(bytes, hasher: hasher)
             // A cache with a remote tier judges its local copies (stamped) in the full protocol.
-            guard judgesMemoryFirst else { return .unprobed(key.hash) }
+            guard composition.judgesMemoryFirst else { return .unprobed(key.hash) }
             guard let entry = memory.entry(key) else { return .missed(key.hash) }
             guard acceptsAbsence || !entry.freshness.negative else { return .found(entry, key.hash) }
             let freshness = entry.freshness
             if freshness.freshUntil == 0 {
                 if freshness.negative {
-                    counters.negativeHits.wrappingAdd(1, ordering: .relaxed)
+                    runtime.count(.negativeHits)
                     return .served(nil)
                 }
-                counters.freshHits.wrappingAdd(1, ordering: .relaxed)
+                runtime.count(.freshHits)
                 return .served(entry.value)
             }
-            let now = clock.now()
+            let now = runtime.clock.now()
             guard freshness.isFresh(at: now) else {
                 // Stale, and served at once when a refresh already runs (stale-while-revalidate) or the
                 // key is throttled: the common stale hit costs a look-up, not a call's set-up.
-                let revalidates = loader?.staleWhileRevalidate ?? defaultLoaderOptions.staleWhileRevalidate
-                guard (revalidates && loadRunning(key.hash, bytes)) || isThrottled(key.hash, bytes, now: now)
+                let revalidates = loader?.staleWhileRevalidate ?? loads.defaultLoaderOptions.staleWhileRevalidate
+                guard (revalidates && loads.loadRunning(key.hash, bytes)) || loads.isThrottled(key.hash, bytes, now: now)
                 else { return .found(entry, key.hash) }
-                counters.staleHits.wrappingAdd(1, ordering: .relaxed)
+                runtime.count(.staleHits)
                 return .served(entry.value)
             }
-            let eager = loader == nil ? defaultLoaderOptions.eagerRefresh : loader.unsafelyUnwrapped.eagerRefresh
+            let eager = loader == nil ? loads.defaultLoaderOptions.eagerRefresh : loader.unsafelyUnwrapped.eagerRefresh
             guard eager == nil
                 || !LoaderOptions.eagerRefreshDue(eager, freshUntil: freshness.freshUntil, loadedAt: freshness.loadedAt, now: now)
             else { return .found(entry, key.hash) }
-            counters.freshHits.wrappingAdd(1, ordering: .relaxed)
+            runtime.count(.freshHits)
             return .served(entry.value)
         }
     }

@@ -19,38 +19,26 @@ extension Cache: Service {
     /// journal and is replayed when the directory is opened again; without one it is lost.
     /// - Throws: the disk tier's flush and close errors (the cache is closed either way).
     public func shutdown(replayingFor replayTime: Duration = .seconds(2)) async throws {
-        await replayBeforeShutdown(upTo: replayTime)
+        await composition.coherent?.replayBeforeShutdown(upTo: replayTime)
         // The flush's fsyncs and the close (which waits for the disk tier's loader thread) block: with a
         // disk tier they run on an I/O thread, not on one of Swift's. In a task of its own, so that the
         // cancellation this is often called under does not keep the cache from closing; right here if
         // the I/O pool refuses (already shut down).
         let finish: @Sendable () throws(MagpieError) -> MagpieError? = { [self] () throws(MagpieError) -> MagpieError? in
             var failure: MagpieError? = nil
-            if !closed.load(ordering: .relaxed) {
+            if !runtime.closed.load(ordering: .relaxed) {
                 do throws(MagpieError) { try flush() } catch { failure = error }
             }
             do throws(MagpieError) { try close(waitingForRemote: false) } catch { failure = failure ?? error }
             return failure
         }
         let failure: MagpieError?
-        if disk != nil, let result = try? await Task(operation: { [pool] in try await pool.run(finish) }).value {
+        if disk != nil, let result = try? await Task(operation: { [runtime] in try await runtime.pool.run(finish) }).value {
             failure = result
         } else {
             failure = try finish()
         }
-        await closeRemoteStore()
+        if let store = composition.coherent?.remote.store { await store.shutdown() }
         if let failure { throw failure }
-    }
-}
-
-extension RemoteTier {
-    /// Waits until nothing is owed to the store, or `limit` passes; returns what is still owed.
-    func waitForReplay(upTo limit: Duration) async -> Int {
-        let deadline = ContinuousClock.now + limit
-        while owedRemovals > 0 && ContinuousClock.now < deadline {
-            startReplay()
-            try? await Task.sleep(for: .milliseconds(20))
-        }
-        return owedRemovals
     }
 }

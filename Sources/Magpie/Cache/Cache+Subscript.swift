@@ -30,8 +30,8 @@ extension Cache {
         do {
             return try read()
         } catch {
-            counters.subscriptFailures.add(1, ordering: .relaxed)
-            logs.subscriptRead.record(error: "\(error)")
+            runtime.count(.subscriptFailures)
+            runtime.logs.subscriptRead.record(error: "\(error)")
             return nil
         }
     }
@@ -41,8 +41,8 @@ extension Cache {
         do {
             try write()
         } catch {
-            counters.subscriptFailures.add(1, ordering: .relaxed)
-            logs.subscriptWrite.record(error: "\(error)")
+            runtime.count(.subscriptFailures)
+            runtime.logs.subscriptWrite.record(error: "\(error)")
         }
     }
 }

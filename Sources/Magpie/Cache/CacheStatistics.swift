@@ -2,7 +2,10 @@
 ///
 /// The counts add up: every read that consults memory is a memory hit or miss; every memory miss of
 /// a two-tier cache is a disk hit or miss (reads that fail with an error aside), so
-/// ``hits`` + ``misses`` = `memory.hits + memory.misses`. `Cache.contains(_:)` is not a read.
+/// ``hits`` + ``misses`` = `memory.hits + memory.misses`. With a remote tier, a local copy that may not
+/// be served (``RemoteTierStatistics/unservedCopies``) is no hit, and a read the local tiers could not
+/// answer is a hit or a miss of the store (``RemoteTierStatistics/readHits``, ``RemoteTierStatistics/readMisses``);
+/// the sum holds the same way. `Cache.contains(_:)` is not a read.
 public struct CacheStatistics: Sendable, Hashable {
     /// The memory tier's counters.
     public var memory: MemoryTierStatistics
@@ -50,10 +53,14 @@ public struct CacheStatistics: Sendable, Hashable {
     /// The remote tier's figures; nil without one.
     public var remote: RemoteTierStatistics? = nil
 
-    /// Reads answered by either tier.
-    public var hits: UInt64 { memory.hits + (disk?.hits ?? 0) }
-    /// Reads answered by neither tier.
-    public var misses: UInt64 { disk?.misses ?? memory.misses }
+    /// Reads answered by a tier (memory, disk, or the remote tier).
+    public var hits: UInt64 {
+        let local = memory.hits &+ (disk?.hits ?? 0)
+        guard let remote else { return local }
+        return local &- min(local, remote.unservedCopies) &+ remote.readHits
+    }
+    /// Reads answered by no tier.
+    public var misses: UInt64 { remote?.readMisses ?? disk?.misses ?? memory.misses }
     /// hits / (hits + misses), or 0 before the first read.
     public var hitRatio: Double {
         let reads = hits + misses
@@ -76,29 +83,13 @@ public struct CacheStatistics: Sendable, Hashable {
 }
 
 extension Cache {
-    /// The counters of both tiers and of the façade. Costs a lock of every memory shard and disk bucket;
+    /// The counters of every tier and of the façade. Costs a lock of every memory shard and disk bucket;
     /// right after an open it also waits for the disk buckets' indexes still loading (milliseconds after
     /// a clean close, a scan of every bucket file after a crash; see ``DiskTier/statistics``).
     public var statistics: CacheStatistics {
-        var statistics = CacheStatistics(
-            memory: memory.statistics, disk: disk?.statistics,
-            promotions: counters.promotions.load(ordering: .relaxed),
-            loaderRuns: counters.loaderRuns.load(ordering: .relaxed),
-            loaderCoalesced: counters.loaderCoalesced.load(ordering: .relaxed),
-            loaderFailures: counters.loaderFailures.load(ordering: .relaxed),
-            diskErrors: counters.diskErrors.load(ordering: .relaxed))
-        statistics.subscriptFailures = counters.subscriptFailures.load(ordering: .relaxed)
-        statistics.freshHits = counters.freshHits.load(ordering: .relaxed)
-        statistics.staleHits = counters.staleHits.load(ordering: .relaxed)
-        statistics.negativeHits = counters.negativeHits.load(ordering: .relaxed)
-        statistics.backgroundRefreshes = counters.backgroundRefreshes.load(ordering: .relaxed)
-        statistics.failSafeActivations = counters.failSafeActivations.load(ordering: .relaxed)
-        statistics.softTimeouts = counters.softTimeouts.load(ordering: .relaxed)
-        statistics.hardTimeouts = counters.hardTimeouts.load(ordering: .relaxed)
-        statistics.loadsSuperseded = counters.loadsSuperseded.load(ordering: .relaxed)
-        statistics.inlineDiskReads = counters.inlineDiskReads.load(ordering: .relaxed)
-        statistics.inlineDiskStores = counters.inlineDiskStores.load(ordering: .relaxed)
-        statistics.remote = remote?.statistics
+        var statistics = CacheStatistics(memory: memory.statistics, disk: disk?.statistics)
+        for (counter, field, _) in CacheCounter.table { statistics[keyPath: field] = runtime.value(of: counter) }
+        statistics.remote = composition.coherent?.remote.statistics
         return statistics
     }
 }

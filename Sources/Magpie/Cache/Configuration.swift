@@ -13,8 +13,10 @@ extension Cache {
     /// ```
     ///
     /// A tier's settings are set on its configuration (``memory``, ``disk``), so every tier setting can be
-    /// set through a `Cache`. Three settings the tiers must share are the cache's: ``clock`` and
-    /// ``hashSeed`` replace the tiers' own, and ``logger`` is the disk tier's unless it has its own.
+    /// set through a `Cache`. The settings the tiers share are set here, once: ``clock``, ``hashSeed``,
+    /// ``logger`` and ``logInterval``. A tier configuration that leaves them at their defaults takes the
+    /// cache's; one that sets another value is refused (``MagpieError/Code/invalidConfiguration``), never
+    /// silently replaced.
     public struct Configuration: Sendable {
         /// The memory tier: budget (default 64 MiB) and shard count.
         public var memory: MemoryTier.Configuration
@@ -123,5 +125,31 @@ extension Cache {
             self.interval = interval
             self.factory = factory
         }
+    }
+}
+
+extension Cache.Configuration {
+    /// This configuration with the settings both tiers share (the clock, the hash seed, the logger and
+    /// the log interval) given to each tier: a tier's own left at its default takes the cache's; one set
+    /// to something else is refused.
+    func sharingItsSettings() throws(MagpieError) -> Cache.Configuration {
+        func shared<T: Equatable>(_ name: String, _ tier: String, _ value: T, default: T, _ cache: T) throws(MagpieError) -> T {
+            guard value == `default` || value == cache else {
+                throw MagpieError(
+                    .invalidConfiguration,
+                    "the \(tier) tier's \(name) differs from Cache.Configuration.\(name): set it there, once for both tiers")
+            }
+            return cache
+        }
+        var resolved = self
+        resolved.memory.clock = try shared("clock", "memory", memory.clock, default: .system, clock)
+        resolved.memory.hashSeed = try shared("hashSeed", "memory", memory.hashSeed, default: nil, hashSeed)
+        if let disk {
+            resolved.disk?.clock = try shared("clock", "disk", disk.clock, default: .system, clock)
+            resolved.disk?.hashSeed = try shared("hashSeed", "disk", disk.hashSeed, default: nil, hashSeed)
+            resolved.disk?.logInterval = try shared("logInterval", "disk", disk.logInterval, default: .seconds(10), logInterval)
+            if disk.logger == nil { resolved.disk?.logger = logger }
+        }
+        return resolved
     }
 }

@@ -23,6 +23,8 @@ import Synchronization
 final class BucketLoader: Sendable {
     private let stopped = Atomic<Bool>(false)
     private let finished = Atomic<Bool>(false)
+    /// Entered while the thread runs: ``waitUntilFinished()`` waits on it (no polling).
+    private let running = DispatchGroup()
 
     /// What the thread does after loading every bucket, unless stopped: remove the strays of `buckets/`
     /// that an open which read SIZES did not list (DiskTier.swift, "Reopening"), holding the compaction
@@ -41,7 +43,9 @@ final class BucketLoader: Sendable {
             finished.store(true, ordering: .relaxed)
             return
         }
+        running.enter()
         let thread = Thread { [self] in
+            defer { running.leave() }
             IOThreadPool.nameCurrentThread("magpie-io-loader")
             for bucket in buckets {
                 if stopped.load(ordering: .relaxed) { break }
@@ -75,6 +79,6 @@ final class BucketLoader: Sendable {
 
     /// Waits until the thread has finished (see ``isFinished``).
     func waitUntilFinished() {
-        while !isFinished { usleep(200) }
+        running.wait()
     }
 }

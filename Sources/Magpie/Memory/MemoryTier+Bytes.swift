@@ -95,8 +95,9 @@ extension MemoryTier {
         }
     }
 
-    /// The expiry and freshness of `key`'s live entry (negative ones included); not counted as a read.
-    package func metadata(_ key: HashedKey) -> (deadline: Int64, freshness: Freshness)? {
+    /// The expiry, freshness and coherence stamp of `key`'s live entry (negative ones included); not
+    /// counted as a read.
+    package func metadata(_ key: HashedKey) -> (deadline: Int64, freshness: Freshness, stamp: Int64)? {
         withShard(for: key.hash) { $0.metadata(hash: key.hash, key: key.bytes) }
     }
 

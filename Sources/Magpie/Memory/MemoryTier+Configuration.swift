@@ -8,11 +8,12 @@ extension MemoryTier {
         /// ``MemoryTier/defaultShardCount``.
         public var shardCount: Int?
         /// The seed of the key hash; nil picks a random one (keys chosen by an attacker then cannot pile
-        /// into one shard). Set it for reproducible tests and benchmarks. In a ``Cache`` with a disk tier
-        /// the directory's seed is used instead, so that one hash serves both tiers.
+        /// into one shard). Set it for reproducible tests and benchmarks. In a ``Cache``, set
+        /// ``Cache/Configuration/hashSeed`` instead (another value here is refused); with a disk tier the
+        /// directory's seed is used, so that one hash serves both tiers.
         public var hashSeed: UInt64?
-        /// The clock expiry is judged by; inject one in tests. In a ``Cache``,
-        /// ``Cache/Configuration/clock`` is used instead.
+        /// The clock expiry is judged by; inject one in tests. In a ``Cache``, leave it at its default and set
+        /// ``Cache/Configuration/clock``, which both tiers share (another value is refused).
         public var clock: CacheClock
 
         /// A configuration with the given budget and defaults for the rest.

@@ -79,11 +79,13 @@ extension ShardStorage {
         return !header.isPlaceholder && !header.isNegative && !(header.hasExpiry && Self.isExpired(block, header, now: clock.now()))
     }
 
-    /// The expiry and freshness of `key`'s live entry (negative ones included), without counting a read.
-    func metadata(hash: UInt64, key: UnsafeRawBufferPointer) -> (deadline: Int64, freshness: Freshness)? {
+    /// The expiry, freshness and coherence stamp of `key`'s live entry (negative ones included), without
+    /// counting a read.
+    func metadata(hash: UInt64, key: UnsafeRawBufferPointer) -> (deadline: Int64, freshness: Freshness, stamp: Int64)? {
         guard let (_, block) = find(hash: hash, key: key) else { return nil }
         let header = EntryHeader(of: block)
         guard !header.isPlaceholder, !Self.isExpired(block, header, now: clock.now()) else { return nil }
-        return Self.metadata(of: block, header)
+        let (deadline, freshness) = Self.metadata(of: block, header)
+        return (deadline, freshness, Self.stamp(of: block, header))
     }
 }

@@ -335,6 +335,20 @@ extension RemoteTier {
             pending.updateHold(oldest: clock.now())
             if settled > 0 && pending.isEmpty { journal(replacingWith: []) }
         }
+        if owedRemovals == 0 { for waiter in drainWaiters.withLock({ waiters in defer { waiters = [] }; return waiters }) { waiter.finish() } }
+    }
+
+    /// Waits until nothing is owed to the store, or `limit` passes (woken by the replay that settles the
+    /// last owed removal, no polling); returns what is still owed.
+    func waitForReplay(upTo limit: Duration) async -> Int {
+        guard owedRemovals > 0 else { return 0 }
+        let waiter = Wakeup()
+        drainWaiters.withLock { $0.append(waiter) }
+        startReplay()
+        if owedRemovals == 0 { waiter.finish() }  // settled between the first look and the registration
+        await waiter.wait(upTo: limit)
+        drainWaiters.withLock { $0.removeAll { $0 === waiter } }
+        return owedRemovals
     }
 }
 
@@ -396,6 +410,14 @@ public struct RemoteTierStatistics: Sendable, Hashable {
     /// a write of the key by this instance was under way, or a change of the key was reported while it
     /// was fetched. The next read of such a key asks the store again.
     public var unkept: UInt64 = 0
+    /// Local copies a read found but could not serve (past their staleness bound, or older than a change
+    /// the feed may have missed): each such read went on to the store. Part of the memory and disk hits,
+    /// not of ``CacheStatistics/hits``.
+    public var unservedCopies: UInt64 = 0
+    /// Reads the local tiers could not answer that the store answered (part of ``CacheStatistics/hits``).
+    public var readHits: UInt64 = 0
+    /// Reads that no tier answered (``CacheStatistics/misses``).
+    public var readMisses: UInt64 = 0
     /// Versioned writes and removals the store refused because it held a newer version of the key (a
     /// later write from another instance, or this one's own later write that got there first).
     public var fenced: UInt64 = 0
@@ -438,6 +460,9 @@ extension RemoteTier {
         s.journalFailures = counters.journalFailures.load(ordering: .relaxed)
         s.withheld = counters.withheld.load(ordering: .relaxed)
         s.unkept = counters.unkept.load(ordering: .relaxed)
+        s.unservedCopies = counters.unserved.load(ordering: .relaxed)
+        s.readHits = counters.readHits.load(ordering: .relaxed)
+        s.readMisses = counters.readMisses.load(ordering: .relaxed)
         s.leasesAcquired = counters.leasesAcquired.load(ordering: .relaxed)
         s.leaseWaits = counters.leaseWaits.load(ordering: .relaxed)
         s.sharedLoads = counters.sharedLoads.load(ordering: .relaxed)

@@ -26,6 +26,8 @@ final class RemoteTier: Sendable {
     let tokens = Locked(TokenCache())
     let pending = Locked(PendingRemovals())
     let replay = Locked<Task<Void, Never>?>(nil)
+    /// Tasks waiting for every owed removal to land (``waitForReplay(upTo:)``).
+    let drainWaiters = Locked<[Wakeup]>([])
     let counters = Counters()
 
     final class Counters: Sendable {
@@ -47,6 +49,9 @@ final class RemoteTier: Sendable {
         let journalFailures = Atomic<UInt64>(0)
         let withheld = Atomic<UInt64>(0)
         let unkept = Atomic<UInt64>(0)
+        let unserved = Atomic<UInt64>(0)
+        let readHits = Atomic<UInt64>(0)
+        let readMisses = Atomic<UInt64>(0)
     }
 
     struct TokenCache {

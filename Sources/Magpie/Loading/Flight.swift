@@ -1,6 +1,6 @@
 import Dispatch
 
-// One running load of a key and the callers waiting for it (see Cache+Loader.swift for the protocol).
+// One running load of a key and the callers waiting for it (see LoadCoordinator.swift for the protocol).
 //
 // A caller waits either in a task (a continuation) or on its thread (a semaphore: the synchronous
 // loader API). Each waiter is resumed exactly once, by whichever comes first: the load's result, its

@@ -22,7 +22,7 @@
 // map's lock: so a caller arriving just after a load sees its value instead of starting another.
 //
 // Landing never undoes a newer write. Every store and removal of a key marks the key's running flight
-// superseded (`Cache.supersedeLoads`, one atomic load when no load runs), and a group removal or a
+// superseded (`LoadCoordinator.supersede`, one atomic load when no load runs), and a group removal or a
 // removal of everything marks all of them, *before* writing; the landing checks the mark and stores
 // holding the same lock (`Flight.superseded`), so either the landing comes first and the write then
 // replaces or removes its value, or the mark comes first and the value is not stored (counted in
@@ -34,10 +34,11 @@
 // without a load, so a failing origin sees one load per key per throttle period.
 
 import Logging
+import Synchronization
 
 // MARK: - The protocol
 
-/// A key throttled after a failed load (see `Cache.throttles`).
+/// A key throttled after a failed load (see `LoadCoordinator.throttles`).
 struct Throttle: Sendable {
     let name: [UInt8]
     let until: Int64
@@ -61,7 +62,78 @@ enum LoaderVerdict {
     case load(fallback: StoredEntry?)
 }
 
-extension Cache {
+/// The loader API's state and protocol for one cache: the load running for each key (its flight), the
+/// keys fail-safe throttles, the threads that run synchronous loads, and the supersede marks every store
+/// and removal sets. It reads and writes through the cache's composition, whatever its tiers.
+final class LoadCoordinator: Sendable {
+    let composition: Composition
+    let runtime: Runtime
+    let defaultOptions: EntryOptions
+    let defaultLoaderOptions: LoaderOptions
+    /// Runs the synchronous loader API's loads that must not run on their caller's thread.
+    let loaderPool: IOThreadPool
+    /// The load running for each key, keyed by the key's 64-bit hash; each flight holds its key's bytes,
+    /// which every look-up compares.
+    let flights = Locked<[UInt64: Flight]>([:])
+    /// How many loads `flights` holds: read without the lock by every store and removal, which
+    /// supersede a running load of their key only when there is one.
+    let flightCount = Atomic<Int>(0)
+    /// Keys whose stale value fail-safe serves without loading until the instant given (ms).
+    let throttles = Locked<[UInt64: Throttle]>([:])
+    /// How many keys `throttles` holds (read without the lock: a stale hit looks only when some are).
+    let throttleCount = Atomic<Int>(0)
+
+    var clock: CacheClock { runtime.clock }
+
+    init(_ composition: Composition, runtime: Runtime, configuration: Cache.Configuration) {
+        self.composition = composition
+        self.runtime = runtime
+        defaultOptions = configuration.defaultOptions
+        defaultLoaderOptions = configuration.defaultLoaderOptions
+        loaderPool = IOThreadPool(threadCount: configuration.loaderThreadCount, name: "magpie-load")
+    }
+
+    // MARK: Supersede
+
+    /// Marks the running load of `key`, if any, superseded, so that its value does not land over this
+    /// newer write. Waits while that load's value is landing. Costs one atomic load when no load runs.
+    @inline(__always)
+    func supersede(_ key: HashedKey) {
+        guard flightCount.load(ordering: .sequentiallyConsistent) != 0 else { return }
+        supersedeRunning(key)
+    }
+
+    @inline(never)
+    private func supersedeRunning(_ key: HashedKey) {
+        let flight = flights.withLock { flights in flights[key.hash].flatMap { sameKey($0.name, key.bytes) ? $0 : nil } }
+        flight?.superseded.withLock { $0 = true }
+    }
+
+    /// ``supersede(_:)`` for a caller that must not wait (an inline async store): false, with nothing
+    /// marked, when the key's load is landing now (its value is being stored, with the disk's waits, under
+    /// the lock this would take).
+    @inline(__always)
+    func supersede(_ key: HashedKey, wait: ReadWait) -> Bool {
+        guard wait == .ifImmediate else {
+            supersede(key)
+            return true
+        }
+        guard flightCount.load(ordering: .sequentiallyConsistent) != 0 else { return true }
+        let flight = flights.withLock { flights in flights[key.hash].flatMap { sameKey($0.name, key.bytes) ? $0 : nil } }
+        guard let flight else { return true }
+        return flight.superseded.withLockIfAvailable { $0 = true } != nil
+    }
+
+    /// Marks every running load superseded (a removal of all entries, or of a group).
+    func supersedeAll() {
+        guard flightCount.load(ordering: .sequentiallyConsistent) != 0 else { return }
+        for flight in flights.withLock({ Array($0.values) }) { flight.superseded.withLock { $0 = true } }
+    }
+
+    func shutdown() { loaderPool.shutdown() }
+
+    // MARK: The protocol
+
     nonisolated(nonsending)
     func loadingValue(
         _ name: [UInt8], _ options: EntryOptions?, _ loader: LoaderOptions?, _ work: LoadWork, acceptsAbsence: Bool,
@@ -74,10 +146,10 @@ extension Cache {
             let entry: StoredEntry?
             if let found = first.take() {
                 entry = found
-            } else if memoryChecked && !readsPastMemory {
+            } else if memoryChecked && !composition.readsPastMemory {
                 entry = nil
             } else {
-                entry = try await readLoaderEntryAsync(call, memoryChecked: memoryChecked)
+                entry = try await composition.read(call.name, hash: call.hash, .entry, memoryChecked: memoryChecked, unverifiedFallback: true)?.0
             }
             let fallback: StoredEntry?
             switch judge(entry, call) {
@@ -100,8 +172,8 @@ extension Cache {
         var (first, memoryChecked) = (firstEntry, probedMemory)
         while true {
             defer { memoryChecked = false }  // later rounds read again
-            let entry = try first.take() ?? withHashedKey(call.name, hash: call.hash) { key throws(MagpieError) -> StoredEntry? in
-                try readLoaderEntry(key, memoryChecked: memoryChecked)
+            let entry = try first.take() ?? runtime.withKey(call.name, hash: call.hash) { key throws(MagpieError) -> StoredEntry? in
+                try composition.read(key, .entry, memoryChecked: memoryChecked, unverifiedFallback: true)?.0
             }
             let fallback: StoredEntry?
             switch judge(entry, call) {
@@ -122,7 +194,7 @@ extension Cache {
         _ probe: LoaderProbe
     ) throws(MagpieError) -> (LoaderCall, StoredEntry?, Bool) {
         // No hash: the probe refused the key (too long, or the cache closed).
-        guard case (let first, let hash?) = probe.found else { throw withBytes(name) { refusal($0) } }
+        guard case (let first, let hash?) = probe.found else { throw runtime.refusal(keyLength: name.count) }
         let call = LoaderCall(
             name: name, hash: hash, options: options ?? defaultOptions, loader: loader ?? defaultLoaderOptions, work: work,
             acceptsAbsence: acceptsAbsence)
@@ -138,15 +210,15 @@ extension Cache {
             // Past the remote tier's staleness bound: only fail-safe may serve it (a failed load, or
             // the throttle a failed load left).
             guard call.name.withUnsafeBytes({ isThrottled(call.hash, $0, now: now) }) else { return .load(fallback: entry) }
-            counters.staleHits.add(1, ordering: .relaxed)
+            runtime.count(.staleHits)
             return .serve(entry.value)
         }
         let freshness = entry.freshness
         if freshness.isFresh(at: now) {
             if freshness.negative {
-                counters.negativeHits.add(1, ordering: .relaxed)
+                runtime.count(.negativeHits)
             } else {
-                counters.freshHits.add(1, ordering: .relaxed)
+                runtime.count(.freshHits)
             }
             if call.loader.eagerRefreshDue(freshUntil: freshness.freshUntil, loadedAt: freshness.loadedAt, now: now) {
                 refreshInBackground(call, current: entry, now: now)
@@ -154,7 +226,7 @@ extension Cache {
             return .serve(freshness.negative ? nil : entry.value)
         }
         if call.name.withUnsafeBytes({ isThrottled(call.hash, $0, now: now) }) || call.loader.staleWhileRevalidate {
-            counters.staleHits.add(1, ordering: .relaxed)
+            runtime.count(.staleHits)
             refreshInBackground(call, current: entry, now: now)
             return .serve(entry.value)
         }
@@ -194,8 +266,8 @@ extension Cache {
             return flight
         }
         guard let flight else { return }
-        counters.loaderRuns.add(1, ordering: .relaxed)
-        counters.backgroundRefreshes.add(1, ordering: .relaxed)
+        runtime.count(.loaderRuns)
+        runtime.count(.backgroundRefreshes)
         run(flight, call)
     }
 
@@ -206,7 +278,7 @@ extension Cache {
         let joined = flights.withLock { flights -> (Flight, Bool)? in
             let running = flights[call.hash]
             if let running, running.name == call.name, running.join() { return (running, false) }
-            if servableInMemory(call) { return nil }  // stored by a flight that just ended?
+            if composition.servableInMemory(call, now: clock.now()) { return nil }  // stored by a flight that just ended?
             let flight = Flight(name: call.name, fallback: fallback, options: call.loader, detached: false)
             _ = flight.join()
             // Another key with the same 64-bit hash has the slot: this load runs unregistered (no single
@@ -218,14 +290,14 @@ extension Cache {
         }
         guard let (flight, isNew) = joined else { return nil }
         if isNew {
-            counters.loaderRuns.add(1, ordering: .relaxed)
+            runtime.count(.loaderRuns)
             if callerRunsLoad, case .blocking(let load) = call.work {
                 runBlocking(flight, call, load)
             } else {
                 run(flight, call)
             }
         } else {
-            counters.loaderCoalesced.add(1, ordering: .relaxed)
+            runtime.count(.loaderCoalesced)
         }
         return flight
     }
@@ -253,8 +325,8 @@ extension Cache {
             flight.start(
                 Task { [self] in
                     // A cache with a remote tier loads once for the fleet: the lease's holder loads, the
-                    // others wait for its value (Cache+Lease.swift).
-                    let lease = await acquireLoad(call)
+                    // others wait for its value (CoherentTiers+Lease.swift).
+                    let lease = await composition.acquireLoad(call)
                     if case .shared(let value) = lease {
                         leave(flight, hash: call.hash)
                         flight.finish(.success(value))
@@ -263,14 +335,14 @@ extension Cache {
                     let started = clock.now()
                     let result: Result<[UInt8]?, any Error>
                     do { result = .success(try await load()) } catch { result = .failure(error) }
-                    let landed: RemoteSend?? = try? await onDisk { [self] () throws(MagpieError) -> RemoteSend? in
+                    let landed: RemoteSend?? = try? await composition.local.offload { [self] () throws(MagpieError) -> RemoteSend? in
                         land(flight, call, result, started: started)
                     }
                     if landed == nil { leave(flight, hash: call.hash) }  // cancelled or closed before it could land
                     // The value goes through to the store before the lease is released (a waiter that
                     // then takes the lease finds it), and before the callers hear of it.
-                    if let write = landed ?? nil { await send(write) }
-                    await finishLoad(call, lease)
+                    await composition.send(landed ?? nil)
+                    await composition.finishLoad(call, lease)
                     flight.finish(result)
                 })
         case .blocking(let load):
@@ -284,7 +356,7 @@ extension Cache {
 
     /// Runs a synchronous load on this thread, lands it and ends the flight.
     private func runBlocking(_ flight: Flight, _ call: LoaderCall, _ load: @Sendable () throws -> [UInt8]?) {
-        let lease = acquireLoadBlocking(call)
+        let lease = composition.acquireLoadWaiting(call)
         if case .shared(let value) = lease {
             leave(flight, hash: call.hash)
             flight.finish(.success(value))
@@ -293,8 +365,8 @@ extension Cache {
         let started = clock.now()
         let result: Result<[UInt8]?, any Error>
         do { result = .success(try load()) } catch { result = .failure(error) }
-        if let send = land(flight, call, result, started: started) { sendWaiting(send) }
-        finishLoadBlocking(call, lease)
+        composition.sendWaiting(land(flight, call, result, started: started))
+        composition.finishLoadWaiting(call, lease)
         flight.finish(result)
     }
 
@@ -315,36 +387,40 @@ extension Cache {
                 }
             }
             flight.superseded.withLock { superseded in
-                guard !closed.load(ordering: .relaxed) else { return }  // nothing lands in a closed cache
+                guard !runtime.closed.load(ordering: .relaxed) else { return }  // nothing lands in a closed cache
                 guard !superseded else {
-                    counters.loadsSuperseded.add(1, ordering: .relaxed)
+                    runtime.count(.loadsSuperseded)
                     return
                 }
                 do {
-                    remoteWrite = try withHashedKey(call.name, hash: call.hash) { key throws(MagpieError) -> RemoteSend? in
+                    remoteWrite = try runtime.withKey(call.name, hash: call.hash) { key throws(MagpieError) -> RemoteSend? in
                         if let value {
                             let stamp = call.options.stamp(now: started, hash: call.hash)
                             return try value.withUnsafeBytes { bytes in
-                                Result { () throws(MagpieError) in try writeLocally(bytes, for: key, options: call.options, stamp: stamp) }
+                                Result { () throws(MagpieError) in
+                                    try composition.writeLocally(bytes, for: key, options: call.options, stamp: stamp, wait: .block).waited()
+                                }
                             }.get()
                         } else if let lifetime = call.loader.negativeLifetime {
                             let deadline = Expiry.after(lifetime).deadline(now: started)
                             let stamp = StoreStamp(memory: deadline, disk: deadline, freshness: Freshness(negative: true))
-                            return try writeLocally(UnsafeRawBufferPointer(start: nil, count: 0), for: key, options: call.options, stamp: stamp)
+                            return try composition.writeLocally(
+                                UnsafeRawBufferPointer(start: nil, count: 0), for: key, options: call.options, stamp: stamp, wait: .block
+                            ).waited()
                         } else {
-                            return try removeLocally(key).1
+                            return try composition.removeLocally(key).1
                         }
                     }
                 } catch {
-                    logs.loadNotCached.record(key: call.hash, error: "\(error)")
+                    runtime.logs.loadNotCached.record(key: call.hash, error: "\(error)")
                 }
             }
         case .failure(let error):
-            counters.loaderFailures.add(1, ordering: .relaxed)
+            runtime.count(.loaderFailures)
             let now = clock.now()
             var failSafeUntil: Int64? = nil
             if let fallback = flight.fallback, usableByFailSafe(fallback, flight.options, now: now) {
-                counters.failSafeActivations.add(1, ordering: .relaxed)
+                runtime.count(.failSafeActivations)
                 var until = now.saturatingAdd(flight.options.failSafeThrottle.wholeMilliseconds)
                 if let maxAge = flight.options.failSafeMaxAge {
                     until = min(until, fallback.freshness.loadedAt.saturatingAdd(maxAge.wholeMilliseconds))
@@ -357,7 +433,7 @@ extension Cache {
                 }
                 failSafeUntil = until
             }
-            logs.loadFailed.record(key: call.hash, error: "\(error)", metadata: {
+            runtime.logs.loadFailed.record(key: call.hash, error: "\(error)", metadata: {
                 var metadata: Logger.Metadata = ["key_bytes": "\(call.name.count)"]
                 if let failSafeUntil { metadata["fail_safe"] = "serving the stale value until \(failSafeUntil)" }
                 return metadata
@@ -381,19 +457,19 @@ extension Cache {
             return .some(value)
         case .loaded(.failure(let error)):
             if let fallback, usableByFailSafe(fallback, call.loader, now: now) {
-                counters.staleHits.add(1, ordering: .relaxed)
+                runtime.count(.staleHits)
                 return .some(fallback.value)
             }
             throw error
         case .softTimeout:
-            counters.softTimeouts.add(1, ordering: .relaxed)
+            runtime.count(.softTimeouts)
             guard let fallback, fallback.deadline == 0 || now < fallback.deadline else { return nil }
-            counters.staleHits.add(1, ordering: .relaxed)
+            runtime.count(.staleHits)
             return .some(fallback.value)
         case .hardTimeout:
-            counters.hardTimeouts.add(1, ordering: .relaxed)
+            runtime.count(.hardTimeouts)
             if let fallback, usableByFailSafe(fallback, call.loader, now: now) {
-                counters.staleHits.add(1, ordering: .relaxed)
+                runtime.count(.staleHits)
                 return .some(fallback.value)
             }
             throw MagpieError(.loadTimedOut, "the load did not finish within \(call.loader.hardTimeout ?? .zero)")

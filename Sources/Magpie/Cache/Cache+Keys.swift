@@ -1,49 +1,9 @@
-import Logging
 import Synchronization
 
-// What every operation of a `Cache` goes through: the key's one hash and the checks before it, the
-// open check, the logging of disk failures; and the periodic write of the disk buffers.
+// What every keyed operation of a `Cache` goes through: the key reduced to bytes in place, its one hash,
+// and the checks before it (its length, and that the cache is open).
 
 extension Cache {
-    /// Writes the disk tier's write buffers every `interval`, on an I/O thread (failures are logged and
-    /// counted in ``CacheStatistics/diskErrors`` like any disk failure).
-    func startWritingBuffers(every interval: Duration) {
-        let task = Task { [weak self] in
-            while !Task.isCancelled {
-                try? await Task.sleep(for: interval)
-                guard let self, !Task.isCancelled, let disk = self.disk else { return }
-                _ = try? await self.pool.run { [self] () throws(MagpieError) in
-                    try self.logged("buffer write") { () throws(MagpieError) in try disk.writeBuffers() }
-                }
-            }
-        }
-        bufferWriter.withLock { $0 = task }
-    }
-
-    @inlinable
-    func checkOpen() throws(MagpieError) {
-        if closed.load(ordering: .relaxed) { throw MagpieError(.closed, "the cache is closed") }
-    }
-
-    /// Runs a disk operation; logs and counts an I/O failure before rethrowing it.
-    func logged<R>(_ operation: String, _ body: () throws(MagpieError) -> R) throws(MagpieError) -> R {
-        do {
-            return try body()
-        } catch {
-            noteDiskFailure(operation, error)
-            throw error
-        }
-    }
-
-    /// Logs and counts a disk operation's I/O failure (other errors pass unnoted).
-    func noteDiskFailure(_ operation: String, _ error: MagpieError) {
-        guard error.code == .ioFailure || error.code == .noSpace else { return }
-        counters.diskErrors.add(1, ordering: .relaxed)
-        logs.diskFailed.record(
-            error: "\(error)",
-            metadata: ["operation": "\(operation)", "path": "\(error.path ?? "")", "errno": "\(error.errno.map(String.init) ?? "")"])
-    }
-
     /// Runs `body` with the key hashed (the one hash of the operation), after the checks every keyed
     /// call makes: the key's length (``MagpieError/Code/keyTooLong``) and that the cache is open
     /// (``MagpieError/Code/closed``). Inlined with `body` into each public entry point, so that a memory
@@ -82,7 +42,7 @@ extension Cache {
         let outcome = withBytes(key) { bytes -> MemoryProbe<R> in
             let key = HashedKey(bytes, hasher: hasher)
             if let found = probe(key) { return .hit(found) }
-            guard bytes.count <= Self.maximumKeyLength, !closed.load(ordering: .relaxed) else { return .refused }
+            guard bytes.count <= Self.maximumKeyLength, !runtime.closed.load(ordering: .relaxed) else { return .refused }
             return .miss(key.hash)
         }
         switch outcome {
@@ -111,31 +71,17 @@ extension Cache {
         try read(key.utf8, memory: probe, disk: disk)
     }
 
-    /// ``withHashedKey(_:_:)`` for a key whose hash the caller computed already (an async read carries
-    /// it from the memory probe to the I/O thread).
-    func withHashedKey<R>(_ key: [UInt8], hash: UInt64, _ body: (HashedKey) throws(MagpieError) -> R) throws(MagpieError) -> R {
-        try key.withUnsafeBytes { bytes in
-            Result { () throws(MagpieError) -> R in
-                guard bytes.count <= Self.maximumKeyLength, !closed.load(ordering: .relaxed) else { throw refusal(bytes) }
-                return try body(HashedKey(bytes, hash: hash))
-            }
-        }.get()
-    }
-
     /// The key, hashed, if it may be used: not too long, and the cache open.
     @inlinable @inline(__always)
     func admit(_ bytes: UnsafeRawBufferPointer) -> HashedKey? {
-        guard bytes.count <= Self.maximumKeyLength, !closed.load(ordering: .relaxed) else { return nil }
+        guard bytes.count <= Self.maximumKeyLength, !runtime.closed.load(ordering: .relaxed) else { return nil }
         return HashedKey(bytes, hasher: hasher)
     }
 
     /// Why ``admit(_:)`` refused a key.
     @usableFromInline @inline(never)
     func refusal(_ bytes: UnsafeRawBufferPointer) -> MagpieError {
-        guard bytes.count <= Self.maximumKeyLength else {
-            return MagpieError(.keyTooLong, "key of \(bytes.count) bytes; the limit is \(Self.maximumKeyLength)")
-        }
-        return MagpieError(.closed, "the cache is closed")
+        runtime.refusal(keyLength: bytes.count)
     }
 }
 

@@ -1,0 +1,113 @@
+// Fleet-wide single flight. A load in a cache with a remote tier first takes the key's lease in the
+// store (`SET <namespace>l<key> <token> NX PX <lease>`, the token random per load): the holder runs the
+// loader, its value goes through to the store when it lands, and the lease is released, by its holder
+// only (removed only while it still holds the holder's token: a holder whose lease expired cannot
+// release its successor's). An instance that finds the lease taken runs no loader: it sleeps (the task,
+// never a thread) until the key changes in the store (the holder's value landing, or the lease's
+// release, both reported by the change feed) or the staleness bound passes, then looks for the value and
+// tries the lease again; it loads itself only when the holder gave up (released the lease without a
+// value) or the lease expired. A store that cannot be reached never holds a load up: the instance loads
+// alone.
+
+enum LeaseOutcome: Sendable {
+    /// Run the loader (`token`: this instance holds the lease with this token and releases it after
+    /// landing; nil: it holds none).
+    case load(token: [UInt8]?)
+    /// Another instance's load stored this value (now kept locally): serve it, load nothing.
+    case shared([UInt8])
+}
+
+extension CoherentTiers {
+    /// Takes the lease of `call`'s key, or waits (asleep) for the holder's value, for at most the lease
+    /// time.
+    func leaseOrShared(_ call: LoaderCall) async -> LeaseOutcome {
+        guard let leaseTime = remote.leaseTime else { return .load(token: nil) }
+        let token = RemoteRecord.tokenBytes(RemoteRecord.newToken())
+        let deadline = clock.now().saturatingAdd(leaseTime)
+        var waited = false
+        while true {
+            // Registered before this round's looks, so that a change reported after them ends the wait.
+            let wakeup = leaseWaiters.register(call.hash)
+            if let outcome = await tryLease(call, token: token, for: leaseTime, waited: waited) {
+                leaseWaiters.unregister(wakeup, for: call.hash)
+                return outcome
+            }
+            if !waited {
+                waited = true
+                remote.counters.leaseWaits.add(1, ordering: .relaxed)
+            }
+            let now = clock.now()
+            if now >= deadline || runtime.closed.load(ordering: .relaxed) {
+                leaseWaiters.unregister(wakeup, for: call.hash)
+                return .load(token: nil)
+            }
+            // Until the key or its lease changes in the store; at most the staleness bound (a change
+            // made while the feed was down is never reported) and never past the lease.
+            await leaseWaiters.wait(wakeup, for: call.hash, upTo: .milliseconds(min(deadline - now, remote.coherence.bound)))
+            if Task.isCancelled { return .load(token: nil) }  // a flight's task is cancelled only at close
+        }
+    }
+
+    /// One round: the holder's value if it is there (after a wait), else the lease taken; nil when another
+    /// instance holds it.
+    private func tryLease(_ call: LoaderCall, token: [UInt8], for leaseTime: Int64, waited: Bool) async -> LeaseOutcome? {
+        // A waiter looks for the value before taking a lease the holder may have released just after
+        // storing it.
+        if waited, let shared = await sharedValue(call) { return .shared(shared) }
+        let acquired: Bool
+        do {
+            acquired = try await remote.store.store(
+                token, forKey: [RemoteKey.lease] + call.name, expiresAt: clock.now().saturatingAdd(leaseTime), onlyIfAbsent: true)
+        } catch {
+            remote.counters.errors.add(1, ordering: .relaxed)
+            return .load(token: nil)
+        }
+        guard acquired else { return nil }
+        if waited, let shared = await sharedValue(call) {
+            await releaseLease(call, token: token)
+            return .shared(shared)
+        }
+        remote.counters.leasesAcquired.add(1, ordering: .relaxed)
+        return .load(token: token)
+    }
+
+    /// The key's value in the store, stored by another instance's load (kept locally), counted.
+    private func sharedValue(_ call: LoaderCall) async -> [UInt8]? {
+        guard let found = await fetch(call.name, hash: call.hash), !found.freshness.negative else { return nil }
+        remote.counters.sharedLoads.add(1, ordering: .relaxed)
+        return found.value
+    }
+
+    /// Releases the lease this instance holds for `call`'s key with `token` (after its value landed): only
+    /// while the store still holds that token.
+    func releaseLease(_ call: LoaderCall, token: [UInt8]) async {
+        do {
+            _ = try await remote.store.remove([RemoteKey.lease] + call.name, ifValue: token)
+        } catch {
+            remote.counters.errors.add(1, ordering: .relaxed)  // it expires on its own
+        }
+    }
+
+    /// ``leaseOrShared(_:)`` from a loader thread (the synchronous loader API).
+    func leaseOrSharedWaiting(_ call: LoaderCall) -> LeaseOutcome {
+        (try? remote.bridge.wait(remote.store) { [self] in await leaseOrShared(call) }) ?? .load(token: nil)
+    }
+
+    /// Releases the lease `lease` holds, if any, once the load landed; from a loader thread.
+    func releaseLeaseWaiting(_ call: LoaderCall, _ lease: LeaseOutcome) {
+        guard case .load(let token?) = lease else { return }
+        _ = try? remote.bridge.wait(remote.store) { [self] in await releaseLease(call, token: token) }
+    }
+
+    /// Whether memory holds a servable copy of the key that `call` would serve without a load (fresh).
+    func servableInMemory(_ call: LoaderCall) -> Bool {
+        call.name.withUnsafeBytes { bytes in
+            let now = clock.now()
+            guard let (_, freshness, stamp) = local.memory.metadata(HashedKey(bytes, hash: call.hash)),
+                remote.coherence.servable(stamp: stamp, now: now)
+            else { return false }
+            guard call.acceptsAbsence || !freshness.negative else { return false }
+            return freshness.isFresh(at: now)
+        }
+    }
+}

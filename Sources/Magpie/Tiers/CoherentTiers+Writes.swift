@@ -1,0 +1,156 @@
+// The writes of a cache with a remote tier: the local half under the key's stripe, the remote half sent
+// with no lock held (see the top of CoherentTiers.swift).
+
+/// The remote half of a write, sent after the local half (and its locks) are done. A class: the local
+/// composition's writes pass a nil one through the same calls, one word wide.
+final class RemoteSend: Sendable {
+    enum Operation: Sendable {
+        case store(RemoteRecord)
+        case remove(version: UInt64)
+    }
+
+    let name: [UInt8]
+    let hash: UInt64
+    let operation: Operation
+    /// When the write began (``Coherence/beginWrite(_:now:)``).
+    let began: Int64
+
+    init(name: [UInt8], hash: UInt64, operation: Operation, began: Int64) {
+        self.name = name
+        self.hash = hash
+        self.operation = operation
+        self.began = began
+    }
+}
+
+extension CoherentTiers {
+    // MARK: Local halves
+
+    /// The local half of a store: the write marked under way, the stamped value in the local tiers, and
+    /// the record with its version, under the key's stripe. The caller sends it (``send(_:)`` or
+    /// ``sendWaiting(_:)``), which ends the write. `.ifImmediate` as ``LocalTiers/write(_:for:options:stamp:wait:)``:
+    /// `.wouldBlock` left the local tiers unchanged and no write under way.
+    func writeLocally(_ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions, stamp: StoreStamp, wait: ReadWait)
+        throws(MagpieError) -> ImmediateRead<RemoteSend>
+    {
+        guard local.lock(key.hash, for: options, wait: wait, always: true) else { return .wouldBlock }
+        defer { local.unlock(key.hash, always: true) }
+        let began = clock.now()
+        remote.coherence.beginWrite(key.hash, now: began)
+        var stamped = stamp
+        stamped.coherence = max(1, began)
+        let written: ImmediateRead<Void>
+        do {
+            written = try local.store(value, for: key, options: options, memoryPolicy: options.encodedMemoryPolicy, stamp: stamped, wait: wait)
+        } catch {
+            remote.coherence.endWrite(key.hash, began: began)
+            throw error
+        }
+        guard case .done = written else {
+            remote.coherence.endWrite(key.hash, began: began)
+            return .wouldBlock
+        }
+        let expiry = local.disk == nil || options.tiers == .memoryOnly ? stamp.memory : stamp.disk
+        var record = RemoteRecord(
+            value: Array(value), expiresAt: expiry, memoryPolicy: options.encodedMemoryPolicy, freshness: stamp.freshness,
+            tiers: options.tiers, group: options.group.flatMap { $0.isEmpty ? nil : $0 })
+        record.version = remote.versions.next()
+        return .done(RemoteSend(name: Array(key.bytes), hash: key.hash, operation: .store(record), began: began))
+    }
+
+    /// The local half of a removal: whether a local tier held the key, and the tombstone to send.
+    func removeLocally(_ key: HashedKey) throws(MagpieError) -> (Bool, RemoteSend) {
+        local.stripes.lock(for: key.hash)
+        defer { local.stripes.unlock(for: key.hash) }
+        let began = clock.now()
+        remote.coherence.beginWrite(key.hash, now: began)
+        do {
+            let onDisk = try local.disk.map { disk throws(MagpieError) in
+                try runtime.logged("remove") { () throws(MagpieError) in try disk.remove(key) }
+            }
+            let removed = local.memory.remove(key) || onDisk == true
+            let send = RemoteSend(name: Array(key.bytes), hash: key.hash, operation: .remove(version: remote.versions.next()), began: began)
+            return (removed, send)
+        } catch {
+            remote.coherence.endWrite(key.hash, began: began)
+            throw error
+        }
+    }
+
+    // MARK: Remote halves
+
+    /// Sends a write's remote half and ends the write. A failure is counted and owes the key a removal
+    /// (`RemoteTier`), never thrown. With ``RemoteTierOptions/writeWait``, returns when the store
+    /// answered or the wait passed, whichever is first (the write then goes on in a task of its own).
+    nonisolated(nonsending)
+    func send(_ write: RemoteSend) async {
+        guard let wait = remote.writeWait else { return await perform(write) }
+        let waiter = Wakeup()
+        remote.backgroundWrites.add(1, ordering: .relaxed)
+        Task {
+            await perform(write)
+            remote.backgroundWrites.subtract(1, ordering: .relaxed)
+            waiter.finish()
+        }
+        await waiter.wait(upTo: wait)
+    }
+
+    private func perform(_ write: RemoteSend) async {
+        switch write.operation {
+        case .store(let record):
+            if await !remote.write(record, forKey: write.name) {
+                // The store holds a newer version (another instance's write, versioned above this one):
+                // this instance's local copy is older than the store's value. The report of that write
+                // may have come before the local store, so nothing else would drop it: drop it here.
+                _ = try? await local.offload { [self] () throws(MagpieError) in dropLocal(write.name) }
+            }
+        case .remove(let version): await remote.remove(write.name, version: version)
+        }
+        remote.coherence.endWrite(write.hash, began: write.began)
+    }
+
+    /// ``send(_:)`` from the synchronous API: blocks until the store answered.
+    func sendWaiting(_ write: RemoteSend) {
+        runRemote("write") { [self] in await send(write) }
+        // A call that could not wait never ran: the write is still owed, and ends here.
+        if !remote.store.callerMayWait {
+            switch write.operation {
+            case .store: remote.owe(key: write.name, version: remote.versions.next())
+            case .remove(let version): remote.owe(key: write.name, version: version)
+            }
+            remote.coherence.endWrite(write.hash, began: write.began)
+        }
+    }
+
+    /// Runs a remote operation from the synchronous API; a failure to reach the store at all owes nothing
+    /// more than the operation itself records (`RemoteTier` owes removals on its own failures).
+    private func runRemote(_ operation: String, _ body: @escaping @Sendable () async -> Void) {
+        do {
+            try remote.bridge.wait(remote.store, body)
+        } catch {
+            remote.counters.errors.add(1, ordering: .relaxed)
+            runtime.logger.debug("magpie: remote \(operation) not run", metadata: ["error": "\(error)"])
+        }
+    }
+
+    // MARK: Removing many
+
+    /// The store's namespace replaced (every record outdated) after the local tiers were emptied;
+    /// synchronous, or awaited (`waiting` false: the async API).
+    func removeAllRemotely() {
+        remote.coherence.raiseFloor(to: clock.now())
+        runRemote("removal of everything") { [remote] in await remote.removeAll() }
+    }
+
+    nonisolated(nonsending)
+    func removeAllRemotelyAsync() async {
+        remote.coherence.raiseFloor(to: clock.now())
+        await remote.removeAll()
+    }
+
+    /// The group's token replaced in the store (every record of the group outdated).
+    func removeGroupRemotely(_ group: String) {
+        guard remote.store.callerMayWait else { return remote.owe(group: group) }
+        runRemote("group removal") { [remote] in await remote.removeGroup(group) }
+    }
+}

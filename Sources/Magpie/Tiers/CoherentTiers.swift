@@ -1,0 +1,232 @@
+import Logging
+
+// The local tiers of a cache with a remote tier (``Cache/Configuration/remote``), kept coherent with it:
+// reads go memory → disk → remote, writes and removals go through to the store, and a local copy is
+// served only while its coherence stamp is servable (Remote/Coherence.swift).
+//
+// Every remote operation is async and awaited where it is needed: the async API awaits the store on the
+// caller's task (a memory hit never leaves the caller's executor; disk work that would wait goes to the
+// I/O threads); the synchronous API waits for it in one place, `RemoteTier.bridge`. No lock is held
+// across a round trip.
+//
+// Writes have two halves. The local half (`writeLocally`, `removeLocally`), under the key's stripe, marks
+// a write of the key under way (Coherence.beginWrite), changes the local tiers and gives the remote write
+// its version (HybridClock), so one instance's writes of a key get versions in the order they changed the
+// local tiers. The remote half (`send`) then writes the record, or a removal's tombstone, with no lock
+// held; the store applies it only if no newer version of the key is there (RemoteStore.storeIfNewer), so
+// writes of one key take effect in version order however they overtake each other on the way, and a write
+// that ran late (after a timeout, or a paused server) never undoes a later removal. When it ends the write
+// is no longer under way (Coherence.endWrite).
+//
+// Reads. Both local tiers keep the coherence stamp beside the value (never in it); a copy without one is
+// never served. A remote hit is kept locally (memory, disk, as the record's tiers say) only while the
+// change feed is confirmed, the key's change counter did not move during the fetch, and no write of the
+// key is under way (Coherence.keepable).
+
+@usableFromInline
+final class CoherentTiers: Sendable {
+    let local: LocalTiers
+    let remote: RemoteTier
+    /// Applies the store's change reports, one at a time, in order (CoherentTiers+Changes.swift).
+    let applier = IOThreadPool(threadCount: 1, name: "magpie-coherence")
+    /// Hashes the keys the store reports.
+    let hasher: KeyHash
+    /// Load waiters (CoherentTiers+Lease.swift), woken by a change of their key.
+    let leaseWaiters = KeyedWakeups()
+
+    var runtime: Runtime { local.runtime }
+    var clock: CacheClock { local.runtime.clock }
+
+    init(local: LocalTiers, options: RemoteTierOptions, hasher: KeyHash) {
+        self.local = local
+        self.hasher = hasher
+        let journal = local.disk.map { disk in
+            OwedJournal(
+                append: { (entry) throws(MagpieError) -> Bool in try disk.appendToJournal(entry) },
+                replace: { (entries) throws(MagpieError) -> Bool in try disk.replaceJournal(with: entries) })
+        }
+        remote = RemoteTier(options, clock: local.runtime.clock, journal: journal)
+    }
+
+    // MARK: Reads
+
+    /// What the local tiers hold of a key, judged by its coherence stamp.
+    enum LocalCopy: Sendable {
+        /// A copy that may be served.
+        case serve(StoredEntry, CacheHit.Tier)
+        /// None that may be served: ask the store. `unverified`: a copy past its staleness bound, which
+        /// only fail-safe may serve (the loader API's fallback when the store has nothing).
+        case ask(unverified: (StoredEntry, CacheHit.Tier)?)
+    }
+
+    /// A servable copy of `key` in memory, copied (no lock): the memory hit.
+    @usableFromInline
+    func servableMemoryValue(_ key: HashedKey) -> [UInt8]? {
+        withServableMemoryValue(key) { [UInt8]($0) }
+    }
+
+    /// Runs `body` over a servable copy of `key` in memory, in place (no lock).
+    @inline(__always)
+    func withServableMemoryValue<R>(_ key: HashedKey, _ body: (UnsafeRawBufferPointer) -> R) -> R? {
+        let now = clock.now()
+        let coherence = remote.coherence
+        let found = local.memory.withStampedValue(key) { stamp, bytes -> R? in
+            coherence.servable(stamp: stamp, now: now) ? body(bytes) : nil
+        }
+        if case .some(.none) = found { remote.counters.unserved.add(1, ordering: .relaxed) }  // a copy, not servable
+        return found ?? nil
+    }
+
+    /// The local tiers' copy of `key` (memory unless `memoryChecked`; disk, read without promoting for
+    /// ``ReadWant/contains``), judged at one instant. A negative entry never answers `contains`, which
+    /// counts no read in memory.
+    func localCopy(_ key: HashedKey, _ want: ReadWant, memoryChecked: Bool, unverifiedFallback: Bool, wait: ReadWait)
+        throws(MagpieError) -> ImmediateRead<LocalCopy>
+    {
+        let now = clock.now()
+        var unverified: (StoredEntry, CacheHit.Tier)? = nil
+        func judge(_ entry: StoredEntry, _ tier: CacheHit.Tier) -> LocalCopy? {
+            if want == .contains && entry.freshness.negative { return nil }
+            if remote.coherence.servable(stamp: entry.stamp, now: now) { return .serve(entry, tier) }
+            if want != .contains { remote.counters.unserved.add(1, ordering: .relaxed) }
+            if unverifiedFallback && entry.stamp != 0 {
+                var copy = entry
+                copy.unverified = true
+                unverified = (copy, tier)
+            }
+            return nil
+        }
+        if !memoryChecked || unverifiedFallback {
+            let entry: StoredEntry?
+            if want == .contains {
+                entry = local.memory.metadata(key).map { found in
+                    var entry = StoredEntry(value: [], deadline: found.deadline, freshness: found.freshness)
+                    entry.stamp = found.stamp
+                    return entry
+                }
+            } else {
+                entry = local.memory.entry(key)
+            }
+            if let entry, let copy = judge(entry, .memory) { return .done(copy) }
+        }
+        if unverified == nil {
+            let promotion: Promotion = want == .contains ? .none : .all
+            guard case .done(let found) = try local.diskEntry(key, wait: wait, promotion: promotion) else { return .wouldBlock }
+            if let found, let copy = judge(StoredEntry(found), .disk) { return .done(copy) }
+        }
+        return .done(.ask(unverified: unverified))
+    }
+
+    /// `want` of `key` from the synchronous API: a servable local copy, else the store's record (never for
+    /// `contains`), waited for on the bridge and kept locally, else the unverified copy.
+    func read(_ key: HashedKey, _ want: ReadWant, memoryChecked: Bool, unverifiedFallback: Bool) throws(MagpieError)
+        -> (StoredEntry, CacheHit.Tier)?
+    {
+        switch try localCopy(key, want, memoryChecked: memoryChecked, unverifiedFallback: unverifiedFallback, wait: .block).waited() {
+        case .serve(let entry, let tier): return (entry, tier)
+        case .ask(let unverified):
+            guard want != .contains else { return nil }
+            return counted(fetchWaiting(key)) ?? unverified
+        }
+    }
+
+    /// ``read(_:_:memoryChecked:unverifiedFallback:)`` for the async API: the local copy here when it
+    /// cannot wait, else on an I/O thread; the store awaited with no thread blocked.
+    nonisolated(nonsending)
+    func read(_ name: [UInt8], hash: UInt64, _ want: ReadWant, memoryChecked: Bool, unverifiedFallback: Bool) async throws
+        -> (StoredEntry, CacheHit.Tier)?
+    {
+        let copy = try await local.immediateOrHop(name, hash: hash, inline: runtime.inlineReads) {
+            [self] key, wait throws(MagpieError) in
+            try localCopy(key, want, memoryChecked: memoryChecked, unverifiedFallback: unverifiedFallback, wait: wait)
+        }
+        switch copy {
+        case .serve(let entry, let tier): return (entry, tier)
+        case .ask(let unverified):
+            guard want != .contains else { return nil }
+            return counted(await fetch(name, hash: hash)) ?? unverified
+        }
+    }
+
+    /// A read the local tiers could not answer, answered by the store or not (``CacheStatistics/hits``).
+    private func counted(_ fetched: StoredEntry?) -> (StoredEntry, CacheHit.Tier)? {
+        guard let fetched else {
+            remote.counters.readMisses.add(1, ordering: .relaxed)
+            return nil
+        }
+        remote.counters.readHits.add(1, ordering: .relaxed)
+        return (fetched, .remote)
+    }
+
+    // MARK: Remote hits
+
+    /// The store's current record of `key`, kept locally when it may be; nil on a miss or a failure.
+    /// Blocks for the round trip (the synchronous API).
+    func fetchWaiting(_ key: HashedKey) -> StoredEntry? {
+        let started = clock.now()
+        let counter = remote.coherence.counter(key.hash)
+        let name = Array(key.bytes)
+        let remote = remote
+        let fetched: RemoteRecord?
+        do {
+            fetched = try remote.bridge.wait(remote.store) { await remote.fetch(name) }
+        } catch {
+            remote.counters.errors.add(1, ordering: .relaxed)
+            return nil
+        }
+        guard let record = fetched else { return nil }
+        return keep(record, for: key, fetchedAt: started, counter: counter)
+    }
+
+    /// The store's current record of `name`, awaited, and kept locally when it may be (on an I/O thread
+    /// when there is a disk tier).
+    nonisolated(nonsending)
+    func fetch(_ name: [UInt8], hash: UInt64) async -> StoredEntry? {
+        let started = clock.now()
+        let counter = remote.coherence.counter(hash)
+        guard let record = await remote.fetch(name) else { return nil }
+        let kept = try? await local.offload { [self] () throws(MagpieError) -> StoredEntry in
+            name.withUnsafeBytes { keep(record, for: HashedKey($0, hash: hash), fetchedAt: started, counter: counter) }
+        }
+        return kept ?? entry(of: record)
+    }
+
+    /// A fetched record as an entry (its memory deadline from its policy).
+    private func entry(of record: RemoteRecord) -> StoredEntry {
+        StoredEntry(
+            value: record.value,
+            deadline: EntryOptions.promotedDeadline(policy: record.memoryPolicy, diskDeadline: record.expiresAt, now: clock.now()),
+            freshness: record.freshness)
+    }
+
+    /// Keeps a fetched record locally (stamped with the fetch's start) when it may be, and returns it as
+    /// an entry. Takes the key's stripe; disk I/O when there is a disk tier.
+    private func keep(_ record: RemoteRecord, for key: HashedKey, fetchedAt started: Int64, counter: UInt32) -> StoredEntry {
+        let entry = entry(of: record)
+        guard !runtime.closed.load(ordering: .relaxed) else { return entry }
+        guard remote.coherence.confirmedRecently(now: clock.now()) else {
+            remote.counters.unkept.add(1, ordering: .relaxed)
+            return entry
+        }
+        // The stripe even without a disk tier: an invalidation drops the key's copies under it, after
+        // bumping the counter this checks.
+        local.stripes.lock(for: key.hash)
+        defer { local.stripes.unlock(for: key.hash) }
+        guard remote.coherence.keepable(key.hash, since: counter) else {
+            remote.counters.unkept.add(1, ordering: .relaxed)
+            return entry
+        }
+        let options = EntryOptions(group: record.group, tiers: record.tiers)
+        let stamp = StoreStamp(memory: entry.deadline, disk: record.expiresAt, freshness: record.freshness, coherence: max(1, started))
+        do {
+            _ = try record.value.withUnsafeBytes { bytes in
+                Result { () throws(MagpieError) in
+                    try local.store(bytes, for: key, options: options, memoryPolicy: record.memoryPolicy, stamp: stamp)
+                }
+            }.get()
+        } catch {
+            runtime.logger.debug("magpie: a remote hit could not be kept locally", metadata: ["error": "\(error)"])
+        }
+        return entry
+    }
+}

@@ -1,0 +1,279 @@
+// The local tiers of a cache as one: memory, the optional disk tier, the key stripes that keep the two
+// in step, and the promotion of a disk hit into memory.
+//
+// Consistency between the tiers: the changes one call makes to both tiers for a key, and a read's disk
+// look-up and promotion, run under a lock striped by the key's hash, so they never interleave for one
+// key: a promotion cannot put back a value that a concurrent store replaced or a removal removed.
+// Removing everything, or a group, holds every stripe. A memory hit takes none; a memory-only cache
+// takes none at all (its single tier keeps itself consistent).
+//
+// Every read and store takes a `ReadWait`: `.block` may wait (for a stripe, a bucket's lock, the disk),
+// `.ifImmediate` answers `.wouldBlock`, having changed nothing, where it would have to: that is how the
+// async API runs a disk hit or a memtable append on the caller's task and hops to an I/O thread only
+// when it must (Runtime.immediateOrHop). One entry type, `StoredEntry`, comes out of both tiers.
+
+/// What a read wants of the tiers.
+@usableFromInline
+enum ReadWant: Sendable {
+    /// The value (a negative entry reads as absent, and is not promoted).
+    case value
+    /// The entry with its metadata, negative entries included (`lookup`, the loader API).
+    case entry
+    /// Whether a live value is there: not counted as a read, nothing promoted, no value copied.
+    case contains
+}
+
+/// Which disk hits a read copies into memory.
+enum Promotion {
+    /// None (`contains` in a cache with a remote tier, which reads the entry for its stamp).
+    case none
+    /// Values, not negative entries (a plain read, which treats one as a miss, would store it into memory
+    /// again on every read).
+    case values
+    /// Every entry, negative ones too (the loader API and `lookup`).
+    case all
+
+    @inline(__always)
+    func applies(to entry: DiskEntry) -> Bool {
+        switch self {
+        case .none: false
+        case .values: !entry.placement.freshness.negative
+        case .all: true
+        }
+    }
+}
+
+@usableFromInline
+final class LocalTiers: Sendable {
+    let memory: MemoryTier
+    let disk: DiskTier?
+    let stripes = LockStripes(count: 1024)
+    let runtime: Runtime
+
+    init(memory: MemoryTier, disk: DiskTier?, runtime: Runtime) {
+        self.memory = memory
+        self.disk = disk
+        self.runtime = runtime
+    }
+
+    // MARK: Reads
+
+    /// `key` in memory: its entry (for ``ReadWant/contains`` an empty one, the read not counted).
+    func inMemory(_ key: HashedKey, _ want: ReadWant) -> StoredEntry? {
+        guard want == .contains else { return memory.entry(key) }
+        return memory.contains(key) ? StoredEntry(value: [], deadline: 0, freshness: .none) : nil
+    }
+
+    /// `key` past memory: on disk, a hit promoted into memory (a negative entry only for ``ReadWant/entry``).
+    func onDisk(_ key: HashedKey, _ want: ReadWant, wait: ReadWait) throws(MagpieError) -> ImmediateRead<StoredEntry?> {
+        guard let disk else { return .done(nil) }
+        if want == .contains {
+            let found: ImmediateRead<Bool>
+            switch wait {
+            case .block: found = .done(try runtime.logged("contains") { () throws(MagpieError) in try disk.contains(key) })
+            case .ifImmediate:
+                found = try runtime.logged("contains") { () throws(MagpieError) in try disk.containsIfImmediate(key) }
+                if case .done = found { runtime.count(.inlineDiskReads) }
+            }
+            guard case .done(let present) = found else { return .wouldBlock }
+            return .done(present ? StoredEntry(value: [], deadline: 0, freshness: .none) : nil)
+        }
+        guard case .done(let found) = try diskEntry(key, wait: wait, promotion: want == .entry ? .all : .values) else { return .wouldBlock }
+        return .done(found.map(StoredEntry.init))
+    }
+
+    /// The value past memory for a plain read (nil for a negative entry): the synchronous read's disk half.
+    @inline(__always)
+    func valueOnDisk(_ key: HashedKey) throws(MagpieError) -> [UInt8]? {
+        guard case .done(let found) = try diskEntry(key, wait: .block, promotion: .values), let entry = found,
+            !entry.placement.freshness.negative
+        else { return nil }
+        return entry.value
+    }
+
+    /// A disk read with the key's stripe held, a hit promoted as `promotion` says. With `.ifImmediate`
+    /// the stripe is taken by a bounded spin and the disk read through ``DiskTier/entryIfImmediate(_:)``;
+    /// a read done so is counted in `inlineDiskReads`. (Written without closures around the stripe and
+    /// the logging: each cost a retain and a release per read.)
+    @inline(__always)
+    func diskEntry(_ key: HashedKey, wait: ReadWait, promotion: Promotion) throws(MagpieError) -> ImmediateRead<DiskEntry?> {
+        guard let disk else { return .done(nil) }
+        switch wait {
+        case .block: stripes.lock(for: key.hash)
+        case .ifImmediate: guard stripes.tryLock(for: key.hash) else { return .wouldBlock }
+        }
+        defer { stripes.unlock(for: key.hash) }
+        let read: ImmediateRead<DiskEntry?>
+        do {
+            read = wait == .block ? .done(try disk.entry(key)) : try disk.entryIfImmediate(key)
+        } catch {
+            runtime.noteDiskFailure("read", error)
+            throw error
+        }
+        guard case .done(let found) = read else { return .wouldBlock }
+        if wait == .ifImmediate { runtime.count(.inlineDiskReads) }
+        if let entry = found, promotion.applies(to: entry) { promote(entry, for: key) }
+        return read
+    }
+
+    /// Copies a disk hit into memory, with the memory expiry its record's policy gives and its metadata.
+    private func promote(_ entry: DiskEntry, for key: HashedKey) {
+        guard !entry.placement.diskOnly else { return }
+        let now = runtime.clock.now()
+        let deadline = EntryOptions.promotedDeadline(policy: entry.placement.memoryPolicy, diskDeadline: entry.expiry, now: now)
+        guard deadline == 0 || deadline > now else { return }
+        let stored = entry.value.withUnsafeBytes { value in
+            memory.set(value, for: key, deadline: deadline, group: entry.group, freshness: entry.placement.freshness, stamp: entry.placement.stamp)
+        }
+        if case .success(true) = stored { runtime.count(.promotions) }
+    }
+
+    // MARK: Writes
+
+    /// A store, with the key's stripe taken here (`.ifImmediate`: only when it is free within a short
+    /// spin, and only when the disk's half is a memtable append that cannot wait, see
+    /// ``DiskTier/storeIfImmediate(_:for:expiry:group:placement:)``). `.wouldBlock` changed nothing.
+    func write(_ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions, stamp: StoreStamp, wait: ReadWait)
+        throws(MagpieError) -> ImmediateRead<Void>
+    {
+        guard lock(key.hash, for: options, wait: wait) else { return .wouldBlock }
+        defer { unlock(key.hash) }
+        return try store(value, for: key, options: options, memoryPolicy: options.encodedMemoryPolicy, stamp: stamp, wait: wait)
+    }
+
+    /// Takes the stripe a store of `options` holds across both tiers (none without a disk tier unless
+    /// `always`); `.ifImmediate`: only if it is free within a short spin, and never for a memory-only
+    /// store with a disk tier, whose removal from disk may wait. Pair a true with ``unlock(_:always:)``.
+    @inline(__always)
+    func lock(_ hash: UInt64, for options: EntryOptions, wait: ReadWait, always: Bool = false) -> Bool {
+        guard disk != nil || always else { return true }
+        switch wait {
+        case .block:
+            stripes.lock(for: hash)
+            return true
+        case .ifImmediate:
+            return (options.tiers != .memoryOnly || disk == nil) && stripes.tryLock(for: hash)
+        }
+    }
+
+    @inline(__always)
+    func unlock(_ hash: UInt64, always: Bool = false) {
+        if disk != nil || always { stripes.unlock(for: hash) }
+    }
+
+    /// An async caller's read or store of `key` (hashed as `hash`): without a disk tier here (it never
+    /// waits); with one, here when it cannot wait and `inline` allows it, else on an I/O thread
+    /// (``Runtime/immediateOrHop(_:hash:inline:_:)``).
+    nonisolated(nonsending)
+    func immediateOrHop<R: Sendable>(
+        _ key: [UInt8], hash: UInt64, inline: Bool, _ work: @escaping @Sendable (HashedKey, ReadWait) throws(MagpieError) -> ImmediateRead<R>
+    ) async throws -> R {
+        guard disk != nil else {
+            return try runtime.withKey(key, hash: hash) { key throws(MagpieError) in try work(key, .block).waited() }
+        }
+        return try await runtime.immediateOrHop(key, hash: hash, inline: inline, work)
+    }
+
+    /// Runs `work` on an I/O thread when there is a disk tier (it may wait for the disk), else here.
+    nonisolated(nonsending)
+    func offload<R: Sendable>(_ work: @escaping @Sendable () throws(MagpieError) -> R) async throws -> R {
+        guard disk != nil else {
+            try runtime.checkOpen()
+            return try work()
+        }
+        return try await runtime.hop(work)
+    }
+
+    /// A store's changes to both tiers, the key's stripe held by the caller when there is a disk tier: the
+    /// disk first (if it throws, neither tier changed). `memoryPolicy`: the memory expiry kept beside the
+    /// disk record (a kept remote hit's is its record's). `.ifImmediate`: see ``write(_:for:options:stamp:wait:)``.
+    @discardableResult
+    func store(
+        _ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions, memoryPolicy: Int64, stamp: StoreStamp,
+        wait: ReadWait = .block
+    ) throws(MagpieError) -> ImmediateRead<Void> {
+        if let disk {
+            let expiry = stamp.disk == 0 ? Expiry.never : .at(millisecondsSince1970: stamp.disk)
+            var placement = EntryMetadata(memoryPolicy: memoryPolicy, freshness: stamp.freshness, stamp: stamp.coherence)
+            if options.tiers == .diskOnly { placement.tiers = .diskOnly }
+            let written = try runtime.logged("store") { () throws(MagpieError) -> ImmediateRead<Void> in
+                switch (options.tiers, wait) {
+                case (.memoryOnly, _):
+                    _ = try disk.remove(key)
+                    return .done(())
+                case (_, .block):
+                    try disk.store(value, for: key, expiry: expiry, group: options.group, placement: placement)
+                    return .done(())
+                case (_, .ifImmediate):
+                    return try disk.storeIfImmediate(value, for: key, expiry: expiry, group: options.group, placement: placement)
+                }
+            }
+            guard case .done = written else { return .wouldBlock }
+            if wait == .ifImmediate { runtime.count(.inlineDiskStores) }
+            if options.tiers == .diskOnly {
+                _ = memory.remove(key)
+                return .done(())
+            }
+        }
+        _ = try memory.set(value, for: key, deadline: stamp.memory, group: options.group, freshness: stamp.freshness, stamp: stamp.coherence)
+            .get()
+        return .done(())
+    }
+
+    /// Removes `key` from both tiers (durably on disk); whether either held it.
+    func remove(_ key: HashedKey) throws(MagpieError) -> Bool {
+        guard let disk else { return memory.remove(key) }
+        stripes.lock(for: key.hash)
+        defer { stripes.unlock(for: key.hash) }
+        let onDisk = try runtime.logged("remove") { () throws(MagpieError) in try disk.remove(key) }
+        return memory.remove(key) || onDisk
+    }
+
+    /// Empties both tiers, every stripe held. On disk bucket after bucket: if it throws, the buckets not
+    /// yet emptied keep their entries (memory is emptied regardless).
+    func removeAll() throws(MagpieError) {
+        try stripes.withAllLocked { () throws(MagpieError) in
+            defer { memory.removeAll() }
+            if let disk { try runtime.logged("remove all") { () throws(MagpieError) in try disk.removeAll() } }
+        }
+    }
+
+    /// Removes `group`'s entries from both tiers (on disk durably, a group tombstone), every stripe held.
+    func removeAll(inGroup group: String) throws(MagpieError) -> RemovedEntries {
+        try stripes.withAllLocked { () throws(MagpieError) -> RemovedEntries in
+            var removed = RemovedEntries()
+            if let disk { removed.disk = try runtime.logged("remove group") { () throws(MagpieError) in try disk.removeAll(inGroup: group) } }
+            removed.memory = memory.removeAll(inGroup: group)
+            return removed
+        }
+    }
+
+    func removeExpired() throws(MagpieError) -> RemovedEntries {
+        var removed = RemovedEntries(memory: memory.removeExpired())
+        if let disk { removed.disk = try runtime.logged("remove expired") { () throws(MagpieError) in try disk.removeExpired() } }
+        return removed
+    }
+
+    func flush() throws(MagpieError) {
+        if let disk { try runtime.logged("flush") { () throws(MagpieError) in try disk.flush() } }
+    }
+
+    /// Closes the disk tier (leaving an index snapshot for a fast reopen) and empties memory.
+    func close() throws(MagpieError) {
+        defer { memory.removeAll() }
+        if let disk { try runtime.logged("close") { () throws(MagpieError) in try disk.close() } }
+    }
+
+    /// Writes the disk tier's write buffers to the kernel (the periodic writer, on an I/O thread).
+    func writeBuffers() throws(MagpieError) {
+        if let disk { try runtime.logged("buffer write") { () throws(MagpieError) in try disk.writeBuffers() } }
+    }
+}
+
+extension StoredEntry {
+    /// The entry of a disk hit (its disk expiry as the deadline).
+    init(_ entry: DiskEntry) {
+        self.init(value: entry.value, deadline: entry.expiry, freshness: entry.placement.freshness)
+        stamp = entry.placement.stamp
+    }
+}
