@@ -1,0 +1,333 @@
+import Magpie
+import Synchronization
+
+// A remote store in memory, for testing the composer and the coherence logic without a server: one
+// `InMemoryRemoteServer` plays Redis (shared by every cache of a fleet), each cache talks to it through
+// an `InMemoryRemoteStore` of its own (a client, with its connection's command timeout and change feed).
+//
+// It keeps the semantics the remote tier relies on, as MagpieRedis gets them from Redis:
+// - fenced writes: `storeIfNewer` applies a versioned value ("MV" + 8-byte big-endian version) only over
+//   an absent, unversioned or older one, and refuses one whose deadline passed by the server's clock;
+//   removals are versioned tombstones written the same way;
+// - a change feed per client: every change to any key (a write by any client, an expiry noticed on
+//   access, a removal) is reported to every client in the order the server made them, and a heartbeat
+//   every `heartbeat` confirms everything before it; the fleet's delivery watermark (the least over the
+//   clients of what each says it delivered) comes with it;
+// - faults: `pause()` (commands queue, run in order at `resume()`; a client gives up on one after its
+//   command timeout, and the command still runs late, as a command stuck in a socket does; no heartbeat
+//   meanwhile), `goDown()` (every command fails at once, the breaker open), `loseFeed(of:)` (a client's
+//   feed drops what it is sent until `restoreFeed(of:)`, which reports everything changed, as a
+//   re-established tracking connection does).
+
+/// The shared server: every key's value and expiry, and the clients' feeds.
+public final class InMemoryRemoteServer: Sendable {
+    struct Entry {
+        var value: [UInt8]
+        var expiresAt: Int64
+    }
+
+    struct State {
+        var entries: [[UInt8]: Entry] = [:]
+        var paused = false
+        var down = false
+        /// Commands waiting for the end of a pause, in arrival order.
+        var queued: [@Sendable () -> Void] = []
+        var clients: [ObjectIdentifier: InMemoryRemoteStore] = [:]
+    }
+
+    let state = Locked(State())
+    /// The server's clock (ms since 1970): expiries and write deadlines are judged by it.
+    public let now: @Sendable () -> Int64
+    let heartbeat: Duration
+    private let ticker = Locked<Task<Void, Never>?>(nil)
+
+    /// A server whose clock is `now` (the system clock by default) and whose feeds confirm every `heartbeat`.
+    public init(heartbeat: Duration = .milliseconds(20), now: @escaping @Sendable () -> Int64 = { CacheClock.system.now() }) {
+        self.heartbeat = heartbeat
+        self.now = now
+    }
+
+    /// Stops the heartbeats (call when the test ends).
+    public func stop() {
+        ticker.withLock { $0?.cancel() }
+    }
+
+    /// Commands wait (queued, in order) until ``resume()``; no heartbeat is sent meanwhile.
+    public func pause() { state.withLock { $0.paused = true } }
+
+    /// Runs the queued commands in order, then serves again.
+    public func resume() {
+        let queued = state.withLock { state -> [@Sendable () -> Void] in
+            state.paused = false
+            defer { state.queued = [] }
+            return state.queued
+        }
+        for command in queued { command() }
+    }
+
+    /// Every command fails at once (the store is unreachable) until ``comeUp()``.
+    public func goDown() { state.withLock { $0.down = true } }
+    public func comeUp() { state.withLock { $0.down = false } }
+
+    /// The raw value under `key` (a logical key with the client's namespace: the store adds none).
+    public func value(_ key: [UInt8]) -> [UInt8]? { state.withLock { $0.entries[key]?.value } }
+
+    /// Writes `value` under `key` as another program would (no fence), reported to every feed.
+    public func foreignWrite(_ key: [UInt8], _ value: [UInt8]) {
+        execute { state in
+            state.entries[key] = Entry(value: value, expiresAt: 0)
+            return [key]
+        }
+    }
+
+    // MARK: Commands
+
+    /// Runs `command` now, or queued until the pause ends; reports the keys it changed to every feed, in
+    /// the order the commands ran.
+    func execute(_ command: @escaping @Sendable (inout State) -> [[UInt8]]) {
+        let run: @Sendable () -> Void = { [self] in
+            state.withLock { state in
+                let changed = command(&state)
+                for client in state.clients.values where !changed.isEmpty { client.report(.keys(changed)) }
+            }
+        }
+        let queued = state.withLock { state -> Bool in
+            guard state.paused else { return false }
+            state.queued.append(run)
+            return true
+        }
+        if !queued { run() }
+    }
+
+    /// A live value (an expired one is removed, and the removal reported, as Redis's lazy expiry does).
+    static func live(_ key: [UInt8], in state: inout State, now: Int64, changed: inout [[UInt8]]) -> [UInt8]? {
+        guard let entry = state.entries[key] else { return nil }
+        if entry.expiresAt != 0 && entry.expiresAt <= now {
+            state.entries[key] = nil
+            changed.append(key)
+            return nil
+        }
+        return entry.value
+    }
+
+    func attach(_ client: InMemoryRemoteStore) {
+        state.withLock { $0.clients[ObjectIdentifier(client)] = client }
+        ticker.withLock { ticker in
+            guard ticker == nil else { return }
+            ticker = Task { [weak self] in
+                while !Task.isCancelled {
+                    guard let self else { return }
+                    try? await Task.sleep(for: self.heartbeat)
+                    self.beat()
+                }
+            }
+        }
+    }
+
+    func detach(_ client: InMemoryRemoteStore) {
+        state.withLock { _ = $0.clients.removeValue(forKey: ObjectIdentifier(client)) }
+    }
+
+    /// A heartbeat on every feed (unless paused): every change before it was reported, and the fleet's
+    /// delivery watermark, the least of the clients'.
+    private func beat() {
+        state.withLock { state in
+            guard !state.paused, !state.down else { return }
+            let sentAt = now()
+            let watermark = state.clients.values.compactMap { $0.ownWritesDelivered() }.min()
+            for client in state.clients.values {
+                client.report(.confirmed(sentAt))
+                if let watermark { client.report(.delivered(watermark)) }
+            }
+        }
+    }
+}
+
+/// One cache's client of an ``InMemoryRemoteServer``.
+public final class InMemoryRemoteStore: RemoteStore {
+    enum Report {
+        case keys([[UInt8]])
+        case all
+        case confirmed(Int64)
+        case delivered(Int64)
+    }
+
+    public let server: InMemoryRemoteServer
+    /// How long a call waits for a paused server before it fails (its command still runs later).
+    let commandTimeout: Duration
+    private let feed = Locked<(changes: RemoteChanges?, lost: Bool)>((nil, false))
+    private let closed = Atomic<Bool>(false)
+
+    public init(_ server: InMemoryRemoteServer, commandTimeout: Duration = .milliseconds(300)) {
+        self.server = server
+        self.commandTimeout = commandTimeout
+    }
+
+    /// This client's feed drops what it is sent (no changes, no confirmations) until ``restoreFeed()``.
+    public func loseFeed() { feed.withLock { $0.lost = true } }
+
+    /// The feed is back: everything may have changed meanwhile.
+    public func restoreFeed() {
+        let changes = feed.withLock { feed -> RemoteChanges? in
+            feed.lost = false
+            return feed.changes
+        }
+        changes?.invalidateAll()
+    }
+
+    func report(_ report: Report) {
+        let changes = feed.withLock { $0.lost ? nil : $0.changes }
+        guard let changes else { return }
+        switch report {
+        case .keys(let keys): changes.invalidate(keys: keys)
+        case .all: changes.invalidateAll()
+        case .confirmed(let instant): changes.confirm(through: instant)
+        case .delivered(let instant): changes.allDelivered(through: instant)
+        }
+    }
+
+    func ownWritesDelivered() -> Int64? {
+        feed.withLock { $0.changes }?.ownWritesDelivered()
+    }
+
+    /// Runs `body` on the server (queued while it is paused) and waits for it, at most the command timeout.
+    private func call<R: Sendable>(_ body: @escaping @Sendable (inout InMemoryRemoteServer.State, Int64) -> (R, [[UInt8]]))
+        async throws(MagpieError) -> R
+    {
+        guard !closed.load(ordering: .relaxed) else { throw MagpieError(.remoteUnavailable, "the store is shut down") }
+        guard !server.state.withLock({ $0.down }) else { throw MagpieError(.remoteUnavailable, "the server is down") }
+        let reply = Reply<R>()
+        let now = server.now
+        server.execute { state in
+            let (result, changed) = body(&state, now())
+            reply.fill(result)
+            return changed
+        }
+        guard let result = await reply.wait(upTo: commandTimeout) else {
+            throw MagpieError(.remoteUnavailable, "the command timed out")
+        }
+        return result
+    }
+
+    // MARK: RemoteStore
+
+    public func values(forKeys keys: [[UInt8]]) async throws(MagpieError) -> [[UInt8]?] {
+        try await call { state, now in
+            var changed: [[UInt8]] = []
+            let values = keys.map { InMemoryRemoteServer.live($0, in: &state, now: now, changed: &changed) }
+            return (values, changed)
+        }
+    }
+
+    public func store(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, onlyIfAbsent: Bool) async throws(MagpieError) -> Bool {
+        try await call { state, now in
+            var changed: [[UInt8]] = []
+            if onlyIfAbsent && InMemoryRemoteServer.live(key, in: &state, now: now, changed: &changed) != nil { return (false, changed) }
+            if expiresAt != 0 && expiresAt <= now {
+                let removed = state.entries.removeValue(forKey: key) != nil
+                return (true, removed ? changed + [key] : changed)
+            }
+            state.entries[key] = .init(value: value, expiresAt: expiresAt)
+            return (true, changed + [key])
+        }
+    }
+
+    public func storeIfNewer(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, notAfter: Int64) async throws(MagpieError) -> Bool {
+        guard let version = Self.version(value) else {
+            throw MagpieError(.invalidConfiguration, "a versioned value must start with \"MV\" and its 8-byte version")
+        }
+        return try await call { state, now in
+            var changed: [[UInt8]] = []
+            if notAfter != 0 && now > notAfter { return (false, changed) }
+            if let current = InMemoryRemoteServer.live(key, in: &state, now: now, changed: &changed),
+                let held = Self.version(current), held >= version
+            {
+                return (false, changed)
+            }
+            if expiresAt != 0 && expiresAt <= now { return (false, changed) }
+            state.entries[key] = .init(value: value, expiresAt: expiresAt)
+            return (true, changed + [key])
+        }
+    }
+
+    public func remove(keys: [[UInt8]]) async throws(MagpieError) {
+        try await call { state, _ in
+            ((), keys.filter { state.entries.removeValue(forKey: $0) != nil })
+        }
+    }
+
+    public func remove(_ key: [UInt8], ifValue value: [UInt8]) async throws(MagpieError) -> Bool {
+        try await call { state, now in
+            var changed: [[UInt8]] = []
+            guard InMemoryRemoteServer.live(key, in: &state, now: now, changed: &changed) == value else { return (false, changed) }
+            state.entries[key] = nil
+            return (true, changed + [key])
+        }
+    }
+
+    public func startReporting(to changes: RemoteChanges) {
+        feed.withLock { $0.changes = changes }
+        server.attach(self)
+        // Changes made before the feed started were never reported here.
+        changes.invalidateAll()
+    }
+
+    public var failsFast: Bool { server.state.withLock { $0.down } }
+
+    public var callerMayWait: Bool { true }
+
+    public func shutdown() async {
+        closed.store(true, ordering: .relaxed)
+        server.detach(self)
+        feed.withLock { $0.changes = nil }
+    }
+
+    /// The version of a fenced value, nil for one without a fence.
+    static func version(_ value: [UInt8]) -> UInt64? {
+        guard value.count >= 10, value[0] == 0x4D, value[1] == 0x56 else { return nil }
+        return value[2..<10].reduce(0) { $0 << 8 | UInt64($1) }
+    }
+}
+
+/// A command's reply, waited for with a time limit: filled at most once.
+private final class Reply<R: Sendable>: Sendable {
+    private let state = Locked<(value: R?, waiter: CheckedContinuation<R?, Never>?, done: Bool)>((nil, nil, false))
+
+    func fill(_ value: R) {
+        let waiter = state.withLock { state -> CheckedContinuation<R?, Never>? in
+            guard !state.done else { return nil }
+            state.value = value
+            state.done = true
+            defer { state.waiter = nil }
+            return state.waiter
+        }
+        waiter?.resume(returning: value)
+    }
+
+    private func give(up: Void) {
+        let waiter = state.withLock { state -> CheckedContinuation<R?, Never>? in
+            guard !state.done else { return nil }
+            state.done = true
+            defer { state.waiter = nil }
+            return state.waiter
+        }
+        waiter?.resume(returning: nil)
+    }
+
+    /// The value, or nil if it did not come within `limit`.
+    func wait(upTo limit: Duration) async -> R? {
+        let timer = Task { [self] in
+            try? await Task.sleep(for: limit)
+            give(up: ())
+        }
+        defer { timer.cancel() }
+        return await withCheckedContinuation { (continuation: CheckedContinuation<R?, Never>) in
+            let now = state.withLock { state -> (Bool, R?) in
+                guard !state.done else { return (true, state.value) }
+                state.waiter = continuation
+                return (false, nil)
+            }
+            if now.0 { continuation.resume(returning: now.1) }
+        }
+    }
+}
