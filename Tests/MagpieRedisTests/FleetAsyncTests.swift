@@ -243,8 +243,7 @@ struct FleetAsyncTests {
             let (a, store) = try fleetCache(port: server.port)
             defer { try? a.close() }
             // The scripts' SHA-1 are the server's own.
-            #expect(try server.cli("SCRIPT", "LOAD", RedisRemoteScript.fencedStore) == RedisRemoteScript.fencedStoreSHA)
-            #expect(try server.cli("SCRIPT", "LOAD", RedisRemoteScript.removeIfEqual) == RedisRemoteScript.removeIfEqualSHA)
+            #expect(try server.cli("SCRIPT", "LOAD", RedisRemoteScript.change) == RedisRemoteScript.changeSHA)
             #expect(try server.cli("SCRIPT", "LOAD", RedisRemoteScript.heartbeat) == RedisRemoteScript.heartbeatSHA)
             _ = try server.cli("SCRIPT", "FLUSH")  // the next call finds NOSCRIPT and sends the script
             let key = Array("kfenced".utf8)

@@ -126,10 +126,15 @@ final class GatedStore: RemoteStore {
         try check()
         return try await inner.store(value, forKey: key, expiresAt: expiresAt, onlyIfAbsent: onlyIfAbsent)
     }
-    func storeIfNewer(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, notAfter: Int64) async throws(MagpieError) -> Bool {
+    func storeIfNewer(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, notAfter: Int64, pushing: Bool) async throws(MagpieError)
+        -> Bool
+    {
         try check()
-        return try await inner.storeIfNewer(value, forKey: key, expiresAt: expiresAt, notAfter: notAfter)
+        return try await inner.storeIfNewer(value, forKey: key, expiresAt: expiresAt, notAfter: notAfter, pushing: pushing)
     }
+    var partitionCount: Int { inner.partitionCount }
+    func partition(of key: [UInt8]) -> Int { inner.partition(of: key) }
+    var taskExecutor: (any TaskExecutor)? { inner.taskExecutor }
     func remove(keys: [[UInt8]]) async throws(MagpieError) {
         try check()
         try await inner.remove(keys: keys)

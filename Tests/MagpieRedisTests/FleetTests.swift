@@ -18,7 +18,7 @@ import Testing
 /// what the tests of hits and values are about.
 func fleetCache(
     port: Int, namespace: String = "fleet:", directory: String? = nil, bound: Duration = .seconds(5),
-    heartbeat: Duration = .milliseconds(20), lease: Duration = .seconds(10), writeWait: Duration? = nil,
+    heartbeat: Duration = .milliseconds(20), lease: Duration = .seconds(10), writeWait: Duration? = nil, foreignWrites: Bool = false,
     adjust: (inout RedisConfiguration) -> Void = { _ in }
 ) throws -> (Cache, RedisRemoteStore) {
     let redis = testConfiguration(port: port) {
@@ -28,7 +28,9 @@ func fleetCache(
         $0.reconnect.maximum = .milliseconds(200)
         adjust(&$0)
     }
-    let store = try RedisRemoteStore(.init(redis: redis, namespace: namespace, heartbeatInterval: heartbeat))
+    var storeConfiguration = RedisRemoteStore.Configuration(redis: redis, namespace: namespace, heartbeatInterval: heartbeat)
+    storeConfiguration.reportsForeignWrites = foreignWrites
+    let store = try RedisRemoteStore(storeConfiguration)
     var configuration = Cache.Configuration(directory: directory, memoryBudget: 8 << 20, diskBudget: 64 << 20)
     configuration.metrics = nil
     configuration.remote = RemoteTierOptions(store: store, maxDisconnectedStaleness: bound, loadLease: lease)
@@ -60,8 +62,7 @@ func settle(_ cache: Cache) throws {
     try #require(settled != nil, "no confirmation after the change")
 }
 
-/// Stores `value` and waits until it is this instance's local copy again: Redis reports the write back
-/// to its writer, whose copy goes; the next read fetches and keeps it.
+/// Stores `value` and checks that it is this instance's local copy (the writer keeps what it wrote).
 func storeAndKeep(_ cache: Cache, _ key: String, _ value: String, options: EntryOptions? = nil) throws {
     try cache.set(Array(value.utf8), forKey: key, options: options)
     try settle(cache)
@@ -153,17 +154,27 @@ struct FleetTests {
         }
     }
 
-    @Test("a write by another program (redis-cli) drops local copies; what it wrote is a counted miss")
+    @Test("with foreign writes reported, a write by another program (redis-cli) drops every instance's copy; a cache's own write drops none")
     func foreignWrites() async throws {
         try await withRedisServer { server in
             try await offloaded {
-                let (a, _) = try fleetCache(port: server.port)
-                defer { try? a.close() }
+                let (a, _) = try fleetCache(port: server.port, foreignWrites: true)
+                let (b, _) = try fleetCache(port: server.port, foreignWrites: true)
+                defer { try? a.close(); try? b.close() }
                 try waitConfirmed(a)
+                try waitConfirmed(b)
                 try a.set(Array("value".utf8), forKey: "k")
-                #expect(text(try a.value(forKey: "k")) == "value")
+                #expect(text(try b.value(forKey: "k")) == "value")
+                #expect(try pollUntil { try b.lookup("k")?.tier == .memory } != nil)
+                // The writes' echoes (tracking reports a script's writes to its writer too) changed nothing.
+                try settle(a)
+                try settle(b)
+                #expect(try a.lookup("k")?.tier == .memory)
+                #expect(try b.lookup("k")?.tier == .memory)
+                #expect((a.statistics.remote?.ownWritesFetched ?? 1) == 0)
                 _ = try server.cli("SET", "fleet:kk", "not a record")
                 #expect(try pollUntil { try a.value(forKey: "k") == nil } != nil)
+                #expect(try pollUntil { try b.value(forKey: "k") == nil } != nil)
                 #expect((a.statistics.remote?.corrupt ?? 0) >= 1)
                 // A record copied under another key, and a truncated one: foreign, both counted misses.
                 try a.set(Array("other".utf8), forKey: "src")
@@ -171,7 +182,9 @@ struct FleetTests {
                 #expect(try a.value(forKey: "dst") == nil)
                 #expect(text(try a.value(forKey: "src")) == "other")
                 let corruptBefore = a.statistics.remote?.corrupt ?? 0
-                _ = try server.cli("SETRANGE", "fleet:ksrc", "70", "x")
+                // (Its version changed too, as any other program's write changes it: a change that kept the
+                // version would look like the cache's own write's echo.)
+                _ = try server.cli("SETRANGE", "fleet:ksrc", "2", "\u{7f}x")
                 #expect(try pollUntil { try a.value(forKey: "src") == nil } != nil)
                 #expect((a.statistics.remote?.corrupt ?? 0) > corruptBefore)
             }
@@ -410,8 +423,10 @@ struct FleetMetricsTests {
                 defer { try? cache.close() }
                 try waitConfirmed(cache)
                 try cache.set([1, 2, 3], forKey: "k")
-                try settle(cache)  // its own write's report applied: its copy is gone
-                #expect(try cache.value(forKey: "k") == [1, 2, 3])  // re-fetched from Redis
+                try settle(cache)  // its own write's message changed nothing: its copy stays
+                #expect(try cache.lookup("k")?.tier == .memory)
+                cache.memory.removeAll()
+                #expect(try cache.value(forKey: "k") == [1, 2, 3])  // fetched from Redis
                 #expect(try cache.value(forKey: "absent") == nil)
                 cache.reportMetrics()
                 #expect(metrics.counterTotal(label: "magpie_hits", dimensions: [("tier", "remote")]) == 1)

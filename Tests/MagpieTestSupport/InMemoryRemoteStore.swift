@@ -9,15 +9,18 @@ import Synchronization
 // - fenced writes: `storeIfNewer` applies a versioned value ("MV" + 8-byte big-endian version) only over
 //   an absent, unversioned or older one, and refuses one whose deadline passed by the server's clock;
 //   removals are versioned tombstones written the same way;
-// - a change feed per client: every change to any key (a write by any client, an expiry noticed on
-//   access, a removal) is reported to every client in the order the server made them, and a heartbeat
-//   every `heartbeat` confirms everything before it; the fleet's delivery watermark (the least over the
-//   clients of what each says it delivered) comes with it;
+// - change messages: every write publishes one message (key, version, origin, partition, the partition's
+//   next sequence number, and the value when the write pushes it) to every client, in the order the
+//   writes took effect; a heartbeat every `heartbeat` confirms everything before it, with the total of
+//   the partitions' numbers and the fleet's delivery watermark (the least over the clients of what each
+//   says it delivered); a client whose cache wants the partitions' numbers gets them with the heartbeat;
+//   a write by another program (`foreignWrite`) publishes nothing, and is reported as an invalidation to
+//   the clients that track foreign writes;
 // - faults: `pause()` (commands queue, run in order at `resume()`; a client gives up on one after its
 //   command timeout, and the command still runs late, as a command stuck in a socket does; no heartbeat
-//   meanwhile), `goDown()` (every command fails at once, the breaker open), `loseFeed(of:)` (a client's
-//   feed drops what it is sent until `restoreFeed(of:)`, which reports everything changed, as a
-//   re-established tracking connection does).
+//   meanwhile), `goDown()` (every command fails at once, the breaker open), `loseFeed()` (a client's feed
+//   drops what it is sent until `restoreFeed()`, which reports everything changed, as a re-established
+//   subscription does), and `dropMessages` (a fraction of a client's change messages lost, one by one).
 
 /// The shared server: every key's value and expiry, and the clients' feeds.
 public final class InMemoryRemoteServer: Sendable {
@@ -28,6 +31,9 @@ public final class InMemoryRemoteServer: Sendable {
 
     struct State {
         var entries: [[UInt8]: Entry] = [:]
+        /// Each partition's last sequence number, and their total.
+        var sequences: [Int: UInt64] = [:]
+        var total: UInt64 = 0
         var paused = false
         var down = false
         /// Commands waiting for the end of a pause, in arrival order.
@@ -72,24 +78,43 @@ public final class InMemoryRemoteServer: Sendable {
     /// The raw value under `key` (a logical key with the client's namespace: the store adds none).
     public func value(_ key: [UInt8]) -> [UInt8]? { state.withLock { $0.entries[key]?.value } }
 
-    /// Writes `value` under `key` as another program would (no fence), reported to every feed.
+    /// The partitions of the server's keys.
+    public static let partitionCount = 256
+
+    static func partition(of key: [UInt8]) -> Int {
+        Int(key.reduce(UInt32(2_166_136_261)) { ($0 ^ UInt32($1)) &* 16_777_619 } % UInt32(partitionCount))
+    }
+
+    /// Writes `value` under `key` as another program would (no fence, no change message), reported to the
+    /// clients that track foreign writes.
     public func foreignWrite(_ key: [UInt8], _ value: [UInt8]) {
         execute { state in
             state.entries[key] = Entry(value: value, expiresAt: 0)
-            return [key]
+            for client in state.clients.values where client.tracksForeignWrites { client.report(.keys([key])) }
+            return []
+        }
+    }
+
+    /// The change message of a write of `key` by `origin`: the partition's next number, to every client.
+    static func publish(_ key: [UInt8], version: UInt64, by origin: InMemoryRemoteStore, value: [UInt8]?, in state: inout State) {
+        let partition = partition(of: key)
+        let sequence = (state.sequences[partition] ?? 0) + 1
+        state.sequences[partition] = sequence
+        state.total += 1
+        for client in state.clients.values {
+            let message = RemoteChangeMessage(
+                key: key, version: version, own: client === origin, partition: partition, sequence: sequence, value: value)
+            client.report(.message(message))
         }
     }
 
     // MARK: Commands
 
-    /// Runs `command` now, or queued until the pause ends; reports the keys it changed to every feed, in
-    /// the order the commands ran.
+    /// Runs `command` now, or queued until the pause ends (a command publishes its own messages, under the
+    /// server's lock: every client hears them in the order the commands ran).
     func execute(_ command: @escaping @Sendable (inout State) -> [[UInt8]]) {
         let run: @Sendable () -> Void = { [self] in
-            state.withLock { state in
-                let changed = command(&state)
-                for client in state.clients.values where !changed.isEmpty { client.report(.keys(changed)) }
-            }
+            state.withLock { state in _ = command(&state) }
         }
         let queued = state.withLock { state -> Bool in
             guard state.paused else { return false }
@@ -99,12 +124,11 @@ public final class InMemoryRemoteServer: Sendable {
         if !queued { run() }
     }
 
-    /// A live value (an expired one is removed, and the removal reported, as Redis's lazy expiry does).
-    static func live(_ key: [UInt8], in state: inout State, now: Int64, changed: inout [[UInt8]]) -> [UInt8]? {
+    /// A live value (an expired one is removed, as Redis's lazy expiry does; expiries publish nothing).
+    static func live(_ key: [UInt8], in state: inout State, now: Int64) -> [UInt8]? {
         guard let entry = state.entries[key] else { return nil }
         if entry.expiresAt != 0 && entry.expiresAt <= now {
             state.entries[key] = nil
-            changed.append(key)
             return nil
         }
         return entry.value
@@ -128,15 +152,17 @@ public final class InMemoryRemoteServer: Sendable {
         state.withLock { _ = $0.clients.removeValue(forKey: ObjectIdentifier(client)) }
     }
 
-    /// A heartbeat on every feed (unless paused): every change before it was reported, and the fleet's
-    /// delivery watermark, the least of the clients'.
+    /// A heartbeat on every feed (unless paused): the partitions' numbers to a client whose cache wants
+    /// them, then the confirmation of every message before it with the total, and the fleet's delivery
+    /// watermark, the least of the clients'.
     private func beat() {
         state.withLock { state in
             guard !state.paused, !state.down else { return }
             let sentAt = now()
             let watermark = state.clients.values.compactMap { $0.ownWritesDelivered() }.min()
             for client in state.clients.values {
-                client.report(.confirmed(sentAt))
+                if client.sequencesWanted { client.report(.sequences(state.sequences)) }
+                client.report(.confirmed(sentAt, total: state.total))
                 if let watermark { client.report(.delivered(watermark)) }
             }
         }
@@ -146,22 +172,32 @@ public final class InMemoryRemoteServer: Sendable {
 /// One cache's client of an ``InMemoryRemoteServer``.
 public final class InMemoryRemoteStore: RemoteStore {
     enum Report {
+        case message(RemoteChangeMessage)
+        case sequences([Int: UInt64])
         case keys([[UInt8]])
         case all
-        case confirmed(Int64)
+        case confirmed(Int64, total: UInt64)
         case delivered(Int64)
     }
 
     public let server: InMemoryRemoteServer
     /// How long a call waits for a paused server before it fails (its command still runs later).
     let commandTimeout: Duration
-    private let feed = Locked<(changes: RemoteChanges?, lost: Bool)>((nil, false))
+    /// Whether writes by other programs are reported to this client (`foreignWrite`).
+    let tracksForeignWrites: Bool
+    private let feed = Locked<(changes: RemoteChanges?, lost: Bool, dropping: Double)>((nil, false, 0))
     private let closed = Atomic<Bool>(false)
 
-    public init(_ server: InMemoryRemoteServer, commandTimeout: Duration = .milliseconds(300)) {
+    public init(_ server: InMemoryRemoteServer, commandTimeout: Duration = .milliseconds(300), tracksForeignWrites: Bool = false) {
         self.server = server
         self.commandTimeout = commandTimeout
+        self.tracksForeignWrites = tracksForeignWrites
     }
+
+    /// A fraction (0…1) of this client's change messages is lost from now on, each on its own.
+    public func dropMessages(_ fraction: Double) { feed.withLock { $0.dropping = fraction } }
+
+    var sequencesWanted: Bool { feed.withLock { $0.changes }?.sequencesWanted ?? false }
 
     /// This client's feed drops what it is sent (no changes, no confirmations) until ``restoreFeed()``.
     public func loseFeed() { feed.withLock { $0.lost = true } }
@@ -176,12 +212,16 @@ public final class InMemoryRemoteStore: RemoteStore {
     }
 
     func report(_ report: Report) {
-        let changes = feed.withLock { $0.lost ? nil : $0.changes }
+        let (changes, dropping) = feed.withLock { ($0.lost ? nil : $0.changes, $0.dropping) }
         guard let changes else { return }
         switch report {
+        case .message(let message):
+            if dropping > 0 && Double.random(in: 0..<1) < dropping { return }
+            changes.changed(message)
+        case .sequences(let numbers): changes.sequences(numbers)
         case .keys(let keys): changes.invalidate(keys: keys)
         case .all: changes.invalidateAll()
-        case .confirmed(let instant): changes.confirm(through: instant)
+        case .confirmed(let instant, let total): changes.confirm(through: instant, total: total)
         case .delivered(let instant): changes.allDelivered(through: instant)
         }
     }
@@ -191,17 +231,15 @@ public final class InMemoryRemoteStore: RemoteStore {
     }
 
     /// Runs `body` on the server (queued while it is paused) and waits for it, at most the command timeout.
-    private func call<R: Sendable>(_ body: @escaping @Sendable (inout InMemoryRemoteServer.State, Int64) -> (R, [[UInt8]]))
-        async throws(MagpieError) -> R
-    {
+    /// `body` publishes the change messages of what it wrote (``InMemoryRemoteServer/publish(_:version:by:value:in:)``).
+    private func call<R: Sendable>(_ body: @escaping @Sendable (inout InMemoryRemoteServer.State, Int64) -> R) async throws(MagpieError) -> R {
         guard !closed.load(ordering: .relaxed) else { throw MagpieError(.remoteUnavailable, "the store is shut down") }
         guard !server.state.withLock({ $0.down }) else { throw MagpieError(.remoteUnavailable, "the server is down") }
         let reply = Reply<R>()
         let now = server.now
         server.execute { state in
-            let (result, changed) = body(&state, now())
-            reply.fill(result)
-            return changed
+            reply.fill(body(&state, now()))
+            return []
         }
         guard let result = await reply.wait(upTo: commandTimeout) else {
             throw MagpieError(.remoteUnavailable, "the command timed out")
@@ -212,58 +250,63 @@ public final class InMemoryRemoteStore: RemoteStore {
     // MARK: RemoteStore
 
     public func values(forKeys keys: [[UInt8]]) async throws(MagpieError) -> [[UInt8]?] {
-        try await call { state, now in
-            var changed: [[UInt8]] = []
-            let values = keys.map { InMemoryRemoteServer.live($0, in: &state, now: now, changed: &changed) }
-            return (values, changed)
-        }
+        try await call { state, now in keys.map { InMemoryRemoteServer.live($0, in: &state, now: now) } }
     }
 
     public func store(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, onlyIfAbsent: Bool) async throws(MagpieError) -> Bool {
-        try await call { state, now in
-            var changed: [[UInt8]] = []
-            if onlyIfAbsent && InMemoryRemoteServer.live(key, in: &state, now: now, changed: &changed) != nil { return (false, changed) }
+        try await call { [self] state, now in
+            if onlyIfAbsent && InMemoryRemoteServer.live(key, in: &state, now: now) != nil { return false }
             if expiresAt != 0 && expiresAt <= now {
-                let removed = state.entries.removeValue(forKey: key) != nil
-                return (true, removed ? changed + [key] : changed)
+                state.entries[key] = nil
+            } else {
+                state.entries[key] = .init(value: value, expiresAt: expiresAt)
             }
-            state.entries[key] = .init(value: value, expiresAt: expiresAt)
-            return (true, changed + [key])
+            // A conditional store (a lease taken, a token created) changes nothing a cache holds: no message.
+            if !onlyIfAbsent { InMemoryRemoteServer.publish(key, version: 0, by: self, value: nil, in: &state) }
+            return true
         }
     }
 
-    public func storeIfNewer(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, notAfter: Int64) async throws(MagpieError) -> Bool {
+    public func storeIfNewer(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, notAfter: Int64, pushing: Bool)
+        async throws(MagpieError) -> Bool
+    {
         guard let version = Self.version(value) else {
             throw MagpieError(.invalidConfiguration, "a versioned value must start with \"MV\" and its 8-byte version")
         }
-        return try await call { state, now in
-            var changed: [[UInt8]] = []
-            if notAfter != 0 && now > notAfter { return (false, changed) }
-            if let current = InMemoryRemoteServer.live(key, in: &state, now: now, changed: &changed),
-                let held = Self.version(current), held >= version
-            {
-                return (false, changed)
+        return try await call { [self] state, now in
+            if notAfter != 0 && now > notAfter { return false }
+            if let current = InMemoryRemoteServer.live(key, in: &state, now: now), let held = Self.version(current), held >= version {
+                return false
             }
-            if expiresAt != 0 && expiresAt <= now { return (false, changed) }
+            if expiresAt != 0 && expiresAt <= now { return false }
             state.entries[key] = .init(value: value, expiresAt: expiresAt)
-            return (true, changed + [key])
+            InMemoryRemoteServer.publish(key, version: version, by: self, value: pushing ? value : nil, in: &state)
+            return true
         }
     }
 
     public func remove(keys: [[UInt8]]) async throws(MagpieError) {
-        try await call { state, _ in
-            ((), keys.filter { state.entries.removeValue(forKey: $0) != nil })
+        try await call { [self] state, _ in
+            for key in keys where state.entries.removeValue(forKey: key) != nil {
+                InMemoryRemoteServer.publish(key, version: 0, by: self, value: nil, in: &state)
+            }
         }
     }
 
     public func remove(_ key: [UInt8], ifValue value: [UInt8]) async throws(MagpieError) -> Bool {
-        try await call { state, now in
-            var changed: [[UInt8]] = []
-            guard InMemoryRemoteServer.live(key, in: &state, now: now, changed: &changed) == value else { return (false, changed) }
+        try await call { [self] state, now in
+            guard InMemoryRemoteServer.live(key, in: &state, now: now) == value else { return false }
             state.entries[key] = nil
-            return (true, changed + [key])
+            InMemoryRemoteServer.publish(key, version: 0, by: self, value: nil, in: &state)
+            return true
         }
     }
+
+    public var partitionCount: Int { InMemoryRemoteServer.partitionCount }
+
+    public func partition(of key: [UInt8]) -> Int { InMemoryRemoteServer.partition(of: key) }
+
+    public var taskExecutor: (any TaskExecutor)? { nil }
 
     public func startReporting(to changes: RemoteChanges) {
         feed.withLock { $0.changes = changes }

@@ -156,7 +156,7 @@ struct CacheCoherentTiersTests {
         #expect(await settled(a))
         #expect(await settled(b))
         try a.set(bytes("v1"), forKey: "k")
-        #expect(try await eventually { try b.lookup("k")?.tier == .memory })
+        #expect(try await eventually { try b.lookup("k")?.tier == .memory }, "\(String(describing: b.statistics.remote))")
         bStore.loseFeed()
         try a.set(bytes("v2"), forKey: "k")
         let written = ContinuousClock.now
@@ -177,6 +177,161 @@ struct CacheCoherentTiersTests {
         #expect(await settled(b))
         #expect(try await eventually { try b.lookup("k")?.tier == .memory })
         #expect((b.statistics.remote?.epochBumps ?? 0) >= 2)  // the feed's start and its restoration
+    }
+
+    @Test("the writer keeps its write: served from its memory right after, no remote read; its own message changes nothing")
+    func writerKeepsItsWrite() async throws {
+        let server = InMemoryRemoteServer()
+        defer { server.stop() }
+        let (a, _) = try inMemoryFleetCache(server)
+        let (b, _) = try inMemoryFleetCache(server)
+        defer { try? a.close(); try? b.close() }
+        #expect(await settled(a))
+        #expect(await settled(b))
+        for round in 0..<20 {
+            try a.set(bytes("sync \(round)"), forKey: "mine")
+            #expect(try a.lookup("mine")?.tier == .memory)
+            try await a.async.set(bytes("async \(round)"), forKey: "mine")
+            #expect(try await a.async.lookup("mine") == CacheHit(value: bytes("async \(round)"), tier: .memory))
+        }
+        #expect(await settled(a))
+        #expect(try a.lookup("mine")?.tier == .memory)
+        let statistics = try #require(a.statistics.remote)
+        #expect(statistics.readHits == 0 && statistics.readMisses == 0 && statistics.ownWritesFetched == 0)
+        #expect(statistics.ownMessages >= 40)
+    }
+
+    @Test("a small value travels in its change message: an instance holding the key takes it with no round trip; a long one drops the copy")
+    func pushedValues() async throws {
+        let server = InMemoryRemoteServer()
+        defer { server.stop() }
+        let (a, _) = try inMemoryFleetCache(server)
+        let (b, _) = try inMemoryFleetCache(server)
+        defer { try? a.close(); try? b.close() }
+        #expect(await settled(a))
+        #expect(await settled(b))
+        try a.set(bytes("v1"), forKey: "k")
+        #expect(string(try b.value(forKey: "k")) == "v1")  // b holds it now
+        let fetched = b.statistics.remote?.readHits ?? 0
+        try a.set(bytes("v2"), forKey: "k")
+        #expect(try await eventually { try b.lookup("k") == CacheHit(value: bytes("v2"), tier: .memory) })
+        #expect(b.statistics.remote?.readHits == fetched)  // no round trip
+        #expect((b.statistics.remote?.pushesApplied ?? 0) >= 1)
+        // An instance that does not hold a key ignores its pushed value (nothing is added).
+        try a.set(bytes("other"), forKey: "not-held")
+        #expect(await settled(b))
+        #expect(b.memory.value(forKey: "not-held") == nil)
+        // A value longer than the limit drops the copy: the next read fetches it.
+        let long = [UInt8](repeating: 7, count: 5000)
+        try a.set(long, forKey: "k")
+        #expect(await eventually { b.memory.value(forKey: "k") == nil })
+        #expect(try b.value(forKey: "k") == long)
+        #expect(b.statistics.remote?.readHits == fetched + 1)
+    }
+
+    @Test("a change message replaces or drops a copy only when its version is newer than the copy's (messages reordered)")
+    func reorderedMessages() async throws {
+        let server = InMemoryRemoteServer()
+        defer { server.stop() }
+        let (a, _) = try inMemoryFleetCache(server)
+        let (b, _) = try inMemoryFleetCache(server)
+        defer { try? a.close(); try? b.close() }
+        #expect(await settled(a))
+        #expect(await settled(b))
+        try a.set(bytes("current"), forKey: "r")
+        #expect(string(try b.value(forKey: "r")) == "current")
+        #expect(try await eventually { try b.lookup("r")?.tier == .memory })
+        let coherent = try #require(b.composition.coherent)
+        let held = try #require(Array("r".utf8).withUnsafeBytes { b.memory.metadata(HashedKey($0, hasher: b.hasher)) })
+        let key = [RemoteKey.record] + Array("r".utf8)
+        func message(_ text: String, version: UInt64) -> RemoteChangeMessage {
+            var record = RemoteRecord(value: bytes(text))
+            record.version = version
+            record.namespaceToken = coherent.remote.cachedToken(group: nil, now: b.runtime.clock.now()) ?? 0
+            return RemoteChangeMessage(
+                key: key, version: version, own: false, partition: coherent.remote.partition(of: Array("r".utf8)), sequence: 0,
+                value: record.encoded(key: key))
+        }
+        // An older write's message, arriving late: the copy stays.
+        coherent.apply(.changed(message("older", version: held.version - 1)))
+        #expect(try b.lookup("r") == CacheHit(value: bytes("current"), tier: .memory))
+        #expect((b.statistics.remote?.staleMessages ?? 0) == 1)
+        // A newer one: replaced, served from memory.
+        coherent.apply(.changed(message("newer", version: held.version + 1)))
+        #expect(try b.lookup("r") == CacheHit(value: bytes("newer"), tier: .memory))
+        // The older one again (reordered after the newer): the newer copy stays.
+        coherent.apply(.changed(message("older", version: held.version - 1)))
+        #expect(try b.lookup("r") == CacheHit(value: bytes("newer"), tier: .memory))
+        // A newer removal (no value): the copy goes.
+        coherent.apply(.changed(RemoteChangeMessage(key: key, version: held.version + 2, own: false, partition: 0, sequence: 0)))
+        #expect(b.memory.value(forKey: "r") == nil)
+    }
+
+    @Test("a gap in a partition's sequence makes exactly that partition's copies unservable")
+    func sequenceGap() async throws {
+        let server = InMemoryRemoteServer()
+        defer { server.stop() }
+        let (a, _) = try inMemoryFleetCache(server)
+        let (b, _) = try inMemoryFleetCache(server)
+        defer { try? a.close(); try? b.close() }
+        #expect(await settled(a))
+        #expect(await settled(b))
+        let coherent = try #require(b.composition.coherent)
+        // Two keys in different partitions, held by b.
+        let names = (0..<200).map { "g\($0)" }
+        let first = names[0]
+        let firstPartition = coherent.remote.partition(of: Array(first.utf8))
+        let second = try #require(names.first { coherent.remote.partition(of: Array($0.utf8)) != firstPartition })
+        for name in [first, second] {
+            try a.set(bytes(name), forKey: name)
+            #expect(string(try b.value(forKey: name)) == name)
+            #expect(try await eventually { try b.lookup(name)?.tier == .memory })
+        }
+        // Messages of an unrelated key in the first key's partition: 1,000,000 (after what b saw: maybe a gap
+        // already, after which its copy is fetched again), then 1,000,002: one missed.
+        let unrelated = [RemoteKey.record] + Array("unrelated".utf8)
+        coherent.apply(.changed(RemoteChangeMessage(key: unrelated, version: 1, own: false, partition: firstPartition, sequence: 1_000_000)))
+        try await Task.sleep(for: .milliseconds(2))
+        #expect(string(try b.value(forKey: first)) == first)
+        #expect(try await eventually { try b.lookup(first)?.tier == .memory })
+        let gaps = b.statistics.remote?.sequenceGaps ?? 0
+        try await Task.sleep(for: .milliseconds(2))  // the floor moves to a later millisecond than the copies' stamps
+        coherent.apply(.changed(RemoteChangeMessage(key: unrelated, version: 2, own: false, partition: firstPartition, sequence: 1_000_002)))
+        #expect(b.statistics.remote?.sequenceGaps == gaps + 1)
+        #expect(try b.lookup(first)?.tier == .remote)  // unservable: fetched again (and kept)
+        #expect(try b.lookup(second)?.tier == .memory)  // another partition: untouched
+    }
+
+    @Test("lost change messages: a fraction dropped on the way, never a read stale past the bound; gaps and short partitions found")
+    func droppedMessages() async throws {
+        let server = InMemoryRemoteServer()
+        defer { server.stop() }
+        let bound = Duration.milliseconds(500)
+        let (a, _) = try inMemoryFleetCache(server, bound: bound)
+        let (b, bStore) = try inMemoryFleetCache(server, bound: bound)
+        defer { try? a.close(); try? b.close() }
+        #expect(await settled(a))
+        #expect(await settled(b))
+        bStore.dropMessages(0.3)
+        let keys = (0..<32).map { "d\($0)" }
+        // Per key: the value written and when its store returned.
+        var written: [String: (value: Int, at: ContinuousClock.Instant)] = [:]
+        var staleReads: [String] = []
+        let end = ContinuousClock.now + .seconds(3)
+        var round = 0
+        while ContinuousClock.now < end {
+            let key = keys[round % keys.count]
+            try await a.async.set(bytes("\(round)"), forKey: key)
+            written[key] = (round, ContinuousClock.now)
+            for key in keys {
+                guard let read = string(try await b.async.value(forKey: key)).flatMap(Int.init), let last = written[key] else { continue }
+                if read < last.value && ContinuousClock.now - last.at > bound + .milliseconds(100) { staleReads.append("\(key): \(read) < \(last.value)") }
+            }
+            round += 1
+        }
+        #expect(staleReads.isEmpty, "\(staleReads.prefix(5))")
+        let statistics = try #require(b.statistics.remote)
+        #expect(statistics.sequenceGaps + statistics.shortPartitions > 0)
     }
 
     @Test("removals made while the store is down are owed and replayed when it is back: nothing comes back")

@@ -139,6 +139,8 @@ struct StoreStamp: Sendable {
     var disk: Int64 = 0
     var freshness = Freshness.none
     /// A cache with a remote tier: the coherence stamp the local copies carry (Remote/Coherence.swift),
-    /// kept beside the value in both tiers; 0 without a remote tier.
+    /// and the version of the remote write they hold, kept beside the value in both tiers; 0 without a
+    /// remote tier.
     var coherence: Int64 = 0
+    var version: UInt64 = 0
 }

@@ -95,9 +95,9 @@ extension MemoryTier {
         }
     }
 
-    /// The expiry, freshness and coherence stamp of `key`'s live entry (negative ones included); not
-    /// counted as a read.
-    package func metadata(_ key: HashedKey) -> (deadline: Int64, freshness: Freshness, stamp: Int64)? {
+    /// The expiry, freshness, coherence stamp and version of `key`'s live entry (negative ones included);
+    /// not counted as a read.
+    package func metadata(_ key: HashedKey) -> EntryMarks? {
         withShard(for: key.hash) { $0.metadata(hash: key.hash, key: key.bytes) }
     }
 
@@ -118,7 +118,8 @@ extension MemoryTier {
     /// ``set(_:for:expiry:group:)`` with the deadline computed (ms since 1970, 0 = none; one already
     /// past removes the key: it must not keep an older value) and the loader API's freshness.
     package func set(
-        _ value: UnsafeRawBufferPointer, for key: HashedKey, deadline: Int64, group: String?, freshness: Freshness, stamp: Int64 = 0
+        _ value: UnsafeRawBufferPointer, for key: HashedKey, deadline: Int64, group: String?, freshness: Freshness, stamp: Int64 = 0,
+        version: UInt64 = 0
     ) -> Result<Bool, MagpieError> {
         guard key.count <= Self.maximumKeyLength else {
             return .failure(
@@ -129,15 +130,16 @@ extension MemoryTier {
                 MagpieError(
                     .valueTooLarge, "value of \(value.count) bytes; the limit is \(Self.maximumValueLength)"))
         }
-        return .success(store(value, for: key, deadline: deadline, group: group, freshness: freshness, stamp: stamp))
+        return .success(store(value, for: key, deadline: deadline, group: group, freshness: freshness, stamp: stamp, version: version))
     }
 
     /// Stores `value` for `key` with a deadline already computed (ms since 1970, 0 = none; one already
     /// past removes the key) and the loader API's freshness. The caller checked the key's and the
-    /// value's lengths. Returns whether the entry was stored. `stamp`: the coherence stamp of a cache
-    /// with a remote tier (0: none).
+    /// value's lengths. Returns whether the entry was stored. `stamp` and `version`: the coherence stamp of
+    /// a cache with a remote tier and the version of the remote write the copy holds (0: none).
     package func store(
-        _ value: UnsafeRawBufferPointer, for key: HashedKey, deadline: Int64, group: String?, freshness: Freshness, stamp: Int64 = 0
+        _ value: UnsafeRawBufferPointer, for key: HashedKey, deadline: Int64, group: String?, freshness: Freshness, stamp: Int64 = 0,
+        version: UInt64 = 0
     ) -> Bool {
         let hash = key.hash
         if deadline != 0 && deadline <= clock.now() {
@@ -148,11 +150,12 @@ extension MemoryTier {
         var outcome = withShard(for: hash) {
             $0.store(
                 hash: hash, key: key.bytes, value: value, deadline: deadline, group: tag, freshness: freshness, stamp: stamp,
-                policy: .borrow)
+                version: version, policy: .borrow)
         }
         if case .short = outcome {
             outcome = storeBorrowing(
-                hash: hash, key: key.bytes, value: value, deadline: deadline, group: tag, freshness: freshness, stamp: stamp)
+                hash: hash, key: key.bytes, value: value, deadline: deadline, group: tag, freshness: freshness, stamp: stamp,
+                version: version)
         }
         return outcome != .refused
     }
@@ -169,7 +172,7 @@ extension MemoryTier {
     @inline(never)
     func storeBorrowing(
         hash: UInt64, key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, deadline: Int64, group: UInt64,
-        freshness: Freshness, stamp: Int64
+        freshness: Freshness, stamp: Int64, version: UInt64
     ) -> StoreOutcome {
         let number = Int(truncatingIfNeeded: hash) & shardMask
         return withBorrowedRoom { (policy, granted) -> RoomOutcome<StoreOutcome> in
@@ -177,7 +180,7 @@ extension MemoryTier {
                 $0.acceptGranted(granted)
                 return $0.store(
                     hash: hash, key: key, value: value, deadline: deadline, group: group, freshness: freshness, stamp: stamp,
-                    policy: policy)
+                    version: version, policy: policy)
             }
             if case .short(let shortfall) = outcome { return .short(shortfall) }
             return .done(outcome)
@@ -230,6 +233,8 @@ package struct StoredEntry: Sendable {
     /// A cache with a remote tier: the instant its copy was last known current (0: none, never served
     /// by such a cache). Kept beside the value, never in it.
     package var stamp: Int64 = 0
+    /// A cache with a remote tier: the version of the remote write this copy holds (0: unknown).
+    package var version: UInt64 = 0
     /// A cache with a remote tier: a local copy past its staleness bound, given to the loader API only,
     /// which may serve it through fail-safe and nothing else.
     package var unverified = false
@@ -245,5 +250,6 @@ package struct StoredEntry: Sendable {
         let (deadline, freshness) = ShardStorage.metadata(of: block, header)
         self.init(value: [UInt8](ShardStorage.value(of: block, header)), deadline: deadline, freshness: freshness)
         stamp = ShardStorage.stamp(of: block, header)
+        version = ShardStorage.version(of: block, header)
     }
 }

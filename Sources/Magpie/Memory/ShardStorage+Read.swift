@@ -62,6 +62,11 @@ extension ShardStorage {
         header.hasStamp ? block.loadUnaligned(fromByteOffset: header.stampOffset, as: Int64.self) : 0
     }
 
+    /// The version of the remote write a block holds a copy of, 0 when it has none.
+    static func version(of block: UnsafeMutableRawPointer, _ header: EntryHeader) -> UInt64 {
+        header.hasStamp ? block.loadUnaligned(fromByteOffset: header.stampOffset + 8, as: UInt64.self) : 0
+    }
+
     /// The expiry (0 = none) and freshness of a block.
     static func metadata(of block: UnsafeMutableRawPointer, _ header: EntryHeader) -> (deadline: Int64, freshness: Freshness) {
         var freshness = Freshness(negative: header.isNegative)
@@ -79,13 +84,22 @@ extension ShardStorage {
         return !header.isPlaceholder && !header.isNegative && !(header.hasExpiry && Self.isExpired(block, header, now: clock.now()))
     }
 
-    /// The expiry, freshness and coherence stamp of `key`'s live entry (negative ones included), without
-    /// counting a read.
-    func metadata(hash: UInt64, key: UnsafeRawBufferPointer) -> (deadline: Int64, freshness: Freshness, stamp: Int64)? {
+    /// The expiry, freshness, coherence stamp and version of `key`'s live entry (negative ones included),
+    /// without counting a read.
+    func metadata(hash: UInt64, key: UnsafeRawBufferPointer) -> EntryMarks? {
         guard let (_, block) = find(hash: hash, key: key) else { return nil }
         let header = EntryHeader(of: block)
         guard !header.isPlaceholder, !Self.isExpired(block, header, now: clock.now()) else { return nil }
         let (deadline, freshness) = Self.metadata(of: block, header)
-        return (deadline, freshness, Self.stamp(of: block, header))
+        return EntryMarks(deadline: deadline, freshness: freshness, stamp: Self.stamp(of: block, header), version: Self.version(of: block, header))
     }
+}
+
+/// What a memory entry carries besides its key and value: its expiry (ms since 1970, 0 none), freshness,
+/// and, in a cache with a remote tier, its coherence stamp and version (0 none).
+package struct EntryMarks: Sendable {
+    package var deadline: Int64
+    package var freshness: Freshness
+    package var stamp: Int64
+    package var version: UInt64
 }

@@ -11,11 +11,11 @@ extension ShardStorage {
     /// With `.borrow`, a large entry that does not fit changes nothing and returns `.short` (see "Budget").
     mutating func store(
         hash: UInt64, key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, deadline: Int64 = 0,
-        group: UInt64 = 0, freshness: Freshness = .none, stamp: Int64 = 0, policy: RoomPolicy = .evict
+        group: UInt64 = 0, freshness: Freshness = .none, stamp: Int64 = 0, version: UInt64 = 0, policy: RoomPolicy = .evict
     ) -> StoreOutcome {
         storeEntry(
-            hash: hash, key: key, value: value, deadline: deadline, group: group, freshness: freshness, stamp: stamp, placeholderLength: nil,
-            policy: policy)
+            hash: hash, key: key, value: value, deadline: deadline, group: group, freshness: freshness, stamp: stamp, version: version,
+            placeholderLength: nil, policy: policy)
     }
 
     /// Trace replay's store (MemoryTier+Simulation.swift): a placeholder for a key just found absent
@@ -25,7 +25,7 @@ extension ShardStorage {
     {
         storeEntry(
             hash: hash, key: key, value: UnsafeRawBufferPointer(start: nil, count: 0), deadline: 0, group: 0,
-            freshness: .none, stamp: 0, placeholderLength: valueLength, policy: policy)
+            freshness: .none, stamp: 0, version: 0, placeholderLength: valueLength, policy: policy)
     }
 
     /// The body of `store` and `storePlaceholder`, inlined into each: with `placeholderLength` a constant
@@ -33,7 +33,7 @@ extension ShardStorage {
     @inline(__always)
     private mutating func storeEntry(
         hash: UInt64, key: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer, deadline: Int64, group: UInt64,
-        freshness: Freshness, stamp: Int64, placeholderLength: Int?, policy: RoomPolicy
+        freshness: Freshness, stamp: Int64, version: UInt64, placeholderLength: Int?, policy: RoomPolicy
     ) -> StoreOutcome {
         let flags = (deadline != 0 ? EntryHeader.expiryFlag : 0) | (group != 0 ? EntryHeader.groupFlag : 0)
             | (placeholderLength != nil ? EntryHeader.placeholderFlag : 0)
@@ -96,7 +96,10 @@ extension ShardStorage {
             valueLength: UInt32(valueLength), keyLength: UInt16(key.count), frequency: frequency, state: queue | flags)
         header.write(to: block)
         writeExtras(block, deadline: deadline, group: group, freshness: freshness)
-        if stamp != 0 { block.storeBytes(of: stamp, toByteOffset: header.stampOffset, as: Int64.self) }
+        if stamp != 0 {
+            block.storeBytes(of: stamp, toByteOffset: header.stampOffset, as: Int64.self)
+            block.storeBytes(of: version, toByteOffset: header.stampOffset + 8, as: UInt64.self)
+        }
         copyBytes(key, to: block + header.keyOffset)
         if placeholderLength == nil { copyBytes(value, to: block + header.keyOffset + key.count) }
         let pushed = queue == EntryHeader.small ? small.push(block) : main.push(block, tag: tag)

@@ -129,7 +129,8 @@ import Synchronization
 
 /// The 8-byte header at the start of every entry block. After it come the optional extras the state
 /// flags announce (an 8-byte deadline, an 8-byte group hash, 16 bytes of freshness: fresh-until and
-/// loaded-at, then the 8-byte coherence stamp of a cache with a remote tier), then the key, then the
+/// loaded-at, then the 16-byte coherence mark of a cache with a remote tier: its stamp and the version of
+/// the remote write the copy holds), then the key, then the
 /// value.
 ///
 /// A block is written whole before it is published in the index and never changes after, but for two
@@ -218,12 +219,12 @@ struct EntryHeader {
     var hasFreshness: Bool { state & EntryHeader.freshnessFlag != 0 }
     var hasStamp: Bool { state & EntryHeader.stampFlag != 0 }
 
-    /// The bytes of the extras `flags` announce: 8 per deadline, group hash and stamp, 16 for freshness
-    /// (branch-free: bits 1, 2, 3 and 5 shifted into place).
+    /// The bytes of the extras `flags` announce: 8 per deadline and group hash, 16 for freshness and for
+    /// the stamp with its version (branch-free: bits 1, 2, 3 and 5 shifted into place).
     @inline(__always)
     static func extrasLength(flags: UInt8) -> Int {
         let bits = Int(flags)
-        return (bits & Int(stampFlag)) << 2 + (bits & Int(expiryFlag)) << 1 + (bits & Int(groupFlag)) + (bits & Int(freshnessFlag)) >> 1
+        return (bits & Int(stampFlag)) << 3 + (bits & Int(expiryFlag)) << 1 + (bits & Int(groupFlag)) + (bits & Int(freshnessFlag)) >> 1
     }
 
     /// Where the key starts, from the block's start.
@@ -234,8 +235,9 @@ struct EntryHeader {
     var groupOffset: Int { ShardStorage.headerSize + (hasExpiry ? 8 : 0) }
     /// Where fresh-until and loaded-at lie, from the block's start (valid when `hasFreshness`).
     var freshnessOffset: Int { ShardStorage.headerSize + (hasExpiry ? 8 : 0) + (hasGroup ? 8 : 0) }
-    /// Where the coherence stamp lies, from the block's start (valid when `hasStamp`): the last extra.
-    var stampOffset: Int { keyOffset - 8 }
+    /// Where the coherence stamp lies, from the block's start (valid when `hasStamp`), the version right
+    /// after it: the last extra.
+    var stampOffset: Int { keyOffset - 16 }
     /// The bytes after the header: extras, key and value. The entry is charged this + the overhead.
     var storedLength: Int { Self.extrasLength(flags: state) + Int(keyLength) + Int(valueLength) }
 }

@@ -3,17 +3,25 @@ import Synchronization
 // When a local copy may be served, in a cache with a remote tier.
 //
 // Every value the cache keeps locally (memory or disk) carries a coherence stamp beside it (a memory
-// entry's extras, a disk record's field): the instant (ms, cache clock) from which the copy is known to
-// match the store — its own store, or the start of the fetch that brought it. A copy stamped `s` is
-// served at `now` only while
+// entry's extras, a disk record's field): the instant `s` (ms, cache clock) from which the copy is known
+// to match the store — its own store, the start of the fetch that brought it, or the change message that
+// pushed it — in its top 50 bits, and the copy's partition `p` (the store's partition of its key) in the
+// low 14. A copy is served at `now` only while
 //
-//     s > floor   and   now − min(max(s, confirmed), delivered) < bound
+//     s > floor   and   s > floor[p]   and   now − min(max(s, confirmed), delivered) < bound
 //
 // `confirmed` is the latest instant through which the store has confirmed that every change was
-// reported (and applied here: confirmations are applied in order after the invalidations before them).
-// `floor` moves to `now` whenever changes may have been missed (the feed was re-established, or
-// everything changed): every older copy is then a miss, lazily, without a scan. `bound` is
-// ``RemoteTierOptions/maxDisconnectedStaleness``.
+// reported (and applied here: confirmations are applied in order after the messages before them).
+// `floor` moves to `now` whenever changes may have been missed everywhere (the feed was re-established,
+// or everything changed), `floor[p]` when they may have been missed in partition `p` only (a gap in its
+// sequence, a heartbeat of its feed lost, a check of the sequences that found it short): every older
+// copy is then a miss, lazily, without a scan. `bound` is ``RemoteTierOptions/maxDisconnectedStaleness``.
+//
+// Each partition's change messages are numbered 1, 2, 3, … by the store, in the order the writes took
+// effect, and reported in that order. A message whose number is more than one above the last one seen
+// means the ones between were missed: `floor[p]` moves. A message lost at the end of a partition's
+// sequence leaves no gap to see; the store's checks find it (the total it reports with a confirmation,
+// and the numbers it reads when that total is short: `sequences`).
 //
 // `delivered` is the fleet's delivery watermark: every write that any instance sharing the store
 // returned to its callers before it has reached the store. A write made while the store could not be
@@ -38,6 +46,39 @@ import Synchronization
 final class Coherence: Sendable {
     let bound: Int64
     let floor = Atomic<Int64>(0)
+    /// Per partition: copies stamped up to it are misses.
+    private let floors: InlineArray<16384, Atomic<Int64>>
+    /// Each partition's last sequence number seen, their sum, and whether a check of them is wanted:
+    /// changed on the coherence thread only (in the order the store reported).
+    private let sequences = Locked(Sequences())
+
+    private struct Sequences {
+        var last = [UInt64](repeating: 0, count: RemoteChanges.maximumPartitions)
+        var sum: UInt64 = 0
+        var wanted = false
+
+        /// Takes in partition `p`'s number `n`; whether numbers before it were missed.
+        mutating func take(_ p: Int, _ n: UInt64) -> Bool {
+            guard n > last[p] else { return false }
+            let missed = last[p] != 0 && n > last[p] + 1
+            sum += n - last[p]
+            last[p] = n
+            return missed
+        }
+    }
+
+    static let partitionBits: Int64 = 14
+    private static let partitionMask: Int64 = (1 << partitionBits) - 1
+
+    /// The stamp of a copy known to match the store from `instant` on, in `partition`.
+    @inline(__always)
+    static func stamp(at instant: Int64, partition: Int) -> Int64 {
+        max(1, instant) << partitionBits | (Int64(partition) & partitionMask)
+    }
+
+    /// The instant a stamp says its copy was known current.
+    @inline(__always)
+    static func instant(of stamp: Int64) -> Int64 { stamp >> partitionBits }
     let confirmed = Atomic<Int64>(0)
     /// The fleet's delivery watermark (see above); `Int64.max` until the store reports one.
     let delivered = Atomic<Int64>(.max)
@@ -54,6 +95,12 @@ final class Coherence: Sendable {
 
     // Statistics.
     let invalidations = Atomic<UInt64>(0)
+    /// Gaps seen in a partition's sequence.
+    let gaps = Atomic<UInt64>(0)
+    /// Partitions a check of the store's numbers found short.
+    let shortChecks = Atomic<UInt64>(0)
+    /// Times partitions' copies were made misses (a gap, a lost heartbeat, a short check).
+    let partitionLosses = Atomic<UInt64>(0)
     let epochBumps = Atomic<UInt64>(0)
     let lastLag = Atomic<Int64>(0)
     let maxLag = Atomic<Int64>(0)
@@ -63,14 +110,62 @@ final class Coherence: Sendable {
         self.bound = max(1, bound.wholeMilliseconds)
         changes = InlineArray { _ in Atomic(0) }
         writing = InlineArray { _ in Atomic(0) }
+        floors = InlineArray { _ in Atomic(0) }
     }
 
     /// Whether a copy stamped `stamp` may be served at `now`.
     @inline(__always)
     func servable(stamp: Int64, now: Int64) -> Bool {
-        stamp > floor.load(ordering: .acquiring)
-            && now - min(max(stamp, confirmed.load(ordering: .acquiring)), delivered.load(ordering: .acquiring)) < bound
+        let since = Self.instant(of: stamp)
+        return since > floor.load(ordering: .acquiring) && since > floors[Int(stamp & Self.partitionMask)].load(ordering: .acquiring)
+            && now - min(max(since, confirmed.load(ordering: .acquiring)), delivered.load(ordering: .acquiring)) < bound
     }
+
+    /// Every local copy of these partitions stamped up to `now` is a miss from now on.
+    func lose(partitions: some Sequence<Int>, now: Int64) {
+        for partition in partitions where partition >= 0 && partition < RemoteChanges.maximumPartitions {
+            floors[partition].raise(to: now)
+        }
+        tokenGeneration.add(1, ordering: .acquiringAndReleasing)  // a token's key may be in one of them
+        partitionLosses.add(1, ordering: .relaxed)
+    }
+
+    /// A change message's place in its partition: raises the partition's floor when numbers before it were
+    /// missed; whether they were.
+    func sequenced(partition: Int, sequence: UInt64, now: Int64) -> Bool {
+        guard sequence != 0, partition >= 0, partition < RemoteChanges.maximumPartitions else { return false }
+        guard sequences.withLock({ $0.take(partition, sequence) }) else { return false }
+        gaps.add(1, ordering: .relaxed)
+        lose(partitions: [partition], now: now)
+        return true
+    }
+
+    /// The store's numbers, read after every message published before them was reported: each partition
+    /// that had not reached its number missed messages (its floor rises).
+    func check(_ numbers: [Int: UInt64], now: Int64) {
+        let short = sequences.withLock { sequences -> [Int] in
+            sequences.wanted = false
+            var short: [Int] = []
+            for (partition, number) in numbers where partition >= 0 && partition < RemoteChanges.maximumPartitions {
+                guard number > sequences.last[partition] else { continue }
+                short.append(partition)
+                _ = sequences.take(partition, number)
+            }
+            return short
+        }
+        guard !short.isEmpty else { return }
+        shortChecks.add(UInt64(short.count), ordering: .relaxed)
+        lose(partitions: short, now: now)
+    }
+
+    /// The total the store reported with a confirmation, against the numbers seen: when they fall short,
+    /// a check of every partition's number is wanted (``sequencesWanted``).
+    func check(total: UInt64) {
+        sequences.withLock { if $0.sum < total { $0.wanted = true } }
+    }
+
+    /// Whether a check of the partitions' numbers is wanted.
+    var sequencesWanted: Bool { sequences.withLock { $0.wanted } }
 
     /// Whether the feed is confirmed recently enough that a fetched value may be kept locally.
     func confirmedRecently(now: Int64) -> Bool {

@@ -13,9 +13,10 @@
 // logical clock: wall ms in the top 48 bits, a counter in the low 16; see HybridClock.swift).
 //
 // A record (after the fence; integers little endian, offsets from the value's start):
-//   10  "MR" (2 bytes), format version (1 byte, = 3), flags (1 byte: RecordFlags, the disk record's own
-//       flags byte; here memoryPolicy, diskOnly, memoryOnly, freshness, negative, never stamp)
-//   14  group length (u16), reserved (u16, 0)
+//   10  "MR" (2 bytes), format version (1 byte, = 4), flags (1 byte: RecordFlags, the disk record's own
+//       flags byte; here memoryPolicy, diskOnly, memoryOnly, freshness, negative, never stamp or version)
+//   14  group length (u16), origin (u16: a random tag of the instance that wrote it, never 0; 0 in
+//       format 3, which is read as well)
 //   18  value length (u32)
 //   22  hard expiry (i64, ms since 1970, 0 none)
 //   30  namespace token (u64)                          38  group token (u64, 0 without a group)
@@ -66,6 +67,8 @@ struct RemoteRecord: Sendable, Equatable {
     var groupToken: UInt64 = 0
     /// The write's version (the fence the store compares); 0 until the write is given one.
     var version: UInt64 = 0
+    /// The writing instance's tag (``RemoteTier/originTag``), 0 when unknown.
+    var origin: UInt16 = 0
 
     init(value: [UInt8], expiresAt: Int64 = 0, memoryPolicy: Int64 = 0, freshness: Freshness = .none,
          tiers: Tiers = .memoryAndDisk, group: String? = nil) {
@@ -82,7 +85,7 @@ struct RemoteRecord: Sendable, Equatable {
     /// The fence: "MV" and the version.
     static let fenceSize = 10
     static let headerSize = fenceSize + 36
-    static let version: UInt8 = 3
+    static let version: UInt8 = 4
 
     /// What a versioned value under "k" + key holds.
     enum Decoded: Equatable {
@@ -101,7 +104,7 @@ struct RemoteRecord: Sendable, Equatable {
         Self.appendFence(version, to: &bytes)
         bytes += [0x4D, 0x52, Self.version, flags.rawValue]
         Self.append(UInt16(truncatingIfNeeded: groupBytes.count), to: &bytes)
-        Self.append(UInt16(0), to: &bytes)
+        Self.append(origin, to: &bytes)
         Self.append(UInt32(truncatingIfNeeded: value.count), to: &bytes)
         Self.append(expiresAt, to: &bytes)
         Self.append(namespaceToken, to: &bytes)
@@ -140,14 +143,16 @@ struct RemoteRecord: Sendable, Equatable {
             return bytes[fenceSize] == 0x4D && bytes[fenceSize + 1] == 0x54 ? .tombstone(version) : nil
         }
         let base = fenceSize
-        guard bytes.count >= headerSize + 8, bytes[base] == 0x4D, bytes[base + 1] == 0x52, bytes[base + 2] == Self.version
+        guard bytes.count >= headerSize + 8, bytes[base] == 0x4D, bytes[base + 1] == 0x52,
+            bytes[base + 2] == Self.version || bytes[base + 2] == 3
         else { return nil }
         let flags = RecordFlags(rawValue: bytes[base + 3])
         guard RecordFlags.remote.isSuperset(of: flags), !flags.isSuperset(of: [.diskOnly, .memoryOnly]) else { return nil }
         let groupLength = Int(load(UInt16.self, bytes, base + 4))
         let valueLength = Int(load(UInt32.self, bytes, base + 8))
         let blocks = EntryMetadata.blocksLength(flags)
-        guard load(UInt16.self, bytes, base + 6) == 0, headerSize + groupLength + blocks + valueLength + 8 == bytes.count
+        let origin = load(UInt16.self, bytes, base + 6)
+        guard bytes[base + 2] == Self.version || origin == 0, headerSize + groupLength + blocks + valueLength + 8 == bytes.count
         else { return nil }
         let end = bytes.count - 8
         guard load(UInt64.self, bytes, end) == bytes.withUnsafeBytes({ checksum(UnsafeRawBufferPointer(rebasing: $0[..<end]), key: key) })
@@ -159,6 +164,7 @@ struct RemoteRecord: Sendable, Equatable {
             record.group = name
         }
         record.version = version
+        record.origin = origin
         record.expiresAt = load(Int64.self, bytes, base + 12)
         record.metadata = bytes.withUnsafeBytes { EntryMetadata(flags: flags, blocks: $0.baseAddress! + blocksAt) }
         record.namespaceToken = load(UInt64.self, bytes, base + 20)

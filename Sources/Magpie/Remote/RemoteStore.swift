@@ -6,13 +6,18 @@
 /// tag, then a key or a group name; see <doc:RunningAFleet>), which the store keeps under its own
 /// namespace, and the values are self-checking records. A store only moves bytes, and reports changes.
 ///
-/// **Changes.** After ``startReporting(to:)`` the store tells the cache about every change to any of
-/// its keys, made by any client, including the store's own expiries and evictions
-/// (``RemoteChanges/invalidate(keys:)``), and about everything it can no longer vouch for
-/// (``RemoteChanges/invalidateAll()``: its change feed was interrupted, or the store was emptied). It
-/// also confirms, regularly, that every change made before an instant has been reported
-/// (``RemoteChanges/confirm(through:)``): the cache serves its local copies only while confirmations
-/// keep coming (see ``RemoteTierOptions/maxDisconnectedStaleness``).
+/// **Changes.** Every write through the store publishes one change message, made by the write itself
+/// (atomically with it, on the server), on the feed of the key's *partition*: the logical key, the write's
+/// version (0 for an unversioned write), the instance that made it, the partition and its sequence
+/// number (1, 2, 3, … per partition, in the order the writes took effect), and, for a versioned write
+/// asked to push it, the stored value. After ``startReporting(to:)`` the store reports every message it
+/// receives, in order (``RemoteChanges/changed(_:)``), the partitions' sequence numbers as it reads them
+/// (``RemoteChanges/sequences(_:)``), and everything it can no longer vouch for
+/// (``RemoteChanges/invalidateAll()``: a feed interrupted; ``RemoteChanges/partitionsLost(_:)``: the
+/// partitions of a feed that missed messages). It also confirms, regularly, that every message published
+/// before an instant has been reported (``RemoteChanges/confirm(through:)``): the cache serves its local
+/// copies only while confirmations keep coming (see ``RemoteTierOptions/maxDisconnectedStaleness``). A
+/// store may also report keys changed by programs that are not caches (``RemoteChanges/invalidate(keys:)``).
 ///
 /// **Async only.** Every call is awaited where the cache runs it: from the async API on the caller's
 /// task, with no thread blocked and no lock held across the round trip. The cache's synchronous API
@@ -32,7 +37,8 @@ public protocol RemoteStore: AnyObject, Sendable {
 
     /// Stores a *versioned* value for `key` only if it is newer than what the key holds: the write that
     /// keeps a late command (one that timed out, then ran when the store resumed) from bringing back a
-    /// removed value or overwriting a newer one. Returns whether it stored.
+    /// removed value or overwriting a newer one. Returns whether it stored; a write that stored published
+    /// its change message (see **Changes**), with the value when `pushing`.
     ///
     /// A versioned value starts with `"MV"` and its version, 8 bytes big endian (the top 48 bits a wall
     /// clock in ms, the low 16 a counter). The store compares the version with the one at the start of
@@ -42,7 +48,20 @@ public protocol RemoteStore: AnyObject, Sendable {
     /// `notAfter` (ms since 1970; 0: no deadline), so that a write delayed longer than the tombstones
     /// that fence it live is dropped, never applied. `expiresAt` as in
     /// ``store(_:forKey:expiresAt:onlyIfAbsent:)``.
-    func storeIfNewer(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, notAfter: Int64) async throws(MagpieError) -> Bool
+    func storeIfNewer(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, notAfter: Int64, pushing: Bool) async throws(MagpieError)
+        -> Bool
+
+    /// How many partitions the store's keys fall into (at most ``RemoteChanges/maximumPartitions``); each has
+    /// its own sequence of change messages.
+    var partitionCount: Int { get }
+
+    /// The partition of a logical key (0 ..< ``partitionCount``).
+    func partition(of key: [UInt8]) -> Int
+
+    /// The executor the store's own I/O runs on, if it has one: the cache runs a remote operation's calls
+    /// there as one task, so that an async caller pays one hop there and one back however many calls the
+    /// operation makes. Nil: the calls are awaited from the caller's executor.
+    var taskExecutor: (any TaskExecutor)? { get }
 
     /// Removes `keys` (absent ones are no error).
     func remove(keys: [[UInt8]]) async throws(MagpieError)
@@ -64,6 +83,15 @@ public protocol RemoteStore: AnyObject, Sendable {
 
     /// Stops reporting and closes the store's connections (the cache calls it from its shutdown).
     func shutdown() async
+}
+
+extension RemoteStore {
+    /// ``storeIfNewer(_:forKey:expiresAt:notAfter:pushing:)`` publishing no value.
+    public func storeIfNewer(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, notAfter: Int64) async throws(MagpieError)
+        -> Bool
+    {
+        try await storeIfNewer(value, forKey: key, expiresAt: expiresAt, notAfter: notAfter, pushing: false)
+    }
 }
 
 /// How a ``Cache`` uses its remote tier.
@@ -105,9 +133,14 @@ public struct RemoteTierOptions: Sendable {
     /// store is slow or paused, at the price of other instances seeing the write a little later than the
     /// call's return.
     public var writeWait: Duration? = nil
-    /// Called with a key (as the cache's callers gave it) after its local copies were dropped because
-    /// the store reported it changed: on the cache's coherence thread, in order; keep it short. For
-    /// metrics and for measuring invalidation lag (`magpie-bench fleet`). Default nil.
+    /// Values up to this many bytes travel in their write's change message, so that another instance
+    /// holding the key replaces its copy without a round trip (an instance that does not hold the key
+    /// ignores it). Longer values, and removals, make the other instances drop their copies. 0: never
+    /// pushed. Default 4 KiB.
+    public var pushedValueLimit: Int = 4096
+    /// Called with a key (as the cache's callers gave it) after another instance's change replaced or
+    /// dropped its local copies: on the cache's coherence thread, in order; keep it short. For metrics
+    /// and for measuring invalidation lag (`magpie-bench fleet`). Default nil.
     public var onInvalidation: (@Sendable ([UInt8]) -> Void)? = nil
 
     /// Options for `store`.
@@ -122,24 +155,81 @@ public struct RemoteTierOptions: Sendable {
     }
 }
 
+/// One change message (see ``RemoteStore``): what a write through the store published.
+public struct RemoteChangeMessage: Sendable, Equatable {
+    /// The logical key written.
+    public var key: [UInt8]
+    /// The write's version (the fence of a versioned write), 0 for an unversioned write.
+    public var version: UInt64
+    /// Whether this store's own instance made the write (the cache that made it keeps what it wrote).
+    public var own: Bool
+    /// The key's partition and the message's place in it (1, 2, 3, …; 0: not sequenced).
+    public var partition: Int
+    public var sequence: UInt64
+    /// The value as stored (versioned), when the write pushed it.
+    public var value: [UInt8]?
+
+    public init(key: [UInt8], version: UInt64, own: Bool, partition: Int, sequence: UInt64, value: [UInt8]? = nil) {
+        self.key = key
+        self.version = version
+        self.own = own
+        self.partition = partition
+        self.sequence = sequence
+        self.value = value
+    }
+}
+
 /// Where a ``RemoteStore`` reports changes: given to it by the cache (``RemoteStore/startReporting(to:)``).
 /// Every method returns at once (the cache applies the changes in order on a thread of its own).
 public final class RemoteChanges: Sendable {
+    /// The most partitions a store may have (a Redis Cluster's hash slots).
+    public static let maximumPartitions = 16_384
+
     let sink: @Sendable (RemoteChange) -> Void
     let clock: CacheClock
     let ownDelivery: @Sendable () -> Int64
+    let wantsSequences: @Sendable () -> Bool
 
-    init(clock: CacheClock, delivered: @escaping @Sendable () -> Int64 = { Int64.max },
-         sink: @escaping @Sendable (RemoteChange) -> Void) {
+    init(
+        clock: CacheClock, delivered: @escaping @Sendable () -> Int64 = { Int64.max },
+        wantsSequences: @escaping @Sendable () -> Bool = { false }, sink: @escaping @Sendable (RemoteChange) -> Void
+    ) {
         self.clock = clock
         self.ownDelivery = delivered
+        self.wantsSequences = wantsSequences
         self.sink = sink
     }
 
     /// The cache's clock (ms since 1970): the instants given to ``confirm(through:)`` come from it.
     public func now() -> Int64 { clock.now() }
 
-    /// `keys` (logical keys, as the cache passed them to the store) changed or went away.
+    /// A change message, in the order the store received it.
+    public func changed(_ message: RemoteChangeMessage) {
+        sink(.changed(message))
+    }
+
+    /// The partitions' sequence numbers as the store holds them (partitions absent: 0), reported after
+    /// every message published before they were read: a partition whose messages stopped short of its
+    /// number missed some, and its local copies are dropped. The first report after the feed starts
+    /// sets where each partition's sequence continues.
+    public func sequences(_ numbers: [Int: UInt64]) {
+        sink(.sequences(numbers))
+    }
+
+    /// Whether the cache found its messages fall short of a total the store reported
+    /// (``confirm(through:total:)``): the store then reads and reports every partition's number
+    /// (``sequences(_:)``), which finds the partitions that missed messages.
+    public var sequencesWanted: Bool { wantsSequences() }
+
+    /// Messages of these partitions may have been missed (a feed that lost a heartbeat, a partition that
+    /// moved): their local copies are misses from now on.
+    public func partitionsLost(_ partitions: [Int]) {
+        guard !partitions.isEmpty else { return }
+        sink(.partitionsLost(partitions))
+    }
+
+    /// `keys` (logical keys, as the cache passed them to the store) changed or went away, by a program
+    /// that is not a cache (or an expiry, an eviction): the copies go.
     public func invalidate(keys: [[UInt8]]) {
         guard !keys.isEmpty else { return }
         sink(.keys(keys))
@@ -151,9 +241,11 @@ public final class RemoteChanges: Sendable {
         sink(.all)
     }
 
-    /// Every change made in the store before `instant` (from ``now()``) has been reported.
-    public func confirm(through instant: Int64) {
-        sink(.confirmed(instant))
+    /// Every change made in the store before `instant` (from ``now()``) has been reported. `total`, when
+    /// the store can give it: how many sequenced messages were published in all (the sum of the
+    /// partitions' numbers), checked against what was reported.
+    public func confirm(through instant: Int64, total: UInt64? = nil) {
+        sink(.confirmed(instant, total: total))
     }
 
     /// The instant (from ``now()``) before which every write this cache returned to its callers has
@@ -176,8 +268,11 @@ public final class RemoteChanges: Sendable {
 }
 
 enum RemoteChange: Sendable {
+    case changed(RemoteChangeMessage)
+    case sequences([Int: UInt64])
+    case partitionsLost([Int])
     case keys([[UInt8]])
     case all
-    case confirmed(Int64)
+    case confirmed(Int64, total: UInt64?)
     case delivered(Int64)
 }

@@ -378,8 +378,26 @@ public struct RemoteTierStatistics: Sendable, Hashable {
     /// Times the owed removals outgrew ``RemoteTierOptions/maxPendingRemovals`` or the journal's room
     /// (the namespace is then replaced on replay).
     public var pendingOverflows: UInt64 = 0
-    /// Keys the store reported changed (each drops the local copies).
+    /// Keys the store reported changed (change messages and, with foreign writes reported, invalidations).
     public var invalidations: UInt64 = 0
+    /// Other instances' changes that replaced a local copy with the value their message carried (no round
+    /// trip).
+    public var pushesApplied: UInt64 = 0
+    /// Other instances' changes that dropped a local copy (a removal, or a value too long to push).
+    public var copiesDropped: UInt64 = 0
+    /// This instance's own change messages, which change nothing here: it keeps what it wrote.
+    public var ownMessages: UInt64 = 0
+    /// Change messages older than the local copy (by version), which change nothing.
+    public var staleMessages: UInt64 = 0
+    /// Gaps in a partition's sequence of change messages (each made that partition's copies misses).
+    public var sequenceGaps: UInt64 = 0
+    /// Partitions a check of the store's sequence numbers found short (messages lost at their end).
+    public var shortPartitions: UInt64 = 0
+    /// Times some partitions' copies were made misses (a gap, a feed's lost heartbeat, a short check).
+    public var partitionLosses: UInt64 = 0
+    /// Remote reads that returned this instance's own write: its local copy had gone (evicted, or dropped
+    /// by a change). With change messages a writer keeps its write, so these come from evictions only.
+    public var ownWritesFetched: UInt64 = 0
     /// Times every older local copy became a miss (the feed was re-established, or everything changed).
     public var epochBumps: UInt64 = 0
     /// Confirmations of the change feed.
@@ -447,6 +465,14 @@ extension RemoteTier {
         s.owedRemovals = owedRemovals
         s.pendingOverflows = counters.pendingOverflows.load(ordering: .relaxed)
         s.invalidations = coherence.invalidations.load(ordering: .relaxed)
+        s.pushesApplied = counters.pushesApplied.load(ordering: .relaxed)
+        s.copiesDropped = counters.copiesDropped.load(ordering: .relaxed)
+        s.ownMessages = counters.ownMessages.load(ordering: .relaxed)
+        s.staleMessages = counters.staleMessages.load(ordering: .relaxed)
+        s.sequenceGaps = coherence.gaps.load(ordering: .relaxed)
+        s.shortPartitions = coherence.shortChecks.load(ordering: .relaxed)
+        s.partitionLosses = coherence.partitionLosses.load(ordering: .relaxed)
+        s.ownWritesFetched = counters.ownWritesFetched.load(ordering: .relaxed)
         s.epochBumps = coherence.epochBumps.load(ordering: .relaxed)
         s.confirmations = coherence.confirmations.load(ordering: .relaxed)
         s.lastLagMilliseconds = coherence.lastLag.load(ordering: .relaxed)

@@ -12,6 +12,11 @@ final class RemoteTier: Sendable {
     let clock: CacheClock
     /// The versions of this cache's writes (the fences the store compares).
     let versions: HybridClock
+    /// This instance's tag in the records it writes (random, never 0): a fetched record that carries it is
+    /// this instance's own write, read back from the store (counted: its local copy had gone).
+    let originTag = UInt16.random(in: 1...UInt16.max)
+    /// ``RemoteTierOptions/pushedValueLimit``.
+    let pushLimit: Int
     /// How long a removal's tombstone lives in the store (ms); a versioned write is refused by the store
     /// past half of it after it was sent.
     let tombstoneLifetime: Int64
@@ -49,6 +54,11 @@ final class RemoteTier: Sendable {
         let journalFailures = Atomic<UInt64>(0)
         let withheld = Atomic<UInt64>(0)
         let unkept = Atomic<UInt64>(0)
+        let ownWritesFetched = Atomic<UInt64>(0)
+        let pushesApplied = Atomic<UInt64>(0)
+        let copiesDropped = Atomic<UInt64>(0)
+        let ownMessages = Atomic<UInt64>(0)
+        let staleMessages = Atomic<UInt64>(0)
         let unserved = Atomic<UInt64>(0)
         let readHits = Atomic<UInt64>(0)
         let readMisses = Atomic<UInt64>(0)
@@ -113,6 +123,27 @@ final class RemoteTier: Sendable {
         self.clock = clock
         versions = HybridClock(clock: clock)
         tombstoneLifetime = max(2, options.tombstoneLifetime.wholeMilliseconds)
+        pushLimit = max(0, options.pushedValueLimit)
+    }
+
+    /// Runs `body` (a remote operation, however many calls to the store it makes) on the store's executor:
+    /// an async caller pays one hop there and one back (``RemoteStore/taskExecutor``).
+    nonisolated(nonsending)
+    func onStore<R: Sendable>(_ body: () async -> R) async -> R {
+        await withTaskExecutorPreference(store.taskExecutor) { await body() }
+    }
+
+    /// The store's partition of a user key's record.
+    func partition(of key: [UInt8]) -> Int {
+        min(max(0, store.partition(of: [RemoteKey.record] + key)), RemoteChanges.maximumPartitions - 1)
+    }
+
+    /// Whether a pushed record is current by the tokens cached now (its namespace's, its group's); false
+    /// when a token is not cached (the copy is then dropped, not replaced).
+    func tokensCurrent(_ record: RemoteRecord, now: Int64) -> Bool {
+        guard let namespace = cachedToken(group: nil, now: now), namespace == record.namespaceToken else { return false }
+        guard let group = record.group else { return true }
+        return cachedToken(group: group, now: now) == record.groupToken
     }
 
     // MARK: Reads
@@ -155,6 +186,7 @@ final class RemoteTier: Sendable {
             case .record(let found):
                 versions.observe(found.version)
                 record = found
+                if found.origin == originTag { counters.ownWritesFetched.add(1, ordering: .relaxed) }
             case .tombstone(let version):
                 versions.observe(version)
                 counters.misses.add(1, ordering: .relaxed)
@@ -203,6 +235,7 @@ final class RemoteTier: Sendable {
     @discardableResult
     func write(_ record: RemoteRecord, forKey key: [UInt8]) async -> Bool {
         var record = record
+        record.origin = originTag
         if record.expiresAt != 0 && record.expiresAt <= clock.now() {
             // Expired already: an expiry in the past removes the key (the store's older value too).
             await remove(key, version: record.version)
@@ -213,7 +246,8 @@ final class RemoteTier: Sendable {
             if let group = record.group { record.groupToken = try await token(group: group, create: true) }
             let recordKey = [RemoteKey.record] + key
             let stored = try await store.storeIfNewer(
-                record.encoded(key: recordKey), forKey: recordKey, expiresAt: record.expiresAt, notAfter: notAfter())
+                record.encoded(key: recordKey), forKey: recordKey, expiresAt: record.expiresAt, notAfter: notAfter(),
+                pushing: record.value.count <= pushLimit)
             if stored {
                 counters.stores.add(1, ordering: .relaxed)
             } else {
@@ -282,13 +316,15 @@ final class RemoteTier: Sendable {
 
     // MARK: Tokens
 
-    private func cachedToken(group: String?, now: Int64) -> UInt64? {
+    func cachedToken(group: String?, now: Int64) -> UInt64? {
         let cached = tokens.withLock { tokens in group.map { tokens.groups[$0] } ?? tokens.namespace }
         guard let cached, coherence.servable(stamp: cached.stamp, now: now) else { return nil }
         return cached.token
     }
 
     private func remember(_ token: UInt64, group: String?, stamp: Int64, generation: UInt64) {
+        // Stamped as a local copy of its key is (Coherence.swift): a lost message of its partition drops it.
+        let stamp = Coherence.stamp(at: stamp, partition: store.partition(of: group.map { RemoteKey.group($0) } ?? RemoteKey.namespaceKey))
         tokens.withLock { tokens in
             // A token invalidated while it was being read is not kept (it may be the old one).
             guard coherence.tokenGeneration.load(ordering: .acquiring) == generation else { return }

@@ -8,14 +8,15 @@
 /// |---|---|---|
 /// | `memoryPolicy` | the memory policy (i64; see ``memoryPolicy``) | 8 |
 /// | `freshness` | fresh until, loaded at (i64 ms each) | 16 |
-/// | `stamp` | the coherence stamp (i64 ms) | 8 |
+/// | `stamp` | the coherence stamp (i64: when the copy was known current, and its partition) | 8 |
+/// | `version` | the version of the remote write the copy holds (u64) | 8 |
 ///
 /// `diskOnly`, `memoryOnly` and `negative` are flags without a block. The disk record puts the flags in
 /// its header and the blocks after its group (Disk/Format/Record.swift); the remote record puts both in
 /// the same places of its own layout (Remote/RemoteRecord.swift). A remote record never carries a
-/// stamp (the stamp says when *this* instance last knew its local copy current) and a disk record never
-/// carries `memoryOnly` (such an entry never reaches the disk tier): each format rejects the flag it
-/// never writes.
+/// stamp (the stamp says when *this* instance last knew its local copy current) nor a version (its fence
+/// holds it), and a disk record never carries `memoryOnly` (such an entry never reaches the disk tier):
+/// each format rejects the flag it never writes.
 package struct EntryMetadata: Sendable, Equatable {
     /// The encoded memory policy: 0 none, > 0 an absolute memory deadline (ms), < 0 minus a lifetime (ms).
     package var memoryPolicy: Int64 = 0
@@ -23,14 +24,21 @@ package struct EntryMetadata: Sendable, Equatable {
     package var tiers: Tiers = .memoryAndDisk
     /// The loader API's freshness and negative mark.
     package var freshness = Freshness.none
-    /// A cache with a remote tier: when it last knew this copy current (0: none).
+    /// A cache with a remote tier: when it last knew this copy current, and the copy's partition (0: none;
+    /// see Remote/Coherence.swift).
     package var stamp: Int64 = 0
+    /// A cache with a remote tier: the version of the remote write this copy holds (0: unknown), against
+    /// which a change message's version is compared.
+    package var version: UInt64 = 0
 
-    package init(memoryPolicy: Int64 = 0, tiers: Tiers = .memoryAndDisk, freshness: Freshness = .none, stamp: Int64 = 0) {
+    package init(
+        memoryPolicy: Int64 = 0, tiers: Tiers = .memoryAndDisk, freshness: Freshness = .none, stamp: Int64 = 0, version: UInt64 = 0
+    ) {
         self.memoryPolicy = memoryPolicy
         self.tiers = tiers
         self.freshness = freshness
         self.stamp = stamp
+        self.version = version
     }
 
     /// Never promote the entry into memory.
@@ -49,6 +57,7 @@ package struct EntryMetadata: Sendable, Equatable {
             if freshness.freshUntil != 0 { flags.insert(.freshness) }
             if freshness.negative { flags.insert(.negative) }
             if stamp != 0 { flags.insert(.stamp) }
+            if version != 0 { flags.insert(.version) }
             return flags
         }
     }
@@ -57,6 +66,7 @@ package struct EntryMetadata: Sendable, Equatable {
     @inline(__always)
     package static func blocksLength(_ flags: RecordFlags) -> Int {
         (flags.contains(.memoryPolicy) ? 8 : 0) + (flags.contains(.freshness) ? 16 : 0) + (flags.contains(.stamp) ? 8 : 0)
+            + (flags.contains(.version) ? 8 : 0)
     }
 
     /// Writes the blocks `flags` announce (``flags``, or fewer) at `raw`: exactly ``blocksLength(_:)`` bytes.
@@ -74,6 +84,10 @@ package struct EntryMetadata: Sendable, Equatable {
         }
         if flags.contains(.stamp) {
             raw.storeBytes(of: stamp.littleEndian, toByteOffset: offset, as: Int64.self)
+            offset += 8
+        }
+        if flags.contains(.version) {
+            raw.storeBytes(of: version.littleEndian, toByteOffset: offset, as: UInt64.self)
         }
     }
 
@@ -95,6 +109,10 @@ package struct EntryMetadata: Sendable, Equatable {
         }
         if flags.contains(.stamp) {
             stamp = Int64(littleEndian: raw.loadUnaligned(fromByteOffset: offset, as: Int64.self))
+            offset += 8
+        }
+        if flags.contains(.version) {
+            version = UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: offset, as: UInt64.self))
         }
     }
 }

@@ -109,12 +109,15 @@ final class IOThreadPool: Sendable {
     func run<R: Sendable>(_ work: @escaping @Sendable () throws(MagpieError) -> R) async throws -> R {
         try Task.checkCancellation()
         let job = PendingJob<R>()
+        defer { ThreadSanitizerHandOff.received() }
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<R, any Error>) in
                 guard job.attach(continuation) else { return }
                 let accepted = submit {
                     guard let continuation = job.start() else { return }
-                    continuation.resume(with: Result { () throws(MagpieError) -> R in try work() }.mapError { $0 as any Error })
+                    let result = Result { () throws(MagpieError) -> R in try work() }.mapError { $0 as any Error }
+                    ThreadSanitizerHandOff.published()
+                    continuation.resume(with: result)
                 }
                 if !accepted, let continuation = job.start() {
                     continuation.resume(throwing: MagpieError(.closed, "the cache is closed"))

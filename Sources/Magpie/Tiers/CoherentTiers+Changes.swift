@@ -8,10 +8,13 @@ extension CoherentTiers {
     /// on the coherence thread, and the replay of removals an earlier run owed (its journal).
     func start() {
         let remote = remote
-        remote.store.startReporting(to: RemoteChanges(clock: clock, delivered: { remote.ownWritesDelivered() }) { [weak self] change in
+        let changes = RemoteChanges(
+            clock: clock, delivered: { remote.ownWritesDelivered() }, wantsSequences: { remote.coherence.sequencesWanted }
+        ) { [weak self] change in
             guard let self else { return }
             _ = applier.submit { self.apply(change) }
-        })
+        }
+        remote.store.startReporting(to: changes)
         // Removals owed by an earlier run that was killed (journaled in the directory): replayed now.
         if let disk = local.disk {
             do {
@@ -24,54 +27,112 @@ extension CoherentTiers {
 
     /// Applies one change, on the coherence thread (in the order the store reported them).
     func apply(_ change: RemoteChange) {
+        let coherence = remote.coherence
         switch change {
-        case .keys(let keys):
-            remote.coherence.invalidations.add(UInt64(keys.count), ordering: .relaxed)
-            for key in keys {
-                guard let tag = key.first else { continue }
-                let rest = key.dropFirst()
-                switch tag {
-                case RemoteKey.record:
-                    let name = Array(rest)
-                    dropLocal(name)
-                    remote.onInvalidation?(name)
-                case RemoteKey.lease:
-                    wakeLeaseWaiters(Array(rest))
-                case RemoteKey.group:
-                    guard let group = String(validating: rest, as: UTF8.self) else { continue }
-                    remote.forgetToken(group: group)
-                    _ = try? local.removeAll(inGroup: group)
-                case RemoteKey.namespace:
-                    remote.forgetToken(group: nil)
-                    remote.coherence.raiseFloor(to: clock.now())
-                default:
-                    continue  // the store's own keys
-                }
+        case .changed(let message):
+            coherence.invalidations.add(1, ordering: .relaxed)
+            _ = coherence.sequenced(partition: message.partition, sequence: message.sequence, now: clock.now())
+            // The writer keeps what it wrote: its own message changes nothing here.
+            guard !message.own else {
+                remote.counters.ownMessages.add(1, ordering: .relaxed)
+                if message.key.first == RemoteKey.lease { wakeLeaseWaiters(Array(message.key.dropFirst())) }
+                return
             }
+            applyChanged(message.key, version: message.version, pushed: message.value)
+        case .keys(let keys):
+            coherence.invalidations.add(UInt64(keys.count), ordering: .relaxed)
+            for key in keys { applyChanged(key, version: 0, pushed: nil) }
+        case .sequences(let numbers):
+            coherence.check(numbers, now: clock.now())
+        case .partitionsLost(let partitions):
+            coherence.lose(partitions: partitions, now: clock.now())
         case .all:
             remote.forgetToken(group: nil)
-            remote.coherence.raiseFloor(to: clock.now())
-        case .confirmed(let instant):
-            remote.coherence.confirm(through: instant, now: clock.now())
+            coherence.raiseFloor(to: clock.now())
+        case .confirmed(let instant, let total):
+            if let total { coherence.check(total: total) }
+            coherence.confirm(through: instant, now: clock.now())
         case .delivered(let instant):
-            remote.coherence.delivered.store(instant, ordering: .releasing)
+            coherence.delivered.store(instant, ordering: .releasing)
         }
     }
 
-    /// Drops the local copies of `name` (a change in the store made them outdated), and wakes the loads
-    /// waiting for its value.
-    func dropLocal(_ name: [UInt8]) {
+    /// Another instance's change of the logical key `key` (version 0: unknown, from an invalidation).
+    private func applyChanged(_ key: [UInt8], version: UInt64, pushed: [UInt8]?) {
+        guard let tag = key.first else { return }
+        let rest = key.dropFirst()
+        switch tag {
+        case RemoteKey.record:
+            let name = Array(rest)
+            changeLocal(name, version: version, pushed: pushed.flatMap { RemoteRecord.decode($0, key: key) })
+            remote.onInvalidation?(name)
+        case RemoteKey.lease:
+            wakeLeaseWaiters(Array(rest))
+        case RemoteKey.group:
+            guard let group = String(validating: rest, as: UTF8.self) else { return }
+            // A token this instance holds already (its creation, or an echo of this instance's own removal,
+            // reported as a key's value) changes nothing.
+            if let token = pushed.map(RemoteRecord.token), token != 0, token == remote.cachedToken(group: group, now: clock.now()) { return }
+            remote.forgetToken(group: group)
+            _ = try? local.removeAll(inGroup: group)
+        case RemoteKey.namespace:
+            if let token = pushed.map(RemoteRecord.token), token != 0, token == remote.cachedToken(group: nil, now: clock.now()) { return }
+            remote.forgetToken(group: nil)
+            remote.coherence.raiseFloor(to: clock.now())
+        default:
+            return  // the store's own keys
+        }
+    }
+
+    /// Another instance wrote `name` at `version` (0: unknown): a local copy of an older write is replaced
+    /// by the pushed record when the message carried a current one and memory holds the key, else
+    /// dropped; a copy of this write or a newer one stays. Wakes the loads waiting for its value.
+    private func changeLocal(_ name: [UInt8], version: UInt64, pushed: RemoteRecord.Decoded?) {
         guard name.count <= HashedKey.maximumLength, !runtime.closed.load(ordering: .relaxed) else { return }
+        let partition = remote.partition(of: name)
         let hash = name.withUnsafeBytes { bytes in
             let key = HashedKey(bytes, hasher: hasher)
+            // Before the stripe: a fetch of the key under way now keeps nothing (Coherence.keepable).
             remote.coherence.bump(key.hash)
             local.stripes.withLock(for: key.hash) {
-                _ = local.memory.remove(key)
-                if let disk = local.disk { _ = try? runtime.logged("drop") { () throws(MagpieError) in try disk.remove(key) } }
+                let held = local.memory.metadata(key)
+                if version != 0, let held, held.version >= version {
+                    remote.counters.staleMessages.add(1, ordering: .relaxed)
+                    return
+                }
+                if case .record(let record) = pushed, held != nil, replace(key, with: record, partition: partition) {
+                    remote.counters.pushesApplied.add(1, ordering: .relaxed)
+                    return
+                }
+                let dropped = local.memory.remove(key)
+                let onDisk = local.disk.flatMap { disk in try? runtime.logged("drop") { () throws(MagpieError) in try disk.remove(key) } }
+                if dropped || onDisk == true { remote.counters.copiesDropped.add(1, ordering: .relaxed) }
             }
             return key.hash
         }
         leaseWaiters.signal(hash)
+    }
+
+    /// Replaces memory's copy of `key` with a pushed record current by the cached tokens (the disk's copy,
+    /// older, goes); false, with nothing changed, otherwise. The key's stripe is held.
+    private func replace(_ key: HashedKey, with record: RemoteRecord, partition: Int) -> Bool {
+        let now = clock.now()
+        guard record.tiers != .diskOnly, remote.tokensCurrent(record, now: now),
+            record.expiresAt == 0 || record.expiresAt > now
+        else { return false }
+        if let disk = local.disk { _ = try? runtime.logged("drop") { () throws(MagpieError) in try disk.remove(key) } }
+        let deadline = EntryOptions.promotedDeadline(policy: record.memoryPolicy, diskDeadline: record.expiresAt, now: now)
+        let stored = record.value.withUnsafeBytes { bytes in
+            local.memory.set(
+                bytes, for: key, deadline: deadline, group: record.group, freshness: record.freshness,
+                stamp: Coherence.stamp(at: now, partition: partition), version: record.version)
+        }
+        return (try? stored.get()) == true
+    }
+
+    /// Drops the local copies of `name` (this instance's write was refused as older than the store's).
+    func dropLocal(_ name: [UInt8]) {
+        changeLocal(name, version: 0, pushed: nil)
     }
 
     private func wakeLeaseWaiters(_ name: [UInt8]) {

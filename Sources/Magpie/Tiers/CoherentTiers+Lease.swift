@@ -81,10 +81,13 @@ extension CoherentTiers {
     /// Releases the lease this instance holds for `call`'s key with `token` (after its value landed): only
     /// while the store still holds that token.
     func releaseLease(_ call: LoaderCall, token: [UInt8]) async {
-        do {
-            _ = try await remote.store.remove([RemoteKey.lease] + call.name, ifValue: token)
-        } catch {
-            remote.counters.errors.add(1, ordering: .relaxed)  // it expires on its own
+        let remote = remote
+        await remote.onStore {
+            do {
+                _ = try await remote.store.remove([RemoteKey.lease] + call.name, ifValue: token)
+            } catch {
+                remote.counters.errors.add(1, ordering: .relaxed)  // it expires on its own
+            }
         }
     }
 
@@ -103,11 +106,11 @@ extension CoherentTiers {
     func servableInMemory(_ call: LoaderCall) -> Bool {
         call.name.withUnsafeBytes { bytes in
             let now = clock.now()
-            guard let (_, freshness, stamp) = local.memory.metadata(HashedKey(bytes, hash: call.hash)),
-                remote.coherence.servable(stamp: stamp, now: now)
+            guard let held = local.memory.metadata(HashedKey(bytes, hash: call.hash)),
+                remote.coherence.servable(stamp: held.stamp, now: now)
             else { return false }
-            guard call.acceptsAbsence || !freshness.negative else { return false }
-            return freshness.isFresh(at: now)
+            guard call.acceptsAbsence || !held.freshness.negative else { return false }
+            return held.freshness.isFresh(at: now)
         }
     }
 }

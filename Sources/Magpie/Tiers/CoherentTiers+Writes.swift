@@ -33,12 +33,17 @@ extension CoherentTiers {
     func writeLocally(_ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions, stamp: StoreStamp, wait: ReadWait)
         throws(MagpieError) -> ImmediateRead<RemoteSend>
     {
+        let name = Array(key.bytes)
+        let partition = remote.partition(of: name)
         guard local.lock(key.hash, for: options, wait: wait, always: true) else { return .wouldBlock }
         defer { local.unlock(key.hash, always: true) }
         let began = clock.now()
         remote.coherence.beginWrite(key.hash, now: began)
+        // The version is given under the stripe, with the local store: one instance's writes of a key get
+        // versions in the order they changed the local tiers, and its copy knows which write it holds.
         var stamped = stamp
-        stamped.coherence = max(1, began)
+        stamped.coherence = Coherence.stamp(at: began, partition: partition)
+        stamped.version = remote.versions.next()
         let written: ImmediateRead<Void>
         do {
             written = try local.store(value, for: key, options: options, memoryPolicy: options.encodedMemoryPolicy, stamp: stamped, wait: wait)
@@ -54,8 +59,8 @@ extension CoherentTiers {
         var record = RemoteRecord(
             value: Array(value), expiresAt: expiry, memoryPolicy: options.encodedMemoryPolicy, freshness: stamp.freshness,
             tiers: options.tiers, group: options.group.flatMap { $0.isEmpty ? nil : $0 })
-        record.version = remote.versions.next()
-        return .done(RemoteSend(name: Array(key.bytes), hash: key.hash, operation: .store(record), began: began))
+        record.version = stamped.version
+        return .done(RemoteSend(name: name, hash: key.hash, operation: .store(record), began: began))
     }
 
     /// The local half of a removal: whether a local tier held the key, and the tombstone to send.
@@ -96,15 +101,16 @@ extension CoherentTiers {
     }
 
     private func perform(_ write: RemoteSend) async {
+        let remote = remote
         switch write.operation {
         case .store(let record):
-            if await !remote.write(record, forKey: write.name) {
+            if await !remote.onStore({ await remote.write(record, forKey: write.name) }) {
                 // The store holds a newer version (another instance's write, versioned above this one):
                 // this instance's local copy is older than the store's value. The report of that write
                 // may have come before the local store, so nothing else would drop it: drop it here.
                 _ = try? await local.offload { [self] () throws(MagpieError) in dropLocal(write.name) }
             }
-        case .remove(let version): await remote.remove(write.name, version: version)
+        case .remove(let version): await remote.onStore { await remote.remove(write.name, version: version) }
         }
         remote.coherence.endWrite(write.hash, began: write.began)
     }
@@ -145,7 +151,8 @@ extension CoherentTiers {
     nonisolated(nonsending)
     func removeAllRemotelyAsync() async {
         remote.coherence.raiseFloor(to: clock.now())
-        await remote.removeAll()
+        let remote = remote
+        await remote.onStore { await remote.removeAll() }
     }
 
     /// The group's token replaced in the store (every record of the group outdated).

@@ -175,7 +175,7 @@ final class CoherentTiers: Sendable {
             return nil
         }
         guard let record = fetched else { return nil }
-        return keep(record, for: key, fetchedAt: started, counter: counter)
+        return try? keep(record, for: key, fetchedAt: started, counter: counter).waited()
     }
 
     /// The store's current record of `name`, awaited, and kept locally when it may be (on an I/O thread
@@ -184,9 +184,17 @@ final class CoherentTiers: Sendable {
     func fetch(_ name: [UInt8], hash: UInt64) async -> StoredEntry? {
         let started = clock.now()
         let counter = remote.coherence.counter(hash)
-        guard let record = await remote.fetch(name) else { return nil }
-        let kept = try? await local.offload { [self] () throws(MagpieError) -> StoredEntry in
-            name.withUnsafeBytes { keep(record, for: HashedKey($0, hash: hash), fetchedAt: started, counter: counter) }
+        let remote = remote
+        guard let record = await remote.onStore({ await remote.fetch(name) }) else { return nil }
+        return await keep(record, name: name, hash: hash, fetchedAt: started, counter: counter)
+    }
+
+    /// Keeps a fetched record, on an I/O thread when there is a disk tier; the record as an entry.
+    nonisolated(nonsending)
+    private func keep(_ record: RemoteRecord, name: [UInt8], hash: UInt64, fetchedAt started: Int64, counter: UInt32) async -> StoredEntry {
+        // Here when it cannot wait (a memtable append with the stripe free), else on an I/O thread.
+        let kept = try? await local.immediateOrHop(name, hash: hash, inline: runtime.inlineStores) { [self] key, wait in
+            keep(record, for: key, fetchedAt: started, counter: counter, wait: wait)
         }
         return kept ?? entry(of: record)
     }
@@ -200,33 +208,48 @@ final class CoherentTiers: Sendable {
     }
 
     /// Keeps a fetched record locally (stamped with the fetch's start) when it may be, and returns it as
-    /// an entry. Takes the key's stripe; disk I/O when there is a disk tier.
-    private func keep(_ record: RemoteRecord, for key: HashedKey, fetchedAt started: Int64, counter: UInt32) -> StoredEntry {
+    /// an entry. Takes the key's stripe; disk I/O when there is a disk tier (with `.ifImmediate`, only a
+    /// memtable append with the stripe free: `.wouldBlock` changed nothing).
+    private func keep(_ record: RemoteRecord, for key: HashedKey, fetchedAt started: Int64, counter: UInt32, wait: ReadWait = .block)
+        -> ImmediateRead<StoredEntry>
+    {
         let entry = entry(of: record)
-        guard !runtime.closed.load(ordering: .relaxed) else { return entry }
+        guard !runtime.closed.load(ordering: .relaxed) else { return .done(entry) }
+        let partition = remote.partition(of: Array(key.bytes))
         guard remote.coherence.confirmedRecently(now: clock.now()) else {
             remote.counters.unkept.add(1, ordering: .relaxed)
-            return entry
-        }
-        // The stripe even without a disk tier: an invalidation drops the key's copies under it, after
-        // bumping the counter this checks.
-        local.stripes.lock(for: key.hash)
-        defer { local.stripes.unlock(for: key.hash) }
-        guard remote.coherence.keepable(key.hash, since: counter) else {
-            remote.counters.unkept.add(1, ordering: .relaxed)
-            return entry
+            return .done(entry)
         }
         let options = EntryOptions(group: record.group, tiers: record.tiers)
-        let stamp = StoreStamp(memory: entry.deadline, disk: record.expiresAt, freshness: record.freshness, coherence: max(1, started))
+        // The stripe even without a disk tier: a change message drops or replaces the key's copies under it,
+        // after bumping the counter this checks.
+        guard local.lock(key.hash, for: options, wait: wait, always: true) else { return .wouldBlock }
+        defer { local.unlock(key.hash, always: true) }
+        guard remote.coherence.keepable(key.hash, since: counter) else {
+            remote.counters.unkept.add(1, ordering: .relaxed)
+            return .done(entry)
+        }
+        // A copy of a newer write (a change message pushed it meanwhile) stays; so does a servable copy of
+        // this one.
+        if let held = local.memory.metadata(key), record.version != 0,
+            held.version > record.version || held.version == record.version && remote.coherence.servable(stamp: held.stamp, now: clock.now())
+        {
+            return .done(entry)
+        }
+        var stamp = StoreStamp(
+            memory: entry.deadline, disk: record.expiresAt, freshness: record.freshness,
+            coherence: Coherence.stamp(at: started, partition: partition))
+        stamp.version = record.version
         do {
-            _ = try record.value.withUnsafeBytes { bytes in
+            let stored = try record.value.withUnsafeBytes { bytes in
                 Result { () throws(MagpieError) in
-                    try local.store(bytes, for: key, options: options, memoryPolicy: record.memoryPolicy, stamp: stamp)
+                    try local.store(bytes, for: key, options: options, memoryPolicy: record.memoryPolicy, stamp: stamp, wait: wait)
                 }
             }.get()
+            guard case .done = stored else { return .wouldBlock }
         } catch {
             runtime.logger.debug("magpie: a remote hit could not be kept locally", metadata: ["error": "\(error)"])
         }
-        return entry
+        return .done(entry)
     }
 }

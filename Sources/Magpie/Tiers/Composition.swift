@@ -138,7 +138,7 @@ enum Composition: Sendable {
     func removeAllAsync(inGroup group: String) async throws -> RemovedEntries {
         let local = local
         let removed = try await local.offload { () throws(MagpieError) -> RemovedEntries in try local.removeAll(inGroup: group) }
-        if let remote = coherent?.remote { await remote.removeGroup(group) }
+        if let remote = coherent?.remote { await remote.onStore { await remote.removeGroup(group) } }
         return removed
     }
 
@@ -153,7 +153,7 @@ enum Composition: Sendable {
     func servableInMemory(_ call: LoaderCall, now: @autoclosure () -> Int64) -> Bool {
         if let coherent { return coherent.servableInMemory(call) }
         return call.name.withUnsafeBytes { bytes in
-            guard let (_, freshness, _) = local.memory.metadata(HashedKey(bytes, hash: call.hash)) else { return false }
+            guard let freshness = local.memory.metadata(HashedKey(bytes, hash: call.hash))?.freshness else { return false }
             guard call.acceptsAbsence || !freshness.negative else { return false }
             return freshness.freshUntil == 0 || freshness.isFresh(at: now())
         }

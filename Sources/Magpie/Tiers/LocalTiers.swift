@@ -123,7 +123,9 @@ final class LocalTiers: Sendable {
         let deadline = EntryOptions.promotedDeadline(policy: entry.placement.memoryPolicy, diskDeadline: entry.expiry, now: now)
         guard deadline == 0 || deadline > now else { return }
         let stored = entry.value.withUnsafeBytes { value in
-            memory.set(value, for: key, deadline: deadline, group: entry.group, freshness: entry.placement.freshness, stamp: entry.placement.stamp)
+            memory.set(
+                value, for: key, deadline: deadline, group: entry.group, freshness: entry.placement.freshness,
+                stamp: entry.placement.stamp, version: entry.placement.version)
         }
         if case .success(true) = stored { runtime.count(.promotions) }
     }
@@ -194,7 +196,8 @@ final class LocalTiers: Sendable {
     ) throws(MagpieError) -> ImmediateRead<Void> {
         if let disk {
             let expiry = stamp.disk == 0 ? Expiry.never : .at(millisecondsSince1970: stamp.disk)
-            var placement = EntryMetadata(memoryPolicy: memoryPolicy, freshness: stamp.freshness, stamp: stamp.coherence)
+            var placement = EntryMetadata(
+                memoryPolicy: memoryPolicy, freshness: stamp.freshness, stamp: stamp.coherence, version: stamp.version)
             if options.tiers == .diskOnly { placement.tiers = .diskOnly }
             let written = try runtime.logged("store") { () throws(MagpieError) -> ImmediateRead<Void> in
                 switch (options.tiers, wait) {
@@ -215,8 +218,10 @@ final class LocalTiers: Sendable {
                 return .done(())
             }
         }
-        _ = try memory.set(value, for: key, deadline: stamp.memory, group: options.group, freshness: stamp.freshness, stamp: stamp.coherence)
-            .get()
+        _ = try memory.set(
+            value, for: key, deadline: stamp.memory, group: options.group, freshness: stamp.freshness, stamp: stamp.coherence,
+            version: stamp.version
+        ).get()
         return .done(())
     }
 
@@ -275,5 +280,6 @@ extension StoredEntry {
     init(_ entry: DiskEntry) {
         self.init(value: entry.value, deadline: entry.expiry, freshness: entry.placement.freshness)
         stamp = entry.placement.stamp
+        version = entry.placement.version
     }
 }

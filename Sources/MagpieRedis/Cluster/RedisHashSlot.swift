@@ -53,4 +53,26 @@ public enum RedisHashSlot {
         for _ in 0..<8 { crc = crc & 0x8000 != 0 ? (crc << 1) ^ 0x1021 : crc << 1 }
         return crc
     }
+
+    /// A short hash tag for each slot: `{tag}` in a key puts it in that slot (the first tag, in base 36
+    /// order, whose CRC16 falls there). Computed once, on first use.
+    public static func tag(for slot: UInt16) -> [UInt8] {
+        tags[Int(slot & 0x3FFF)]
+    }
+
+    private static let tags: [[UInt8]] = {
+        var tags = [[UInt8]](repeating: [], count: count)
+        var missing = count
+        var candidate = 0
+        while missing > 0 {
+            let tag = Array(String(candidate, radix: 36).utf8)
+            let slot = Int(crc16(tag) & 0x3FFF)
+            if tags[slot].isEmpty {
+                tags[slot] = tag
+                missing -= 1
+            }
+            candidate += 1
+        }
+        return tags
+    }()
 }

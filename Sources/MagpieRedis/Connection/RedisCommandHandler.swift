@@ -1,3 +1,4 @@
+import Magpie
 import NIOCore
 #if TLS
 import NIOSSL

@@ -1,3 +1,4 @@
+import Magpie
 import Logging
 import NIOCore
 import NIOPosix

@@ -1,30 +1,36 @@
 import Magpie
 import NIOCore
 
-// The change feeds: one tracking connection per master, the tasks that read them, and the heartbeats
-// that confirm them (see RedisRemoteStore).
+// The change feed: one subscription to the namespace's channel (on one master: in a cluster, PUBLISH
+// reaches every node's subscribers), the task that reads it, and the heartbeats that confirm it (see
+// RedisRemoteStore and RedisRemoteStore+Scripts.swift).
 //
-// A heartbeat is a key of this store's own under the namespace, `h<instance>:<sequence>` (in a cluster
-// with a hash tag that puts it on the master it confirms), written through the ordinary connections
-// every `heartbeatInterval` with a short expiry. Redis reports it on every instance's feed like any
-// change; when this instance's feed of a master reports its own heartbeat N, every change that master
-// made before heartbeat N was written has been reported before it. The cache is told the instant
-// through which *every* master is confirmed (the least of the masters' latest).
+// A heartbeat is a script run on each master every `heartbeatInterval` that publishes `MCH<instance>:<n>`
+// on the channel. When this instance's subscription receives its own heartbeat n of a master, every
+// message that master published before it has been received: the cache is told the instant through
+// which *every* master is confirmed (the least of the masters' latest). A heartbeat the master answered
+// (so it published it) that never arrives while a later one does was lost on the way, and so may have
+// been any message of that master's slots published around it: their local copies are dropped
+// (`RemoteChanges.partitionsLost`). On a single server the heartbeat also carries the total of the slots'
+// sequence numbers; when the cache finds its messages fall short of it (a message lost at the end of a
+// slot's sequence leaves no gap to see), the next heartbeat is preceded by a read of every slot's number
+// (`HGETALL`, on the same connection, so the heartbeat's message follows every message published before
+// the read), reported when that heartbeat arrives.
 //
-// The heartbeat is a script (RedisRemoteScript.heartbeat) that also publishes this instance's delivery
-// watermark (the instant before which every write it returned reached the store; its owed removals
-// hold it back) beside the other instances' on that master, drops instances not heard of for
-// `8 × heartbeatInterval`, and answers the least watermark. Once heartbeat N is both answered and seen
-// on the feed, that answer is reported to the cache (`RemoteChanges.allDelivered(through:)`), the least
-// over the masters: until it passes an instant, no instance trusts a copy older than the bound past it.
-// A graceful shutdown takes the instance off the masters' lists.
+// The heartbeat script also publishes this instance's delivery watermark (the instant before which every
+// write it returned reached the store; its owed removals hold it back) beside the other instances' on
+// that master, drops instances not heard of for `8 × heartbeatInterval`, and answers the least watermark.
+// Once heartbeat n is both answered and seen, that answer is reported to the cache
+// (`RemoteChanges.allDelivered(through:)`), the least over the masters: until it passes an instant, no
+// instance trusts a copy older than the bound past it. A graceful shutdown takes the instance off the
+// masters' lists.
 
 extension RedisRemoteStore {
     static let heartbeatTag = UInt8(ascii: "h")
 
     func supervise() async {
         while !Task.isCancelled {
-            await reconcileFeeds()
+            await reconcile()
             await sendHeartbeats()
             try? await Task.sleep(for: configuration.heartbeatInterval)
         }
@@ -36,130 +42,180 @@ extension RedisRemoteStore {
         return [configuration.redis.endpoints[0]]
     }
 
-    /// Starts a feed for each master without a running one; stops those of masters that are gone.
-    private func reconcileFeeds() async {
-        let wanted = Set(masters())
-        let (missing, gone) = state.withLock { state -> ([RedisEndpoint], [Feed]) in
-            guard !state.shutDown else { return ([], []) }
-            var gone: [Feed] = []
-            for (endpoint, feed) in state.feeds where !wanted.contains(endpoint) || feed.progress.withLock({ $0.ended }) {
-                gone.append(feed)
-                state.feeds[endpoint] = nil
-            }
-            return (wanted.filter { state.feeds[$0] == nil }, gone)
+    /// Keeps a subscription running (on a master: a new one when the last ended or its master went), and
+    /// the heartbeat bookkeeping of the current masters.
+    private func reconcile() async {
+        let masters = masters()
+        let wanted = Set(masters)
+        let (start, gone) = state.withLock { state -> (Bool, Subscription?) in
+            guard !state.shutDown else { return (false, nil) }
+            for endpoint in state.masters.keys where !wanted.contains(endpoint) { state.masters[endpoint] = nil }
+            for endpoint in masters where state.masters[endpoint] == nil { state.masters[endpoint] = Progress() }
+            guard let subscription = state.subscription else { return (true, nil) }
+            guard subscription.ended.withLock({ $0 }) || !wanted.contains(subscription.endpoint) else { return (false, nil) }
+            state.subscription = nil
+            return (true, subscription)
         }
-        for feed in gone {
-            feed.progress.withLock { $0.reader?.cancel() }
-            await feed.subscriber.close()
-        }
-        for endpoint in missing { await startFeed(endpoint) }
+        await gone?.close()
+        if start, let endpoint = masters.first { await subscribe(on: endpoint) }
     }
 
-    private func startFeed(_ endpoint: RedisEndpoint) async {
+    private func subscribe(on endpoint: RedisEndpoint) async {
         let subscriber = single?.makeSubscriber() ?? cluster?.makeSubscriber(for: endpoint)
         guard let subscriber else { return }
         do {
-            let stream = try await subscriber.track(
-                RedisTrackingOptions(broadcast: true, prefixes: [configuration.namespace], noLoop: false))
-            let feed = Feed(endpoint: endpoint, subscriber: subscriber)
+            let stream = try await subscriber.subscribe(to: [String(decoding: channel, as: UTF8.self)])
+            let invalidations =
+                configuration.reportsForeignWrites
+                ? try await subscriber.track(RedisTrackingOptions(broadcast: true, prefixes: [configuration.namespace])) : nil
+            let subscription = Subscription(endpoint: endpoint, subscriber: subscriber)
             let changes = state.withLock { state -> RemoteChanges? in
-                guard !state.shutDown, state.feeds[endpoint] == nil else { return nil }
-                state.feeds[endpoint] = feed
+                guard !state.shutDown, state.subscription == nil else { return nil }
+                state.subscription = subscription
                 return state.changes
             }
             guard let changes else {
                 await subscriber.close()
                 return
             }
-            // Changes made before this feed started were never reported here.
+            // Messages published before this subscription started were never received here.
             changes.invalidateAll()
             // On the store's event loop, like the supervisor: a busy or blocked cooperative pool must not
             // hold up the feed (the cache's local copies would lapse).
-            let reader = Task(executorPreference: executor) { [weak self] in
-                for await event in stream {
-                    guard let self else { return }
-                    self.handle(event, from: feed, changes: changes)
+            var readers = [
+                Task(executorPreference: executor) { [weak self] in
+                    for await event in stream {
+                        guard let self else { return }
+                        self.handle(event, changes: changes)
+                    }
+                    subscription.ended.withLock { $0 = true }
                 }
-                feed.progress.withLock { $0.ended = true }
+            ]
+            if let invalidations {
+                readers.append(
+                    Task(executorPreference: executor) { [weak self] in
+                        for await event in invalidations {
+                            guard let self else { return }
+                            await self.handle(event, changes: changes)
+                        }
+                    })
             }
-            feed.progress.withLock { $0.reader = reader }
+            subscription.readers.withLock { $0 = readers }
         } catch {
             await subscriber.close()
-            logger.debug("magpie: the change feed of \(endpoint) could not start", metadata: ["error": "\(error)"])
+            logger.debug("magpie: the change feed on \(endpoint) could not start", metadata: ["error": "\(error)"])
         }
     }
 
-    private func handle(_ event: RedisInvalidation, from feed: Feed, changes: RemoteChanges) {
+    private func handle(_ event: RedisPubSubEvent, changes: RemoteChanges) {
         switch event {
-        case .keys(let buffers):
-            var keys: [[UInt8]] = []
-            var heartbeats: [[UInt8]] = []
-            keys.reserveCapacity(buffers.count)
-            for buffer in buffers {
-                let bytes = Array(buffer.readableBytesView)
-                guard bytes.count > prefix.count, bytes.starts(with: prefix) else { continue }
-                let logical = Array(bytes[prefix.count...])
-                if logical[0] == Self.heartbeatTag {
-                    heartbeats.append(logical)
-                } else {
-                    keys.append(logical)
-                }
+        case .message(let message):
+            switch ChangeMessageFormat.parse(Array(message.payload.readableBytesView)) {
+            case .change(let origin, let version, let partition, let key, let sequence, let value):
+                let dropping = configuration.dropChangeMessages
+                if dropping > 0 && Double.random(in: 0..<1) < dropping { return }
+                changes.changed(
+                    RemoteChangeMessage(
+                        key: key, version: version, own: origin.elementsEqual(self.origin), partition: partition, sequence: sequence,
+                        value: value))
+            case .heartbeat(let from, let number, let total):
+                if from == instance { heartbeatSeen(number, total: total, changes: changes) }
+            case nil:
+                break  // not a message of ours
             }
-            // The changes first: a heartbeat confirms every change reported with it, before or after it
-            // in the message.
-            changes.invalidate(keys: keys)
-            for heartbeat in heartbeats { heartbeatSeen(heartbeat, on: feed, changes: changes) }
-        case .all:
-            changes.invalidateAll()
         case .lost:
             break  // confirmations stop; the cache's bound runs from the last one
         case .restored:
-            changes.invalidateAll()  // what changed while the feed was down was never reported
+            changes.invalidateAll()  // what was published while the subscription was down was never received
         }
     }
 
-    /// A heartbeat reported on `feed`: if it is one of this store's, the master is confirmed through
-    /// the instant it was sent.
-    private func heartbeatSeen(_ key: [UInt8], on feed: Feed, changes: RemoteChanges) {
-        let body = key.dropFirst()
-        guard let colon = body.firstIndex(of: UInt8(ascii: ":")),
-            String(decoding: body[..<colon], as: UTF8.self) == instance
-        else { return }
-        let digits = body[(colon + 1)...].prefix { $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }
-        guard let sequence = UInt64(String(decoding: digits, as: UTF8.self)) else { return }
-        let (seen, watermarkMoved) = feed.progress.withLock { progress -> (Bool, Bool) in
-            guard let sentAt = progress.outstanding[sequence] else { return (false, false) }
-            progress.confirmed = max(progress.confirmed, sentAt)
-            progress.outstanding = progress.outstanding.filter { $0.key > sequence }
-            progress.seen = max(progress.seen, sequence)
-            return (true, progress.settleWatermark())
+    /// Keys under the namespace changed, by a cache or by another program (or expired, or were evicted):
+    /// what each holds now goes to the cache as the key's change: a record's version (a cache's own write,
+    /// whose message was applied already, changes nothing there; an unversioned value drops the copies),
+    /// another key's value (a token a cache already holds changes nothing).
+    private func handle(_ event: RedisInvalidation, changes: RemoteChanges) async {
+        switch event {
+        case .keys(let buffers):
+            for buffer in buffers {
+                let bytes = Array(buffer.readableBytesView)
+                guard bytes.count > prefix.count, bytes.starts(with: prefix) else { continue }
+                let key = Array(bytes[prefix.count...])
+                guard key[0] != Self.heartbeatTag else { continue }
+                let record = key[0] == UInt8(ascii: "k")
+                let command = record ? RedisCommand("GETRANGE", [.bytes(bytes), 0, 9], keyIndices: [0]) : .get(bytes)
+                let held = (try? await sender.send(command)).flatMap { try? Self.bytes($0) }
+                changes.changed(
+                    RemoteChangeMessage(
+                        key: key, version: record ? held.flatMap { RemoteChangeFence.version($0) } ?? 0 : 0, own: false,
+                        partition: partition(of: key), sequence: 0, value: record ? nil : held))
+            }
+        case .all:
+            changes.invalidateAll()
+        case .lost, .restored:
+            break  // the subscription's own events say it
         }
-        guard seen else { return }
+    }
+
+    /// A heartbeat of this instance arrived: the master it was sent to is confirmed through the instant
+    /// it was sent (after the numbers read before it, and the loss of an earlier one, are reported).
+    private func heartbeatSeen(_ number: UInt64, total: UInt64?, changes: RemoteChanges) {
+        let seen = state.withLock { state -> (RedisEndpoint, Bool, [Int: UInt64]?, Bool)? in
+            for (endpoint, var progress) in state.masters {
+                guard let (_, lost) = progress.see(number) else { continue }
+                let sequences = progress.sequences.removeValue(forKey: number)
+                progress.sequences = progress.sequences.filter { $0.key > number }
+                let moved = progress.settleWatermark()
+                state.masters[endpoint] = progress
+                return (endpoint, lost, sequences, moved)
+            }
+            return nil
+        }
+        guard let (endpoint, lost, sequences, watermarkMoved) = seen else { return }
+        if let sequences { changes.sequences(sequences) }
+        if lost { changes.partitionsLost(partitions(of: endpoint)) }
         let through = state.withLock { state -> Int64? in
-            let confirmed = state.feeds.values.map { $0.progress.withLock { $0.confirmed } }
-            guard let least = confirmed.min(), least > state.delivered else { return nil }
+            guard let least = state.masters.values.map(\.confirmed).min(), least > state.delivered else { return nil }
             state.delivered = least
             return least
         }
-        if let through { changes.confirm(through: through) }
+        if let through { changes.confirm(through: through, total: total) }
         if watermarkMoved { reportWatermark(changes) }
     }
 
-    /// The heartbeat `sequence` of `feed` was answered with the fleet's watermark `watermark`.
-    private func heartbeatAnswered(_ sequence: UInt64, watermark: Int64, on feed: Feed) {
-        let moved = feed.progress.withLock { progress -> Bool in
-            progress.watermarks[sequence] = watermark
-            if progress.watermarks.count > 64, let oldest = progress.watermarks.keys.min() { progress.watermarks[oldest] = nil }
-            return progress.settleWatermark()
+    /// The slots `master` serves (every slot on a single server).
+    private func partitions(of master: RedisEndpoint) -> [Int] {
+        guard let cluster else { return Array(0..<RedisHashSlot.count) }
+        return cluster.routing.withLock { routing in
+            routing.slots.indices.filter { slot in
+                let owner = Int(routing.slots[slot])
+                return owner < routing.nodes.count && routing.nodes[owner].endpoint == master
+            }
         }
-        guard moved, let changes = state.withLock({ $0.changes }) else { return }
-        reportWatermark(changes)
     }
 
-    /// Reports the least of the feeds' watermarks when it changed (feeds without one yet are left out).
+    /// The heartbeat `number` of `master` was answered with the fleet's watermark `watermark`.
+    private func heartbeatAnswered(_ number: UInt64, watermark: Int64?, on master: RedisEndpoint) {
+        let (lost, moved) = state.withLock { state -> (Bool, Bool) in
+            guard var progress = state.masters[master] else { return (false, false) }
+            let lost = progress.answer(number)
+            if let watermark {
+                progress.watermarks[number] = watermark
+                if progress.watermarks.count > 64, let oldest = progress.watermarks.keys.min() { progress.watermarks[oldest] = nil }
+            }
+            let moved = progress.settleWatermark()
+            state.masters[master] = progress
+            return (lost, moved)
+        }
+        guard let changes = state.withLock({ $0.changes }) else { return }
+        if lost { changes.partitionsLost(partitions(of: master)) }
+        if moved { reportWatermark(changes) }
+    }
+
+    /// Reports the least of the masters' watermarks when it changed (masters without one yet are left out).
     private func reportWatermark(_ changes: RemoteChanges) {
         let watermark = state.withLock { state -> Int64? in
-            let watermarks = state.feeds.values.compactMap { $0.progress.withLock { $0.delivered } }
+            let watermarks = state.masters.values.compactMap(\.delivered)
             guard let least = watermarks.min(), least != state.watermark else { return nil }
             state.watermark = least
             return least
@@ -167,51 +223,63 @@ extension RedisRemoteStore {
         if let watermark { changes.allDelivered(through: watermark) }
     }
 
-    /// Writes one heartbeat per running feed, in one batch: the heartbeat script, with this instance's
-    /// delivery watermark.
+    /// Runs one heartbeat per master, in one batch: the heartbeat script, with this instance's delivery
+    /// watermark; on a single server, when the cache wants them, preceded by a read of the slots' numbers.
     private func sendHeartbeats() async {
-        let (feeds, changes) = state.withLock { $0.shutDown ? ([], nil) : (Array($0.feeds.values), $0.changes) }
-        guard !feeds.isEmpty, let changes else { return }
+        let (masters, changes) = state.withLock { $0.shutDown ? ([], nil) : (Array($0.masters.keys), $0.changes) }
+        guard !masters.isEmpty, let changes, state.withLock({ $0.subscription != nil }) else { return }
         let routing = cluster.map { cluster in cluster.routing.withLock { ($0.slots, $0.nodes.map(\.endpoint)) } }
         let (seconds, attoseconds) = configuration.heartbeatInterval.components
         let interval = max(1, seconds * 1000 + attoseconds / 1_000_000_000_000_000)
-        let lifetime = max(1000, interval * 10)
         // Read before any heartbeat is sent: a write returned later is after it. Published by the
         // server's clock (the instances' clocks may differ by more than the bound), less the offset's
         // uncertainty; not at all before the first offset is known.
         let batchSentAt = now()
         let offset = state.withLock { $0.serverClock.estimate }
         let watermark: RedisArgument = offset.map { .integer(changes.ownWritesDelivered() + $0.offset - $0.uncertainty) } ?? .string("-")
-        var sent: [(feed: Feed, sequence: UInt64, arguments: [RedisArgument])] = []
-        for feed in feeds {
+        let readSequences = cluster == nil && changes.sequencesWanted
+        var sent: [(master: RedisEndpoint, number: UInt64, arguments: [RedisArgument])] = []
+        var commands: [RedisCommand] = []
+        if readSequences { commands.append(RedisCommand("HGETALL", [.bytes(prefix + Self.sequenceStem)], keyIndices: [0])) }
+        for master in masters {
             var tag: [UInt8] = []
             if let (slots, endpoints) = routing {
-                guard let found = Self.tag(for: feed.endpoint, stem: prefix + Self.fleetKeys[2], slots: slots, endpoints: endpoints)
+                guard let found = Self.tag(for: master, stem: prefix + Self.fleetKeys[2], slots: slots, endpoints: endpoints)
                 else { continue }
                 tag = found
             }
-            let sequence = state.withLock { state -> UInt64 in
+            let number = state.withLock { state -> UInt64 in
                 state.sequence += 1
                 return state.sequence
             }
-            let key = prefix + [Self.heartbeatTag] + Array("\(instance):\(sequence)".utf8) + tag
             let sentAt = now()
-            feed.progress.withLock { progress in
+            state.withLock { state in
+                guard var progress = state.masters[master] else { return }
                 if progress.outstanding.count >= 64, let oldest = progress.outstanding.keys.min() { progress.outstanding[oldest] = nil }
-                progress.outstanding[sequence] = sentAt
+                progress.outstanding[number] = sentAt
+                state.masters[master] = progress
             }
-            let keys = [key] + Self.fleetKeys.map { prefix + $0 + tag }
+            let keys = [prefix + Self.sequenceStem + tag] + Self.fleetKeys.map { prefix + $0 + tag }
+            let message = Array("MCH\(instance):\(number)".utf8)
             let arguments: [RedisArgument] = [4] + keys.map { .bytes($0) } + [
-                .string(instance), watermark, .integer(lifetime), .integer(8 * interval), .integer(3 * interval),
-                .integer(max(60_000, 100 * interval)),
+                .string(instance), watermark, 0, .integer(8 * interval), .integer(3 * interval), .integer(max(60_000, 100 * interval)),
+                .bytes(channel), .bytes(message), .string(cluster == nil ? "1" : "0"),
             ]
-            sent.append((feed, sequence, arguments))
+            sent.append((master, number, arguments))
+            commands.append(RedisCommand("EVALSHA", [.string(RedisRemoteScript.heartbeatSHA)] + arguments, keyIndices: [2, 3, 4, 5]))
         }
-        let commands = sent.map { RedisCommand("EVALSHA", [.string(RedisRemoteScript.heartbeatSHA)] + $0.arguments, keyIndices: [2, 3, 4, 5]) }
-        guard !commands.isEmpty, let replies = try? await sender.send(batch: commands) else { return }
+        guard !sent.isEmpty, let replies = try? await sender.send(batch: commands) else { return }
         let receivedAt = now()
-        var answers: [(index: Int, low: Int64?)] = []
-        for (index, reply) in replies.enumerated() where index < sent.count {
+        var answers = replies
+        if readSequences, !answers.isEmpty {
+            let numbers = (try? answers.removeFirst().get()).flatMap(Self.sequenceNumbers)
+            // Reported when the heartbeat after the read arrives (every message published before it, too).
+            if let numbers, let first = sent.first {
+                state.withLock { $0.masters[first.master]?.sequences[first.number] = numbers }
+            }
+        }
+        var answered: [(index: Int, low: Int64?)] = []
+        for (index, reply) in answers.enumerated() where index < sent.count {
             var answer = try? reply.get()
             var answeredAt = receivedAt
             if case .failure(let error) = reply, error.serverError?.kind == .noScript {
@@ -222,16 +290,33 @@ extension RedisRemoteStore {
             }
             guard let answer, let (low, serverNow) = Self.heartbeatAnswer(answer) else { continue }
             state.withLock { $0.serverClock.add(serverNow: serverNow, sentAt: batchSentAt, receivedAt: answeredAt) }
-            answers.append((index, low))
+            answered.append((index, low))
         }
         // The fleet's watermark by this instance's clock, less the offset's uncertainty.
-        guard let estimate = state.withLock({ $0.serverClock.estimate }) else { return }
-        // None on the master yet (this instance's first heartbeat, before its clock offset was known,
-        // and nobody else's): nothing to report, as before the first heartbeat.
-        for (index, low) in answers {
-            guard let low else { continue }
-            heartbeatAnswered(sent[index].sequence, watermark: low - estimate.offset - estimate.uncertainty, on: sent[index].feed)
+        let estimate = state.withLock { $0.serverClock.estimate }
+        for (index, low) in answered {
+            let watermark = estimate.flatMap { estimate in low.map { $0 - estimate.offset - estimate.uncertainty } }
+            heartbeatAnswered(sent[index].number, watermark: watermark, on: sent[index].master)
         }
+    }
+
+    /// The slots' numbers in an `HGETALL` of the sequence hash (its total left out).
+    static func sequenceNumbers(_ reply: RESPValue) -> [Int: UInt64]? {
+        let items: [RESPValue]
+        switch reply {
+        case .map(let pairs): items = pairs.flatMap { [$0.key, $0.value] }
+        case .array(let values): items = values
+        default: return nil
+        }
+        var numbers: [Int: UInt64] = [:]
+        var index = 0
+        while index + 1 < items.count {
+            if let field = items[index].string, let slot = Int(field), let number = items[index + 1].string.flatMap({ UInt64($0) }) {
+                numbers[slot] = number
+            }
+            index += 2
+        }
+        return numbers
     }
 
     /// The logical keys of the fleet's bookkeeping on each master (see RedisRemoteScript.heartbeat):

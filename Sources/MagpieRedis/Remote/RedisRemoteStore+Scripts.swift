@@ -2,55 +2,85 @@ import Magpie
 import NIOCore
 import NIOPosix
 
-// The server-side scripts of the remote tier, each on one key or on keys of one hash tag (so a cluster
-// routes it like any command on that key, and change tracking reports the writes it makes).
+// The server-side scripts of the remote tier, each on keys of one slot (so a cluster routes it like any
+// command on its first key).
+//
+// Every write of the store goes through `change`, which makes the write and publishes its change message
+// in one step on the server: nothing can come between them, and a write that did not happen publishes
+// nothing. The message goes to the namespace's channel (`<namespace>h~c`; in a cluster, PUBLISH reaches
+// every node's subscribers over the cluster bus, in order from each node), numbered in its partition
+// (the key's hash slot): a counter in `<namespace>h~s` (one hash: a field per slot and the total "t")
+// or, in a cluster, one counter per slot (`<namespace>h~s{tag}`, the tag putting it in the key's slot).
 //
 // Sent as EVALSHA with the script's SHA-1 (below, checked against the server's own `SCRIPT LOAD` by the
 // tests); a server that does not know it yet (restarted, a new cluster node, a flushed script cache)
 // answers NOSCRIPT, and the script then goes once as EVAL, which also caches it there.
 
 enum RedisRemoteScript {
-    /// Fenced store: `KEYS[1]` the key; `ARGV[1]` the versioned value ("MV" + 8-byte big-endian version
-    /// + …); `ARGV[2]` its lifetime in ms ("0": none); `ARGV[3]` the deadline, ms since 1970 by the
-    /// server's clock ("0": none). Returns 1 when stored, 0 when the key holds this version or a newer
-    /// one, -1 when the deadline has passed.
+    /// A write and its change message: `KEYS[1]` the key, `KEYS[2]` its slot's sequence counter.
+    /// `ARGV[1]` the kind: "F" a fenced store (a versioned value: "MV" + 8-byte big-endian version + …,
+    /// stored only over an absent, unversioned or older one, and only before the deadline), "S" a plain
+    /// store, "D" a removal, "E" a removal only while the key holds `ARGV[2]`. `ARGV[2]` the value;
+    /// `ARGV[3]` its lifetime in ms ("0": none); `ARGV[4]` the deadline, ms since 1970 by the server's
+    /// clock ("0": none); `ARGV[5]` the channel; `ARGV[6]` the message's head; `ARGV[7]` the slot's field
+    /// in the sequence hash ("": `KEYS[2]` is the slot's own counter); `ARGV[8]` "1" to append the value.
+    /// Publishes `head .. sequence .. ":" .. value-or-nothing`. Returns 1 when it wrote, 0 when it did not
+    /// (an older version, a key already absent, another value), -1 when the deadline has passed.
     ///
-    /// The versions are compared as numbers (the top 48 bits, exact in Lua's doubles, then the low
-    /// 16), never as strings: Lua compares strings with `strcoll`, which depends on the server's locale.
-    /// A value without the "MV" fence (absent, or written by something else) is older than any version.
-    static let fencedStore = """
-        local fence = ARGV[1]
-        if ARGV[3] ~= '0' then
-          local t = redis.call('TIME')
-          if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[3]) then return -1 end
+    /// Versions are compared as numbers (the top 48 bits, exact in Lua's doubles, then the low 16),
+    /// never as strings: Lua compares strings with `strcoll`, which depends on the server's locale. Only
+    /// the fence is read (`GETRANGE`), not the value.
+    static let change = """
+        local kind = ARGV[1]
+        local value = ARGV[2]
+        if kind == 'F' then
+          if ARGV[4] ~= '0' then
+            local t = redis.call('TIME')
+            if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[4]) then return -1 end
+          end
+          local current = redis.call('GETRANGE', KEYS[1], 0, 9)
+          if #current == 10 and string.sub(current, 1, 2) == 'MV' then
+            local a1, a2, a3, a4, a5, a6, a7, a8 = string.byte(current, 3, 10)
+            local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(value, 3, 10)
+            local wallA = ((((a1 * 256 + a2) * 256 + a3) * 256 + a4) * 256 + a5) * 256 + a6
+            local wallB = ((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6
+            if wallA > wallB or (wallA == wallB and a7 * 256 + a8 >= b7 * 256 + b8) then return 0 end
+          end
         end
-        local current = redis.call('GET', KEYS[1])
-        if current and #current >= 10 and string.sub(current, 1, 2) == 'MV' then
-          local a1, a2, a3, a4, a5, a6, a7, a8 = string.byte(current, 3, 10)
-          local b1, b2, b3, b4, b5, b6, b7, b8 = string.byte(fence, 3, 10)
-          local wallA = ((((a1 * 256 + a2) * 256 + a3) * 256 + a4) * 256 + a5) * 256 + a6
-          local wallB = ((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6
-          if wallA > wallB or (wallA == wallB and a7 * 256 + a8 >= b7 * 256 + b8) then return 0 end
+        if kind == 'F' or kind == 'S' then
+          if ARGV[3] == '0' then redis.call('SET', KEYS[1], value) else redis.call('SET', KEYS[1], value, 'PX', ARGV[3]) end
+        elseif kind == 'D' then
+          if redis.call('DEL', KEYS[1]) == 0 then return 0 end
+        else
+          if redis.call('GET', KEYS[1]) ~= value then return 0 end
+          redis.call('DEL', KEYS[1])
         end
-        if ARGV[2] == '0' then redis.call('SET', KEYS[1], fence) else redis.call('SET', KEYS[1], fence, 'PX', ARGV[2]) end
+        local sequence
+        if ARGV[7] == '' then
+          sequence = redis.call('INCR', KEYS[2])
+        else
+          sequence = redis.call('HINCRBY', KEYS[2], ARGV[7], 1)
+          redis.call('HINCRBY', KEYS[2], 't', 1)
+        end
+        local body = ''
+        if ARGV[8] == '1' then body = value end
+        redis.call('PUBLISH', ARGV[5], ARGV[6] .. sequence .. ':' .. body)
         return 1
         """
-    static let fencedStoreSHA = "ff62f5523ea2f50c6260de5512b7b6f91c49ba4a"
-
-    /// Compare and delete: `KEYS[1]` the key, `ARGV[1]` the value it must hold. Returns 1 when removed.
-    static let removeIfEqual = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end"
-    static let removeIfEqualSHA = "d02e481a9c91ceec59c5822a58a49d5d5d7ac80b"
+    static let changeSHA = "cd1334cf2691a93c10e9c4c7eef6671bd5d01780"
 
     /// Heartbeat with the fleet's delivery watermark, on one master (every key with the same hash tag):
-    /// `KEYS[1]` the heartbeat key (reported on every feed), `KEYS[2]` the watermarks (a sorted set:
-    /// each instance scored with the instant, by the server's clock, before which all its writes reached
-    /// the store), `KEYS[3]` when each instance was last heard of (server clock, ms), `KEYS[4]` when
-    /// this script last ran. `ARGV[1]` the instance, `ARGV[2]` its watermark ("-": not known yet),
-    /// `ARGV[3]` the heartbeat's lifetime (ms), `ARGV[4]` how long a silent instance is waited for (ms),
-    /// `ARGV[5]` a gap between two runs that means the server (or every instance) was stopped (ms):
-    /// everyone is then heard of anew, so that nobody is dropped for a silence the server imposed,
-    /// `ARGV[6]` the bookkeeping's lifetime (ms). Returns the least watermark of the instances still
-    /// waited for ("-": none) and the server's clock (ms), both as strings.
+    /// `KEYS[1]` the sequence counters (a single server's hash, whose total it reads), `KEYS[2]` the
+    /// watermarks (a sorted set: each instance scored with the instant, by the server's clock, before which
+    /// all its writes reached the store), `KEYS[3]` when each instance was last heard of (server clock,
+    /// ms), `KEYS[4]` when this script last ran. `ARGV[1]` the instance, `ARGV[2]` its watermark ("-":
+    /// not known yet), `ARGV[3]` unused, `ARGV[4]` how long a silent instance is waited for (ms), `ARGV[5]`
+    /// a gap between two runs that means the server (or every instance) was stopped (ms): everyone is then
+    /// heard of anew, so that nobody is dropped for a silence the server imposed, `ARGV[6]` the
+    /// bookkeeping's lifetime (ms), `ARGV[7]` the channel, `ARGV[8]` the heartbeat's message, `ARGV[9]`
+    /// "1" to append the total of the sequence counters (`:` and the number) to it. Publishes the
+    /// heartbeat; returns the least watermark of the instances still waited for ("-": none) and the
+    /// server's clock (ms), both as strings.
     static let heartbeat = """
         local t = redis.call('TIME')
         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -69,28 +99,69 @@ enum RedisRemoteScript {
         end
         redis.call('PEXPIRE', KEYS[2], ARGV[6])
         redis.call('PEXPIRE', KEYS[3], ARGV[6])
-        redis.call('SET', KEYS[1], '1', 'PX', ARGV[3])
+        local message = ARGV[8]
+        if ARGV[9] == '1' then message = message .. ':' .. (redis.call('HGET', KEYS[1], 't') or '0') end
+        redis.call('PUBLISH', ARGV[7], message)
         local low = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
         return {low[2] or '-', tostring(now)}
         """
-    static let heartbeatSHA = "b3328aaadfb5f65fd688e7f71ed3725526f75aab"
+    static let heartbeatSHA = "900cf4661d921ea3b35811e198ad69650189b271"
 }
 
 extension RedisRemoteStore {
-    /// Runs a script on one key: EVALSHA, then EVAL when the server does not know it.
-    func evaluate(_ script: String, sha: String, key: [UInt8], _ arguments: [RedisArgument]) async throws -> RESPValue {
-        let evalsha = RedisCommand("EVALSHA", [.string(sha), 1, .bytes(key)] + arguments, keyIndices: [2])
+    /// Runs a script: EVALSHA, then EVAL when the server does not know it.
+    func evaluate(_ script: String, sha: String, keys: [[UInt8]], _ arguments: [RedisArgument]) async throws -> RESPValue {
+        let keyArguments = keys.map { RedisArgument.bytes($0) }
+        let indices = Array(2..<(2 + keys.count))
+        let evalsha = RedisCommand("EVALSHA", [.string(sha), .integer(Int64(keys.count))] + keyArguments + arguments, keyIndices: indices)
         do {
             return try await sender.send(evalsha)
         } catch let error as RedisError where error.serverError?.kind == .noScript {
-            return try await sender.send(RedisCommand("EVAL", [.string(script), 1, .bytes(key)] + arguments, keyIndices: [2]))
+            return try await sender.send(
+                RedisCommand("EVAL", [.string(script), .integer(Int64(keys.count))] + keyArguments + arguments, keyIndices: indices))
         }
     }
 
-    public func storeIfNewer(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, notAfter: Int64) async throws(MagpieError)
-        -> Bool
+    /// The kinds of ``RedisRemoteScript/change``.
+    enum ChangeKind: String {
+        case fenced = "F"
+        case plain = "S"
+        case removal = "D"
+        case removalIfEqual = "E"
+    }
+
+    /// Makes a write of the logical key `key` and publishes its change message: whether it wrote (false:
+    /// an older version, a key already absent, another value, or a deadline passed).
+    func change(
+        _ kind: ChangeKind, _ key: [UInt8], value: [UInt8] = [], lifetime: Int64 = 0, deadline: Int64 = 0, version: UInt64 = 0,
+        pushing: Bool = false
+    ) async throws -> Bool {
+        let partition = Int(partition(of: key))
+        let message = ChangeMessageFormat.head(
+            kind: kind == .fenced ? .versioned : .plain, origin: origin, version: version, partition: partition, key: key)
+        let reply = try await evaluate(
+            RedisRemoteScript.change, sha: RedisRemoteScript.changeSHA, keys: [prefix + key, sequenceKey(partition)],
+            [
+                .string(kind.rawValue), .bytes(value), .integer(lifetime), .integer(max(0, deadline)), .bytes(channel), .bytes(message),
+                .string(cluster == nil ? String(partition) : ""), .string(pushing ? "1" : "0"),
+            ])
+        guard case .integer(let outcome) = reply else { throw RedisError(.unexpectedReply, "a change script answered \(reply)") }
+        return outcome == 1
+    }
+
+    /// The sequence counter of `partition`: a single server's hash, or in a cluster the slot's own key.
+    func sequenceKey(_ partition: Int) -> [UInt8] {
+        guard cluster != nil else { return prefix + Self.sequenceStem }
+        return prefix + Self.sequenceStem + Array("{".utf8) + RedisHashSlot.tag(for: UInt16(partition)) + Array("}".utf8)
+    }
+
+    static let sequenceStem = Array("h~s".utf8)
+    static let channelStem = Array("h~c".utf8)
+
+    public func storeIfNewer(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, notAfter: Int64, pushing: Bool)
+        async throws(MagpieError) -> Bool
     {
-        guard value.count >= 10, value[0] == 0x4D, value[1] == 0x56 else {
+        guard let version = RemoteChangeFence.version(value) else {
             throw MagpieError(.invalidConfiguration, "a versioned value must start with \"MV\" and its 8-byte version")
         }
         var lifetime: Int64 = 0
@@ -99,11 +170,7 @@ extension RedisRemoteStore {
             guard lifetime > 0 else { return false }  // expired already: nothing newer to store
         }
         do {
-            let reply = try await evaluate(
-                RedisRemoteScript.fencedStore, sha: RedisRemoteScript.fencedStoreSHA, key: prefix + key,
-                [.bytes(value), .integer(lifetime), .integer(max(0, notAfter))])
-            guard case .integer(let outcome) = reply else { throw RedisError(.unexpectedReply, "the fenced store answered \(reply)") }
-            return outcome == 1
+            return try await change(.fenced, key, value: value, lifetime: lifetime, deadline: notAfter, version: version, pushing: pushing)
         } catch {
             throw Self.unavailable(error)
         }
@@ -111,14 +178,81 @@ extension RedisRemoteStore {
 
     public func remove(_ key: [UInt8], ifValue value: [UInt8]) async throws(MagpieError) -> Bool {
         do {
-            let reply = try await evaluate(
-                RedisRemoteScript.removeIfEqual, sha: RedisRemoteScript.removeIfEqualSHA, key: prefix + key, [.bytes(value)])
-            guard case .integer(let removed) = reply else { throw RedisError(.unexpectedReply, "the compare-and-delete answered \(reply)") }
-            return removed == 1
+            return try await change(.removalIfEqual, key, value: value)
         } catch {
             throw Self.unavailable(error)
         }
     }
 
     public var callerMayWait: Bool { MultiThreadedEventLoopGroup.currentEventLoop == nil }
+}
+
+/// The version in a versioned value's fence ("MV" + 8 bytes big endian).
+enum RemoteChangeFence {
+    static func version(_ bytes: [UInt8]) -> UInt64? {
+        guard bytes.count >= 10, bytes[0] == 0x4D, bytes[1] == 0x56 else { return nil }
+        return bytes[2..<10].reduce(0) { $0 << 8 | UInt64($1) }
+    }
+}
+
+/// A change message as the scripts publish it:
+///
+///     "MC"  kind (1 byte: "W" a versioned write, "P" a plain one)  origin (8)  version (u64 BE)
+///     partition (u16 LE)  key length (u16 LE)  key  sequence (decimal)  ":"  value (pushed; else none)
+///
+/// and a heartbeat: `"MCH" instance ":" number [":" total]`.
+enum ChangeMessageFormat {
+    enum Kind: UInt8 {
+        case versioned = 0x57  // "W"
+        case plain = 0x50  // "P"
+        case heartbeat = 0x48  // "H"
+    }
+
+    static let headLength = 23
+
+    /// The head the script completes with the sequence number and the value.
+    static func head(kind: Kind, origin: [UInt8], version: UInt64, partition: Int, key: [UInt8]) -> [UInt8] {
+        var bytes = [UInt8]()
+        bytes.reserveCapacity(headLength + key.count)
+        bytes += [0x4D, 0x43, kind.rawValue]
+        bytes += origin
+        withUnsafeBytes(of: version.bigEndian) { bytes += $0 }
+        withUnsafeBytes(of: UInt16(truncatingIfNeeded: partition).littleEndian) { bytes += $0 }
+        withUnsafeBytes(of: UInt16(truncatingIfNeeded: key.count).littleEndian) { bytes += $0 }
+        bytes += key
+        return bytes
+    }
+
+    /// A published message, read back: a change, or a heartbeat (instance, number, total), or nil for
+    /// anything else.
+    enum Parsed {
+        case change(origin: ArraySlice<UInt8>, version: UInt64, partition: Int, key: [UInt8], sequence: UInt64, value: [UInt8]?)
+        case heartbeat(instance: Substring, number: UInt64, total: UInt64?)
+    }
+
+    static func parse(_ bytes: [UInt8]) -> Parsed? {
+        guard bytes.count >= 3, bytes[0] == 0x4D, bytes[1] == 0x43 else { return nil }
+        if bytes[2] == Kind.heartbeat.rawValue {
+            let fields = String(decoding: bytes[3...], as: UTF8.self).split(separator: ":", omittingEmptySubsequences: false)
+            guard fields.count >= 2, let number = UInt64(fields[1]) else { return nil }
+            return .heartbeat(instance: fields[0], number: number, total: fields.count > 2 ? UInt64(fields[2]) : nil)
+        }
+        guard bytes.count >= headLength, bytes[2] == Kind.versioned.rawValue || bytes[2] == Kind.plain.rawValue else { return nil }
+        let version = bytes[11..<19].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+        let partition = Int(bytes[19]) | Int(bytes[20]) << 8
+        let keyLength = Int(bytes[21]) | Int(bytes[22]) << 8
+        let keyEnd = headLength + keyLength
+        guard keyEnd < bytes.count, let colon = bytes[keyEnd...].firstIndex(of: 0x3A), colon > keyEnd else { return nil }
+        var sequence: UInt64 = 0
+        for digit in bytes[keyEnd..<colon] {
+            guard digit >= 0x30, digit <= 0x39 else { return nil }
+            let (times, overflow) = sequence.multipliedReportingOverflow(by: 10)
+            guard !overflow else { return nil }
+            sequence = times + UInt64(digit - 0x30)
+        }
+        let value = colon + 1 < bytes.count ? Array(bytes[(colon + 1)...]) : nil
+        return .change(
+            origin: bytes[3..<11], version: version, partition: partition, key: Array(bytes[headLength..<keyEnd]), sequence: sequence,
+            value: value)
+    }
 }

@@ -20,13 +20,14 @@ import NIOPosix
 /// namespace tokens, and this store's heartbeats. Nothing else under that prefix should be written by
 /// other programs, except to change or remove a cached key (which every instance then drops).
 ///
-/// **Coherence.** One connection per master runs `CLIENT TRACKING ON BCAST PREFIX <namespace>` (RESP3):
-/// Redis then reports every change to a key under the namespace — a write by any client, an expiry, an
-/// eviction, a flush — and the store passes them to the cache. Every
-/// ``Configuration/heartbeatInterval`` the store writes a heartbeat key of its own on each master;
-/// its invalidation arriving on the tracking connection proves that every change made before it was
-/// reported, which is what the cache's staleness bound is measured against. A tracking connection
-/// lost and re-established (or one that fell behind) invalidates every local copy.
+/// **Coherence.** Every write the store makes is a script that also publishes the write's change message
+/// on the namespace's channel (numbered in the key's hash slot, with the value when it is small: see
+/// <doc:RunningAFleet>), and one subscriber connection per store reads them. Every
+/// ``Configuration/heartbeatInterval`` the store publishes a heartbeat on each master; its arrival on the
+/// subscription proves that every message published before it was received, which is what the cache's
+/// staleness bound is measured against. A subscription lost and re-established (or one that fell behind)
+/// invalidates every local copy; a heartbeat lost on the way invalidates that master's slots. Writes of
+/// programs that are not caches are reported only with ``Configuration/reportsForeignWrites``.
 public final class RedisRemoteStore: RemoteStore {
     /// How to reach Redis and where to keep the cache's keys.
     public struct Configuration: Sendable {
@@ -41,6 +42,15 @@ public final class RedisRemoteStore: RemoteStore {
         /// ``Magpie/RemoteTierOptions/maxDisconnectedStaleness`` or less, or local copies lapse while
         /// Redis is healthy.
         public var heartbeatInterval: Duration
+        /// Whether writes of keys under ``namespace`` by programs that are not caches (a `SET` from another
+        /// client, an expiry, an eviction) are reported, through `CLIENT TRACKING ON BCAST PREFIX` on the
+        /// subscriber's connection. Each such report costs every instance one `GETRANGE` of the key's
+        /// version, which tells a cache's own write (its change message already applied) from another
+        /// program's. Default false: only caches write the namespace.
+        public var reportsForeignWrites = false
+        /// For tests and benchmarks: the fraction (0…1) of received change messages the store discards
+        /// before the cache sees them, each on its own, as a lossy network would. Default 0.
+        public var dropChangeMessages = 0.0
 
         /// A configuration: how to reach Redis, the namespace, and whether it is a cluster.
         public init(redis: RedisConfiguration, namespace: String, cluster: Bool = false,
@@ -64,6 +74,10 @@ public final class RedisRemoteStore: RemoteStore {
     let cluster: RedisClusterClient?
     let prefix: [UInt8]
     let instance: String
+    /// This instance's tag in the messages it publishes (8 bytes): a message carrying it is its own.
+    let origin: [UInt8]
+    /// The namespace's change channel.
+    let channel: [UInt8]
     let executor: RedisEventLoopExecutor
     let logger: Logger
     let state = RedisLock(State())
@@ -71,9 +85,12 @@ public final class RedisRemoteStore: RemoteStore {
     struct State {
         var changes: RemoteChanges?
         var supervisor: Task<Void, Never>?
-        var feeds: [RedisEndpoint: Feed] = [:]
+        /// The subscription that reads the change messages.
+        var subscription: Subscription?
+        /// Each master's heartbeats (which confirm the subscription for the messages that master published).
+        var masters: [RedisEndpoint: Progress] = [:]
         var delivered: Int64 = 0
-        /// The fleet's delivery watermark last reported to the cache (the least of the feeds').
+        /// The fleet's delivery watermark last reported to the cache (the least of the masters').
         var watermark: Int64? = nil
         /// How far the server's clock is ahead of the cache's (the watermarks are kept by the server's).
         var serverClock = ClockOffset()
@@ -106,41 +123,75 @@ public final class RedisRemoteStore: RemoteStore {
         }
     }
 
-    /// One master's change feed: its subscriber, the task that reads it, and its heartbeats.
-    final class Feed: Sendable {
+    /// The subscription to the change channel: its subscriber (on one master), and the tasks that read
+    /// its messages and, with foreign writes reported, its invalidations.
+    final class Subscription: Sendable {
         let endpoint: RedisEndpoint
         let subscriber: RedisSubscriber
-        let progress = RedisLock(Progress())
-
-        struct Progress {
-            var reader: Task<Void, Never>?
-            /// Heartbeats sent and not yet seen, by sequence number: the instant each was sent.
-            var outstanding: [UInt64: Int64] = [:]
-            /// The send instant of the latest heartbeat seen: every change before it was reported.
-            var confirmed: Int64 = 0
-            /// The latest heartbeat seen on this feed.
-            var seen: UInt64 = 0
-            /// The fleet's delivery watermark each heartbeat's script answered, until it is delivered.
-            var watermarks: [UInt64: Int64] = [:]
-            /// The watermark of the latest heartbeat both answered and seen (every change before it was
-            /// reported by then): what this master vouches for. Nil before the first.
-            var delivered: Int64? = nil
-            var ended = false
-
-            /// Takes the watermark of the latest heartbeat that was answered and seen; whether it moved.
-            mutating func settleWatermark() -> Bool {
-                guard let sequence = watermarks.keys.filter({ $0 <= seen }).max(), let watermark = watermarks[sequence] else {
-                    return false
-                }
-                watermarks = watermarks.filter { $0.key > sequence }
-                defer { delivered = watermark }
-                return delivered != watermark
-            }
-        }
+        let readers = RedisLock<[Task<Void, Never>]>([])
+        let ended = RedisLock(false)
 
         init(endpoint: RedisEndpoint, subscriber: RedisSubscriber) {
             self.endpoint = endpoint
             self.subscriber = subscriber
+        }
+
+        func close() async {
+            for reader in readers.withLock({ $0 }) { reader.cancel() }
+            await subscriber.close()
+        }
+    }
+
+    /// One master's heartbeats.
+    struct Progress {
+        /// Heartbeats sent and not yet seen, by number: the instant each was sent.
+        var outstanding: [UInt64: Int64] = [:]
+        /// Heartbeats the master answered (so it published them) and not yet seen.
+        var answered: Set<UInt64> = []
+        /// Heartbeats not yet answered when a later one was seen: lost on the way if the master answers them.
+        var overtaken: Set<UInt64> = []
+        /// The send instant of the latest heartbeat seen: every message before it was received.
+        var confirmed: Int64 = 0
+        /// The latest heartbeat seen.
+        var seen: UInt64 = 0
+        /// The partitions' numbers read just before a heartbeat, reported when it is seen.
+        var sequences: [UInt64: [Int: UInt64]] = [:]
+        /// The fleet's delivery watermark each heartbeat's script answered, until it is delivered.
+        var watermarks: [UInt64: Int64] = [:]
+        /// The watermark of the latest heartbeat both answered and seen (every message before it was
+        /// received by then): what this master vouches for. Nil before the first.
+        var delivered: Int64? = nil
+
+        /// Takes the watermark of the latest heartbeat that was answered and seen; whether it moved.
+        mutating func settleWatermark() -> Bool {
+            guard let number = watermarks.keys.filter({ $0 <= seen }).max(), let watermark = watermarks[number] else {
+                return false
+            }
+            watermarks = watermarks.filter { $0.key > number }
+            defer { delivered = watermark }
+            return delivered != watermark
+        }
+
+        /// Heartbeat `number` was seen: whether one published before it was lost on the way.
+        mutating func see(_ number: UInt64) -> (sentAt: Int64, lost: Bool)? {
+            guard let sentAt = outstanding[number] else { return nil }
+            var lost = false
+            for earlier in outstanding.keys where earlier < number {
+                if answered.contains(earlier) { lost = true } else { overtaken.insert(earlier) }
+            }
+            outstanding = outstanding.filter { $0.key > number }
+            answered = answered.filter { $0 > number }
+            if overtaken.count > 64 { overtaken = Set(overtaken.sorted().suffix(64)) }
+            confirmed = max(confirmed, sentAt)
+            seen = max(seen, number)
+            return (sentAt, lost)
+        }
+
+        /// Heartbeat `number` was answered: whether it had been overtaken (so it was lost on the way).
+        mutating func answer(_ number: UInt64) -> Bool {
+            if overtaken.remove(number) != nil { return true }
+            if outstanding[number] != nil { answered.insert(number) }
+            return false
         }
     }
 
@@ -166,7 +217,10 @@ public final class RedisRemoteStore: RemoteStore {
             sender = client
         }
         prefix = Array(configuration.namespace.utf8)
-        instance = String(UInt64.random(in: 0...UInt64.max), radix: 36)
+        let identity = UInt64.random(in: 0...UInt64.max)
+        instance = String(identity, radix: 36)
+        origin = withUnsafeBytes(of: identity.bigEndian) { Array($0) }
+        channel = prefix + Self.channelStem
         executor = RedisEventLoopExecutor(eventLoopGroup.next())
         self.logger = logger
     }
@@ -188,18 +242,20 @@ public final class RedisRemoteStore: RemoteStore {
     public func store(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, onlyIfAbsent: Bool) async throws(MagpieError)
         -> Bool
     {
-        var lifetime: Duration? = nil
+        var lifetime: Int64 = 0
         if expiresAt != 0 {
-            let remaining = expiresAt - now()
-            guard remaining > 0 else {
+            lifetime = expiresAt - now()
+            guard lifetime > 0 else {
                 try await remove(keys: [key])
                 return true
             }
-            lifetime = .milliseconds(remaining)
         }
         do {
+            // A conditional store (a lease taken, a token created where there was none) changes nothing a
+            // cache holds: a plain SET, no message.
+            guard onlyIfAbsent else { return try await change(.plain, key, value: value, lifetime: lifetime) }
             let reply = try await sender.send(
-                .set(prefix + key, value, expiration: lifetime, condition: onlyIfAbsent ? .ifNotExists : .always))
+                .set(prefix + key, value, expiration: lifetime > 0 ? .milliseconds(lifetime) : nil, condition: .ifNotExists))
             switch reply {
             case .simpleString: return true
             case .null: return false
@@ -211,20 +267,20 @@ public final class RedisRemoteStore: RemoteStore {
     }
 
     public func remove(keys: [[UInt8]]) async throws(MagpieError) {
-        guard !keys.isEmpty else { return }
         do {
-            if cluster == nil {
-                _ = try await sender.send(RedisCommand("DEL", keys.map { .bytes(prefix + $0) }, keyIndices: Array(keys.indices)))
-            } else {
-                // One DEL per key: a cluster refuses keys of different slots in one command.
-                for reply in try await sender.send(batch: keys.map { RedisCommand("DEL", [.bytes(prefix + $0)], keyIndices: [0]) }) {
-                    _ = try reply.get()
-                }
-            }
+            for key in keys { _ = try await change(.removal, key) }
         } catch {
             throw Self.unavailable(error)
         }
     }
+
+    public var partitionCount: Int { RedisHashSlot.count }
+
+    public func partition(of key: [UInt8]) -> Int {
+        (prefix + key).withUnsafeBytes { Int(RedisHashSlot.slot(ofBytes: $0)) }
+    }
+
+    public var taskExecutor: (any TaskExecutor)? { executor }
 
     public var failsFast: Bool { single?.isBreakerOpen ?? false }
 
@@ -239,20 +295,18 @@ public final class RedisRemoteStore: RemoteStore {
     }
 
     public func shutdown() async {
-        let (supervisor, feeds) = state.withLock { state -> (Task<Void, Never>?, [Feed]) in
+        let (supervisor, subscription) = state.withLock { state -> (Task<Void, Never>?, Subscription?) in
             state.shutDown = true
             defer {
                 state.supervisor = nil
-                state.feeds = [:]
+                state.subscription = nil
+                state.masters = [:]
             }
-            return (state.supervisor, Array(state.feeds.values))
+            return (state.supervisor, state.subscription)
         }
         supervisor?.cancel()
         await leaveFleet()
-        for feed in feeds {
-            feed.progress.withLock { $0.reader?.cancel() }
-            await feed.subscriber.close()
-        }
+        await subscription?.close()
         if let single { await single.shutdown() }
         if let cluster { await cluster.shutdown() }
     }

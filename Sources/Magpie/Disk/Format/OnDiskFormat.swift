@@ -65,9 +65,10 @@
 //          before fresh-until, as stale after it until the expiry, and measures its age from
 //          loaded-at); bit 3 = negative (the loader found no value: payload empty, codec raw; every
 //          read but the loader's treats the key as absent); bit 4 = an 8-byte coherence stamp follows the
-//          freshness block (i64 ms since 1970: when a cache with a remote tier last knew this copy to
-//          match the shared store; such a cache serves no local copy without one, a cache without a
-//          remote tier ignores it). Other bits 0. Records written by `DiskTier` alone have flags 0.
+//          freshness block (i64: when a cache with a remote tier last knew this copy to match the shared
+//          store, and the copy's partition; such a cache serves no local copy without one, a cache without
+//          a remote tier ignores it); bit 6 = an 8-byte version follows the stamp (u64: the remote write
+//          the copy holds). Other bits 0. Records written by `DiskTier` alone have flags 0.
 //          These flags and the blocks after the group are EntryMetadata's encoding
 //          (Support/EntryMetadata.swift), which the remote record shares; bit 5 (memory only) exists
 //          there only, and a disk record carrying it is corrupt.
@@ -80,7 +81,7 @@
 //   40 u64 key hash (XXH3-64 of the key with the directory's seed; picks the bucket)
 //   48 u64 payload hash: XXH3-64 (seed 0) of the stored payload
 //   56 u64 checksum: XXH3-64 (seed: XXH3-64 (seed 0) of bytes 4..<56) of key ‖ group ‖ memory policy ‖
-//          freshness ‖ stamp: everything before the payload is covered by it, the payload by its hash
+//          freshness ‖ stamp ‖ version: everything before the payload is covered by it, the payload by its hash
 //
 // Tombstones. A removal of a key whose record is in the file, an overwrite of one (before the new value
 // is in the file itself) and a group removal with members in the file write a tombstone at once, with a

@@ -28,8 +28,11 @@ package struct RecordFlags: OptionSet, Equatable {
     package static let stamp = RecordFlags(rawValue: 16)
     /// The entry lives in memory only: in remote records only (the disk tier never holds such an entry).
     package static let memoryOnly = RecordFlags(rawValue: 32)
+    /// An 8-byte version (u64: the remote write a cache with a remote tier holds a copy of) follows the
+    /// stamp. A cache without a remote tier ignores it.
+    package static let version = RecordFlags(rawValue: 64)
     /// The flags a disk record may carry.
-    package static let all: RecordFlags = [.memoryPolicy, .diskOnly, .freshness, .negative, .stamp]
+    package static let all: RecordFlags = [.memoryPolicy, .diskOnly, .freshness, .negative, .stamp, .version]
     /// The flags a remote record may carry (never both `diskOnly` and `memoryOnly`).
     package static let remote: RecordFlags = [.memoryPolicy, .diskOnly, .memoryOnly, .freshness, .negative]
 }

@@ -10,8 +10,10 @@ import Glibc
 /// resumes anyone, the connection calls ``received()`` after its await returns: TSan's own release and
 /// acquire on one address, looked up at run time. Without TSan in the process both are a nil check.
 /// The node pool does the same for the connection it hands to callers that waited for one (seen: a
-/// connection's fields, written by the connecting task, reported as a race with the waiter's first send).
-enum ThreadSanitizerHandOff {
+/// connection's fields, written by the connecting task, reported as a race with the waiter's first send),
+/// and the I/O threads for the results they hand to async callers (seen: a remote write's fields, made on
+/// an I/O thread, reported as a race with the caller's read of them).
+package enum ThreadSanitizerHandOff {
     private typealias Annotation = @convention(c) (UnsafeMutableRawPointer?) -> Void
 
     // Invariant: dlsym's result, when not nil, is TSan's `void __tsan_release(void *)` /
@@ -29,13 +31,13 @@ enum ThreadSanitizerHandOff {
 
     /// Before a continuation is resumed with what this thread wrote.
     @inline(__always)
-    static func published() {
+    package static func published() {
         if let release { release(UnsafeMutableRawPointer(bitPattern: address)) }
     }
 
     /// After an await whose continuation another thread resumed.
     @inline(__always)
-    static func received() {
+    package static func received() {
         if let acquire { acquire(UnsafeMutableRawPointer(bitPattern: address)) }
     }
 }
