@@ -351,16 +351,12 @@ extension BucketState {
     }
 
     /// Gives the file (within its limit) `count` consecutive free slots at its end; returns the first.
-    /// While the tier is in debt (its pool below zero: a directory that held more than the ledger was told,
-    /// see DiskLedger.swift) the limit's unused part repays it first.
+    /// While the tier is in debt (see DiskLedger.swift) the limit's unused part repays it first: the room
+    /// request before the write (`reserveRoom`) has done so, and gathered what the growth needs beyond the
+    /// debt; this repays only a debt that arose since.
     private mutating func grow(toFit count: Int) throws(MagpieError) -> Int? {
         guard allocationCeiling == .max else { return nil }
-        let debt = -context.ledger.pool.available
-        if debt > 0 {
-            let repaid = min(debt, max(0, limit - size))
-            limit -= repaid
-            context.ledger.pool.give(repaid)
-        }
+        _ = repayDebt()
         var trailing = 0
         while trailing < freeSlots.count && freeSlots[freeSlots.count - 1 - trailing] { trailing += 1 }
         let adding = count - trailing

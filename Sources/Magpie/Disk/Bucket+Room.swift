@@ -10,10 +10,13 @@ extension BucketState {
     var slack: Int { context.share / 8 }
 
     /// Room for `length` more bytes of file: nothing to do if they fit under the limit, else the limit
-    /// is raised from the tier's pool. Nil when the growth may go ahead (with `.evict`, the bucket reclaims
-    /// regions for what is still missing); else, with `.borrow`, what is missing (nothing changed but the
-    /// limit).
+    /// is raised from the tier's pool. While the tier is in debt, the limit's free room repays it first, and
+    /// the growth needs room beyond what is still owed. Nil when the growth may go ahead (with `.evict`, the
+    /// bucket reclaims regions for what is still missing); else, with `.borrow`, what is missing, the debt
+    /// included (nothing changed but the limit): the tier gathers it from the other buckets, whose free
+    /// room is what the debt claims.
     mutating func reserveRoom(_ length: Int, policy: RoomPolicy) -> Shortfall? {
+        let owed = repayDebt()
         let missing = size + length - limit
         guard missing > 0 else { return nil }
         let taken = context.ledger.pool.take(upTo: min(missing + slack, context.ledger.maximumLimit - limit))
@@ -23,7 +26,19 @@ extension BucketState {
         }
         let still = size + length - limit
         guard still > 0, policy == .borrow else { return nil }
-        return Shortfall(bytes: still + slack, fitsAlone: length + BucketFileHeader.size <= limit)
+        return Shortfall(bytes: still + slack + owed, fitsAlone: length + BucketFileHeader.size <= limit)
+    }
+
+    /// While the tier is in debt (its pool below zero, see DiskLedger.swift), gives the limit's free room
+    /// to the pool, up to the debt: a file grows only within a limit the debt does not claim. Returns what
+    /// is still owed (0 when the tier is not in debt). One relaxed load when it is not.
+    mutating func repayDebt() -> Int {
+        let debt = -context.ledger.pool.available
+        guard debt > 0 else { return 0 }
+        let repaid = min(debt, max(0, limit - size))
+        limit -= repaid
+        context.ledger.pool.give(repaid)
+        return debt - repaid
     }
 
     /// Takes `granted` bytes that other buckets lent it (`withBorrowedRoom`) into its limit, up to the

@@ -32,8 +32,17 @@ import Synchronization
 // other bucket (about half the budget), less a region header, at most ``DiskSlot/maximumLength``
 // (2 GiB), whatever the bucket count.
 //
-// The pool can go below zero only when a directory is opened with a smaller budget than its files
-// hold: no bucket can then borrow, and buckets repay as they give room back.
+// The pool goes below zero (the tier is in debt) when an open charges more than the budget: every
+// bucket's limit starts at its share or its file's size, whichever is larger, so a reopen after a loan
+// charges the lent room twice (in the borrower's file, and in each lender's share); and a directory
+// opened with a smaller budget than its files hold owes what they hold beyond it. A file never grows into
+// room the debt claims: a bucket that must grow first repays the debt from its own free room, then asks
+// for what it needs and for what is still owed, as one shortfall, through the room loop (`reserveRoom`).
+// The others' free room repays a debt of the first kind without evicting anything; one of the second kind
+// takes evictions, as a store into a full tier does. Buckets also repay as they give room back. (Before
+// this, the bucket that grew repaid the debt out of its own limit and then found no room: a bucket with
+// regions evicted its own although the tier had room, and an empty one refused the record as too large —
+// a store that had returned, lost when its memtable was written.)
 
 /// The shared part of the disk tier's budget (see the comment above).
 final class DiskLedger: Sendable {
