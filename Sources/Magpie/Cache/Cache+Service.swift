@@ -19,7 +19,7 @@ extension Cache: Service {
     /// journal and is replayed when the directory is opened again; without one it is lost.
     /// - Throws: the disk tier's flush and close errors (the cache is closed either way).
     public func shutdown(replayingFor replayTime: Duration = .seconds(2)) async throws {
-        await composition.coherent?.replayBeforeShutdown(upTo: replayTime)
+        await composition.replayBeforeShutdown(upTo: replayTime)
         // The flush's fsyncs and the close (which waits for the disk tier's loader thread) block: with a
         // disk tier they run on an I/O thread, not on one of Swift's. In a task of its own, so that the
         // cancellation this is often called under does not keep the cache from closing; right here if
@@ -32,13 +32,14 @@ extension Cache: Service {
             do throws(MagpieError) { try close(waitingForRemote: false) } catch { failure = failure ?? error }
             return failure
         }
+        let local = composition.local
         let failure: MagpieError?
-        if disk != nil, let result = try? await Task(operation: { [runtime] in try await runtime.pool.run(finish) }).value {
-            failure = result
-        } else {
+        do {
+            failure = try await Task { try await local.offload(finish) }.value
+        } catch {
             failure = try finish()
         }
-        if let store = composition.coherent?.remote.store { await store.shutdown() }
+        await composition.closeStore()
         if let failure { throw failure }
     }
 }

@@ -73,7 +73,7 @@ public final class Cache: Sendable {
     /// ``MagpieError/Code/valueTooLarge``), else the memory tier's. Values
     /// longer than ``largestMemoryValue`` are kept on disk only. Both are for an empty key without a
     /// group; see the tiers' properties for what a key, a group and an expiry take.
-    public var largestStorableValue: Int { disk?.largestStorableValue ?? memory.largestStorableValue }
+    public var largestStorableValue: Int { composition.local.largestStorableValue }
 
     /// The longest value the memory tier keeps (``MemoryTier/largestStorableValue``, about half the
     /// memory budget or more); a longer one is refused by memory (counted) and kept on disk only.
@@ -114,8 +114,8 @@ public final class Cache: Sendable {
         composition = configuration.remote.map { .coherent(CoherentTiers(local: local, options: $0, hasher: hasher)) } ?? .local(local)
         loads = LoadCoordinator(composition, runtime: runtime, configuration: configuration)
         metrics = configuration.metrics.map { MetricsReporter($0) }
-        startTimers()
-        composition.coherent?.start()
+        composition.start(writingBuffersEvery: configuration.diskBufferWriteInterval)
+        startReportingMetrics()
     }
 
     /// A memory-only cache with the given budget (the other settings default).
@@ -126,7 +126,7 @@ public final class Cache: Sendable {
     deinit {
         runtime.stop()
         loads.shutdown()
-        composition.coherent?.drop(closed: runtime.closed.load(ordering: .relaxed))
+        composition.drop(closed: runtime.closed.load(ordering: .relaxed))
     }
 
     // MARK: Writes
@@ -246,10 +246,9 @@ public final class Cache: Sendable {
         guard !runtime.closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
         runtime.stop()
         loads.shutdown()
-        composition.coherent?.stop(closingStore: waitingForRemote)
         reportMetrics()
         defer { runtime.logs.flush() }
-        try composition.local.close()
+        try composition.close(closingStore: waitingForRemote)
     }
 
     /// Deletes a cache directory's Magpie files so that the next open starts empty: the documented way
@@ -262,29 +261,17 @@ public final class Cache: Sendable {
         try DiskTier.destroy(directory: directory)
     }
 
-    // MARK: Timers
+    // MARK: Metrics
 
-    /// The periodic work: the disk tier's write buffers written every ``Configuration/diskBufferWriteInterval``
-    /// (on an I/O thread), and the metrics reported every ``MetricsOptions/interval``.
-    private func startTimers() {
-        let runtime = runtime
-        if let disk, disk.configuration.writeBufferSize > 0, let interval = configuration.diskBufferWriteInterval {
-            // Weakly: a cache dropped without `close()` releases its directory at once, not when a timer ends.
-            runtime.repeating(every: interval) { [weak local = composition.local] in
-                guard let local else { return false }
-                _ = try? await runtime.hop { () throws(MagpieError) in try local.writeBuffers() }
-                return true
-            }
-        }
-        if let interval = configuration.metrics?.interval {
-            runtime.repeating(every: interval) { [weak self] in
-                guard let self else { return false }
-                // Not while the disk buckets' indexes still load after the open: `statistics` would wait
-                // for them on a thread of Swift's pool. The next tick reports (counters are totals).
-                if let disk = self.disk, !disk.loader.isFinished { return true }
-                self.reportMetrics()
-                return true
-            }
+    /// Reports the metrics every ``MetricsOptions/interval``.
+    private func startReportingMetrics() {
+        guard let interval = configuration.metrics?.interval else { return }
+        runtime.repeating(every: interval) { [weak self] in
+            guard let self else { return false }
+            // Not while the disk buckets' indexes still load after the open: `statistics` would wait for
+            // them on a thread of Swift's pool. The next tick reports (counters are totals).
+            if self.composition.local.indexesLoaded { self.reportMetrics() }
+            return true
         }
     }
 }

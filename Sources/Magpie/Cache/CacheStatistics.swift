@@ -89,7 +89,7 @@ extension Cache {
     public var statistics: CacheStatistics {
         var statistics = CacheStatistics(memory: memory.statistics, disk: disk?.statistics)
         for (counter, field, _) in CacheCounter.table { statistics[keyPath: field] = runtime.value(of: counter) }
-        statistics.remote = composition.coherent?.remote.statistics
+        statistics.remote = composition.remoteStatistics
         return statistics
     }
 }

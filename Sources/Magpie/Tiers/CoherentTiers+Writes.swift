@@ -141,8 +141,8 @@ extension CoherentTiers {
 
     // MARK: Removing many
 
-    /// The store's namespace replaced (every record outdated) after the local tiers were emptied;
-    /// synchronous, or awaited (`waiting` false: the async API).
+    /// The store's namespace replaced (every record outdated) after the local tiers were emptied: from
+    /// the synchronous API (blocking), or the async one (awaited).
     func removeAllRemotely() {
         remote.coherence.raiseFloor(to: clock.now())
         runRemote("removal of everything") { [remote] in await remote.removeAll() }

@@ -181,4 +181,38 @@ enum Composition: Sendable {
     func finishLoadWaiting(_ call: LoaderCall, _ lease: LeaseOutcome) {
         coherent?.releaseLeaseWaiting(call, lease)
     }
+
+    // MARK: Life cycle
+
+    /// Starts what runs in the background: the disk buffers' writer, and the remote tier's feed and replay.
+    func start(writingBuffersEvery interval: Duration?) {
+        if let interval { local.startWritingBuffers(every: interval) }
+        coherent?.start()
+    }
+
+    /// At `close()`: the remote tier stops (its store's connections close in the background unless the
+    /// caller closes them), then the local tiers close.
+    func close(closingStore: Bool) throws(MagpieError) {
+        coherent?.stop(closingStore: closingStore)
+        try local.close()
+    }
+
+    /// A cache dropped (its `deinit`): the remote tier's threads and tasks end.
+    func drop(closed: Bool) {
+        coherent?.drop(closed: closed)
+    }
+
+    /// `shutdown`'s first step: the removals owed to the remote store, waited for up to `replayTime`.
+    nonisolated(nonsending)
+    func replayBeforeShutdown(upTo replayTime: Duration) async {
+        await coherent?.replayBeforeShutdown(upTo: replayTime)
+    }
+
+    /// `shutdown`'s last step: the remote store's connections, closed and awaited.
+    nonisolated(nonsending)
+    func closeStore() async {
+        if let store = coherent?.remote.store { await store.shutdown() }
+    }
+
+    var remoteStatistics: RemoteTierStatistics? { coherent?.remote.statistics }
 }

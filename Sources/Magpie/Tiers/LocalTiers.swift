@@ -269,10 +269,27 @@ final class LocalTiers: Sendable {
         if let disk { try runtime.logged("close") { () throws(MagpieError) in try disk.close() } }
     }
 
-    /// Writes the disk tier's write buffers to the kernel (the periodic writer, on an I/O thread).
-    func writeBuffers() throws(MagpieError) {
-        if let disk { try runtime.logged("buffer write") { () throws(MagpieError) in try disk.writeBuffers() } }
+    /// Writes the disk tier's write buffers to the kernel every `interval`, on an I/O thread (failures are
+    /// logged and counted like any disk failure), when the disk tier buffers stores.
+    func startWritingBuffers(every interval: Duration) {
+        guard let disk, disk.configuration.writeBufferSize > 0 else { return }
+        let runtime = runtime
+        // Weakly: a cache dropped without `close()` releases its directory at once, not when a timer ends.
+        runtime.repeating(every: interval) { [weak disk] in
+            guard let disk else { return false }
+            _ = try? await runtime.hop { () throws(MagpieError) in
+                try runtime.logged("buffer write") { () throws(MagpieError) in try disk.writeBuffers() }
+            }
+            return true
+        }
     }
+
+    /// The longest value a store keeps: the disk tier's, else the memory tier's.
+    var largestStorableValue: Int { disk?.largestStorableValue ?? memory.largestStorableValue }
+
+    /// Whether the disk tier's indexes have all loaded since the open (``DiskTier/statistics`` waits for
+    /// them until then).
+    var indexesLoaded: Bool { disk?.loader.isFinished ?? true }
 }
 
 extension StoredEntry {
