@@ -32,7 +32,7 @@ extension FleetScenario {
             "epoch_bumps", "owed_removals", "replayed_removals", "stale_from_remote", "store_hits", "unkept", "withheld", "fenced",
             "remote_reads", "remote_read_hits", "remote_read_misses", "unserved_copies", "leases", "lease_waits", "shared_loads",
             "own_write_probes", "own_write_probes_not_local", "own_write_probes_in_faults", "messages_received",
-            "own_messages_skipped", "messages_dropped", "subscription_losses", "local_entries",
+            "own_messages_skipped", "messages_dropped", "subscription_losses", "local_entries", "probe_writes",
         ] {
             if let v = sums[key] { extra[key] = .int(v) }
         }
@@ -88,8 +88,9 @@ extension FleetScenario {
             extra["lag_probes_dropped_before_return"] = .int(early)
         }
         if let redis {
-            // Writes that reached Redis: sets, removals, and the loads' fills.
+            // Writes that reached Redis: sets, removals, the loads' fills, and the probes' sets.
             let written = sums["writes", default: 0] + sums["removes", default: 0] + sums["origin_calls", default: 0]
+                + sums["probe_writes", default: 0]
             extra.merge(redis.extra(system: system, stores: written, operations: operations)) { $1 }
         }
         return BenchResult(

@@ -20,7 +20,7 @@ func printFleetSummary(_ results: [BenchResult]) {
     }
     printAligned(reads)
 
-    print("\nStores (sets) from the caller; Redis: its commandstats and CPU over the measured window (a store: a set, removal or fill)")
+    print("\nStores (sets) from the caller; Redis: its commandstats and CPU over the measured window (a store: a set, removal, fill or probe write)")
     var stores = [["system", "tasks", "stores/s", "store p50/p99/p99.9 µs", "Redis µs/store", "summed", "Redis CPU µs/op",
                    "own writes read remotely", "lag p50/p99/p999 ms", "recovery s"]]
     for row in rows {

@@ -22,6 +22,7 @@ extension FleetInstance {
         var n = options.index
         let interval = max(100, options.probeIntervalUs * options.workers)
         while n < options.probes, monotonicNanoseconds() < end, table.load(table.stopWord) == 0 {
+            probeWrites.add(1, ordering: .relaxed)
             if (try? await system.set("probe:\(n)", Array("probe \(n)".utf8))) != nil {
                 table.store(table.probeWord(n, 0), monotonicNanoseconds())
             }
@@ -41,6 +42,7 @@ extension FleetInstance {
             let name = "own:\(options.index):\(n)"
             n += 1
             let began = monotonicNanoseconds()
+            probeWrites.add(1, ordering: .relaxed)
             guard (try? await system.set(name, payload)) != nil else {
                 try? await Task.sleep(for: .milliseconds(interval))
                 continue
@@ -109,7 +111,7 @@ extension FleetInstance {
             "origin_calls": .int(origin.measuredCalls), "caller_errors": .int(tally.callerErrors),
             "stale_reads_beyond_bound": .int(tally.staleBeyondBound), "stale_from_remote": .int(tally.staleFromRemote),
             "resurrected_removals": .int(tally.resurrected), "wrong_values": .int(tally.wrongValues),
-            "remote_reads": .int(remote.total),
+            "remote_reads": .int(remote.total), "probe_writes": .int(probeWrites.load(ordering: .relaxed)),
             "own_write_probes": .int(tally.ownWriteProbes), "own_write_probes_not_local": .int(tally.ownWriteNotLocal),
             "own_write_probes_in_faults": .int(tally.ownWriteProbesInFaults),
             "stale_at": .array(tally.staleAt.map { .int(Int($0)) }),

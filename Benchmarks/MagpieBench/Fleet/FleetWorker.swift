@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Magpie
 import MagpieRedis
+import Synchronization
 
 /// One instance of the fleet benchmark: a process of its own, started by `magpie-bench fleet`.
 struct FleetWorker: ParsableCommand {
@@ -211,6 +212,9 @@ final class FleetInstance: @unchecked Sendable {
     let coherent: Bool
     let workload: ZipfWorkload
     let boundNs: Int64
+    /// The probes' writes (lag and own-write probes: all within the measured window), which reach Redis
+    /// as the callers' stores do.
+    let probeWrites = Atomic<Int>(0)
 
     /// Every system's memory: Magpie's memory budget, the hand-built pattern's local map's.
     static let memoryBudget = 64 << 20
