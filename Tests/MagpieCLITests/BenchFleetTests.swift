@@ -207,6 +207,10 @@ struct BenchFleetTests {
         #expect((pubsubExtra["hit_latency_paused_count"] as? Int ?? 0) > 0)
         #expect((pubsubExtra["pause_hit_p99_ns"] as? Int ?? 0) > 0)
         #expect((pubsubExtra["running_hit_p99_ns"] as? Int ?? 0) > 0)
-        #expect(pubsubExtra["fault_windows"] as? [String: Any] != nil)
+        // Every caller error is tallied in the windows it fell in, or outside them all (none left out).
+        let pubsubWindows = try #require(pubsubExtra["fault_windows"] as? [String: [String: Any]])
+        let windowErrors = pubsubWindows.values.reduce(0) { $0 + ($1["caller_errors"] as? Int ?? 0) }
+        #expect(windowErrors >= (pubsubExtra["caller_errors"] as? Int ?? 0))
+        #expect((pubsubWindows["redis_killed"]?["caller_errors"] as? Int ?? 0) > 0)  // its writes failed
     }
 }

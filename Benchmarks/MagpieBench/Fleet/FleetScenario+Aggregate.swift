@@ -40,7 +40,7 @@ extension FleetScenario {
         // Reads that went to Redis, of all reads (Magpie: `readHits + readMisses` of its statistics over
         // the window; the others count their GETs).
         extra["remote_share"] = .double(Double(sums["remote_reads", default: 0]) / Double(readCount))
-        faultTallies(outputs, sums: sums, faults: faults, into: &extra)
+        faultTallies(sums, faults: faults, into: &extra)
         if let hits = sums["remote_read_hits"] {
             // Magpie's loader API does not say which tier answered: its statistics do.
             extra["hit_ratio_remote"] = .double(Double(hits) / Double(readCount))
@@ -100,59 +100,51 @@ extension FleetScenario {
     }
 
     /// Stale and resurrected reads and caller errors, per fault window (each from the fault's start to
-    /// `FaultTimeline.grace` after its end, the fault bar) and outside them all.
+    /// `FaultTimeline.grace` after its end, the fault bar) and outside them all, as the workers counted
+    /// them (`FleetWindowTally`).
     ///
     /// `stale_reads_beyond_bound` and `resurrected_removals` leave out only the reads that started while
     /// Redis was killed or paused or within the grace after (`…_during_outage`): not those after the
     /// subscriber connections were killed, nor those the dropped messages cause, which the staleness
-    /// bound covers. At most `FleetTally.instantsKept` instants per caller and kind are kept.
-    private func faultTallies(_ outputs: [[String: JSONValue]], sums: [String: Int], faults: FaultTimeline, into extra: inout [String: JSONValue]) {
-        func instants(_ key: String) -> [Int64] {
-            outputs.flatMap { output -> [Int64] in
-                guard case .array(let values)? = output[key] else { return [] }
-                return values.compactMap { if case .int(let v) = $0 { Int64(v) } else { nil } }
-            }
-        }
-        let stale = instants("stale_at")
-        let resurrected = instants("resurrected_at")
-        let errors = instants("caller_error_at")
-        for (name, kept) in [("stale_reads_beyond_bound", stale), ("resurrected_removals", resurrected)] {
-            let during = kept.filter { faults.coversOutage($0) }.count
-            extra[name] = .int(sums[name, default: 0] - during)
-            if options.fault { extra[(name == "stale_reads_beyond_bound" ? "stale_reads" : name) + "_during_outage"] = .int(during) }
-        }
+    /// bound covers.
+    private func faultTallies(_ sums: [String: Int], faults: FaultTimeline, into extra: inout [String: JSONValue]) {
+        func count(_ kind: FleetWindowTally.Kind, _ slot: String) -> Int { sums["window_\(kind)_\(slot)", default: 0] }
+        extra["stale_reads_beyond_bound"] = .int(sums["stale_reads_beyond_bound", default: 0] - count(.stale, "outage"))
+        extra["resurrected_removals"] = .int(sums["resurrected_removals", default: 0] - count(.resurrected, "outage"))
         guard options.fault else { return }
+        extra["stale_reads_during_outage"] = .int(count(.stale, "outage"))
+        extra["resurrected_removals_during_outage"] = .int(count(.resurrected, "outage"))
         var windows: [String: JSONValue] = [:]
-        for window in faults.windows {
-            let covered = { (instant: Int64) in window.covers(instant) }
-            let counts: [String: JSONValue] = [
-                "began_s": .double(Double(window.began - (faults.windows.first?.began ?? window.began)) / 1e9),
-                "seconds": .double(Double(window.ended - window.began) / 1e9), "recovery_seconds": .double(window.recovery),
-                "stale_beyond_bound": .int(stale.filter(covered).count), "resurrected": .int(resurrected.filter(covered).count),
-                "caller_errors": .int(errors.filter(covered).count),
+        func tallies(_ slot: String) -> [String: JSONValue] {
+            [
+                "stale_beyond_bound": .int(count(.stale, slot)), "resurrected": .int(count(.resurrected, slot)),
+                "caller_errors": .int(count(.errors, slot)),
             ]
-            windows[window.kind.rawValue] = .object(counts)
         }
-        let outside = { (instant: Int64) in !faults.windows.contains { $0.covers(instant) } }
-        windows["outside"] = .object([
-            "stale_beyond_bound": .int(stale.filter(outside).count), "resurrected": .int(resurrected.filter(outside).count),
-            "caller_errors": .int(errors.filter(outside).count),
-        ])
+        let first = faults.windows.first?.began ?? 0
+        for window in faults.windows {
+            var object = tallies(window.kind.rawValue)
+            object["began_s"] = .double(Double(window.began - first) / 1e9)
+            object["seconds"] = .double(Double(window.ended - window.began) / 1e9)
+            object["recovery_seconds"] = .double(window.recovery)
+            windows[window.kind.rawValue] = .object(object)
+        }
+        windows["outside"] = .object(tallies("outside"))
         extra["fault_windows"] = .object(windows)
         extra["fault_grace_seconds"] = .double(Double(FaultTimeline.grace) / 1e9)
         if let clients = faults.pubsubClientsKilled { extra["pubsub_clients_killed"] = .int(clients) }
-        // The pause window's tallies, also flat (as before the other windows were reported).
+        // The pause window's and the subscriber kill's tallies, also flat.
         if let pause = faults.windows.first(where: { $0.kind == .redisPaused }) {
             extra["pause_seconds"] = .double(Double(pause.ended - pause.began) / 1e9)
             extra["pause_grace_seconds"] = .double(Double(FaultTimeline.grace) / 1e9)
-            extra["pause_caller_errors"] = .int(errors.filter { pause.covers($0) }.count)
-            extra["pause_stale_beyond_bound"] = .int(stale.filter { pause.covers($0) }.count)
-            extra["pause_resurrected"] = .int(resurrected.filter { pause.covers($0) }.count)
+            extra["pause_caller_errors"] = .int(count(.errors, "redis_paused"))
+            extra["pause_stale_beyond_bound"] = .int(count(.stale, "redis_paused"))
+            extra["pause_resurrected"] = .int(count(.resurrected, "redis_paused"))
         }
-        if let killed = faults.windows.first(where: { $0.kind == .pubsubKilled }) {
-            extra["pubsub_kill_caller_errors"] = .int(errors.filter { killed.covers($0) }.count)
-            extra["pubsub_kill_stale_beyond_bound"] = .int(stale.filter { killed.covers($0) }.count)
-            extra["pubsub_kill_resurrected"] = .int(resurrected.filter { killed.covers($0) }.count)
+        if faults.windows.contains(where: { $0.kind == .pubsubKilled }) {
+            extra["pubsub_kill_caller_errors"] = .int(count(.errors, "pubsub_killed"))
+            extra["pubsub_kill_stale_beyond_bound"] = .int(count(.stale, "pubsub_killed"))
+            extra["pubsub_kill_resurrected"] = .int(count(.resurrected, "pubsub_killed"))
         }
     }
 

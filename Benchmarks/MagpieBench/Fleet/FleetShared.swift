@@ -110,6 +110,21 @@ final class FleetShared: @unchecked Sendable {
         return killed != 0 && to >= killed && from <= killed + FaultTimeline.grace
     }
 
+    /// The fault windows `instant` falls in, each from the fault's start to `FaultTimeline.grace` after
+    /// its end (one that has begun and not yet ended reaches to now): exact when asked at `instant`,
+    /// as a fault's start and end are stored when they happen.
+    func faultWindows(at instant: Int64) -> FaultWindows {
+        func covers(_ began: Int64, _ ended: Int64) -> Bool {
+            began != 0 && instant >= began && (ended == 0 || instant <= ended + FaultTimeline.grace)
+        }
+        var windows: FaultWindows = []
+        let killed = load(pubsubKilledWord)
+        if covers(killed, killed) { windows.insert(.subscribersKilled) }
+        if covers(load(downBeganWord), load(downEndedWord)) { windows.insert(.redisKilled) }
+        if covers(load(pauseBeganWord), load(pauseEndedWord)) { windows.insert(.redisPaused) }
+        return windows
+    }
+
     func statusWord(worker: Int) -> Int { Self.controlWords + Self.statusWords * worker }
 
     // Keys.
@@ -274,4 +289,14 @@ struct LogHistogram: Sendable {
             p50: UInt64(percentile(50)), p90: UInt64(percentile(90)), p99: UInt64(percentile(99)),
             p999: UInt64(percentile(99.9)), max: UInt64(max))
     }
+}
+
+/// The fault windows an instant falls in (`FleetShared.faultWindows(at:)`).
+struct FaultWindows: OptionSet {
+    let rawValue: Int
+    static let subscribersKilled = FaultWindows(rawValue: 1)
+    static let redisKilled = FaultWindows(rawValue: 2)
+    static let redisPaused = FaultWindows(rawValue: 4)
+    /// Redis killed or paused: what `stale_reads_beyond_bound` leaves out.
+    static let outage: FaultWindows = [.redisKilled, .redisPaused]
 }

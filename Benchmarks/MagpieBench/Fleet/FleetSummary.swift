@@ -6,14 +6,17 @@ func printFleetSummary(_ results: [BenchResult]) {
     let rows = results.filter { ($0.scenario == "fleet" || $0.scenario == "fleet-fault") && $0.extra["single_flight"] == nil }
     guard !rows.isEmpty else { return }
     let view = FleetRows(rows)
+    // With faults, a system whose calls fail fast while Redis is down counts those failures as operations:
+    // its ops/s is no throughput, and no ratio is shown.
+    let faulted = rows[0].scenario == "fleet-fault"
     print("\nFleet (\(rows[0].scenario)): ops/s summed over the workers; reads timed from the caller; remote share: reads that went to Redis")
     var reads = [["system", "tasks", "ops/s", "× aside", "× pubsub", "read p50 µs", "p99 µs", "p99.9 µs", "remote share", "hit ratio",
                   "origin calls", "stale > bound", "resurrected", "caller errors"]]
     for row in rows {
         let x = FleetRowView(row)
         reads.append([
-            row.system, x.tasksText, String(format: "%.0f", row.ops_per_sec), view.ratio(row, to: "redis-cache-aside"),
-            view.ratio(row, to: "local-pubsub"), micros(row.latency_ns.p50), micros(row.latency_ns.p99), micros(row.latency_ns.p999),
+            row.system, x.tasksText, String(format: "%.0f", row.ops_per_sec), faulted ? "-" : view.ratio(row, to: "redis-cache-aside"),
+            faulted ? "-" : view.ratio(row, to: "local-pubsub"), micros(row.latency_ns.p50), micros(row.latency_ns.p99), micros(row.latency_ns.p999),
             x.double("remote_share", "%.3f"), String(format: "%.3f", row.hit_ratio), x.int("origin_calls"),
             x.int("stale_reads_beyond_bound"), x.int("resurrected_removals"), x.int("caller_errors"),
         ])
@@ -75,12 +78,12 @@ func printFleetSummary(_ results: [BenchResult]) {
         printAligned(pauses)
     }
 
-    let faulted = rows.filter { $0.extra["fault_windows"] != nil }
-    if !faulted.isEmpty {
+    let windowed = rows.filter { $0.extra["fault_windows"] != nil }
+    if !windowed.isEmpty {
         print("\nFaults: stale reads past the bound / resurrected / caller errors, per window (a fault's start to 2 s after its end)")
         let kinds = FaultTimeline.Kind.allCases.map(\.rawValue) + ["outside"]
         var table = [["system", "tasks", "drops applied", "subscribers killed"] + kinds]
-        for row in faulted {
+        for row in windowed {
             let x = FleetRowView(row)
             guard case .object(let windows)? = row.extra["fault_windows"] else { continue }
             table.append(

@@ -46,7 +46,7 @@ extension FleetInstance {
                 tally.writes += 1
             }
         } catch {
-            tally.recordCallerError()
+            tally.recordCallerError(table)
         }
         let finished = monotonicNanoseconds()
         recordChange(removal: removal, began: began, finished: finished, tally: tally)
@@ -60,7 +60,7 @@ extension FleetInstance {
         do {
             judgeRead(key, try system.readBlocking(Self.name(key), key: key), started: started, tally: tally)
         } catch {
-            tally.recordCallerError()
+            tally.recordCallerError(table)
         }
     }
 
@@ -106,11 +106,12 @@ extension FleetInstance {
         guard replacedAt > 0, replacedAt < readStarted - boundNs else { return }
         tally.staleBeyondBound += 1
         if remote { tally.staleFromRemote += 1 }
-        if tally.staleAt.count < FleetTally.instantsKept { tally.staleAt.append(readStarted) }
+        let windows = table.faultWindows(at: readStarted)
+        tally.windows.count(.stale, windows)
         // The value was removed (the latest change is a removal) long enough ago: served again.
         if truth.removal && truth.latestAt < readStarted - boundNs {
             tally.resurrected += 1
-            if tally.resurrectedAt.count < FleetTally.instantsKept { tally.resurrectedAt.append(readStarted) }
+            tally.windows.count(.resurrected, windows)
         }
     }
 }

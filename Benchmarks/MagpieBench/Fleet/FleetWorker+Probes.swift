@@ -114,9 +114,6 @@ extension FleetInstance {
             "remote_reads": .int(remote.total), "probe_writes": .int(probeWrites.load(ordering: .relaxed)),
             "own_write_probes": .int(tally.ownWriteProbes), "own_write_probes_not_local": .int(tally.ownWriteNotLocal),
             "own_write_probes_in_faults": .int(tally.ownWriteProbesInFaults),
-            "stale_at": .array(tally.staleAt.map { .int(Int($0)) }),
-            "resurrected_at": .array(tally.resurrectedAt.map { .int(Int($0)) }),
-            "caller_error_at": .array(tally.callerErrorAt.map { .int(Int($0)) }),
             "read_latency": histogram(tally.readLatency), "all_latency": histogram(tally.allLatency),
             "store_latency": histogram(tally.storeLatency), "remove_latency": histogram(tally.removeLatency),
             "hit_latency_running": histogram(tally.hitLatencyRunning), "hit_latency_paused": histogram(tally.hitLatencyPaused),
@@ -131,6 +128,7 @@ extension FleetInstance {
         // given; 0 while the library's hook is not wired).
         let dropped = (system as? FleetMagpieSystem)?.droppedChangeMessages ?? (system is FleetLocalPubSubSystem ? options.dropMessages : 0)
         line["drop_messages_applied"] = .double(dropped)
+        line.merge(tally.windows.json) { mine, _ in mine }
         line.merge(system.report()) { mine, _ in mine }
         print(String(decoding: (try? JSONEncoder().encode(line)) ?? Data(), as: UTF8.self))
     }

@@ -96,7 +96,7 @@ extension FleetInstance {
                 tally.writes += 1
             }
         } catch {
-            tally.recordCallerError()
+            tally.recordCallerError(table)
         }
         let finished = monotonicNanoseconds()
         recordChange(removal: removal, began: began, finished: finished, tally: tally)
@@ -111,7 +111,7 @@ extension FleetInstance {
         do {
             judgeRead(key, try await system.read(Self.name(key), key: key), started: started, tally: tally)
         } catch {
-            tally.recordCallerError()
+            tally.recordCallerError(table)
         }
     }
 }

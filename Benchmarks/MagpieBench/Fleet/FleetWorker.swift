@@ -135,12 +135,8 @@ final class FleetTally: @unchecked Sendable {
     var hitLatencyPaused = LogHistogram()
     var storeLatencyRunning = LogHistogram()
     var storeLatencyPaused = LogHistogram()
-    /// When each stale (or resurrected) read started, and when each caller error was seen (at most
-    /// `instantsKept` each per caller): the parent tells the outage windows from the rest.
-    var staleAt: [Int64] = []
-    var resurrectedAt: [Int64] = []
-    var callerErrorAt: [Int64] = []
-    static let instantsKept = 20_000
+    /// Stale and resurrected reads and caller errors by the fault windows they fell in (`FleetWindowTally`).
+    var windows = FleetWindowTally()
     /// Own-write probes (FleetWorker+Probes.swift), written by one task, read after it ended: read back
     /// after the writer's own write, and of those the ones the system could not answer locally;
     /// probes that overlapped a fault are left out (counted apart).
@@ -154,9 +150,7 @@ final class FleetTally: @unchecked Sendable {
         originCalls += local.originCalls; callerErrors += local.callerErrors
         staleBeyondBound += local.staleBeyondBound; staleFromRemote += local.staleFromRemote; resurrected += local.resurrected; wrongValues += local.wrongValues
         readLatency.merge(local.readLatency.counts)
-        staleAt += local.staleAt
-        resurrectedAt += local.resurrectedAt
-        callerErrorAt += local.callerErrorAt
+        windows.merge(local.windows)
         allLatency.merge(local.allLatency.counts)
         storeLatency.merge(local.storeLatency.counts)
         removeLatency.merge(local.removeLatency.counts)
@@ -190,15 +184,45 @@ final class FleetTally: @unchecked Sendable {
         }
     }
 
-    /// A caller error, and when it was seen (a caller's own tally: no lock).
-    func recordCallerError() {
+    /// A caller error, tallied by the fault windows it was seen in (a caller's own tally: no lock).
+    func recordCallerError(_ table: FleetShared) {
         callerErrors += 1
-        if callerErrorAt.count < Self.instantsKept { callerErrorAt.append(monotonicNanoseconds()) }
+        windows.count(.errors, table.faultWindows(at: monotonicNanoseconds()))
     }
 }
 
 
 /// A worker's system and what its callers share: the table, the origin, the key locks.
+/// Counts by fault window: stale reads (by when they started), resurrected reads, caller errors.
+struct FleetWindowTally {
+    enum Kind: Int, CaseIterable { case stale, resurrected, errors }
+    /// The JSON names of the slots: each fault's window, outside them all, and Redis killed or paused.
+    static let slots = ["pubsub_killed", "redis_killed", "redis_paused", "outside", "outage"]
+    /// counts[kind][slot]
+    var counts = [[Int]](repeating: [Int](repeating: 0, count: slots.count), count: Kind.allCases.count)
+
+    mutating func count(_ kind: Kind, _ windows: FaultWindows) {
+        if windows.contains(.subscribersKilled) { counts[kind.rawValue][0] += 1 }
+        if windows.contains(.redisKilled) { counts[kind.rawValue][1] += 1 }
+        if windows.contains(.redisPaused) { counts[kind.rawValue][2] += 1 }
+        if windows.isEmpty { counts[kind.rawValue][3] += 1 }
+        if !windows.isDisjoint(with: .outage) { counts[kind.rawValue][4] += 1 }
+    }
+
+    mutating func merge(_ other: FleetWindowTally) {
+        for kind in counts.indices { for slot in counts[kind].indices { counts[kind][slot] += other.counts[kind][slot] } }
+    }
+
+    /// `"<kind>_<slot>"` → count, for the worker's report (e.g. `stale_redis_paused`).
+    var json: [String: JSONValue] {
+        var line: [String: JSONValue] = [:]
+        for kind in Kind.allCases {
+            for (slot, name) in Self.slots.enumerated() { line["window_\(kind)_\(name)"] = .int(counts[kind.rawValue][slot]) }
+        }
+        return line
+    }
+}
+
 final class FleetInstance: @unchecked Sendable {
     // @unchecked Sendable invariant: every stored property is set in `init` and never changes; `options`
     // is a value read only, the others are thread safe.
