@@ -19,7 +19,9 @@ struct BenchFleetPartsTests {
         cmdstat_get:calls=1000,usec=1000,usec_per_call=1.00,rejected_calls=0,failed_calls=0\r
         """
 
-    @Test("INFO cpu commandstats: parsed, differenced, summed across a restart; a store sums only its system's top-level commands")
+    @Test(
+        "INFO cpu commandstats: parsed, differenced, summed across a restart; a store sums only its system's top-level commands"
+    )
     func redisStats() throws {
         let before = FleetRedisStats(info: Self.info)
         #expect(before.commands["evalsha"] == .init(calls: 100, usec: 2000))
@@ -35,7 +37,8 @@ struct BenchFleetPartsTests {
         #expect(delta.commands["publish"] == .init(calls: 10, usec: 50))
         #expect(abs(delta.cpuSeconds - 1) < 1e-9)
         // A restarted server counts from zero: the window is the part before the kill plus what came after.
-        let restarted = FleetRedisStats(info: "cmdstat_evalsha:calls=20,usec=400,usec_per_call=20.00\r\nused_cpu_user:0.5\r\n")
+        let restarted = FleetRedisStats(
+            info: "cmdstat_evalsha:calls=20,usec=400,usec_per_call=20.00\r\nused_cpu_user:0.5\r\n")
         let window = delta + restarted
         #expect(window.commands["evalsha"] == .init(calls: 70, usec: 1900))
         // Magpie's stores are scripts (their inner SETs are inside their time, not summed again).

@@ -22,7 +22,9 @@ final class FleetCacheAsideSystem: FleetSystem {
     func read(_ name: String, key: Int) async throws -> FleetRead {
         let redisKey = namespace + name
         gets.add(1, ordering: .relaxed)
-        if let found = try await client.get(redisKey) { return FleetRead(value: Array(found.readableBytesView), source: .remote) }
+        if let found = try await client.get(redisKey) {
+            return FleetRead(value: Array(found.readableBytesView), source: .remote)
+        }
         let (client, origin) = (client, origin)
         let value = try await flights.run(redisKey) {
             let value = await origin.value(key)

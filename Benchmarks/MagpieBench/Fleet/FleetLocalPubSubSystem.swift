@@ -51,11 +51,13 @@ final class FleetLocalPubSubSystem: FleetSystem {
     ///   - dropMessages: the fraction (0…1) of received messages the instance discards (a fault).
     ///   - onInvalidation: called with each key a message dropped here (the lag probes).
     static func start(
-        redis: RedisConfiguration, namespace: String, origin: FleetOrigin, budget: Int, instance: Int, skipsOwnMessages: Bool,
+        redis: RedisConfiguration, namespace: String, origin: FleetOrigin, budget: Int, instance: Int,
+        skipsOwnMessages: Bool,
         dropMessages: Double, seed: UInt64, onInvalidation: (@Sendable ([UInt8]) -> Void)?
     ) async throws -> FleetLocalPubSubSystem {
         let system = try FleetLocalPubSubSystem(
-            redis: redis, namespace: namespace, origin: origin, budget: budget, instance: instance, skipsOwnMessages: skipsOwnMessages)
+            redis: redis, namespace: namespace, origin: origin, budget: budget, instance: instance,
+            skipsOwnMessages: skipsOwnMessages)
         do {
             let stream = try await system.subscriber.subscribe(to: [system.channel])
             system.counters.connected.store(true, ordering: .releasing)
@@ -91,7 +93,8 @@ final class FleetLocalPubSubSystem: FleetSystem {
     }
 
     private init(
-        redis: RedisConfiguration, namespace: String, origin: FleetOrigin, budget: Int, instance: Int, skipsOwnMessages: Bool
+        redis: RedisConfiguration, namespace: String, origin: FleetOrigin, budget: Int, instance: Int,
+        skipsOwnMessages: Bool
     ) throws {
         client = try RedisClient(redis)
         subscriber = client.makeSubscriber()
@@ -146,7 +149,9 @@ final class FleetLocalPubSubSystem: FleetSystem {
 
     func set(_ name: String, _ value: [UInt8]) async throws {
         do {
-            for reply in try await client.send(batch: [.set(namespace + name, value), message(name)]) { _ = try reply.get() }
+            for reply in try await client.send(batch: [.set(namespace + name, value), message(name)]) {
+                _ = try reply.get()
+            }
         } catch {
             local.remove(name)
             throw error

@@ -18,7 +18,8 @@ final class FleetMagpieSystem: FleetSystem {
     ///   - remote: the store's Redis configuration and namespace; nil: no remote tier.
     ///   - onInvalidation: called with each key the store reported changed (the lag probes).
     init(
-        remote: (redis: RedisConfiguration, namespace: String)?, boundMs: Int, dropMessages: Double, origin: FleetOrigin,
+        remote: (redis: RedisConfiguration, namespace: String)?, boundMs: Int, dropMessages: Double,
+        origin: FleetOrigin,
         onInvalidation: (@Sendable ([UInt8]) -> Void)?
     ) throws {
         self.origin = origin
@@ -34,7 +35,8 @@ final class FleetMagpieSystem: FleetSystem {
             self.store = store
             // What the store was given, read back by name: 0 while the hook is not wired (or not there).
             droppedChangeMessages =
-                Mirror(reflecting: storeConfiguration).children.first { $0.label == "dropChangeMessages" }?.value as? Double ?? 0
+                Mirror(reflecting: storeConfiguration).children.first { $0.label == "dropChangeMessages" }?.value
+                as? Double ?? 0
         } else {
             store = nil
             droppedChangeMessages = 0
@@ -113,7 +115,8 @@ final class FleetMagpieSystem: FleetSystem {
             "remote_errors": .int(Int(remote.errors)), "invalidations": .int(Int(remote.invalidations)),
             "epoch_bumps": .int(Int(remote.epochBumps)), "owed_removals": .int(remote.owedRemovals),
             "replayed_removals": .int(Int(remote.replayedRemovals)), "store_hits": .int(Int(remote.hits)),
-            "unkept": .int(Int(remote.unkept)), "withheld": .int(Int(remote.withheld)), "fenced": .int(Int(remote.fenced)),
+            "unkept": .int(Int(remote.unkept)), "withheld": .int(Int(remote.withheld)),
+            "fenced": .int(Int(remote.fenced)),
             "leases": .int(Int(remote.leasesAcquired)), "lease_waits": .int(Int(remote.leaseWaits)),
             "shared_loads": .int(Int(remote.sharedLoads)),
         ]

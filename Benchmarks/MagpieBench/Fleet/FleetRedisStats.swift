@@ -50,7 +50,8 @@ struct FleetRedisStats: Sendable, Equatable {
         var delta = FleetRedisStats()
         for (name, after) in later.commands {
             let before = earlier.commands[name] ?? Command(calls: 0, usec: 0)
-            delta.commands[name] = Command(calls: max(0, after.calls - before.calls), usec: max(0, after.usec - before.usec))
+            delta.commands[name] = Command(
+                calls: max(0, after.calls - before.calls), usec: max(0, after.usec - before.usec))
         }
         delta.cpuSeconds = max(0, later.cpuSeconds - earlier.cpuSeconds)
         return delta

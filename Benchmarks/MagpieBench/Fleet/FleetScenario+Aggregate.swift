@@ -5,7 +5,8 @@ import Foundation
 
 extension FleetScenario {
     func aggregate(
-        _ system: String, outputs: [[String: JSONValue]], table: FleetShared, faults: FaultTimeline, tasks: Int, redis: FleetRedisStats?
+        _ system: String, outputs: [[String: JSONValue]], table: FleetShared, faults: FaultTimeline, tasks: Int,
+        redis: FleetRedisStats?
     ) -> BenchResult {
         var sums: [String: Int] = [:]
         var doubles: [String: Double] = [:]
@@ -15,8 +16,10 @@ extension FleetScenario {
                 switch value {
                 case .int(let v): sums[key, default: 0] += v
                 case .double(let v): doubles[key] = max(doubles[key] ?? v, v)
-                case .array(let counts) where key.hasSuffix("_latency") || key.hasSuffix("_running") || key.hasSuffix("_paused"):
-                    histograms[key, default: LogHistogram()].merge(counts.map { if case .int(let c) = $0 { c } else { 0 } })
+                case .array(let counts)
+                where key.hasSuffix("_latency") || key.hasSuffix("_running") || key.hasSuffix("_paused"):
+                    histograms[key, default: LogHistogram()].merge(
+                        counts.map { if case .int(let c) = $0 { c } else { 0 } })
                 default: break
                 }
             }
@@ -28,9 +31,12 @@ extension FleetScenario {
         let seconds = Double(options.seconds)
         var extra: [String: JSONValue] = [:]
         for key in [
-            "reads", "writes", "removes", "origin_calls", "caller_errors", "wrong_values", "remote_errors", "invalidations",
-            "epoch_bumps", "owed_removals", "replayed_removals", "stale_from_remote", "store_hits", "unkept", "withheld", "fenced",
-            "remote_reads", "remote_read_hits", "remote_read_misses", "unserved_copies", "leases", "lease_waits", "shared_loads",
+            "reads", "writes", "removes", "origin_calls", "caller_errors", "wrong_values", "remote_errors",
+            "invalidations",
+            "epoch_bumps", "owed_removals", "replayed_removals", "stale_from_remote", "store_hits", "unkept",
+            "withheld", "fenced",
+            "remote_reads", "remote_read_hits", "remote_read_misses", "unserved_copies", "leases", "lease_waits",
+            "shared_loads",
             "own_write_probes", "own_write_probes_not_local", "own_write_probes_in_faults", "messages_received",
             "own_messages_skipped", "messages_dropped", "subscription_losses", "local_entries", "probe_writes",
         ] {
@@ -44,7 +50,8 @@ extension FleetScenario {
         if let hits = sums["remote_read_hits"] {
             // Magpie's loader API does not say which tier answered: its statistics do.
             extra["hit_ratio_remote"] = .double(Double(hits) / Double(readCount))
-            extra["hit_ratio_memory"] = .double(Double(readCount - sums["remote_reads", default: 0]) / Double(readCount))
+            extra["hit_ratio_memory"] = .double(
+                Double(readCount - sums["remote_reads", default: 0]) / Double(readCount))
             extra["hit_ratio_disk"] = .double(0)
         } else if system == "local-uncoherent" {
             extra["hit_ratio_memory"] = .double(1 - Double(sums["origin_calls", default: 0]) / Double(readCount))
@@ -66,7 +73,8 @@ extension FleetScenario {
         extra["removes_per_sec"] = .double(Double(sums["removes", default: 0]) / seconds)
         // The pause rows: callers' reads, memory hits and stores that overlapped the SIGSTOP, beside those
         // while Redis ran (neither paused nor killed); also flat (`pause_read_p99_ns`, `running_store_p50_ns`, …).
-        for (key, histogram) in histograms where (key.hasSuffix("_running") || key.hasSuffix("_paused")) && histogram.total > 0 {
+        for (key, histogram) in histograms
+        where (key.hasSuffix("_running") || key.hasSuffix("_paused")) && histogram.total > 0 {
             let percentiles = histogram.percentiles
             extra[key + "_ns"] = percentiles.json
             extra[key + "_count"] = .int(histogram.total)
@@ -80,7 +88,9 @@ extension FleetScenario {
         let feeds = system == "magpie-fleet" || system == "local-pubsub"
         if feeds {
             extra["recovery_seconds"] = .double(faults.recoveries.max() ?? 0)
-            if !faults.recoveries.isEmpty { extra["recoveries_seconds"] = .array(faults.recoveries.map { .double($0) }) }
+            if !faults.recoveries.isEmpty {
+                extra["recoveries_seconds"] = .array(faults.recoveries.map { .double($0) })
+            }
             let (lag, lost, early) = invalidationLag(table)
             extra["invalidation_lag_ns"] = lag.percentiles.json
             extra["lag_probes"] = .int(lag.total)
@@ -89,12 +99,14 @@ extension FleetScenario {
         }
         if let redis {
             // Writes that reached Redis: sets, removals, the loads' fills, and the probes' sets.
-            let written = sums["writes", default: 0] + sums["removes", default: 0] + sums["origin_calls", default: 0]
+            let written =
+                sums["writes", default: 0] + sums["removes", default: 0] + sums["origin_calls", default: 0]
                 + sums["probe_writes", default: 0]
             extra.merge(redis.extra(system: system, stores: written, operations: operations)) { $1 }
         }
         return BenchResult(
-            scenario: scenario, system: system, threads: options.workers * (tasks > 0 ? tasks : options.threads), operations: operations,
+            scenario: scenario, system: system, threads: options.workers * (tasks > 0 ? tasks : options.threads),
+            operations: operations,
             seconds: seconds, ops_per_sec: Double(operations) / seconds, latency_ns: reads.percentiles,
             hit_ratio: 1 - Double(sums["origin_calls", default: 0]) / Double(readCount), extra: extra)
     }

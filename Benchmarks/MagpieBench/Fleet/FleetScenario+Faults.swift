@@ -23,7 +23,8 @@ extension FleetScenario {
     /// table too: the workers tally what overlapped the pause apart, and leave the own-write probes that
     /// overlapped a fault out. Samples the server's counters just before killing it (`sampler`).
     func injectFaults(
-        _ server: RedisServerProcess, table: FleetShared, start: Int64, duration: Int64, feeds: Bool, sampler: FleetRedisSampler
+        _ server: RedisServerProcess, table: FleetShared, start: Int64, duration: Int64, feeds: Bool,
+        sampler: FleetRedisSampler
     ) async throws -> FaultTimeline {
         var timeline = FaultTimeline()
         func sleep(until instant: Int64) async throws {

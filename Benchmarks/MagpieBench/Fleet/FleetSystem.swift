@@ -100,7 +100,8 @@ struct FleetRemoteReads {
     static func - (later: FleetRemoteReads, earlier: FleetRemoteReads) -> FleetRemoteReads {
         func minus(_ a: Int?, _ b: Int?) -> Int? { a.map { $0 - (b ?? 0) } }
         return FleetRemoteReads(
-            total: later.total - earlier.total, hits: minus(later.hits, earlier.hits), misses: minus(later.misses, earlier.misses),
+            total: later.total - earlier.total, hits: minus(later.hits, earlier.hits),
+            misses: minus(later.misses, earlier.misses),
             unserved: minus(later.unserved, earlier.unserved))
     }
 }

@@ -107,7 +107,8 @@ extension FleetInstance {
         func histogram(_ h: LogHistogram) -> JSONValue { .array(h.counts.map { .int($0) }) }
         var line: [String: JSONValue] = [
             "reads": .int(tally.reads), "writes": .int(tally.writes), "removes": .int(tally.removes),
-            "memory_hits": .int(tally.memoryHits), "disk_hits": .int(tally.diskHits), "remote_hits": .int(tally.remoteHits),
+            "memory_hits": .int(tally.memoryHits), "disk_hits": .int(tally.diskHits),
+            "remote_hits": .int(tally.remoteHits),
             "origin_calls": .int(origin.measuredCalls), "caller_errors": .int(tally.callerErrors),
             "stale_reads_beyond_bound": .int(tally.staleBeyondBound), "stale_from_remote": .int(tally.staleFromRemote),
             "resurrected_removals": .int(tally.resurrected), "wrong_values": .int(tally.wrongValues),
@@ -116,17 +117,21 @@ extension FleetInstance {
             "own_write_probes_in_faults": .int(tally.ownWriteProbesInFaults),
             "read_latency": histogram(tally.readLatency), "all_latency": histogram(tally.allLatency),
             "store_latency": histogram(tally.storeLatency), "remove_latency": histogram(tally.removeLatency),
-            "hit_latency_running": histogram(tally.hitLatencyRunning), "hit_latency_paused": histogram(tally.hitLatencyPaused),
+            "hit_latency_running": histogram(tally.hitLatencyRunning),
+            "hit_latency_paused": histogram(tally.hitLatencyPaused),
             "store_latency_running": histogram(tally.storeLatencyRunning),
             "store_latency_paused": histogram(tally.storeLatencyPaused),
-            "read_latency_running": histogram(tally.readLatencyRunning), "read_latency_paused": histogram(tally.readLatencyPaused),
+            "read_latency_running": histogram(tally.readLatencyRunning),
+            "read_latency_paused": histogram(tally.readLatencyPaused),
         ]
         if let hits = remote.hits { line["remote_read_hits"] = .int(hits) }
         if let misses = remote.misses { line["remote_read_misses"] = .int(misses) }
         if let unserved = remote.unserved { line["unserved_copies"] = .int(unserved) }
         // The fraction of received change messages this instance discarded (Magpie: what its store was
         // given; 0 while the library's hook is not wired).
-        let dropped = (system as? FleetMagpieSystem)?.droppedChangeMessages ?? (system is FleetLocalPubSubSystem ? options.dropMessages : 0)
+        let dropped =
+            (system as? FleetMagpieSystem)?.droppedChangeMessages
+            ?? (system is FleetLocalPubSubSystem ? options.dropMessages : 0)
         line["drop_messages_applied"] = .double(dropped)
         line.merge(tally.windows.json) { mine, _ in mine }
         line.merge(system.report()) { mine, _ in mine }
