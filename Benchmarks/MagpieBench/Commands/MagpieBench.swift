@@ -66,10 +66,10 @@ struct Suite: AsyncParsableCommand {
         // 2 rounds of 5 s), on a private redis-server that `make bench` installs.
         let redis = try RedisBenchOptions.parse(["--seconds", "2", "--rounds", "1", "--keys", "20000"])
         results += try await RedisScenario(options: redis).run(progress: progressLine)
-        // The fleet: 4 worker processes on one private Redis, 4 s per system after 2 s of warm-up
-        // (`magpie-bench fleet`: 10 s after 3 s; `--fault` for the outage run).
-        // 16 async caller tasks per worker only (`magpie-bench fleet` runs 1, 16 and 256).
-        let fleet = try FleetOptions.parse(["--seconds", "4", "--warmup-seconds", "2", "--tasks", "16"])
+        // The fleet: 4 worker processes on one private Redis, its four systems 3 s each after 2 s of
+        // warm-up (`magpie-bench fleet`: 10 s after 3 s; `--fault` for the outage run); 16 async caller
+        // tasks per worker only (`magpie-bench fleet` runs 1, 16 and 256).
+        let fleet = try FleetOptions.parse(["--seconds", "3", "--warmup-seconds", "2", "--tasks", "16"])
         results += try await FleetScenario(options: fleet).run(progress: progressLine)
         // The remote tier from 16 and 256 async tasks beside RedisClient (`magpie-bench fleet-async`: also
         // 1 task, and twice the operations).

@@ -23,9 +23,25 @@ struct FleetOptions: ParsableArguments {
     @Option(help: "One invalidation-lag probe (a set) every this many µs, across the fleet.") var probeIntervalUs = 2000
     @Option(help: "Concurrent callers per worker in the single-flight phase (0: skip it).") var singleFlightCallers = 100
     @Option(help: "A Redis URL to use instead of a private redis-server (not with --fault).") var url: String?
-    @Flag(help: "Kill Redis (2 s down, then restarted) and later pause it (1.5 s, SIGSTOP) during each run; the pause rows.")
+    @Flag(
+        help: """
+            Faults in each system's run: every subscriber connection killed (CLIENT KILL TYPE pubsub) at 10 %, Redis \
+            killed at 30 % (2 s down, then restarted), paused at 65 % (1.5 s, SIGSTOP), and --drop-messages \
+            (default 0.01 here) of the change messages dropped throughout; stale reads per fault window.
+            """)
     var fault = false
-    @Option(parsing: .upToNextOption, help: "Systems to run.") var systems = ["magpie-fleet", "redis-cache-aside", "local-uncoherent"]
+    @Option(
+        help: """
+            Fraction (0…1) of received change messages each instance discards, the whole run (local-pubsub: its \
+            subscriber; magpie-fleet: the store's test hook). Default 0, or 0.01 with --fault.
+            """)
+    var dropMessages: Double?
+    @Flag(help: "local-pubsub: the writer drops its own write on its own message (no origin tag: the naive pattern).")
+    var pubsubEcho = false
+    @Option(help: "One own-write probe per worker every this many ms (a set, then whether it is read locally); 0: none.")
+    var ownWriteProbeMs = 20
+    @Option(parsing: .upToNextOption, help: "Systems to run (magpie-fleet, redis-cache-aside, local-pubsub, local-uncoherent).")
+    var systems = ["magpie-fleet", "redis-cache-aside", "local-pubsub", "local-uncoherent"]
 
     func validate() throws {
         guard workers >= 2, threads >= 1, seconds >= 2, keys >= 1, valueSize >= 32 else {
@@ -34,18 +50,24 @@ struct FleetOptions: ParsableArguments {
         guard !tasks.isEmpty, tasks.allSatisfy({ $0 >= 0 && $0 <= 4096 }) else { throw ValidationError("--tasks: 0…4096 each") }
         guard setShare >= 0, removeShare >= 0, setShare + removeShare <= 1 else { throw ValidationError("bad shares") }
         if fault && url != nil { throw ValidationError("--fault needs the private redis-server (it kills and pauses it)") }
-        // The fault timeline: killed at 30 % of the run for 2 s, paused at 65 % for 1.5 s; from 10 s on,
+        // The fault timeline: the subscriber connections killed at 10 % of the run, Redis killed at 30 % for
+        // 2 s, paused at 65 % for 1.5 s; from 10 s on,
         // the run has the 2 s the recovery bar allows after the pause (the workers report their feeds only
         // until its end: a shorter run reports a slower recovery as none).
         if fault && seconds < 10 {
             throw ValidationError(
-                "--fault needs --seconds ≥ 10 (Redis killed at 30 % for 2 s, paused at 65 % for 1.5 s, then 2 s)")
+                "--fault needs --seconds ≥ 10 (subscribers killed at 10 %, Redis killed at 30 % for 2 s, paused at 65 % for 1.5 s, then 2 s)")
         }
-        let known = Set(["magpie-fleet", "redis-cache-aside", "local-uncoherent"])
+        if let dropMessages, !(0...1).contains(dropMessages) { throw ValidationError("--drop-messages: a fraction, 0…1") }
+        guard ownWriteProbeMs >= 0 else { throw ValidationError("--own-write-probe-ms: 0 or more") }
+        let known = Set(["magpie-fleet", "redis-cache-aside", "local-pubsub", "local-uncoherent"])
         for s in systems where !known.contains(s) { throw ValidationError("unknown system \(s); known: \(known.sorted())") }
     }
 
     var probes: Int { max(1, seconds * 1_000_000 / max(1, probeIntervalUs)) }
+
+    /// The fraction of change messages dropped: `--drop-messages`, else 1 % with `--fault`.
+    var droppedMessages: Double { dropMessages ?? (fault ? 0.01 : 0) }
 
     var config: [String: JSONValue] {
         [
@@ -55,7 +77,8 @@ struct FleetOptions: ParsableArguments {
             "bound_ms": .int(boundMs), "probe_interval_us": .int(probeIntervalUs),
             "single_flight_callers": .int(singleFlightCallers), "fault": .bool(fault),
             "server": .string(url.map(RedisBenchOptions.redacted) ?? (fault ? "private redis-server (appendonly yes, appendfsync always)" : "private redis-server (no persistence)")),
-            "systems": .array(systems.map { .string($0) }),
+            "systems": .array(systems.map { .string($0) }), "drop_messages": .double(droppedMessages),
+            "pubsub_echo": .bool(pubsubEcho), "own_write_probe_ms": .int(ownWriteProbeMs),
         ]
     }
 }
@@ -65,7 +88,7 @@ struct FleetBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "fleet",
         abstract:
-            "Worker processes sharing a Redis: Magpie's fleet tier against plain cache-aside on Redis and uncoherent local caches, in one run (invalidation lag, stale reads, outage behaviour with --fault).")
+            "Worker processes sharing a Redis: Magpie's fleet tier (loader API) against async cache-aside on Redis, a local cache + Redis + pub/sub invalidation, and uncoherent local caches, in one run (remote reads, Redis CPU, invalidation lag, stale reads; faults with --fault).")
 
     @OptionGroup var options: FleetOptions
     @OptionGroup var outputOptions: OutputOptions
@@ -78,72 +101,5 @@ struct FleetBench: AsyncParsableCommand {
             try report.write(to: json)
             print("\nwrote \(json)")
         }
-    }
-}
-
-func printFleetSummary(_ results: [BenchResult]) {
-    let rows = results.filter { $0.scenario == "fleet" || $0.scenario == "fleet-fault" }
-    guard !rows.isEmpty else { return }
-    print("\nFleet (\(rows[0].scenario)): ops/s summed over the workers; lag from a set returning to every other instance dropping the key")
-    var table = [["system", "tasks", "ops/s", "× aside", "read p50 µs", "read p99 µs", "hit ratio", "origin calls", "lag p50/p99/p999 ms",
-                  "stale > bound", "caller errors", "resurrected", "recovery s"]]
-    var aside: [Int: Double] = [:]
-    var pauses: [[String]] = [["system", "tasks", "hit p50/p99/max µs running", "hit p50/p99/max µs paused",
-                               "store p50/p99/max µs running", "store p50/p99/max µs paused", "caller errors", "stale > bound",
-                               "resurrected"]]
-    for row in rows where row.system == "redis-cache-aside" {
-        if case .int(let tasks)? = row.extra["tasks"] { aside[tasks] = row.ops_per_sec }
-    }
-    for row in rows where row.extra["single_flight"] == nil {
-        func int(_ key: String) -> String {
-            if case .int(let v)? = row.extra[key] { return "\(v)" }
-            return "-"
-        }
-        var lag = "n/a"
-        if case .object(let l)? = row.extra["invalidation_lag_ns"], case .int(let p50)? = l["p50"], case .int(let p99)? = l["p99"],
-            case .int(let p999)? = l["p999"]
-        {
-            lag = String(format: "%.2f/%.2f/%.2f", Double(p50) / 1e6, Double(p99) / 1e6, Double(p999) / 1e6)
-        }
-        var recovery = "-"
-        if case .double(let r)? = row.extra["recovery_seconds"] { recovery = String(format: "%.2f", r) }
-        var tasks = 0
-        if case .int(let t)? = row.extra["tasks"] { tasks = t }
-        var ratio = "-"
-        if row.system == "magpie-fleet", let base = aside[tasks], base > 0 { ratio = String(format: "%.2f", row.ops_per_sec / base) }
-        func micros(_ key: String, max withMax: Bool = false) -> String {
-            guard case .object(let p)? = row.extra[key], case .int(let p50)? = p["p50"], case .int(let p99)? = p["p99"] else { return "-" }
-            var text = String(format: "%.1f/%.1f", Double(p50) / 1000, Double(p99) / 1000)
-            if withMax, case .int(let top)? = p["max"] { text += String(format: "/%.1f", Double(top) / 1000) }
-            return text
-        }
-        if row.extra["pause_seconds"] != nil {
-            pauses.append([
-                row.system, tasks > 0 ? "\(tasks)" : "threads",
-                micros("hit_latency_running_ns", max: true), micros("hit_latency_paused_ns", max: true),
-                micros("store_latency_running_ns", max: true), micros("store_latency_paused_ns", max: true),
-                int("pause_caller_errors"), int("pause_stale_beyond_bound"), int("pause_resurrected"),
-            ])
-        }
-        table.append([
-            row.system, tasks > 0 ? "\(tasks)" : "threads", String(format: "%.0f", row.ops_per_sec), ratio,
-            String(format: "%.1f", Double(row.latency_ns.p50) / 1000),
-            String(format: "%.1f", Double(row.latency_ns.p99) / 1000), String(format: "%.3f", row.hit_ratio), int("origin_calls"),
-            lag, int("stale_reads_beyond_bound"), int("caller_errors"), int("resurrected_removals"), recovery,
-        ])
-    }
-    printAligned(table)
-    if pauses.count > 1 {
-        var seconds = ""
-        if let row = rows.first(where: { $0.extra["pause_seconds"] != nil }), case .double(let s)? = row.extra["pause_seconds"] {
-            seconds = String(format: " %.1f s", s)
-        }
-        print("\nRedis paused (SIGSTOP\(seconds)) and running: callers' memory hits and stores (sets) that overlapped")
-        print("the pause, beside those while Redis ran (killed excluded); caller errors, stale and resurrected reads")
-        print("from the SIGSTOP to 2 s after it")
-        printAligned(pauses)
-    }
-    if let single = rows.first(where: { $0.extra["single_flight"] != nil }), case .double(let perLease)? = single.extra["loader_runs_per_lease"] {
-        print(String(format: "single flight: %@ callers, loader runs per lease %.2f", "\(single.operations)", perLease))
     }
 }

@@ -46,7 +46,7 @@ struct FleetScenario {
         return results
     }
 
-    private var scenario: String { options.fault ? "fleet-fault" : "fleet" }
+    var scenario: String { options.fault ? "fleet-fault" : "fleet" }
 
     private func flush(_ url: String) async throws {
         let client = try RedisClient(try RedisConfiguration(url: url))
@@ -71,8 +71,8 @@ struct FleetScenario {
             "--threads", "\(options.threads)", "--value-size", "\(options.valueSize)", "--zipf", "\(options.zipf)",
             "--set-share", "\(options.setShare)", "--remove-share", "\(options.removeShare)", "--bound-ms", "\(options.boundMs)",
             "--origin-us", "\(options.originUs)", "--probe-interval-us", "\(options.probeIntervalUs)", "--namespace", namespace,
-            "--tasks", "\(tasks)",
-        ]
+            "--tasks", "\(tasks)", "--drop-messages", "\(options.droppedMessages)", "--own-write-probe-ms", "\(options.ownWriteProbeMs)",
+        ] + (options.pubsubEcho ? ["--pubsub-echo"] : [])
     }
 
     /// Starts the workers and waits until every one is ready (or one exits).
@@ -106,182 +106,25 @@ struct FleetScenario {
         table.store(table.endWord, start + duration)
         table.store(table.startWord, start)
         table.store(table.warmupWord, warmup)
+        // What Redis spent in the measured window: INFO before and after it (and just before a kill,
+        // which resets the server's counters).
+        let sampler = try FleetRedisSampler(url: url)
+        async let opening = sampler.sample(at: start)
+        async let closing = sampler.sample(at: start + duration)
         var faults = FaultTimeline()
         if options.fault, let server {
             faults = try await injectFaults(
-                server, table: table, start: start, duration: duration, feeds: system == "magpie-fleet")
+                server, table: table, start: start, duration: duration, feeds: system == "magpie-fleet" || system == "local-pubsub",
+                sampler: sampler)
         }
+        var redis: FleetRedisStats? = nil
+        if let first = await opening, let last = await closing {
+            if let beforeKill = faults.beforeKill { redis = (beforeKill - first) + last } else { redis = last - first }
+        }
+        await sampler.close()
         let deadline = start + duration + 60_000_000_000
         let outputs = try await onOwnThread { try processes.map { try $0.finish(deadline: deadline) } }
-        return aggregate(system, outputs: outputs, table: table, faults: faults, tasks: tasks)
-    }
-
-    /// Kills Redis at 30 % of the run (restarted 2 s later) and pauses it at 65 % (1.5 s); after each
-    /// return, the time until every worker's change feed is confirmed again (`feeds`: only Magpie has
-    /// one; the other systems are not waited for, so that their pause too falls inside the run). The
-    /// instants go to the shared table too: the workers tally their memory hits and stores in the pause
-    /// apart.
-    private func injectFaults(_ server: RedisServerProcess, table: FleetShared, start: Int64, duration: Int64, feeds: Bool)
-        async throws -> FaultTimeline
-    {
-        var timeline = FaultTimeline()
-        func sleep(until instant: Int64) async throws {
-            let remaining = instant - monotonicNanoseconds()
-            if remaining > 0 { try await Task.sleep(for: .nanoseconds(remaining)) }
-        }
-        func recovered(after back: Int64) async throws -> Double {
-            guard feeds else { return 0 }
-            // 10 s at most; and not past the run's end, after which the workers no longer report (10
-            // then means: not recovered within the run).
-            let deadline = min(back + 10_000_000_000, start + duration + 100_000_000)
-            while monotonicNanoseconds() < deadline {
-                let statuses = (0..<options.workers).map { table.load(table.statusWord(worker: $0)) }
-                if statuses.allSatisfy({ $0 > back }) { return Double((statuses.max() ?? back) - back) / 1e9 }
-                try await Task.sleep(for: .milliseconds(5))
-            }
-            return 10
-        }
-        let only = ProcessInfo.processInfo.environment["FLEET_FAULT"]
-        if only != "pause" {
-            try await sleep(until: start + duration * 3 / 10)
-            let down = monotonicNanoseconds()
-            table.store(table.downBeganWord, down)
-            try await onOwnThread { server.kill() }
-            try await Task.sleep(for: .seconds(2))
-            try await onOwnThread { try server.restart() }
-            let back = monotonicNanoseconds()
-            table.store(table.downEndedWord, back)
-            timeline.add(down: down, back: back, recovery: try await recovered(after: back))
-        }
-        if only == "kill" { return timeline }
-        try await sleep(until: start + duration * 65 / 100)
-        let paused = monotonicNanoseconds()
-        table.store(table.pauseBeganWord, paused)
-        try await onOwnThread { server.pause() }
-        try await Task.sleep(for: .milliseconds(1500))
-        try await onOwnThread { server.resume() }
-        let resumed = monotonicNanoseconds()
-        table.store(table.pauseEndedWord, resumed)
-        timeline.add(down: paused, back: resumed, recovery: try await recovered(after: resumed))
-        timeline.pause = (paused, resumed)
-        return timeline
-    }
-
-    private func aggregate(_ system: String, outputs: [[String: JSONValue]], table: FleetShared, faults: FaultTimeline, tasks: Int)
-        -> BenchResult
-    {
-        let recoveries = faults.recoveries
-        var sums: [String: Int] = [:]
-        var reads = LogHistogram()
-        var all = LogHistogram()
-        var phases: [String: LogHistogram] = [:]  // memory hits and stores, Redis running and paused
-        for output in outputs {
-            for (key, value) in output {
-                switch value {
-                case .int(let v): sums[key, default: 0] += v
-                case .array(let counts) where key == "read_latency":
-                    reads.merge(counts.map { if case .int(let c) = $0 { c } else { 0 } })
-                case .array(let counts) where key == "all_latency":
-                    all.merge(counts.map { if case .int(let c) = $0 { c } else { 0 } })
-                case .array(let counts) where key.hasSuffix("_running") || key.hasSuffix("_paused"):
-                    phases[key, default: LogHistogram()].merge(counts.map { if case .int(let c) = $0 { c } else { 0 } })
-                default: break
-                }
-            }
-        }
-        let operations = all.total
-        let readCount = max(1, sums["reads", default: 0])
-        var extra: [String: JSONValue] = [:]
-        for key in ["reads", "writes", "removes", "origin_calls", "caller_errors", "wrong_values", "remote_errors", "invalidations",
-                    "epoch_bumps", "owed_removals", "replayed_removals", "stale_from_remote", "store_hits", "unkept", "withheld", "fenced"] {
-            if let v = sums[key] { extra[key] = .int(v) }
-        }
-        // Stale and resurrected reads: those that started while Redis was down or within the 2 s its
-        // return is allowed (the fault bar) are reported apart from all the others.
-        func instants(_ key: String) -> [Int64] {
-            outputs.flatMap { output -> [Int64] in
-                guard case .array(let values)? = output[key] else { return [] }
-                return values.compactMap { if case .int(let v) = $0 { Int64(v) } else { nil } }
-            }
-        }
-        for (key, name) in [("stale_at", "stale_reads"), ("resurrected_at", "resurrected_removals")] {
-            let all = instants(key)
-            let during = all.filter { faults.covers($0) }.count
-            let total = sums[name == "stale_reads" ? "stale_reads_beyond_bound" : "resurrected_removals", default: 0]
-            extra[name == "stale_reads" ? "stale_reads_beyond_bound" : "resurrected_removals"] = .int(total - during)
-            if options.fault { extra[name + "_during_outage"] = .int(during) }
-        }
-        // The pause window's tallies: from the SIGSTOP to 2 s after the SIGCONT (a write that timed out
-        // in the pause runs when Redis resumes: what it brings back is read after the pause), as the
-        // outage's counts above. At most `FleetTally.instantsKept` instants per caller and kind.
-        if let pause = faults.pause {
-            let window = pause.began...(pause.ended + FaultTimeline.grace)
-            extra["pause_seconds"] = .double(Double(pause.ended - pause.began) / 1e9)
-            extra["pause_grace_seconds"] = .double(Double(FaultTimeline.grace) / 1e9)
-            extra["pause_caller_errors"] = .int(instants("caller_error_at").filter { window.contains($0) }.count)
-            extra["pause_stale_beyond_bound"] = .int(instants("stale_at").filter { window.contains($0) }.count)
-            extra["pause_resurrected"] = .int(instants("resurrected_at").filter { window.contains($0) }.count)
-        }
-        extra["hit_ratio_memory"] = .double(Double(sums["memory_hits", default: 0]) / Double(readCount))
-        extra["hit_ratio_disk"] = .double(Double(sums["disk_hits", default: 0]) / Double(readCount))
-        extra["hit_ratio_remote"] = .double(Double(sums["remote_hits", default: 0]) / Double(readCount))
-        extra["operation_latency_ns"] = all.percentiles.json
-        extra["tasks"] = .int(tasks)
-        // The pause rows: callers' memory hits and stores that overlapped the SIGSTOP, beside those while
-        // Redis ran (neither paused nor killed); also flat (`pause_hit_p99_ns`, `running_store_p50_ns`, …).
-        for (key, histogram) in phases where histogram.total > 0 {
-            let percentiles = histogram.percentiles
-            extra[key + "_ns"] = percentiles.json
-            extra[key + "_count"] = .int(histogram.total)
-            let kind = key.hasPrefix("hit") ? "hit" : "store"
-            let phase = key.hasSuffix("_paused") ? "pause" : "running"
-            for (name, value) in [("p50", percentiles.p50), ("p99", percentiles.p99), ("max", percentiles.max)] {
-                extra["\(phase)_\(kind)_\(name)_ns"] = .int(Int(value))
-            }
-        }
-        // Recovery is the time until every worker's change feed is confirmed again: only Magpie has one.
-        if system == "magpie-fleet" {
-            extra["recovery_seconds"] = .double(recoveries.max() ?? 0)
-            if !recoveries.isEmpty { extra["recoveries_seconds"] = .array(recoveries.map { .double($0) }) }
-        }
-        if system == "magpie-fleet" {
-            let (lag, lost, early) = invalidationLag(table)
-            extra["invalidation_lag_ns"] = lag.percentiles.json
-            extra["lag_probes"] = .int(lag.total)
-            extra["lag_probes_never_dropped"] = .int(lost)
-            extra["lag_probes_dropped_before_return"] = .int(early)
-        }
-        let seconds = Double(options.seconds)
-        return BenchResult(
-            scenario: scenario, system: system, threads: options.workers * (tasks > 0 ? tasks : options.threads), operations: operations,
-            seconds: seconds, ops_per_sec: Double(operations) / seconds, latency_ns: reads.percentiles,
-            hit_ratio: 1 - Double(sums["origin_calls", default: 0]) / Double(readCount), extra: extra)
-    }
-
-    /// Per probe: from its write returning to the last other worker dropping it (0 when they all
-    /// dropped it before the writer saw its reply). Probes some worker never dropped are counted apart.
-    private func invalidationLag(_ table: FleetShared) -> (LogHistogram, Int, Int) {
-        var lag = LogHistogram()
-        var lost = 0
-        var early = 0
-        for probe in 0..<table.probes {
-            let written = table.load(table.probeWord(probe, 0))
-            guard written > 0 else { continue }
-            let writer = probe % options.workers
-            var last: Int64 = 0
-            var missing = false
-            for worker in 0..<options.workers where worker != writer {
-                let dropped = table.load(table.probeWord(probe, 1 + worker))
-                if dropped == 0 { missing = true } else { last = max(last, dropped) }
-            }
-            if missing {
-                lost += 1
-                continue
-            }
-            if last < written { early += 1 }
-            lag.record(max(0, last - written))
-        }
-        return (lag, lost, early)
+        return aggregate(system, outputs: outputs, table: table, faults: faults, tasks: tasks, redis: redis)
     }
 
     private func singleFlight(url: String, directory: String) async throws -> BenchResult {
@@ -347,26 +190,5 @@ final class FleetProcess: @unchecked Sendable {
             throw BenchError("a fleet worker printed no JSON object: \(line.prefix(200))")
         }
         return object
-    }
-}
-
-/// When Redis was down (killed or paused) during a run, and how long every worker took to be confirmed
-/// again after each return.
-struct FaultTimeline {
-    var windows: [(down: Int64, back: Int64)] = []
-    var recoveries: [Double] = []
-    /// The SIGSTOP window (one of `windows`).
-    var pause: (began: Int64, ended: Int64)? = nil
-    /// How long after Redis's return reads may still see the outage's effects (the fault bar: coherence
-    /// back within 2 s).
-    static let grace: Int64 = 2_000_000_000
-
-    mutating func add(down: Int64, back: Int64, recovery: Double) {
-        windows.append((down, back))
-        recoveries.append(recovery)
-    }
-
-    func covers(_ instant: Int64) -> Bool {
-        windows.contains { instant >= $0.down && instant <= $0.back + Self.grace }
     }
 }

@@ -9,15 +9,20 @@ import Synchronization
 ///   control   16 words: 0 workers ready, 1 the measurement's start (ns), 2 its end, 3 stop, 4 loader
 ///             runs (single flight), 5 the warm-up's start (0 = not yet; written last), 6 and 7 when the
 ///             fault run SIGSTOPped Redis and when it resumed it, 8 and 9 when it killed Redis and when
-///             the restarted server was up (0 = not yet)
+///             the restarted server was up, 10 when it killed the subscriber connections (0 = not yet)
 ///   status    16 words per worker: 0 the last instant its change feed was seen confirmed
-///   keys      8 words per key: 0 lock, 1 next version, 2 latest version, 3 latest returned at,
+///   keys      8 words per key: 0 lock, 1 the newest version taken (the origin's), 2 latest version
+///             returned, 3 latest returned at,
 ///             4 latest was a removal, 5 previous version, 6 previous returned at, 7 the record's
 ///             sequence (odd while a write changes words 2-6: a reader retries, see `truth`)
 ///   probes    (1 + workers) words per probe: 0 the write returned at, 1 + w dropped on worker w
 ///
-/// Writes of one key (sets, removals, an origin load's fill) hold the key's lock across the system's
-/// write, so versions reach Redis in version order and "latest" is what a coherent reader must see.
+/// Writes of one key (sets and removals) hold the key's lock across the system's write, so versions
+/// reach the system in version order and "latest" is what a coherent reader must see. A load on a miss
+/// does not: it reads the origin (word 1) and its system stores the value when the load returns, as
+/// services load: a write that lands between the load's origin read and its store may be overwritten by
+/// the load's older value unless the system prevents it, and the judge counts the reads of that value as
+/// stale once the bound has passed, in every system alike.
 /// Instants are CLOCK_MONOTONIC nanoseconds: one clock for every process on the machine.
 final class FleetShared: @unchecked Sendable {
     // @unchecked Sendable invariant: `base` maps `size` bytes shared with the other processes for the
@@ -74,6 +79,8 @@ final class FleetShared: @unchecked Sendable {
     /// When the fault run killed Redis and when the restarted server was up; 0 = not (yet).
     var downBeganWord: Int { 8 }
     var downEndedWord: Int { 9 }
+    /// When the fault run killed every subscriber connection (`CLIENT KILL TYPE pubsub`); 0 = not (yet).
+    var pubsubKilledWord: Int { 10 }
 
     /// Whether `from...to` overlaps the window the words `began` and `ended` mark (one that has begun
     /// and not yet ended reaches to now).
@@ -94,6 +101,30 @@ final class FleetShared: @unchecked Sendable {
     func overlapsDown(_ from: Int64, _ to: Int64) -> Bool {
         overlaps(from, to, began: downBeganWord, ended: downEndedWord)
     }
+    /// Whether an operation from `from` to `to` overlapped any fault: Redis killed or paused, or the
+    /// `FaultTimeline.grace` after the subscriber connections were killed (the own-write probes leave
+    /// those out).
+    func overlapsFault(_ from: Int64, _ to: Int64) -> Bool {
+        if overlapsPause(from, to) || overlapsDown(from, to) { return true }
+        let killed = load(pubsubKilledWord)
+        return killed != 0 && to >= killed && from <= killed + FaultTimeline.grace
+    }
+
+    /// The fault windows `instant` falls in, each from the fault's start to `FaultTimeline.grace` after
+    /// its end (one that has begun and not yet ended reaches to now): exact when asked at `instant`,
+    /// as a fault's start and end are stored when they happen.
+    func faultWindows(at instant: Int64) -> FaultWindows {
+        func covers(_ began: Int64, _ ended: Int64) -> Bool {
+            began != 0 && instant >= began && (ended == 0 || instant <= ended + FaultTimeline.grace)
+        }
+        var windows: FaultWindows = []
+        let killed = load(pubsubKilledWord)
+        if covers(killed, killed) { windows.insert(.subscribersKilled) }
+        if covers(load(downBeganWord), load(downEndedWord)) { windows.insert(.redisKilled) }
+        if covers(load(pauseBeganWord), load(pauseEndedWord)) { windows.insert(.redisPaused) }
+        return windows
+    }
+
     func statusWord(worker: Int) -> Int { Self.controlWords + Self.statusWords * worker }
 
     // Keys.
@@ -190,6 +221,10 @@ final class FleetShared: @unchecked Sendable {
     /// The key's latest version (one word: never torn).
     func latestVersion(_ key: Int) -> Int64 { load(keyWord(key, 2)) }
 
+    /// The newest version a write of the key has taken (`nextVersion`), returned or not: the origin's
+    /// version of the key (a service commits to its database before it writes the cache).
+    func committedVersion(_ key: Int) -> Int64 { load(keyWord(key, 1)) }
+
     // Probes.
     func probeWord(_ probe: Int, _ field: Int) -> Int {
         Self.controlWords + Self.statusWords * workers + Self.keyWords * keys + (1 + workers) * probe + field
@@ -254,4 +289,14 @@ struct LogHistogram: Sendable {
             p50: UInt64(percentile(50)), p90: UInt64(percentile(90)), p99: UInt64(percentile(99)),
             p999: UInt64(percentile(99.9)), max: UInt64(max))
     }
+}
+
+/// The fault windows an instant falls in (`FleetShared.faultWindows(at:)`).
+struct FaultWindows: OptionSet {
+    let rawValue: Int
+    static let subscribersKilled = FaultWindows(rawValue: 1)
+    static let redisKilled = FaultWindows(rawValue: 2)
+    static let redisPaused = FaultWindows(rawValue: 4)
+    /// Redis killed or paused: what `stale_reads_beyond_bound` leaves out.
+    static let outage: FaultWindows = [.redisKilled, .redisPaused]
 }

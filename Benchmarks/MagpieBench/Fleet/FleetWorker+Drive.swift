@@ -2,12 +2,15 @@ import Foundation
 import Magpie
 import MagpieRedis
 
-// What a worker's callers do: Zipf reads, with a share of sets and removals of the same keys; a miss
-// goes to the "origin" (the shared table's latest version, after `origin-us` of simulated work) and
-// fills the cache. Every read is checked against the shared truth.
+// What a worker's callers do: Zipf reads, with a share of sets and removals of the same keys, through
+// the system under test (FleetSystem.swift); a miss goes to the "origin" (the shared table's newest
+// version, after `origin-us` of simulated work) and fills the system. Every read is checked against
+// the shared truth. These are the thread callers (`--tasks 0`, the systems' blocking forms); the task
+// callers are in FleetWorker+Tasks.swift.
 
 extension FleetInstance {
-    /// Runs the workload from the warm-up until `end`; only what happens from `start` on is counted.
+    /// Runs the workload from the warm-up until `end` on this thread (`--tasks 0`); only what happens
+    /// from `start` on is counted.
     func drive(thread: Int, from start: Int64, until end: Int64, tally: FleetTally) {
         let local = FleetTally()
         let warmup = FleetTally()
@@ -36,76 +39,60 @@ extension FleetInstance {
         let began = monotonicNanoseconds()
         do {
             if removal {
-                try remove(key)
+                try system.removeBlocking(Self.name(key))
                 tally.removes += 1
             } else {
-                try write(key, value(key, version: version))
+                try system.setBlocking(Self.name(key), value(key, version: version))
                 tally.writes += 1
             }
         } catch {
-            tally.recordCallerError()
+            tally.recordCallerError(table)
         }
         let finished = monotonicNanoseconds()
-        if !removal { tally.recordPhase(store: true, began: began, finished: finished, table: table) }
-        // The origin changed whether or not the cache call succeeded.
+        recordChange(removal: removal, began: began, finished: finished, tally: tally)
+        // The origin changed whether or not the system's call succeeded.
         table.recordWrite(key, version: version, removal: removal, now: finished)
     }
 
     private func read(_ key: Int, tally: FleetTally) {
         let started = monotonicNanoseconds()
         tally.reads += 1
-        var found: ([UInt8], Tier)? = nil
         do {
-            found = try read(key)
+            judgeRead(key, try system.readBlocking(Self.name(key), key: key), started: started, tally: tally)
         } catch {
-            tally.recordCallerError()
+            tally.recordCallerError(table)
         }
-        if let (bytes, tier) = found {
-            judgeHit(key, bytes, tier, started: started, tally: tally)
-            return
-        }
-        // A miss: the origin's current version, written into the cache under the key's lock (so it
-        // is never older than a write that returned before it); looked up again once the lock is held
-        // (the caller before may have filled it), as the task callers do.
-        table.lock(key)
-        do {
-            if let (bytes, tier) = try read(key) {
-                table.unlock(key)
-                judgeHit(key, bytes, tier, started: started, tally: tally)
-                return
-            }
-        } catch {
-            tally.recordCallerError()
-        }
-        tally.originCalls += 1
-        if options.originUs > 0 { usleep(UInt32(options.originUs)) }
-        let version = table.latestVersion(key)
-        do {
-            try write(key, value(key, version: version))
-        } catch {
-            tally.recordCallerError()
-        }
-        table.unlock(key)
-        tally.readLatency.record(monotonicNanoseconds() - started)
     }
 
-    /// A read that found `bytes` in `tier`: counted, timed (a memory hit also in the pause rows), and
-    /// judged against the ground truth.
-    func judgeHit(_ key: Int, _ bytes: [UInt8], _ tier: Tier, started: Int64, tally: FleetTally) {
+    /// A set's or removal's latency, tallied (a set's also in the pause rows).
+    func recordChange(removal: Bool, began: Int64, finished: Int64, tally: FleetTally) {
+        if removal {
+            tally.removeLatency.record(finished - began)
+        } else {
+            tally.storeLatency.record(finished - began)
+            tally.recordPhase(store: true, began: began, finished: finished, table: table)
+        }
+    }
+
+    /// A read that returned `read`: counted, timed (in the pause rows too; a memory hit also in the hit
+    /// rows), and judged against the ground truth.
+    func judgeRead(_ key: Int, _ read: FleetRead, started: Int64, tally: FleetTally) {
         let finished = monotonicNanoseconds()
         tally.readLatency.record(finished - started)
-        switch tier {
+        tally.recordReadPhase(began: started, finished: finished, table: table)
+        switch read.source {
         case .memory:
             tally.memoryHits += 1
             tally.recordPhase(store: false, began: started, finished: finished, table: table)
         case .disk: tally.diskHits += 1
         case .remote: tally.remoteHits += 1
+        case .origin, .unknown: break
         }
-        guard let (owner, version) = Self.parse(bytes), owner == key else {
+        guard let (owner, version) = FleetValue.parse(read.value), owner == key else {
             tally.wrongValues += 1
             return
         }
-        judge(key, version: version, readStarted: started, remote: tier == .remote, tally: tally)
+        judge(key, version: version, readStarted: started, remote: read.source == .remote, tally: tally)
     }
 
     /// A read of `version` that started at `readStarted` is stale beyond the bound when a newer version
@@ -119,95 +106,13 @@ extension FleetInstance {
         guard replacedAt > 0, replacedAt < readStarted - boundNs else { return }
         tally.staleBeyondBound += 1
         if remote { tally.staleFromRemote += 1 }
-        if tally.staleAt.count < FleetTally.instantsKept { tally.staleAt.append(readStarted) }
+        let windows = table.faultWindows(at: readStarted)
+        tally.windows.count(.stale, windows)
         // The value was removed (the latest change is a removal) long enough ago: served again.
         if truth.removal && truth.latestAt < readStarted - boundNs {
             tally.resurrected += 1
-            if tally.resurrectedAt.count < FleetTally.instantsKept { tally.resurrectedAt.append(readStarted) }
+            tally.windows.count(.resurrected, windows)
         }
-    }
-
-    /// Writes the lag probes this worker owns (probe n belongs to worker n % workers), one every
-    /// `probe-interval-us` × workers, recording when each write returned.
-    func probe(from start: Int64, until end: Int64) {
-        while monotonicNanoseconds() < start { usleep(1_000) }
-        var n = options.index
-        let interval = UInt32(max(100, options.probeIntervalUs * options.workers))
-        while n < options.probes, monotonicNanoseconds() < end, table.load(table.stopWord) == 0 {
-            let payload = Array("probe \(n)".utf8)
-            if (try? cache?.set(payload, forKey: "probe:\(n)")) != nil {
-                table.store(table.probeWord(n, 0), monotonicNanoseconds())
-            }
-            n += options.workers
-            usleep(interval)
-        }
-    }
-
-    /// The single-flight phase: `callers` concurrent loads of one missing key, each through the loader
-    /// API; the origin counts its runs in the shared table (control word 4).
-    func singleFlight(callers: Int) throws {
-        guard let cache else { return }
-        _ = table.add(table.readyWord, 1)
-        try FleetWorker.awaitWarmup(table)
-        let group = DispatchGroup()
-        let table = self.table
-        let failures = FleetTally()
-        for _ in 0..<callers {
-            group.enter()
-            Task {
-                do {
-                    _ = try await cache.value(forKey: "single-flight") {
-                        _ = table.add(4, 1)
-                        try await Task.sleep(for: .milliseconds(100))
-                        return Array("loaded once".utf8)
-                    }
-                } catch {
-                    failures.lock.withLock { failures.callerErrors += 1 }
-                }
-                group.leave()
-            }
-        }
-        group.wait()
-        let stats = cache.statistics.remote
-        let line: [String: JSONValue] = [
-            "caller_errors": .int(failures.callerErrors), "leases": .int(Int(stats?.leasesAcquired ?? 0)),
-            "shared_loads": .int(Int(stats?.sharedLoads ?? 0)),
-        ]
-        print(String(decoding: try JSONEncoder().encode(line), as: UTF8.self))
-    }
-
-    /// Prints the worker's figures (one JSON object) for the parent.
-    func report(_ tally: FleetTally) {
-        var line: [String: JSONValue] = [
-            "reads": .int(tally.reads), "writes": .int(tally.writes), "removes": .int(tally.removes),
-            "memory_hits": .int(tally.memoryHits), "disk_hits": .int(tally.diskHits), "remote_hits": .int(tally.remoteHits),
-            "origin_calls": .int(tally.originCalls), "caller_errors": .int(tally.callerErrors),
-            "stale_reads_beyond_bound": .int(tally.staleBeyondBound), "stale_from_remote": .int(tally.staleFromRemote), "resurrected_removals": .int(tally.resurrected),
-            "wrong_values": .int(tally.wrongValues),
-            "stale_at": .array(tally.staleAt.map { .int(Int($0)) }),
-            "resurrected_at": .array(tally.resurrectedAt.map { .int(Int($0)) }),
-            "caller_error_at": .array(tally.callerErrorAt.map { .int(Int($0)) }),
-            "read_latency": .array(tally.readLatency.counts.map { .int($0) }),
-            "all_latency": .array(tally.allLatency.counts.map { .int($0) }),
-            "hit_latency_running": .array(tally.hitLatencyRunning.counts.map { .int($0) }),
-            "hit_latency_paused": .array(tally.hitLatencyPaused.counts.map { .int($0) }),
-            "store_latency_running": .array(tally.storeLatencyRunning.counts.map { .int($0) }),
-            "store_latency_paused": .array(tally.storeLatencyPaused.counts.map { .int($0) }),
-        ]
-        if let remote = cache?.statistics.remote {
-            line["remote_errors"] = .int(Int(remote.errors))
-            line["invalidations"] = .int(Int(remote.invalidations))
-            line["epoch_bumps"] = .int(Int(remote.epochBumps))
-            line["owed_removals"] = .int(remote.owedRemovals)
-            line["replayed_removals"] = .int(Int(remote.replayedRemovals))
-            // Over the whole run, the warm-up included: what the store answered, and how much of it the
-            // local tiers could not keep (a change or a write of the key overlapped the fetch).
-            line["store_hits"] = .int(Int(remote.hits))
-            line["unkept"] = .int(Int(remote.unkept))
-            line["withheld"] = .int(Int(remote.withheld))
-            line["fenced"] = .int(Int(remote.fenced))
-        }
-        print(String(decoding: (try? JSONEncoder().encode(line)) ?? Data(), as: UTF8.self))
     }
 }
 

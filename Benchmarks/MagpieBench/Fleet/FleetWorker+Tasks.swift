@@ -2,25 +2,25 @@ import Foundation
 import Magpie
 import MagpieRedis
 import NIOConcurrencyHelpers
-import NIOCore
 
 // The worker's callers as services have them (`--tasks N`): N async tasks on Swift's global executor,
-// the same workload as the thread callers (FleetWorker+Drive.swift), through the async API —
-// `cache.async` for the caches, and for the cache-aside baseline the plain `RedisClient` a user would
-// call from the same tasks (GET; on a miss the origin, then SET; writes SET; removals DEL).
+// the same workload as the thread callers (FleetWorker+Drive.swift), through each system's async calls
+// (FleetSystem.swift): Magpie's loader API and `cache.async`, the cache-aside's and the hand-built
+// pattern's `RedisClient` calls, from the same tasks.
 //
-// The key's lock in the shared table is held across the write, as the thread callers hold it, so the
-// ground truth records versions in the order they reach the system. The tasks of one worker first queue
-// for the key on an async lock of the process (`FleetKeyLocks`: a waiter suspends, and the releaser hands
-// the key to the next waiter), so that at most one task per process competes for the shared lock, which
-// it then takes by trying, yielding, and sleeping between tries (20 µs, doubling to 1 ms): a task never spins on a cooperative
-// thread while the holder waits to be resumed on one. That cannot deadlock: a task holds at most one key
-// (its process's turn, then the shared word) and awaits only the system's write and the origin's sleep
-// while it holds it; every waiter is suspended (a continuation, a yield, or a sleep), so the pool's threads
-// stay free to resume the holder, in this process or another.
+// A set or removal holds the key's lock in the shared table across the system's write, as the thread
+// callers hold it, so the ground truth records versions in the order they reach the system. The tasks of
+// one worker first queue for the key on an async lock of the process (`FleetKeyLocks`: a waiter suspends,
+// and the releaser hands the key to the next waiter), so that at most one task per process competes for
+// the shared lock, which it then takes by trying, yielding, and sleeping between tries (20 µs, doubling to
+// 1 ms): a task never spins on a cooperative thread while the holder waits to be resumed on one. That
+// cannot deadlock: a task holds at most one key (its process's turn, then the shared word) and awaits
+// only the system's write while it holds it; every waiter is suspended (a continuation, a yield, or a
+// sleep), so the pool's threads stay free to resume the holder, in this process or another. Reads take
+// no lock: a miss is the system's own load (its single flight), as services have it.
 //
-// Memory hits and stores that overlapped the fault run's SIGSTOP window (the table's pause instants) are
-// tallied apart from those while Redis ran: the pause rows.
+// Reads, memory hits and stores that overlapped the fault run's SIGSTOP window (the table's pause
+// instants) are tallied apart from those while Redis ran: the pause rows.
 
 extension FleetInstance {
     /// Runs `tasks` callers from the warm-up until `end`; only what happens from `start` on is counted.
@@ -89,87 +89,30 @@ extension FleetInstance {
         let began = monotonicNanoseconds()
         do {
             if removal {
-                try await removeAsync(key)
+                try await system.remove(Self.name(key))
                 tally.removes += 1
             } else {
-                try await writeAsync(key, value(key, version: version))
+                try await system.set(Self.name(key), value(key, version: version))
                 tally.writes += 1
             }
         } catch {
-            tally.recordCallerError()
+            tally.recordCallerError(table)
         }
         let finished = monotonicNanoseconds()
-        if !removal { tally.recordPhase(store: true, began: began, finished: finished, table: table) }
+        recordChange(removal: removal, began: began, finished: finished, tally: tally)
         table.recordWrite(key, version: version, removal: removal, now: finished)
     }
 
+    /// A read as the system answers it (a miss loads inside the system, single flight per key in the
+    /// process, the origin the same for all), judged.
     private func readAsync(_ key: Int, tally: FleetTally) async {
         let started = monotonicNanoseconds()
         tally.reads += 1
-        var found: ([UInt8], Tier)? = nil
         do {
-            found = try await readValueAsync(key)
+            judgeRead(key, try await system.read(Self.name(key), key: key), started: started, tally: tally)
         } catch {
-            tally.recordCallerError()
+            tally.recordCallerError(table)
         }
-        if let (bytes, tier) = found {
-            judgeHit(key, bytes, tier, started: started, tally: tally)
-            return
-        }
-        // A miss: the origin's current version, written under the key's lock. Looked up again once the
-        // lock is held (each system alike): the task that held it before may have filled the key, as a
-        // careful cache-aside fill does; without it every task that missed a hot key fills it in turn.
-        await lockAsync(key)
-        do {
-            if let (bytes, tier) = try await readValueAsync(key) {
-                unlockAsync(key)
-                judgeHit(key, bytes, tier, started: started, tally: tally)
-                return
-            }
-        } catch {
-            tally.recordCallerError()
-        }
-        tally.originCalls += 1
-        if options.originUs > 0 { try? await Task.sleep(for: .microseconds(options.originUs)) }
-        let version = table.latestVersion(key)
-        do {
-            try await writeAsync(key, value(key, version: version))
-        } catch {
-            tally.recordCallerError()
-        }
-        unlockAsync(key)
-        tally.readLatency.record(monotonicNanoseconds() - started)
-    }
-
-    // MARK: The system's operations, async
-
-    private func readValueAsync(_ key: Int) async throws -> ([UInt8], Tier)? {
-        if let cache {
-            guard let hit = try await cache.async.lookup(Self.name(key)) else { return nil }
-            switch hit.tier {
-            case .memory: return (hit.value, .memory)
-            case .disk: return (hit.value, .disk)
-            case .remote: return (hit.value, .remote)
-            }
-        }
-        guard let client else { return nil }
-        guard let buffer = try await client.get(options.namespace + Self.name(key)) else { return nil }
-        return (Array(buffer.readableBytesView), .remote)
-    }
-
-    private func writeAsync(_ key: Int, _ value: [UInt8]) async throws {
-        if let cache { return try await cache.async.set(value, forKey: Self.name(key)) }
-        guard let client else { return }
-        _ = try await client.set(options.namespace + Self.name(key), value)
-    }
-
-    private func removeAsync(_ key: Int) async throws {
-        if let cache {
-            try await cache.async.removeValue(forKey: Self.name(key))
-            return
-        }
-        guard let client else { return }
-        _ = try await client.send(RedisCommand("DEL", [.string(options.namespace + Self.name(key))], keyIndices: [0]))
     }
 }
 

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Magpie
 import MagpieRedis
+import Synchronization
 
 /// One instance of the fleet benchmark: a process of its own, started by `magpie-bench fleet`.
 struct FleetWorker: ParsableCommand {
@@ -27,6 +28,12 @@ struct FleetWorker: ParsableCommand {
     @Option var singleFlightCallers: Int = 0
     /// Async caller tasks (FleetWorker+Tasks.swift); 0: `threads` caller threads.
     @Option var tasks: Int = 0
+    /// The fraction of received change messages the instance discards (a fault).
+    @Option var dropMessages: Double = 0
+    /// `local-pubsub`: the writer drops its own message's key too (no origin tag).
+    @Flag var pubsubEcho = false
+    /// One own-write probe every this many ms (0: none).
+    @Option var ownWriteProbeMs: Int = 20
 
     func run() throws {
         let table = try FleetShared(path: shared, keys: keys, probes: probes, workers: workers, create: false)
@@ -64,25 +71,32 @@ struct FleetWorker: ParsableCommand {
         }
         if instance.coherent {
             done.enter()
-            Thread {
-                instance.probe(from: start, until: end)
+            Task {
+                await instance.probe(from: start, until: end)
                 done.leave()
-            }.start()
-        }
-        // The feed's health, for the parent's recovery time.
-        while monotonicNanoseconds() < end {
-            // Coherent again: the feed confirmed (a heartbeat every 100 ms), and every instance's owed
-            // writes landed (the fleet's watermark runs 100-250 ms behind while all is well: each
-            // instance publishes its own with its heartbeat).
-            if let remote = instance.cache?.statistics.remote, remote.unconfirmedMilliseconds < 200,
-                remote.undeliveredMilliseconds < 350
-            {
-                table.store(table.statusWord(worker: index), monotonicNanoseconds())
             }
-            usleep(10_000)
+            if ownWriteProbeMs > 0 {
+                done.enter()
+                let interval = ownWriteProbeMs
+                Task {
+                    await instance.probeOwnWrites(every: interval, from: start, until: end, tally: tally)
+                    done.leave()
+                }
+            }
+        }
+        // The feed's health, for the parent's recovery time; the remote reads at the measurement's start
+        // (this thread wakes for it: the callers count the reads that start from then on).
+        var remoteAtStart: FleetRemoteReads? = nil
+        while monotonicNanoseconds() < end {
+            let now = monotonicNanoseconds()
+            if remoteAtStart == nil, now >= start { remoteAtStart = instance.system.remoteReads() }
+            if instance.system.feedHealthy == true { table.store(table.statusWord(worker: index), now) }
+            let untilStart = remoteAtStart == nil ? start - now : Int64.max
+            usleep(UInt32(max(0, min(10_000_000, untilStart) / 1_000)))
         }
         done.wait()
-        instance.report(tally)
+        let remote = instance.system.remoteReads() - (remoteAtStart ?? FleetRemoteReads(total: 0))
+        instance.report(tally, remote: remote)
     }
 }
 
@@ -108,18 +122,25 @@ final class FleetTally: @unchecked Sendable {
     var staleFromRemote = 0
     var readLatency = LogHistogram()
     var allLatency = LogHistogram()
+    /// Sets' and removals' latency (from the caller).
+    var storeLatency = LogHistogram()
+    var removeLatency = LogHistogram()
+    /// Reads (every one, whatever answered it) that overlapped the SIGSTOP window, and those while Redis
+    /// ran (neither paused nor killed).
+    var readLatencyRunning = LogHistogram()
+    var readLatencyPaused = LogHistogram()
     /// Memory hits and stores that overlapped the SIGSTOP window (the fault run), and those while Redis
     /// ran (neither paused nor killed).
     var hitLatencyRunning = LogHistogram()
     var hitLatencyPaused = LogHistogram()
     var storeLatencyRunning = LogHistogram()
     var storeLatencyPaused = LogHistogram()
-    /// When each stale (or resurrected) read started, and when each caller error was seen (at most
-    /// `instantsKept` each per caller): the parent tells the outage windows from the rest.
-    var staleAt: [Int64] = []
-    var resurrectedAt: [Int64] = []
-    var callerErrorAt: [Int64] = []
-    static let instantsKept = 20_000
+    /// Stale and resurrected reads and caller errors by the fault windows they fell in (`FleetWindowTally`).
+    var windows = FleetWindowTally()
+    /// Own-write probes (FleetWorker+Probes.swift), written by one task, read after it ended: read back
+    /// after the writer's own write, and of those the ones the system could not answer locally;
+    /// probes that overlapped a fault are left out (counted apart).
+    var ownWriteProbes = 0, ownWriteNotLocal = 0, ownWriteProbesInFaults = 0
 
     func merge(_ local: FleetTally) {
         lock.lock()
@@ -129,14 +150,26 @@ final class FleetTally: @unchecked Sendable {
         originCalls += local.originCalls; callerErrors += local.callerErrors
         staleBeyondBound += local.staleBeyondBound; staleFromRemote += local.staleFromRemote; resurrected += local.resurrected; wrongValues += local.wrongValues
         readLatency.merge(local.readLatency.counts)
-        staleAt += local.staleAt
-        resurrectedAt += local.resurrectedAt
-        callerErrorAt += local.callerErrorAt
+        windows.merge(local.windows)
         allLatency.merge(local.allLatency.counts)
+        storeLatency.merge(local.storeLatency.counts)
+        removeLatency.merge(local.removeLatency.counts)
+        readLatencyRunning.merge(local.readLatencyRunning.counts)
+        readLatencyPaused.merge(local.readLatencyPaused.counts)
         hitLatencyRunning.merge(local.hitLatencyRunning.counts)
         hitLatencyPaused.merge(local.hitLatencyPaused.counts)
         storeLatencyRunning.merge(local.storeLatencyRunning.counts)
         storeLatencyPaused.merge(local.storeLatencyPaused.counts)
+    }
+
+    /// A read (any) that ran from `began` to `finished`: tallied as paused if it overlapped the SIGSTOP
+    /// window, as running if it overlapped no outage (a caller's own tally: no lock).
+    func recordReadPhase(began: Int64, finished: Int64, table: FleetShared) {
+        if table.overlapsPause(began, finished) {
+            readLatencyPaused.record(finished - began)
+        } else if !table.overlapsDown(began, finished) {
+            readLatencyRunning.record(finished - began)
+        }
     }
 
     /// A memory hit (`store` false) or a store that ran from `began` to `finished`: tallied as paused if
@@ -151,137 +184,124 @@ final class FleetTally: @unchecked Sendable {
         }
     }
 
-    /// A caller error, and when it was seen (a caller's own tally: no lock).
-    func recordCallerError() {
+    /// A caller error, tallied by the fault windows it was seen in (a caller's own tally: no lock).
+    func recordCallerError(_ table: FleetShared) {
         callerErrors += 1
-        if callerErrorAt.count < Self.instantsKept { callerErrorAt.append(monotonicNanoseconds()) }
+        windows.count(.errors, table.faultWindows(at: monotonicNanoseconds()))
     }
 }
 
-/// A worker's cache, as the system under test uses it.
+
+/// A worker's system and what its callers share: the table, the origin, the key locks.
+/// Counts by fault window: stale reads (by when they started), resurrected reads, caller errors.
+struct FleetWindowTally {
+    enum Kind: Int, CaseIterable { case stale, resurrected, errors }
+    /// The JSON names of the slots: each fault's window, outside them all, and Redis killed or paused.
+    static let slots = ["pubsub_killed", "redis_killed", "redis_paused", "outside", "outage"]
+    /// counts[kind][slot]
+    var counts = [[Int]](repeating: [Int](repeating: 0, count: slots.count), count: Kind.allCases.count)
+
+    mutating func count(_ kind: Kind, _ windows: FaultWindows) {
+        if windows.contains(.subscribersKilled) { counts[kind.rawValue][0] += 1 }
+        if windows.contains(.redisKilled) { counts[kind.rawValue][1] += 1 }
+        if windows.contains(.redisPaused) { counts[kind.rawValue][2] += 1 }
+        if windows.isEmpty { counts[kind.rawValue][3] += 1 }
+        if !windows.isDisjoint(with: .outage) { counts[kind.rawValue][4] += 1 }
+    }
+
+    mutating func merge(_ other: FleetWindowTally) {
+        for kind in counts.indices { for slot in counts[kind].indices { counts[kind][slot] += other.counts[kind][slot] } }
+    }
+
+    /// `"<kind>_<slot>"` → count, for the worker's report (e.g. `stale_redis_paused`).
+    var json: [String: JSONValue] {
+        var line: [String: JSONValue] = [:]
+        for kind in Kind.allCases {
+            for (slot, name) in Self.slots.enumerated() { line["window_\(kind)_\(name)"] = .int(counts[kind.rawValue][slot]) }
+        }
+        return line
+    }
+}
+
 final class FleetInstance: @unchecked Sendable {
-    // @unchecked Sendable invariant: every stored property is set in `init` and never changes; the
-    // cache and the store are thread safe.
+    // @unchecked Sendable invariant: every stored property is set in `init` and never changes; `options`
+    // is a value read only, the others are thread safe.
     let options: FleetWorker
     let table: FleetShared
-    let cache: Cache?
-    let store: RedisRemoteStore?
-    /// The cache-aside baseline's plain client (the async callers').
-    let client: RedisClient?
+    let system: any FleetSystem
+    let origin: FleetOrigin
     /// The async callers' turns at each key (FleetWorker+Tasks.swift).
     let keyLocks = FleetKeyLocks()
+    /// The system is kept coherent (magpie-fleet, local-pubsub): lag and own-write probes.
     let coherent: Bool
     let workload: ZipfWorkload
     let boundNs: Int64
+    /// The probes' writes (lag and own-write probes: all within the measured window), which reach Redis
+    /// as the callers' stores do.
+    let probeWrites = Atomic<Int>(0)
+
+    /// Every system's memory: Magpie's memory budget, the hand-built pattern's local map's.
+    static let memoryBudget = 64 << 20
 
     init(_ options: FleetWorker, table: FleetShared) throws {
         self.options = options
         self.table = table
         workload = ZipfWorkload(keyCount: options.keys, alpha: options.zipf)
         boundNs = Int64(options.boundMs) * 1_000_000
-        var redis = try RedisConfiguration(url: options.url)
-        redis.commandTimeout = .milliseconds(250)
-        redis.connectTimeout = .milliseconds(250)
-        redis.reconnect.maximum = .milliseconds(250)
+        let origin = FleetOrigin(table: table, originUs: options.originUs, valueSize: options.valueSize)
+        self.origin = origin
+        var configuration = try RedisConfiguration(url: options.url)
+        configuration.commandTimeout = .milliseconds(250)
+        configuration.connectTimeout = .milliseconds(250)
+        configuration.reconnect.maximum = .milliseconds(250)
+        let redis = configuration
+        // "probe:<n>": the lag probe n was dropped here.
+        let worker = options.index
+        let probes = options.probes
+        let lagProbe: @Sendable ([UInt8]) -> Void = { key in
+            guard key.count > 6, key.starts(with: Array("probe:".utf8)),
+                let n = Int(String(decoding: key.dropFirst(6), as: UTF8.self)), n >= 0, n < probes
+            else { return }
+            let word = table.probeWord(n, 1 + worker)
+            if table.load(word) == 0 { table.store(word, monotonicNanoseconds()) }
+        }
         switch options.system {
         case "magpie-fleet":
-            let store = try RedisRemoteStore(.init(redis: redis, namespace: options.namespace))
-            var configuration = Cache.Configuration(memoryBudget: 64 << 20)
-            configuration.metrics = nil
-            let worker = options.index
-            let probes = options.probes
-            let table = table
-            var remote = RemoteTierOptions(store: store, maxDisconnectedStaleness: .milliseconds(options.boundMs))
-            remote.onInvalidation = { key in
-                    // "probe:<n>": the lag probe n was dropped here.
-                    guard key.count > 6, key.starts(with: Array("probe:".utf8)),
-                        let n = Int(String(decoding: key.dropFirst(6), as: UTF8.self)), n >= 0, n < probes
-                    else { return }
-                    let word = table.probeWord(n, 1 + worker)
-                if table.load(word) == 0 { table.store(word, monotonicNanoseconds()) }
-            }
-            configuration.remote = remote
-            cache = try Cache(configuration)
-            self.store = store
-            client = nil
+            system = try FleetMagpieSystem(
+                remote: (redis, options.namespace), boundMs: options.boundMs, dropMessages: options.dropMessages, origin: origin,
+                onInvalidation: lagProbe)
             coherent = true
         case "redis-cache-aside":
-            // Task callers: a plain RedisClient (FleetWorker+Tasks.swift); thread callers: the store's
-            // GET/SET/DEL through the blocking bridge.
-            store = options.tasks > 0 ? nil : try RedisRemoteStore(.init(redis: redis, namespace: options.namespace))
-            cache = nil
+            system = try FleetCacheAsideSystem(redis: redis, namespace: options.namespace, origin: origin)
             coherent = false
-            client = options.tasks > 0 ? try RedisClient(redis) : nil
+        case "local-pubsub":
+            let (namespace, skips, drop, seed) = (options.namespace, !options.pubsubEcho, options.dropMessages, UInt64(options.index))
+            system = try Self.blocking {
+                try await FleetLocalPubSubSystem.start(
+                    redis: redis, namespace: namespace, origin: origin, budget: Self.memoryBudget, instance: worker,
+                    skipsOwnMessages: skips, dropMessages: drop, seed: seed, onInvalidation: lagProbe)
+            }
+            coherent = true
         case "local-uncoherent":
-            var configuration = Cache.Configuration(memoryBudget: 64 << 20)
-            configuration.metrics = nil
-            cache = try Cache(configuration)
-            store = nil
+            system = try FleetMagpieSystem(
+                remote: nil, boundMs: options.boundMs, dropMessages: 0, origin: origin, onInvalidation: nil)
             coherent = false
-            client = nil
         default:
             throw BenchError("unknown system \(options.system)")
         }
     }
 
+    /// The Magpie cache, for the systems that are one.
+    var cache: Cache? { (system as? FleetMagpieSystem)?.cache }
+
     func close() {
-        try? cache?.close()
-        if let store { _ = try? Self.blocking { await store.shutdown() } }
-        if let client { _ = try? Self.blocking { await client.shutdown() } }
+        let system = system
+        _ = try? Self.blocking { await system.close() }
     }
 
     static func name(_ key: Int) -> String { "key:\(key)" }
 
-    func value(_ key: Int, version: Int64) -> [UInt8] {
-        var bytes = Array("\(key):\(version):".utf8)
-        while bytes.count < options.valueSize { bytes.append(UInt8(ascii: "a") + UInt8(bytes.count % 26)) }
-        return bytes
-    }
-
-    /// The key and version a value carries (nil: not one of this benchmark's values).
-    static func parse(_ bytes: [UInt8]) -> (Int, Int64)? {
-        let parts = bytes.prefix(40).split(separator: UInt8(ascii: ":"), maxSplits: 2, omittingEmptySubsequences: false)
-        guard parts.count >= 2, let key = Int(String(decoding: parts[0], as: UTF8.self)),
-            let version = Int64(String(decoding: parts[1], as: UTF8.self))
-        else { return nil }
-        return (key, version)
-    }
-
-    // MARK: The system's operations
-
-    enum Tier { case memory, disk, remote }
-
-    func read(_ key: Int) throws -> ([UInt8], Tier)? {
-        if let cache {
-            guard let hit = try cache.lookup(Self.name(key)) else { return nil }
-            switch hit.tier {
-            case .memory: return (hit.value, .memory)
-            case .disk: return (hit.value, .disk)
-            case .remote: return (hit.value, .remote)
-            }
-        }
-        guard let store else { return nil }
-        let name = Array(Self.name(key).utf8)
-        let found = try Self.blocking { try await store.values(forKeys: [name])[0] }
-        return found.map { ($0, .remote) }
-    }
-
-    func write(_ key: Int, _ value: [UInt8]) throws {
-        if let cache { return try cache.set(value, forKey: Self.name(key)) }
-        guard let store else { return }
-        let name = Array(Self.name(key).utf8)
-        _ = try Self.blocking { try await store.store(value, forKey: name, expiresAt: 0, onlyIfAbsent: false) }
-    }
-
-    func remove(_ key: Int) throws {
-        if let cache {
-            try cache.removeValue(forKey: Self.name(key))
-            return
-        }
-        guard let store else { return }
-        let name = Array(Self.name(key).utf8)
-        try Self.blocking { try await store.remove(keys: [name]) }
-    }
+    func value(_ key: Int, version: Int64) -> [UInt8] { FleetValue.make(key: key, version: version, size: options.valueSize) }
 
     /// Runs `operation` as a task and blocks this thread (one of the benchmark's own, never a thread of
     /// Swift's cooperative pool) until it ends.
