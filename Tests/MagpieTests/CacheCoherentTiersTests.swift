@@ -334,6 +334,36 @@ struct CacheCoherentTiersTests {
         #expect(statistics.sequenceGaps + statistics.shortPartitions > 0)
     }
 
+    @Test("a load that read its origin before another instance's write, and lands after it, never overwrites that write")
+    func loadRacesAWrite() async throws {
+        let server = InMemoryRemoteServer()
+        defer { server.stop() }
+        let (a, _) = try inMemoryFleetCache(server)
+        let (b, _) = try inMemoryFleetCache(server, lease: nil)
+        defer { try? a.close(); try? b.close() }
+        #expect(await settled(a))
+        #expect(await settled(b))
+        let originRead = Wakeup()
+        let writeDone = Wakeup()
+        let load = Task {
+            try await b.value(forKey: "raced") {
+                let old = bytes("from the origin, before the write")
+                originRead.finish()
+                await writeDone.wait(upTo: .seconds(5))
+                return old
+            }
+        }
+        await originRead.wait(upTo: .seconds(5))
+        try await a.async.set(bytes("newer"), forKey: "raced")
+        #expect(await settled(b))  // the write's message reached b before the load lands
+        writeDone.finish()
+        #expect(try await load.value == bytes("from the origin, before the write"))  // its callers get what it loaded
+        #expect(await settled(b))
+        #expect(string(try await a.async.value(forKey: "raced")) == "newer")
+        #expect(try await eventually { string(try await b.async.value(forKey: "raced")) == "newer" })
+        #expect(string(try await b.async.value(forKey: "raced")) == "newer")
+    }
+
     @Test("removals made while the store is down are owed and replayed when it is back: nothing comes back")
     func removalsReplayed() async throws {
         let server = InMemoryRemoteServer()

@@ -46,7 +46,7 @@ final class FleetMagpieSystem: FleetSystem {
 
     /// The store's test hooks, set where its configuration is built.
     private static func applyTestHooks(_ configuration: inout RedisRemoteStore.Configuration, dropMessages: Double) {
-        // TODO(#56): configuration.dropChangeMessages = dropMessages
+        configuration.dropChangeMessages = dropMessages
     }
 
     func read(_ name: String, key: Int) async throws -> FleetRead {

@@ -332,11 +332,11 @@ final class LoadCoordinator: Sendable {
                         flight.finish(.success(value))
                         return
                     }
-                    let started = clock.now()
+                    let (started, version) = (clock.now(), composition.loadVersion())
                     let result: Result<[UInt8]?, any Error>
                     do { result = .success(try await load()) } catch { result = .failure(error) }
                     let landed: RemoteSend?? = try? await composition.local.offload { [self] () throws(MagpieError) -> RemoteSend? in
-                        land(flight, call, result, started: started)
+                        land(flight, call, result, started: started, version: version)
                     }
                     if landed == nil { leave(flight, hash: call.hash) }  // cancelled or closed before it could land
                     // The value goes through to the store before the lease is released (a waiter that
@@ -362,10 +362,10 @@ final class LoadCoordinator: Sendable {
             flight.finish(.success(value))
             return
         }
-        let started = clock.now()
+        let (started, version) = (clock.now(), composition.loadVersion())
         let result: Result<[UInt8]?, any Error>
         do { result = .success(try load()) } catch { result = .failure(error) }
-        composition.sendWaiting(land(flight, call, result, started: started))
+        composition.sendWaiting(land(flight, call, result, started: started, version: version))
         composition.finishLoadWaiting(call, lease)
         flight.finish(result)
     }
@@ -374,8 +374,11 @@ final class LoadCoordinator: Sendable {
     /// remembered or the stale value removed, or, for a failure, the error counted and logged and the
     /// key throttled when fail-safe can serve its stale value; then the flight leaves the map.
     /// With a remote tier, the landing's remote write is returned, for the caller to send with no lock
-    /// held.
-    private func land(_ flight: Flight, _ call: LoaderCall, _ result: Result<[UInt8]?, any Error>, started: Int64) -> RemoteSend? {
+    /// held; it carries `version`, given when the load started: a write of the key by another instance
+    /// made while the load ran is newer, and the store keeps it over the load's older value.
+    private func land(_ flight: Flight, _ call: LoaderCall, _ result: Result<[UInt8]?, any Error>, started: Int64, version: UInt64)
+        -> RemoteSend?
+    {
         defer { leave(flight, hash: call.hash) }
         var remoteWrite: RemoteSend? = nil
         switch result {
@@ -395,7 +398,8 @@ final class LoadCoordinator: Sendable {
                 do {
                     remoteWrite = try runtime.withKey(call.name, hash: call.hash) { key throws(MagpieError) -> RemoteSend? in
                         if let value {
-                            let stamp = call.options.stamp(now: started, hash: call.hash)
+                            var stamp = call.options.stamp(now: started, hash: call.hash)
+                            stamp.version = version
                             return try value.withUnsafeBytes { bytes in
                                 Result { () throws(MagpieError) in
                                     try composition.writeLocally(bytes, for: key, options: call.options, stamp: stamp, wait: .block).waited()
@@ -403,7 +407,8 @@ final class LoadCoordinator: Sendable {
                             }.get()
                         } else if let lifetime = call.loader.negativeLifetime {
                             let deadline = Expiry.after(lifetime).deadline(now: started)
-                            let stamp = StoreStamp(memory: deadline, disk: deadline, freshness: Freshness(negative: true))
+                            var stamp = StoreStamp(memory: deadline, disk: deadline, freshness: Freshness(negative: true))
+                            stamp.version = version
                             return try composition.writeLocally(
                                 UnsafeRawBufferPointer(start: nil, count: 0), for: key, options: call.options, stamp: stamp, wait: .block
                             ).waited()

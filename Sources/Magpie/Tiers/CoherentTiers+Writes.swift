@@ -40,13 +40,20 @@ extension CoherentTiers {
         let began = clock.now()
         remote.coherence.beginWrite(key.hash, now: began)
         // The version is given under the stripe, with the local store: one instance's writes of a key get
-        // versions in the order they changed the local tiers, and its copy knows which write it holds.
+        // versions in the order they changed the local tiers, and its copy knows which write it holds. A
+        // load's landing carries the version given when it started (LoadCoordinator.land): its own writes
+        // since superseded it.
         var stamped = stamp
         stamped.coherence = Coherence.stamp(at: began, partition: partition)
-        stamped.version = remote.versions.next()
+        // A landing whose key another instance wrote since the load started keeps the newer copy (the store
+        // refuses the load's value too).
+        let superseded = stamped.version != 0 && (local.memory.metadata(key)?.version ?? 0) > stamped.version
+        if stamped.version == 0 { stamped.version = remote.versions.next() }
         let written: ImmediateRead<Void>
         do {
-            written = try local.store(value, for: key, options: options, memoryPolicy: options.encodedMemoryPolicy, stamp: stamped, wait: wait)
+            written =
+                superseded
+                ? .done(()) : try local.store(value, for: key, options: options, memoryPolicy: options.encodedMemoryPolicy, stamp: stamped, wait: wait)
         } catch {
             remote.coherence.endWrite(key.hash, began: began)
             throw error

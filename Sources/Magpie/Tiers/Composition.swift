@@ -159,6 +159,11 @@ enum Composition: Sendable {
         }
     }
 
+    /// The version a load that starts now gives its value (with a remote tier; 0 without one).
+    func loadVersion() -> UInt64 {
+        coherent?.remote.versions.next() ?? 0
+    }
+
     /// Takes the fleet's lease of `call`'s key (or gets the value another instance's load stored);
     /// without a remote tier this instance just loads.
     nonisolated(nonsending)
