@@ -9,7 +9,9 @@ import MagpieRedis
 // RedisClient configuration, called from the same kind of tasks), on one private redis-server.
 //
 // Per concurrency (default 1, 16 and 256 tasks), in one run:
-//   set      RedisClient SET            vs  cache.async.set through to Redis (each key once)
+//   set      RedisClient SET, and the hand-built pattern's store (SET + PUBLISH of the key, pipelined,
+//            one subscriber on the channel, as the writer's own cache has)  vs  cache.async.set through
+//            to Redis (each key once)
 //   get      RedisClient GET            vs  cache.async.value of keys only Redis holds (a fresh
 //                                           instance reads each key once: every read a remote hit)
 //   hit      cache.async.value memory hits of a cache without a remote tier  vs  the same hits of
@@ -78,6 +80,21 @@ struct FleetAsyncScenario {
                     _ = try await client.set("\(namespace)c:\(i)", value)
                     return true
                 })
+            // The pattern users build by hand (FleetPubSubSystem): SET, then PUBLISH the key, in one batch.
+            let subscriber = client.makeSubscriber()
+            let subscription = try await subscriber.subscribe(to: ["\(namespace)invalidations"])
+            let listener = Task { for await _ in subscription {} }
+            progress("fleet-async: \(tasks) task(s), SET + PUBLISH ×\(count)")
+            results.append(
+                try await timed("set", system: "redis-set-publish", tasks: tasks, count: count) { i in
+                    let key = "\(namespace)p:\(i)"
+                    for reply in try await client.send(batch: [.set(key, value), RedisCommand("PUBLISH", [.string("\(namespace)invalidations"), .string(key)])]) {
+                        _ = try reply.get()
+                    }
+                    return true
+                })
+            listener.cancel()
+            await subscriber.close()
             let writer = try FleetAsyncCache(target, namespace: namespace)
             try await writer.confirmed()
             progress("fleet-async: \(tasks) task(s), cache.async.set ×\(count)")
@@ -170,18 +187,24 @@ struct FleetAsyncCache {
 /// The table: per concurrency and workload, the plain alternative and Magpie side by side.
 func printFleetAsyncSummary(_ results: [BenchResult]) {
     print("\nfleet-async: the remote tier from async tasks (one private redis-server, one run)")
-    print("workload  tasks  system          ops/s        p50 µs    p99 µs    found   ratio")
+    print("workload  tasks  system             ops/s        p50 µs    p99 µs    found   ratio     × SET+PUBLISH")
     var baseline: [String: Double] = [:]
+    var pattern: [String: Double] = [:]
     for row in results {
         guard case .string(let workload) = row.extra["workload"] else { continue }
         let key = "\(workload)/\(row.threads)"
-        var ratio = ""
+        var (ratio, patternRatio) = ("", "")
         if row.system == "magpie-fleet", let base = baseline[key] { ratio = String(format: "%.2f ×", row.ops_per_sec / base) }
-        if row.system != "magpie-fleet" { baseline[key] = row.ops_per_sec }
+        if row.system == "magpie-fleet", let base = pattern[key] { patternRatio = String(format: "%.2f ×", row.ops_per_sec / base) }
+        if row.system == "redis-set-publish" {
+            pattern[key] = row.ops_per_sec
+        } else if row.system != "magpie-fleet" {
+            baseline[key] = row.ops_per_sec
+        }
         print(
             String(
-                format: "%-8@  %5d  %-14@  %10.0f  %9.1f %9.1f   %5.3f   %@", workload as NSString, row.threads,
+                format: "%-8@  %5d  %-17@  %10.0f  %9.1f %9.1f   %5.3f   %-8@  %@", workload as NSString, row.threads,
                 row.system as NSString, row.ops_per_sec, Double(row.latency_ns.p50) / 1000, Double(row.latency_ns.p99) / 1000,
-                row.hit_ratio, ratio as NSString))
+                row.hit_ratio, ratio as NSString, patternRatio as NSString))
     }
 }
