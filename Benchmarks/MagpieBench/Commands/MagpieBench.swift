@@ -45,6 +45,9 @@ struct Suite: AsyncParsableCommand {
     @OptionGroup var outputOptions: OutputOptions
 
     func run() async throws {
+        // The commit of the checkout that was built, read before the run: a commit made while it runs is not
+        // what ran.
+        let commit = Provenance.commit()
         // Each scenario's options as a command line: parsed here, and written to the report, which names the
         // command that reproduces each table (`magpie-bench report --markdown`).
         var commands: [String: String] = [:]
@@ -113,7 +116,7 @@ struct Suite: AsyncParsableCommand {
         ]
         if let replay { config["replay"] = .object(replay.config) }
         let report = Report(
-            date: stamp, machine: .current(), config: config, results: results, commit: Provenance.commit(), commands: commands)
+            date: stamp, machine: .current(), config: config, results: results, commit: commit, commands: commands)
         print()
         // The curves, the replay and the Redis rows get their own tables.
         printTable(results.filter {
@@ -137,7 +140,9 @@ struct Suite: AsyncParsableCommand {
             printAligned(rows)
         }
         print("\nAt a glance (same-run ratios; `magpie-bench report --markdown` writes them into BENCHMARKS.md and README.md)")
-        printAligned(Glance.rows(report, service: nil).map { [$0.comparison, $0.magpie, $0.reference, $0.ratio] })
+        printAligned([["comparison", "Magpie", "instead", "Magpie against it"]] + Glance.rows(report, service: nil).map {
+            [$0.comparison, $0.magpie, $0.reference, $0.ratio]
+        })
         let path = "\(output)/\(stamp)/results.json"
         try report.write(to: path)
         let page = "\(output)/\(stamp)/report.html"

@@ -6,8 +6,9 @@ extension BenchmarksPage {
         guard let tables = redisTables(rows(report)) else { return "" }
         var parts: [String] = []
         if tables.rows.count > 1 { parts.append(Markdown.table(tables.rows)) }
-        parts.append("The bars: magpie-redis over redis-benchmark per round, and the verdict on the median over the rounds:\n\n"
-            + Markdown.table(tables.bars))
+        parts.append(
+            "The bars: magpie-redis over redis-benchmark per round, and the verdict on the median over the rounds:\n\n"
+                + Markdown.table(tables.bars))
         return section(
             "The Redis client", report, command: command(report, "redis"),
             """
@@ -19,24 +20,34 @@ extension BenchmarksPage {
     }
 
     static func fleet(_ report: Report) -> String {
-        let fleet = rows(report).filter { ($0.scenario == "fleet" || $0.scenario == "fleet-fault") && $0.extra["single_flight"] == nil }
+        let fleet = rows(report).filter {
+            ($0.scenario == "fleet" || $0.scenario == "fleet-fault") && $0.extra["single_flight"] == nil
+        }
         guard !fleet.isEmpty else { return "" }
         func int(_ r: BenchResult, _ key: String) -> String { Glance.int(r.extra[key]).map(String.init) ?? "-" }
         var aside: [Int: Double] = [:]
-        for r in fleet where r.system == "redis-cache-aside" { aside[Glance.int(r.extra["tasks"]) ?? 0] = r.ops_per_sec }
-        var table = [[
-            "system", "tasks", "ops/s", "× cache-aside", "read p50 / p99 µs", "hit ratio", "lag p50 / p99 / p99.9 ms", "stale past the bound",
-            "caller errors",
-        ]]
+        for r in fleet where r.system == "redis-cache-aside" {
+            aside[Glance.int(r.extra["tasks"]) ?? 0] = r.ops_per_sec
+        }
+        var table = [
+            [
+                "system", "tasks", "ops/s", "× cache-aside", "read p50 / p99 µs", "hit ratio",
+                "lag p50 / p99 / p99.9 ms", "stale past the bound",
+                "caller errors",
+            ]
+        ]
         for r in fleet {
             let tasks = Glance.int(r.extra["tasks"]) ?? 0
             var lag = "-"
-            if case .object(let l)? = r.extra["invalidation_lag_ns"], let p50 = Glance.int(l["p50"]), let p99 = Glance.int(l["p99"]),
+            if case .object(let l)? = r.extra["invalidation_lag_ns"], let p50 = Glance.int(l["p50"]),
+                let p99 = Glance.int(l["p99"]),
                 let p999 = Glance.int(l["p999"])
             {
                 lag = String(format: "%.2f / %.2f / %.2f", Double(p50) / 1e6, Double(p99) / 1e6, Double(p999) / 1e6)
             }
-            let ratio = r.system == "magpie-fleet" ? aside[tasks].map { String(format: "%.2f", r.ops_per_sec / $0) } ?? "-" : "-"
+            let ratio =
+                r.system == "magpie-fleet"
+                ? aside[tasks].map { String(format: "%.2f", r.ops_per_sec / $0) } ?? "-" : "-"
             table.append([
                 r.system, tasks > 0 ? String(tasks) : "threads", formatRate(r.ops_per_sec), ratio,
                 String(format: "%.1f / %.1f", Double(r.latency_ns.p50) / 1000, Double(r.latency_ns.p99) / 1000),
@@ -47,14 +58,19 @@ extension BenchmarksPage {
         if let single = rows(report).first(where: { $0.extra["single_flight"] != nil }),
             let perLease = HTMLReport.number(single.extra["loader_runs_per_lease"])
         {
-            notes = String(format: "Single flight across the fleet: %d callers, %.2f loader runs per lease.\n", single.operations, perLease)
+            notes = String(
+                format: "Single flight across the fleet: %d callers, %.2f loader runs per lease.\n", single.operations,
+                perLease)
         }
         var workload = "Worker processes, each a `Cache`, share one private redis-server"
         if case .object(let config) = report.config["fleet"] {
-            let changes = (HTMLReport.number(config["set_share"]) ?? 0) + (HTMLReport.number(config["remove_share"]) ?? 0)
+            let changes =
+                (HTMLReport.number(config["set_share"]) ?? 0) + (HTMLReport.number(config["remove_share"]) ?? 0)
             workload = String(
-                format: "%@ worker processes, each a `Cache`, share one private redis-server: Zipf %@ reads of %@ keys, %.0f %% of operations change a key",
-                Glance.int(config["workers"]).map(String.init) ?? "Several", HTMLReport.number(config["zipf"]).map { String(format: "%g", $0) } ?? "-",
+                format:
+                    "%@ worker processes, each a `Cache`, share one private redis-server: Zipf %@ reads of %@ keys, %.0f %% of operations change a key",
+                Glance.int(config["workers"]).map(String.init) ?? "Several",
+                HTMLReport.number(config["zipf"]).map { String(format: "%g", $0) } ?? "-",
                 Glance.int(config["keys"]).map(String.init) ?? "-", 100 * changes)
         }
         return section(
@@ -76,10 +92,13 @@ extension BenchmarksPage {
             let workload = Glance.string(r.extra["workload"]) ?? "-"
             let key = "\(workload)/\(r.threads)"
             var ratio = "-"
-            if r.system == "magpie-fleet", let base = baseline[key], base > 0 { ratio = String(format: "%.2f ×", r.ops_per_sec / base) }
+            if r.system == "magpie-fleet", let base = baseline[key], base > 0 {
+                ratio = String(format: "%.2f ×", r.ops_per_sec / base)
+            }
             if r.system != "magpie-fleet" { baseline[key] = r.ops_per_sec }
             table.append([
-                workload, String(r.threads), r.system, String(format: "%.0f", r.ops_per_sec), String(format: "%.1f", Double(r.latency_ns.p50) / 1000),
+                workload, String(r.threads), r.system, String(format: "%.0f", r.ops_per_sec),
+                String(format: "%.1f", Double(r.latency_ns.p50) / 1000),
                 String(format: "%.1f", Double(r.latency_ns.p99) / 1000), String(format: "%.3f", r.hit_ratio), ratio,
             ])
         }
@@ -97,28 +116,36 @@ extension BenchmarksPage {
         let healthy = service.results.filter { $0.scenario == "service-healthy" }
         guard !healthy.isEmpty else { return "" }
         func ms(_ ns: UInt64) -> String { String(format: "%.2f", Double(ns) / 1e6) }
-        var table = [[
-            "mode", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "errors", "origin calls/s", "origin failing: req/s", "p99 ms", "errors",
-            "log lines",
-        ]]
+        var table = [
+            [
+                "mode", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "errors", "origin calls/s", "origin failing: req/s",
+                "p99 ms", "errors",
+                "log lines",
+            ]
+        ]
         for r in healthy {
             let failing = service.results.first { $0.scenario == "service-failing" && $0.system == r.system }
-            func int(_ row: BenchResult?, _ key: String) -> String { row.flatMap { Glance.int($0.extra[key]) }.map(String.init) ?? "-" }
+            func int(_ row: BenchResult?, _ key: String) -> String {
+                row.flatMap { Glance.int($0.extra[key]) }.map(String.init) ?? "-"
+            }
             table.append([
-                r.system, String(format: "%.0f", r.ops_per_sec), ms(r.latency_ns.p50), ms(r.latency_ns.p99), ms(r.latency_ns.p999),
-                int(r, "errors"), int(r, "origin_calls_per_second"), failing.map { String(format: "%.0f", $0.ops_per_sec) } ?? "-",
+                r.system, String(format: "%.0f", r.ops_per_sec), ms(r.latency_ns.p50), ms(r.latency_ns.p99),
+                ms(r.latency_ns.p999),
+                int(r, "errors"), int(r, "origin_calls_per_second"),
+                failing.map { String(format: "%.0f", $0.ops_per_sec) } ?? "-",
                 failing.map { ms($0.latency_ns.p99) } ?? "-", int(failing, "errors"), int(failing, "log_lines"),
             ])
         }
         var what = "The example service (`Examples/HummingbirdService`) under wrk, origin healthy, then failing"
         if case .object(let config) = service.config["service"] {
             let n = { (key: String) in Glance.int(config[key]).map(String.init) ?? "-" }
-            what = "The example service (`Examples/HummingbirdService`) under wrk: \(n("connections")) connections, \(n("keys")) keys read "
+            what =
+                "The example service (`Examples/HummingbirdService`) under wrk: \(n("connections")) connections, \(n("keys")) keys read "
                 + "uniformly, an origin of \(n("origin_ms")) ms a call and values fresh for \(n("fresh_seconds")) s; \(n("duration_seconds")) s "
                 + "healthy, then \(n("fail_seconds")) s with the origin failing"
         }
         return section(
-            "A service under load", service, command: command(service, "service"),
+            "A service under load", service, command: command(service, "service") ?? "make bench-service",
             what + """
                 . Modes: no cache, Hummingbird's `MemoryPersistDriver`, Magpie as Hummingbird's persist driver, and \
                 Magpie's loader with memory only, memory and disk, and the fleet tier (two processes, one Redis). Errors \
@@ -136,23 +163,31 @@ extension BenchmarksPage {
             var table = [["budget %", "hit ratio", "ops/s", "p50 ns", "p99 ns"]]
             for r in budget {
                 table.append([
-                    HTMLReport.number(r.extra["sweep_value"]).map { String(format: "%g", $0) } ?? "-", String(format: "%.4f", r.hit_ratio),
+                    HTMLReport.number(r.extra["sweep_value"]).map { String(format: "%g", $0) } ?? "-",
+                    String(format: "%.4f", r.hit_ratio),
                     formatRate(r.ops_per_sec), String(r.latency_ns.p50), String(r.latency_ns.p99),
                 ])
             }
-            parts.append("Hit ratio vs memory budget (the memory tier, 1 thread, Zipf 0.99, 200,000 keys):\n\n" + Markdown.table(table))
+            parts.append(
+                "Hit ratio vs memory budget (the memory tier, 1 thread, Zipf 0.99, 200,000 keys):\n\n"
+                    + Markdown.table(table))
         }
         let policy = points("trace_budget_percent")
         if !policy.isEmpty {
-            let table = missRatioTable(policy) { r in HTMLReport.number(r.extra["sweep_value"]).map { String(format: "%g %%", $0) } ?? "-" }
-            parts.append("Miss ratio vs budget on a `trace-gen` trace (400,000 requests, drifting popularity and scans):\n\n" + Markdown.table(table))
+            let table = missRatioTable(policy) { r in
+                HTMLReport.number(r.extra["sweep_value"]).map { String(format: "%g %%", $0) } ?? "-"
+            }
+            parts.append(
+                "Miss ratio vs budget on a `trace-gen` trace (400,000 requests, drifting popularity and scans):\n\n"
+                    + Markdown.table(table))
         }
         let shards = points("shards")
         if !shards.isEmpty {
             var table = [["shards", "threads", "ops/s", "p99 ns", "hit ratio"]]
             for r in shards {
                 table.append([
-                    Glance.int(r.extra["sweep_value"]).map(String.init) ?? "-", String(r.threads), formatRate(r.ops_per_sec),
+                    Glance.int(r.extra["sweep_value"]).map(String.init) ?? "-", String(r.threads),
+                    formatRate(r.ops_per_sec),
                     String(r.latency_ns.p99), String(format: "%.4f", r.hit_ratio),
                 ])
             }
@@ -161,6 +196,7 @@ extension BenchmarksPage {
         guard !parts.isEmpty else { return "" }
         return section(
             "Tuning curves", report, command: command(report, "sweep"),
-            "Short runs (300,000 operations per point, one pass): the shape of each curve, not its absolute rates.", parts)
+            "Short runs (300,000 operations per point, one pass): the shape of each curve, not its absolute rates.",
+            parts)
     }
 }

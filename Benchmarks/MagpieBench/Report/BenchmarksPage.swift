@@ -20,12 +20,16 @@ enum BenchmarksPage {
         page += ", \(Markdown.date(suite.date)); the report: `\(source)` (not committed).\n"
         page += "- **Machine:** \(Markdown.machine(suite.machine)).\n"
         if let service {
-            page += "- **Service run:** `make bench-service` at " + (service.commit.map { "commit `\($0)`" } ?? "an unrecorded commit")
-            page += ", \(Markdown.date(service.date)), on \(Markdown.machine(service.machine)); the report: `\(serviceSource ?? "-")`.\n"
+            page +=
+                "- **Service run:** `make bench-service` at "
+                + (service.commit.map { "commit `\($0)`" } ?? "an unrecorded commit")
+            page +=
+                ", \(Markdown.date(service.date)), on \(Markdown.machine(service.machine)); the report: `\(serviceSource ?? "-")`.\n"
         } else {
             page += "- **Service run:** none given (`make bench-service`, then `make bench-md`, adds it).\n"
         }
-        page += "- **Reproduce:** `make bench`, then `make bench-md`; each table also names the command that reproduces it alone.\n"
+        page +=
+            "- **Reproduce:** `make bench`, then `make bench-md`; each table also names the command that reproduces it alone.\n"
         page += """
 
             ## How to read these numbers
@@ -55,7 +59,9 @@ enum BenchmarksPage {
     }
 
     /// A section: its heading, the command, commit and date, a sentence on the workload, then its tables.
-    static func section(_ title: String, _ report: Report, command: String?, _ what: String, _ tables: [String]) -> String {
+    static func section(_ title: String, _ report: Report, command: String?, _ what: String, _ tables: [String])
+        -> String
+    {
         var text = "## \(title)\n\n" + Markdown.provenance(report, command: command) + "\n"
         if !what.isEmpty { text += Markdown.wrap(what) + "\n\n" }
         return text + tables.filter { !$0.isEmpty }.joined(separator: "\n")
@@ -67,27 +73,42 @@ enum BenchmarksPage {
 
     static func memory(_ report: Report) -> String {
         guard let table = memorySummaryTable(report.results) else { return "" }
+        var workload = "Cache-aside on Zipf keys: a get, and a set on each miss."
+        if case .object(let c) = report.config["memory"], let keys = Glance.int(c["keys"]),
+            let key = Glance.int(c["key_size"]),
+            let value = Glance.int(c["value_size"]), let alpha = HTMLReport.number(c["zipf_alpha"]),
+            let budget = Glance.int(c["budget_bytes"])
+        {
+            workload = String(
+                format:
+                    "Cache-aside on %d keys of %d B with %d-byte values, Zipf %g, a budget of %.1f MB (%.0f %% of the bytes): a get, and a set on each miss.",
+                keys, key, value, alpha, Double(budget) / 1e6, 100 * Double(budget) / Double(keys * (key + value)))
+        }
         return section(
             "Memory tier", report, command: command(report, "memory"),
-            """
-            Cache-aside on 1,000,000 keys of 16 B with 100-byte values, Zipf 0.99, the budget 10 % of the bytes: a \
-            get, and a set on each miss. `magpie` copies a hit's value out, `magpie-inplace` reads it in place (as \
-            RocksDB's pinned read does), `magpie-cache` goes through `Cache`; `rocksdb-hcc` is RocksDB's \
-            HyperClockCache on the same sequences (`Benchmarks/Peers/rocksdb_cache_peer.cc`). Rates are the median of \
-            the timed passes; min/median is the slowest pass over that median.
-            """, [Markdown.table(table)])
+            workload + """
+                 `magpie` copies a hit's value out, `magpie-inplace` reads it in place (as \
+                RocksDB's pinned read does), `magpie-cache` goes through `Cache`; `rocksdb-hcc` is RocksDB's \
+                HyperClockCache on the same sequences (`Benchmarks/Peers/rocksdb_cache_peer.cc`). Rates are the median of \
+                the timed passes; min/median is the slowest pass over that median.
+                """, [Markdown.table(table)])
     }
 
     static func disk(_ report: Report) -> String {
         let disk = rows(report).filter { $0.scenario.hasPrefix("disk-") && $0.scenario != "disk-tasks" }
         guard disk.contains(where: { $0.system == "magpie" }) else { return "" }
-        func row(_ scenario: String, _ system: String) -> BenchResult? { disk.first { $0.scenario == scenario && $0.system == system } }
+        func row(_ scenario: String, _ system: String) -> BenchResult? {
+            disk.first { $0.scenario == scenario && $0.system == system }
+        }
         var systems: [String] = []
         for r in disk where !r.scenario.hasSuffix("-floor") && !systems.contains(r.system) { systems.append(r.system) }
-        var table = [[
-            "system", "stores/s", "get p50, 4 KiB raw", "get p50, 4 KiB JSON", "evicting: ops/s", "evicting: hit ratio",
-            "write amplification", "reopen + first get",
-        ]]
+        var table = [
+            [
+                "system", "stores/s", "get p50, 4 KiB raw", "get p50, 4 KiB JSON", "evicting: ops/s",
+                "evicting: hit ratio",
+                "write amplification", "reopen + first get",
+            ]
+        ]
         for system in systems {
             let get = row("disk-get", system)
             let evict = row("disk-evict", system)
@@ -95,7 +116,8 @@ enum BenchmarksPage {
                 system, row("disk-set", system).map { formatRate($0.ops_per_sec) } ?? "-",
                 Glance.percentile(get, "get_random_hit_latency_ns", "p50").map(Glance.nanoseconds) ?? "-",
                 Glance.percentile(get, "get_text_hit_latency_ns", "p50").map(Glance.nanoseconds) ?? "-",
-                evict.map { formatRate($0.ops_per_sec) } ?? "-", evict.map { String(format: "%.4f", $0.hit_ratio) } ?? "-",
+                evict.map { formatRate($0.ops_per_sec) } ?? "-",
+                evict.map { String(format: "%.4f", $0.hit_ratio) } ?? "-",
                 HTMLReport.number(evict?.extra["write_amplification"]).map { String(format: "%.2f", $0) } ?? "-",
                 row("disk-reopen", system).map { Glance.milliseconds($0.seconds) } ?? "-",
             ])
@@ -108,7 +130,7 @@ enum BenchmarksPage {
             "Disk tier", report, command: command(report, "disk"),
             """
             Values of 4 KiB, half JSON-like text, half random bytes, read while the page cache holds them (gets \
-            are hits only). Evicting: a 64 MiB budget, 5 × the working set in use, Zipf 0.9, a store on each miss; \
+            are hits only). Evicting: a 64 MiB budget, a working set 5 × the budget, Zipf 0.9, a store on each miss; \
             write amplification is bytes written to the device over bytes stored. RocksDB runs with FIFO \
             compaction, SQLite as a `diskcache`-style table. The floors are a 4 KiB copy out of a mapping and a \
             `ZSTD_decompress` of one value, timed in the same run.
@@ -133,24 +155,37 @@ enum BenchmarksPage {
         var table = [["workload", "system", "ops/s", "p50 ns", "p99 ns", "hit ratio"]]
         for r in tiered {
             table.append([
-                r.scenario, r.system, formatRate(r.ops_per_sec), String(r.latency_ns.p50), String(r.latency_ns.p99), String(format: "%.4f", r.hit_ratio),
+                r.scenario, r.system, formatRate(r.ops_per_sec), String(r.latency_ns.p50), String(r.latency_ns.p99),
+                String(format: "%.4f", r.hit_ratio),
             ])
         }
         var notes: [String] = []
         if let r = tiered.first(where: { $0.scenario == "tiered" && $0.system == "magpie" }),
-            let memory = HTMLReport.number(r.extra["memory_hit_ratio"]), let promoted = Glance.percentile(r, "promoted_hit_latency_ns", "p50"),
+            let memory = HTMLReport.number(r.extra["memory_hit_ratio"]),
+            let promoted = Glance.percentile(r, "promoted_hit_latency_ns", "p50"),
             let hit = Glance.percentile(r, "memory_hit_latency_ns", "p50")
         {
             notes.append(
-                String(format: "- tiered: %.1f %% of gets hit memory (p50 %@), the rest are disk hits promoted into memory (p50 %@).",
+                String(
+                    format:
+                        "- tiered: %.1f %% of gets hit memory (p50 %@), the rest are disk hits promoted into memory (p50 %@).",
                     100 * memory, Glance.nanoseconds(hit), Glance.nanoseconds(promoted)))
         }
-        let capped = Dictionary(tiered.filter { $0.scenario == "tiered-capped" }.map { ($0.system, $0.ops_per_sec) }) { a, _ in a }
-        if let magpie = capped["magpie"], let urlCache = capped["URLCache"], urlCache > 0 {
-            notes.append(String(format: "- tiered-capped: Magpie %.0f × URLCache's rate on the same small workload.", magpie / urlCache))
+        let capped = Dictionary(tiered.filter { $0.scenario == "tiered-capped" }.map { ($0.system, $0.ops_per_sec) }) {
+            a, _ in a
         }
-        if let r = tiered.first(where: { $0.scenario == "hit-cost" }), let ratio = HTMLReport.number(r.extra["cache_over_tier"]) {
-            notes.append(String(format: "- hit-cost: a memory hit through `Cache` costs %.2f × one on `MemoryTier` alone.", ratio))
+        if let magpie = capped["magpie"], let urlCache = capped["URLCache"], urlCache > 0 {
+            notes.append(
+                String(
+                    format: "- tiered-capped: Magpie %.0f × URLCache's rate on the same small workload.",
+                    magpie / urlCache))
+        }
+        if let r = tiered.first(where: { $0.scenario == "hit-cost" }),
+            let ratio = HTMLReport.number(r.extra["cache_over_tier"])
+        {
+            notes.append(
+                String(
+                    format: "- hit-cost: a memory hit through `Cache` costs %.2f × one on `MemoryTier` alone.", ratio))
         }
         return section(
             "Both tiers through `Cache`", report, command: command(report, "tiered"),
@@ -166,9 +201,9 @@ enum BenchmarksPage {
         return section(
             "Loaders in front of a slow, failing origin", report, command: command(report, "loader"),
             """
-            Caller tasks read keys through a loader from an origin that takes milliseconds and fails for a few \
-            seconds mid-run: cache-aside, single flight, and stale-while-revalidate with fail-safe. "Cached" are \
-            calls for keys loaded within their hard lifetime; "beyond bound" counts stale values served past what \
+            Caller tasks read keys through a loader from a slow origin that fails for a few seconds mid-run: \
+            cache-aside, single flight, and stale-while-revalidate with fail-safe. "Cached" are calls for keys \
+            loaded within their hard lifetime; "beyond bound" counts stale values served past what \
             the options allow, "wrong" values of another key or version.
             """, [Markdown.table(table)])
     }
@@ -198,11 +233,13 @@ enum BenchmarksPage {
         for b in budgets {
             let point = replays.filter { budget($0) == b }
             let best = point.filter { $0.system != "Belady" }.map(Glance.missRatio).min()
-            table.append([b] + systems.map { system in
-                guard let r = point.first(where: { $0.system == system }) else { return "-" }
-                let text = String(format: "%.4f", Glance.missRatio(r))
-                return r.system != "Belady" && Glance.missRatio(r) == best ? "**\(text)**" : text
-            })
+            table.append(
+                [b]
+                    + systems.map { system in
+                        guard let r = point.first(where: { $0.system == system }) else { return "-" }
+                        let text = String(format: "%.4f", Glance.missRatio(r))
+                        return r.system != "Belady" && Glance.missRatio(r) == best ? "**\(text)**" : text
+                    })
         }
         return table
     }

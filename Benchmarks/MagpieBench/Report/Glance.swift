@@ -44,7 +44,8 @@ enum Glance {
                         comparison: "Memory tier: Zipf 0.99 gets, a set on each miss, \(threads) threads (ops/s)",
                         magpie: reads.map { "\(formatRate($0.1)) \($0.0)" }.joined(separator: ", "),
                         reference: "RocksDB HyperClockCache \(formatRate(peer.ops_per_sec))",
-                        ratio: reads.map { String(format: "%.2f × (%@)", $0.1 / peer.ops_per_sec, $0.0) }.joined(separator: ", "),
+                        ratio: reads.map { String(format: "%.2f × (%@)", $0.1 / peer.ops_per_sec, $0.0) }.joined(
+                            separator: ", "),
                         run: .suite))
             }
         }
@@ -53,8 +54,10 @@ enum Glance {
         if let magpie = row("disk-set", "magpie"), let rocksdb = row("disk-set", "rocksdb") {
             rows.append(
                 GlanceRow(
-                    comparison: "Disk tier: stores of 4 KiB values, compression on (ops/s)", magpie: formatRate(magpie.ops_per_sec),
-                    reference: "RocksDB \(formatRate(rocksdb.ops_per_sec))", ratio: times(magpie.ops_per_sec / rocksdb.ops_per_sec, "its rate"),
+                    comparison: "Disk tier: stores of 4 KiB values, compression on (ops/s)",
+                    magpie: formatRate(magpie.ops_per_sec),
+                    reference: "RocksDB \(formatRate(rocksdb.ops_per_sec))",
+                    ratio: times(magpie.ops_per_sec / rocksdb.ops_per_sec, "its rate"),
                     run: .suite))
         }
         if let magpie = percentile(row("disk-get", "magpie"), "get_random_hit_latency_ns", "p50"),
@@ -62,21 +65,25 @@ enum Glance {
         {
             rows.append(
                 GlanceRow(
-                    comparison: "Disk tier: get of a 4 KiB value the page cache holds (p50)", magpie: nanoseconds(magpie),
+                    comparison: "Disk tier: get of a 4 KiB value the page cache holds (p50)",
+                    magpie: nanoseconds(magpie),
                     reference: "LMDB \(nanoseconds(lmdb))", ratio: times(magpie / lmdb, "its time"), run: .suite))
         }
         if let magpie = row("disk-evict", "magpie"), let rocksdb = row("disk-evict", "rocksdb") {
             rows.append(
                 GlanceRow(
-                    comparison: "Disk tier: hit ratio with 5 × the budget in use, Zipf 0.9, store on miss",
-                    magpie: String(format: "%.4f", magpie.hit_ratio), reference: String(format: "RocksDB (FIFO) %.4f", rocksdb.hit_ratio),
+                    comparison: "Disk tier: hit ratio, a working set 5 × the budget, Zipf 0.9, a store on each miss",
+                    magpie: String(format: "%.4f", magpie.hit_ratio),
+                    reference: String(format: "RocksDB (FIFO) %.4f", rocksdb.hit_ratio),
                     ratio: String(format: "%+.1f points", 100 * (magpie.hit_ratio - rocksdb.hit_ratio)), run: .suite))
         }
         if let magpie = row("disk-reopen", "magpie"), let lmdb = row("disk-reopen", "lmdb"), lmdb.seconds > 0 {
             rows.append(
                 GlanceRow(
-                    comparison: "Disk tier: reopen and first get after a clean close", magpie: milliseconds(magpie.seconds),
-                    reference: "LMDB \(milliseconds(lmdb.seconds))", ratio: times(magpie.seconds / lmdb.seconds, "its time"), run: .suite))
+                    comparison: "Disk tier: reopen and first get after a clean close",
+                    magpie: milliseconds(magpie.seconds),
+                    reference: "LMDB \(milliseconds(lmdb.seconds))",
+                    ratio: times(magpie.seconds / lmdb.seconds, "its time"), run: .suite))
         }
 
         // Replay of the committed trace: Magpie's memory tier against the best reference policy at each budget
@@ -88,7 +95,9 @@ enum Glance {
             var worst: (budget: String, magpie: Double, reference: String, miss: Double)?
             var cells: [(String, Double, String, Double)] = []
             for magpie in budgets {
-                let others = replays.filter { $0.scenario == magpie.scenario && !$0.system.hasPrefix("magpie") && $0.system != "Belady" }
+                let others = replays.filter {
+                    $0.scenario == magpie.scenario && !$0.system.hasPrefix("magpie") && $0.system != "Belady"
+                }
                 guard let best = others.min(by: { missRatio($0) < missRatio($1) }) else { continue }
                 let budget = Glance.budget(magpie.scenario)
                 cells.append((budget, missRatio(magpie), best.system, missRatio(best)))
@@ -102,12 +111,16 @@ enum Glance {
                 let trace = budgets.first.flatMap { string($0.extra["trace"]) } ?? "the trace"
                 let shown = cells.filter { ["1 %", "10 %"].contains($0.0) || $0.0 == worst?.budget }
                 var ratio = "lower or equal at \(ahead) of \(cells.count) budgets"
-                if let worst { ratio += String(format: "; %@ higher by %.2f points", worst.budget, 100 * (worst.magpie - worst.miss)) }
+                if let worst {
+                    ratio += String(
+                        format: "; %@ higher by %.2f points", worst.budget, 100 * (worst.magpie - worst.miss))
+                }
                 rows.append(
                     GlanceRow(
                         comparison: "Memory tier replaying \(trace) (miss ratio at % of its working set)",
                         magpie: shown.map { String(format: "%@: %.4f", $0.0, $0.1) }.joined(separator: ", "),
-                        reference: "the best policy but Belady's: " + shown.map { String(format: "%@ %.4f", $0.2, $0.3) }.joined(separator: ", "),
+                        reference: "the best policy but Belady's: "
+                            + shown.map { String(format: "%@ %.4f", $0.2, $0.3) }.joined(separator: ", "),
                         ratio: ratio, run: .suite))
             }
         }
@@ -116,20 +129,24 @@ enum Glance {
         for magpie in results where magpie.scenario == "fleet" && magpie.system == "magpie-fleet" {
             guard
                 let aside = results.first(where: {
-                    $0.scenario == "fleet" && $0.system == "redis-cache-aside" && $0.extra["tasks"] == magpie.extra["tasks"]
+                    $0.scenario == "fleet" && $0.system == "redis-cache-aside"
+                        && $0.extra["tasks"] == magpie.extra["tasks"]
                 }), aside.ops_per_sec > 0
             else { continue }
             let tasks = int(magpie.extra["tasks"]).map { "\($0) tasks each" } ?? "threads"
             var workload = ""
             if case .object(let fleet) = suite.config["fleet"] {
                 let workers = int(fleet["workers"]).map { "\($0) processes" } ?? "processes"
-                let changes = (HTMLReport.number(fleet["set_share"]) ?? 0) + (HTMLReport.number(fleet["remove_share"]) ?? 0)
-                workload = String(format: "%@ on one Redis, %@, %.0f %% of requests change a key", workers, tasks, 100 * changes)
+                let changes =
+                    (HTMLReport.number(fleet["set_share"]) ?? 0) + (HTMLReport.number(fleet["remove_share"]) ?? 0)
+                workload = String(
+                    format: "%@ on one Redis, %@, %.0f %% of requests change a key", workers, tasks, 100 * changes)
             }
             rows.append(
                 GlanceRow(
                     comparison: "Fleet: \(workload.isEmpty ? tasks : workload) (ops/s)",
-                    magpie: formatRate(magpie.ops_per_sec), reference: "cache-aside on Redis \(formatRate(aside.ops_per_sec))",
+                    magpie: formatRate(magpie.ops_per_sec),
+                    reference: "cache-aside on Redis \(formatRate(aside.ops_per_sec))",
                     ratio: times(magpie.ops_per_sec / aside.ops_per_sec, "its rate"), run: .suite))
         }
 
@@ -137,12 +154,14 @@ enum Glance {
         if let service {
             let healthy = service.results.filter { $0.scenario == "service-healthy" }
             if let magpie = healthy.first(where: { $0.system == "magpie-memory" }),
-                let hummingbird = healthy.first(where: { $0.system == "hummingbird-memory" }), hummingbird.ops_per_sec > 0
+                let hummingbird = healthy.first(where: { $0.system == "hummingbird-memory" }),
+                hummingbird.ops_per_sec > 0
             {
                 rows.append(
                     GlanceRow(
                         comparison: "A Hummingbird service under wrk, 64 connections, cached reads (requests/s, p99)",
-                        magpie: "\(formatRate(magpie.ops_per_sec)), \(milliseconds(Double(magpie.latency_ns.p99) / 1e9))",
+                        magpie:
+                            "\(formatRate(magpie.ops_per_sec)), \(milliseconds(Double(magpie.latency_ns.p99) / 1e9))",
                         reference: "MemoryPersistDriver \(formatRate(hummingbird.ops_per_sec)), "
                             + milliseconds(Double(hummingbird.latency_ns.p99) / 1e9),
                         ratio: times(magpie.ops_per_sec / hummingbird.ops_per_sec, "its rate"), run: .service))

@@ -4,20 +4,26 @@ import Foundation
 /// README.md the report rewrites.
 enum Markdown {
     /// A table from rows, the first of them the header. A `|` in a cell is escaped; columns after the
-    /// first two are right-aligned when every body cell but "-" starts with a digit (figures).
+    /// first two are right-aligned when every body cell but "-" is a figure (starts with a digit or a sign,
+    /// holds no code).
     static func table(_ rows: [[String]]) -> String {
         guard let header = rows.first else { return "" }
         let body = rows.dropFirst()
         let alignments = header.indices.map { column -> String in
             let cells = body.map { column < $0.count ? $0[column] : "" }.filter { $0 != "-" && !$0.isEmpty }
-            let numeric = column >= 2 && !cells.isEmpty && cells.allSatisfy { $0.first.map { $0.isNumber || "+−-*".contains($0) } ?? false }
+            let numeric =
+                column >= 2 && !cells.isEmpty
+                && cells.allSatisfy { cell in
+                    !cell.contains("`") && (cell.first.map { $0.isNumber || "+−-*".contains($0) } ?? false)
+                }
             return numeric ? "---:" : "---"
         }
         func line(_ cells: [String]) -> String {
             let padded = header.indices.map { $0 < cells.count ? cells[$0] : "" }
             return "| " + padded.map { $0.replacingOccurrences(of: "|", with: "\\|") }.joined(separator: " | ") + " |"
         }
-        return ([line(header), "|" + alignments.joined(separator: "|") + "|"] + body.map(line)).joined(separator: "\n") + "\n"
+        return ([line(header), "|" + alignments.joined(separator: "|") + "|"] + body.map(line)).joined(separator: "\n")
+            + "\n"
     }
 
     /// A paragraph broken into lines of at most `width` characters (a longer word stands alone).
@@ -75,7 +81,8 @@ enum Markdown {
 
     /// `text` with what lies between the glance markers (each on a line of its own) replaced by `block`.
     static func replaceGlance(in text: String, with block: String, path: String) throws -> String {
-        guard let begin = text.range(of: glanceBegin), let end = text.range(of: glanceEnd, range: begin.upperBound..<text.endIndex)
+        guard let begin = text.range(of: glanceBegin),
+            let end = text.range(of: glanceEnd, range: begin.upperBound..<text.endIndex)
         else { throw MissingMarkers(path: path) }
         return String(text[..<begin.upperBound]) + "\n" + block + String(text[end.lowerBound...])
     }
