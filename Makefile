@@ -72,8 +72,8 @@ build: deps
 # the fleet against real servers; the command-line tools); the concurrency suites under Thread Sanitizer; the lock-free read stress under
 # Address Sanitizer; a short libFuzzer pass; the check that a release build has no test seam; the
 # Hummingbird example and integration (service-check). 25 min 6 s on 2 cores from a fresh clone at
-# 6b00ce9 (38 min 24 s before the sanitizer builds were cut down; TESTING.md has the parts). `make unit`
-# runs only the first part (TESTING.md: each target alone).
+# 6b00ce9 (38 min 24 s before the sanitizer builds were cut down; docs/lab-notes/testing.md has the parts).
+# `make unit` runs only the first part (TESTING.md: each target alone).
 CI_FUZZ_SECONDS ?= 45
 test: unit
 	$(MAKE) --no-print-directory tsan
@@ -95,7 +95,7 @@ release-check: fuzz-build
 # 0.6). Measured: 92 s for the rest in parallel, then 56 s for the Redis target, against about 95 s for
 # everything in parallel. `magpie-bench fleet`'s tests (BenchFleetTests: Redis killed and paused under
 # load, stale reads judged against a staleness bound) run there too: in parallel they once counted a read
-# stale past the bound inside the pause window (TESTING.md, open).
+# stale past the bound inside the pause window (docs/lab-notes/testing.md, open).
 unit: build
 	swift test --skip '^MagpieRedisTests\.' --skip 'BenchFleetTests'
 	swift test --no-parallel --filter '^MagpieRedisTests\.' --filter 'BenchFleetTests'
