@@ -46,6 +46,10 @@ for tool in wrk curl python3; do
   command -v $tool >/dev/null || { echo "error: $tool is missing (make bench-service installs it)"; exit 1; }
 done
 
+# The commit of the checkout the service is built from, read before the run (for results.json).
+commit=$(git rev-parse --short HEAD 2>/dev/null || true)
+if [ -n "$commit" ] && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then commit="$commit+changes"; fi
+
 scratch=${SCRATCH:-.build-example}
 swift build -c "$CONFIGURATION" --package-path Examples/HummingbirdService --scratch-path "$scratch" --product magpie-example
 bin="$(cd "$scratch" && pwd)/$CONFIGURATION/magpie-example"
@@ -64,6 +68,9 @@ trap cleanup EXIT
 start_service() {
   local name=$1; shift
   local log="$OUT/$name.log"
+  # The log exists before the loop below reads it: the service's own redirection may come later (with
+  # pipefail, a sed of a missing file ended the run on a loaded machine).
+  : >"$log"
   "$bin" --port 0 --origin-latency-ms "$ORIGIN_MS" --fresh-seconds "$FRESH" "$@" >"$log" 2>&1 &
   pids+=($!)
   for _ in $(seq 1 200); do
@@ -220,8 +227,6 @@ echo
 cat "$table"
 echo "(wrk -t $THREADS -c $CONNECTIONS, $KEYS keys uniform, origin $ORIGIN_MS ms, fresh $FRESH s; healthy $DURATION s, failing $FAIL s; logs and stats in $OUT)"
 if [ $smoke = 0 ]; then
-  commit=$(git rev-parse --short HEAD 2>/dev/null || true)
-  if [ -n "$commit" ] && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then commit="$commit+changes"; fi
   swift_version=$(swift --version 2>/dev/null | sed -n 's/.*Swift version \([0-9.]*\).*/\1/p' | head -n 1)
   python3 - "$work/rows" "$OUT/results.json" "$commit" "${swift_version:-unknown}" <<PY
 import json, os, sys, time
