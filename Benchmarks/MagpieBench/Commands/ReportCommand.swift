@@ -85,7 +85,6 @@ struct RenderReport: ParsableCommand {
         if let readme {
             let text = try String(contentsOfFile: readme, encoding: .utf8)
             let block = Glance.markdown(suite, service: other)
-                + "\nWritten from one `make bench` run by `make bench-md`; [BENCHMARKS.md](BENCHMARKS.md) has every table of that run.\n"
             try Markdown.replaceGlance(in: text, with: block, path: readme).write(toFile: readme, atomically: true, encoding: .utf8)
             print("wrote \(readme)")
         }
