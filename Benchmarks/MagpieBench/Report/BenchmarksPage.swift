@@ -16,20 +16,23 @@ enum BenchmarksPage {
 
 
             """
-        page += "- **Run:** `make bench` at " + (suite.commit.map { "commit `\($0)`" } ?? "an unrecorded commit")
-        page += ", \(Markdown.date(suite.date)); the report: `\(source)` (not committed).\n"
-        page += "- **Machine:** \(Markdown.machine(suite.machine)).\n"
+        var run = "**Run:** `make bench` at " + (suite.commit.map { "commit `\($0)`" } ?? "an unrecorded commit")
+        run += ", \(Markdown.date(suite.date)); the report: `\(source)` (not committed)."
+        var bullets = [run, "**Machine:** \(Markdown.machine(suite.machine))."]
         if let service {
-            page +=
-                "- **Service run:** `make bench-service` at "
+            var line =
+                "**Service run:** `make bench-service` at "
                 + (service.commit.map { "commit `\($0)`" } ?? "an unrecorded commit")
-            page +=
-                ", \(Markdown.date(service.date)), on \(Markdown.machine(service.machine)); the report: `\(serviceSource ?? "-")`.\n"
+            line +=
+                ", \(Markdown.date(service.date)), on \(Markdown.machine(service.machine)); the report: `\(serviceSource ?? "-")`."
+            bullets.append(line)
         } else {
-            page += "- **Service run:** none given (`make bench-service`, then `make bench-md`, adds it).\n"
+            bullets.append("**Service run:** none given (`make bench-service`, then `make bench-md`, adds it).")
         }
-        page +=
-            "- **Reproduce:** `make bench`, then `make bench-md`; each table also names the command that reproduces it alone.\n"
+        bullets.append(
+            "**Reproduce:** `make bench`, then `make bench-md`; each table also names the command that reproduces it alone."
+        )
+        page += bullets.map(Markdown.bullet).joined()
         page += """
 
             ## How to read these numbers

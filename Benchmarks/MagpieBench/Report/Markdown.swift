@@ -41,6 +41,11 @@ enum Markdown {
         return lines.joined(separator: "\n")
     }
 
+    /// A list item: "- " and the text wrapped, its further lines indented by two spaces, and a newline.
+    static func bullet(_ text: String) -> String {
+        "- " + wrap(text, width: 108).replacingOccurrences(of: "\n", with: "\n  ") + "\n"
+    }
+
     /// "2026-12-06 02:35 UTC" from a report's date stamp ("20261206T023512Z"); the stamp itself when it
     /// has another form.
     static func date(_ stamp: String) -> String {
