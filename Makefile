@@ -134,17 +134,20 @@ asan: deps
 	  --filter "MemoryLockFreeReadTests|MemoryTierPropertyTests|MemoryBudgetTests|MemoryTierExpiryGroupTests|CacheLoaderTests|ByteArrayFillTests|ThreadContextsTests"
 
 # DocC: builds the symbol graph and the catalog, failing on any warning (undocumented parameter,
-# broken link).
+# broken link). Only Magpie's own symbol graphs are documented: its build also emits those of its
+# dependencies (swift-collections 1.6.0's carry a documentation warning of their own). The directories
+# the builds emit into are kept between runs: a build with nothing to compile emits nothing.
 docs: deps
-	mkdir -p .build-docs/symbols
-	swift build --scratch-path .build-docs/build --target Magpie -Xswiftc -emit-symbol-graph -Xswiftc -emit-symbol-graph-dir -Xswiftc $(CURDIR)/.build-docs/symbols
+	mkdir -p .build-docs/magpie-all && rm -rf .build-docs/symbols && mkdir -p .build-docs/symbols
+	swift build --scratch-path .build-docs/build --target Magpie -Xswiftc -emit-symbol-graph -Xswiftc -emit-symbol-graph-dir -Xswiftc $(CURDIR)/.build-docs/magpie-all
+	find .build-docs/magpie-all \( -name 'Magpie.symbols.json' -o -name 'Magpie@*.symbols.json' \) -exec cp {} .build-docs/symbols/ \;
 	@set -o pipefail; docc convert Sources/Magpie/Magpie.docc --additional-symbol-graph-dir $(CURDIR)/.build-docs/symbols \
 	  --fallback-display-name Magpie --fallback-bundle-identifier org.magpie.Magpie --output-path .build-docs/Magpie.doccarchive \
 	  --analyze 2>&1 | tee .build-docs.log
 	@if grep -E "^(warning|error)" .build-docs.log; then echo "error: DocC warnings"; rm -f .build-docs.log; exit 1; fi
 	@rm -f .build-docs.log
 	@# MagpieRedis: its build also emits SwiftNIO's symbol graphs; only its own are documented.
-	rm -rf .build-docs/redis-all .build-docs/redis-symbols && mkdir -p .build-docs/redis-all .build-docs/redis-symbols
+	mkdir -p .build-docs/redis-all && rm -rf .build-docs/redis-symbols && mkdir -p .build-docs/redis-symbols
 	swift build --scratch-path .build-docs/build --target MagpieRedis -Xswiftc -emit-symbol-graph -Xswiftc -emit-symbol-graph-dir -Xswiftc $(CURDIR)/.build-docs/redis-all
 	cp .build-docs/redis-all/MagpieRedis*.symbols.json .build-docs/redis-symbols/
 	@set -o pipefail; docc convert Sources/MagpieRedis/MagpieRedis.docc --additional-symbol-graph-dir $(CURDIR)/.build-docs/redis-symbols \
