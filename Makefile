@@ -12,7 +12,7 @@ REDIS_APT_PACKAGES := redis-server redis-tools openssl
 # benchmark target, and so by its tests, never by the Magpie library.
 DISK_PEER_APT_PACKAGES := librocksdb-dev liblmdb-dev libsqlite3-dev
 
-.PHONY: deps peers bench test unit build docs tsan asan fuzz fuzz-build asan-and-fuzzer-builds release-check format clean \
+.PHONY: deps peers bench bench-md test unit build docs tsan asan fuzz fuzz-build asan-and-fuzzer-builds release-check format clean \
 	example bench-service bench-persist service-check wrk
 
 # Each check installs what it misses on its own, so one set present never skips the other. Debian's
@@ -51,6 +51,16 @@ bench: deps
 	swift build -c release --product magpie-bench
 	.build/release/magpie-bench
 
+# BENCHMARKS.md and README.md's "Magpie at a glance" table, written from the latest `make bench` report
+# (bench-results/<stamp>/results.json) and, when there is one, the latest `make bench-service` report
+# (bench-results/service/results.json): `magpie-bench report --markdown`. Commit both files together.
+bench-md:
+	@latest=$$(ls -1 bench-results/2*/results.json 2>/dev/null | sort | tail -n 1); \
+	if [ -z "$$latest" ]; then echo "error: no bench-results/<stamp>/results.json: run make bench first"; exit 1; fi; \
+	service=""; if [ -f bench-results/service/results.json ]; then service="--service bench-results/service/results.json"; fi; \
+	swift build -c release --product magpie-bench >/dev/null && \
+	.build/release/magpie-bench report "$$latest" --markdown BENCHMARKS.md $$service --readme README.md
+
 # Builds everything first and fails on any compiler warning in this package's own files.
 build: deps
 	@set -o pipefail; swift build --build-tests 2>&1 | tee .build-warnings.log
@@ -58,12 +68,12 @@ build: deps
 	  echo "error: compiler warnings in Magpie's sources (see above)"; rm -f .build-warnings.log; exit 1; fi
 	@rm -f .build-warnings.log
 
-# Every bounded suite, as CI runs it: the three test targets (unit; stress, model and crash loop; the
-# command-line tools); the concurrency suites under Thread Sanitizer; the lock-free read stress under
+# Every bounded suite, as CI runs it: the four test targets (unit; stress, model and crash loop; Redis and
+# the fleet against real servers; the command-line tools); the concurrency suites under Thread Sanitizer; the lock-free read stress under
 # Address Sanitizer; a short libFuzzer pass; the check that a release build has no test seam; the
 # Hummingbird example and integration (service-check). 25 min 6 s on 2 cores from a fresh clone at
-# 6b00ce9 (38 min 24 s before the sanitizer builds were cut down; TESTING.md has the parts). `make unit`
-# runs only the first part (TESTING.md: each target alone).
+# 6b00ce9 (38 min 24 s before the sanitizer builds were cut down; docs/lab-notes/testing.md has the parts).
+# `make unit` runs only the first part (TESTING.md: each target alone).
 CI_FUZZ_SECONDS ?= 45
 test: unit
 	$(MAKE) --no-print-directory tsan
@@ -85,7 +95,7 @@ release-check: fuzz-build
 # 0.6). Measured: 92 s for the rest in parallel, then 56 s for the Redis target, against about 95 s for
 # everything in parallel. `magpie-bench fleet`'s tests (BenchFleetTests: Redis killed and paused under
 # load, stale reads judged against a staleness bound) run there too: in parallel they once counted a read
-# stale past the bound inside the pause window (TESTING.md, open).
+# stale past the bound inside the pause window (docs/lab-notes/testing.md, open).
 unit: build
 	swift test --skip '^MagpieRedisTests\.' --skip 'BenchFleetTests'
 	swift test --no-parallel --filter '^MagpieRedisTests\.' --filter 'BenchFleetTests'
@@ -124,17 +134,20 @@ asan: deps
 	  --filter "MemoryLockFreeReadTests|MemoryTierPropertyTests|MemoryBudgetTests|MemoryTierExpiryGroupTests|CacheLoaderTests|ByteArrayFillTests|ThreadContextsTests"
 
 # DocC: builds the symbol graph and the catalog, failing on any warning (undocumented parameter,
-# broken link).
+# broken link). Only Magpie's own symbol graphs are documented: its build also emits those of its
+# dependencies (swift-collections 1.6.0's carry a documentation warning of their own). The directories
+# the builds emit into are kept between runs: a build with nothing to compile emits nothing.
 docs: deps
-	mkdir -p .build-docs/symbols
-	swift build --scratch-path .build-docs/build --target Magpie -Xswiftc -emit-symbol-graph -Xswiftc -emit-symbol-graph-dir -Xswiftc $(CURDIR)/.build-docs/symbols
+	mkdir -p .build-docs/magpie-all && rm -rf .build-docs/symbols && mkdir -p .build-docs/symbols
+	swift build --scratch-path .build-docs/build --target Magpie -Xswiftc -emit-symbol-graph -Xswiftc -emit-symbol-graph-dir -Xswiftc $(CURDIR)/.build-docs/magpie-all
+	find .build-docs/magpie-all \( -name 'Magpie.symbols.json' -o -name 'Magpie@*.symbols.json' \) -exec cp {} .build-docs/symbols/ \;
 	@set -o pipefail; docc convert Sources/Magpie/Magpie.docc --additional-symbol-graph-dir $(CURDIR)/.build-docs/symbols \
 	  --fallback-display-name Magpie --fallback-bundle-identifier org.magpie.Magpie --output-path .build-docs/Magpie.doccarchive \
 	  --analyze 2>&1 | tee .build-docs.log
 	@if grep -E "^(warning|error)" .build-docs.log; then echo "error: DocC warnings"; rm -f .build-docs.log; exit 1; fi
 	@rm -f .build-docs.log
 	@# MagpieRedis: its build also emits SwiftNIO's symbol graphs; only its own are documented.
-	rm -rf .build-docs/redis-all .build-docs/redis-symbols && mkdir -p .build-docs/redis-all .build-docs/redis-symbols
+	mkdir -p .build-docs/redis-all && rm -rf .build-docs/redis-symbols && mkdir -p .build-docs/redis-symbols
 	swift build --scratch-path .build-docs/build --target MagpieRedis -Xswiftc -emit-symbol-graph -Xswiftc -emit-symbol-graph-dir -Xswiftc $(CURDIR)/.build-docs/redis-all
 	cp .build-docs/redis-all/MagpieRedis*.symbols.json .build-docs/redis-symbols/
 	@set -o pipefail; docc convert Sources/MagpieRedis/MagpieRedis.docc --additional-symbol-graph-dir $(CURDIR)/.build-docs/redis-symbols \
@@ -201,12 +214,13 @@ wrk:
 	fi
 
 # wrk against the example in every caching mode, origin healthy then failing (scripts/bench-service.sh;
-# BENCHMARKS.md, "A service under load").
+# its report, bench-results/service/results.json, is BENCHMARKS.md's "A service under load" after `make
+# bench-md`).
 bench-service: deps wrk
 	scripts/bench-service.sh
 
 # MagpiePersistDriver's get and set from 1, 16 and 256 tasks on the global executor beside Hummingbird's
-# MemoryPersistDriver, alternating in one run (BENCHMARKS.md, "The PersistDriver from tasks").
+# MemoryPersistDriver, alternating in one run (docs/lab-notes/service.md has its figures).
 bench-persist: deps
 	swift build -c release --package-path Integrations/MagpieHummingbird --scratch-path $(EXAMPLE_SCRATCH) --product magpie-persist-bench
 	$(EXAMPLE_SCRATCH)/release/magpie-persist-bench

@@ -1,4 +1,4 @@
-// swift-tools-version: 6.1
+// swift-tools-version: 6.2
 import PackageDescription
 
 // Linux only: the library calls Glibc directly (pthread mutexes of Linux kinds, openat/renameat, mmap
@@ -132,9 +132,9 @@ let package = Package(
             dependencies: ["MagpieFuzzTargets", "CFuzzerDriver"],
             path: "Fuzz/MagpieFuzz"
         ),
-        // Tests. Three targets, each runnable alone (`swift test --filter MagpieTests.` and so on; see
-        // TESTING.md): the fast unit suites, the slow stress / model / crash suites, and the tests of the
-        // command-line tools. Helpers they share live in MagpieTestSupport; the child processes the crash
+        // Tests. Four targets, each runnable alone (`swift test --filter '^MagpieTests\.'` and so on; see
+        // TESTING.md): the fast unit suites, the slow stress / model / crash suites, the Redis client and the
+        // fleet tier against real servers, and the tests of the command-line tools. Helpers they share live in MagpieTestSupport; the child processes the crash
         // and signal tests start are the magpie-test-child executable.
         .target(
             name: "MagpieTestSupport",

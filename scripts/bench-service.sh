@@ -18,6 +18,8 @@
 # --smoke: 2 s phases, the modes none, hummingbird-memory and magpie-memory, debug build, and checks:
 # exits non-zero when a cached mode returned errors while the origin failed, when the uncached one did
 # not, or when the service logged more than 5 lines in a failing phase.
+# A full run (not --smoke) also writes $OUT/results.json, in magpie-bench's report format (a row per mode
+# and phase, the machine, the commit and the settings), which `make bench-md` puts in BENCHMARKS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -44,6 +46,10 @@ for tool in wrk curl python3; do
   command -v $tool >/dev/null || { echo "error: $tool is missing (make bench-service installs it)"; exit 1; }
 done
 
+# The commit of the checkout the service is built from, read before the run (for results.json).
+commit=$(git rev-parse --short HEAD 2>/dev/null || true)
+if [ -n "$commit" ] && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then commit="$commit+changes"; fi
+
 scratch=${SCRATCH:-.build-example}
 swift build -c "$CONFIGURATION" --package-path Examples/HummingbirdService --scratch-path "$scratch" --product magpie-example
 bin="$(cd "$scratch" && pwd)/$CONFIGURATION/magpie-example"
@@ -62,6 +68,9 @@ trap cleanup EXIT
 start_service() {
   local name=$1; shift
   local log="$OUT/$name.log"
+  # The log exists before the loop below reads it: the service's own redirection may come later (with
+  # pipefail, a sed of a missing file ended the run on a loaded machine).
+  : >"$log"
   "$bin" --port 0 --origin-latency-ms "$ORIGIN_MS" --fresh-seconds "$FRESH" "$@" >"$log" 2>&1 &
   pids+=($!)
   for _ in $(seq 1 200); do
@@ -199,6 +208,7 @@ for mode in $MODES; do
   done
 
   echo "| $mode | $rps | $(ms $p50) | $(ms $p99) | $(ms $p999) | $errors | $healthy_calls | $frps | $(ms $fp99) | $ferrors | $failing_calls | $lines |" >>"$table"
+  echo "$mode $rps $p50 $p99 $p999 $errors $healthy_calls $frps $fp50 $fp99 $fp999 $ferrors $failing_calls $lines" >>"$work/rows"
   echo "$mode: healthy $rps req/s (p50 $(ms $p50) ms, p99 $(ms $p99) ms, p99.9 $(ms $p999) ms, $errors errors, $healthy_calls origin calls/s); origin failing: $frps req/s, $ferrors errors, $failing_calls origin calls/s, $lines log lines; counters: $counters"
 
   if [ $smoke = 1 ]; then
@@ -216,4 +226,44 @@ done
 echo
 cat "$table"
 echo "(wrk -t $THREADS -c $CONNECTIONS, $KEYS keys uniform, origin $ORIGIN_MS ms, fresh $FRESH s; healthy $DURATION s, failing $FAIL s; logs and stats in $OUT)"
+if [ $smoke = 0 ]; then
+  swift_version=$(swift --version 2>/dev/null | sed -n 's/.*Swift version \([0-9.]*\).*/\1/p' | head -n 1)
+  python3 - "$work/rows" "$OUT/results.json" "$commit" "${swift_version:-unknown}" <<PY
+import json, os, sys, time
+rows_path, out, commit, swift = sys.argv[1:5]
+def cpu():
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"): return line.split(":", 1)[1].strip()
+    return "unknown"
+def memory():
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemTotal:"): return int(line.split()[1]) * 1024
+    return 0
+def system():
+    for line in open("/etc/os-release"):
+        if line.startswith("PRETTY_NAME="): return line.split("=", 1)[1].strip().strip('"')
+    return "Linux"
+def row(phase, mode, rps, p50, p99, p999, extra):
+    us = lambda v: int(v) * 1000
+    return {"scenario": "service-" + phase, "system": mode, "threads": $CONNECTIONS, "operations": 0,
+            "seconds": float($DURATION if phase == "healthy" else $FAIL), "ops_per_sec": float(rps),
+            "latency_ns": {"p50": us(p50), "p90": 0, "p99": us(p99), "p999": us(p999), "max": 0},
+            "hit_ratio": 0, "extra": extra}
+results = []
+for line in open(rows_path):
+    m, rps, p50, p99, p999, err, calls, frps, fp50, fp99, fp999, ferr, fcalls, lines = line.split()
+    results.append(row("healthy", m, rps, p50, p99, p999, {"errors": int(err), "origin_calls_per_second": int(calls)}))
+    results.append(row("failing", m, frps, fp50, fp99, fp999,
+                       {"errors": int(ferr), "origin_calls_per_second": int(fcalls), "log_lines": int(lines)}))
+report = {"tool": "bench-service", "version": "1", "date": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
+          "machine": {"cores": os.cpu_count(), "os": system(), "cpu": cpu(), "memory_bytes": memory(), "swift": swift},
+          "config": {"service": {"connections": $CONNECTIONS, "threads": $THREADS, "keys": $KEYS, "origin_ms": $ORIGIN_MS,
+                                 "fresh_seconds": $FRESH, "duration_seconds": $DURATION, "fail_seconds": $FAIL,
+                                 "modes": "$MODES".split(), "configuration": "$CONFIGURATION"}},
+          "results": results, "commands": {"service": "make bench-service"}}
+if commit: report["commit"] = commit
+json.dump(report, open(out, "w"), indent=1, sort_keys=True)
+print("wrote " + out)
+PY
+fi
 exit $status

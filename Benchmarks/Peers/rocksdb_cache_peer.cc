@@ -1,7 +1,8 @@
 // RocksDB's block cache (Debian's librocksdb-dev) on `magpie-bench memory`'s workload, run by
 // magpie-bench itself as the `rocksdb-hcc` / `rocksdb-lru` systems so that the ratios come from one run.
-// Grown from ../shared/peers/rocks_cache_bench.cc: the same key and rank generation (so both programs see
-// the same keys in the same order), plus the scenario's parameters and timed passes.
+// Grown from the project's first peer program (rocks_cache_bench.cc, not kept): its key and rank generation,
+// which Benchmarks/MagpieBench/Scenarios/Workload.swift repeats (so both programs see the same keys in the
+// same order), plus the scenario's parameters and timed passes.
 //
 // Build (what `make peers` does):
 //   g++ -O2 -std=c++17 rocksdb_cache_peer.cc -o rocksdb-cache-peer -lrocksdb -lpthread

@@ -20,7 +20,7 @@ XXH_PUBLIC_API XXH64_hash_t XXH3_64bits_withSeed_dispatch(const void *input, siz
 /// every 2 us) runs all its code slower. On our Intel Xeon (family 6, model 207), in 16 same-minute pairs,
 /// the plain SSE2 entry made a raw 4 KiB disk hit faster in 13 (median 0.10 us) and a compressed one, whose
 /// zstd work hashes nothing, faster in 14 (median 0.38 us), although SSE2 runs several times the
-/// instructions (BENCHMARKS.md, "Disk tier (#29), 2026-11-28 (night)"). Other CPUs keep the dispatcher:
+/// instructions (docs/lab-notes/disk.md: no AVX-512 hashing on Intel). Other CPUs keep the dispatcher:
 /// AVX2 where there is no AVX-512; AMD's AVX-512 cores were not measured.
 /// Cheap (three cpuid instructions and an xgetbv), but meant to be asked once: Hashing/KeyHash.swift keeps
 /// the answer.

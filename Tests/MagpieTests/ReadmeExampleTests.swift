@@ -13,6 +13,26 @@ func downloadAvatar(_ id: Int) async throws -> [UInt8] {
 
 @Suite("README")
 struct ReadmeExampleTests {
+    // README-QUICKSTART-BEGIN
+    // The quick start of README.md and of the DocC article "Getting started", line for line.
+    func quickStart(directory: String) async throws -> ([UInt8]?, [UInt8]?, [UInt8]) {
+        // Memory only, 64 MiB.
+        let memory = try Cache(Cache.Configuration(memoryBudget: 64 << 20))
+        memory["greeting"] = Array("hello, magpie".utf8)
+        let greeting = memory["greeting"]  // [UInt8]?, nil once evicted
+
+        // Two tiers: 64 MiB of memory in front of 1 GiB of disk in `directory`, kept across restarts.
+        let cache = try Cache(Cache.Configuration(directory: directory, memoryBudget: 64 << 20, diskBudget: 1 << 30))
+        try cache.set(Array("session data".utf8), forKey: "session:42", options: .expiring(.after(.seconds(3600))))
+        let session = try cache.value(forKey: "session:42")  // memory, else disk (then promoted into memory)
+
+        // Async, with a loader: one download however many callers miss "avatar:42" at once.
+        let avatar = try await cache.value(forKey: "avatar:42") { try await downloadAvatar(42) }
+        try cache.close()  // flushes, and leaves index snapshots for a fast reopen
+        return (greeting, session, avatar)
+    }
+    // README-QUICKSTART-END
+
     // README-EXAMPLE-BEGIN
     // `async`: the README's synchronous calls must compile inside an async function too.
     func example(directory: String) async throws -> ([UInt8]?, RemovedEntries, String?) {
@@ -37,6 +57,7 @@ struct ReadmeExampleTests {
     }
     // README-EXAMPLE-END
 
+    // The async and disk-tier examples that README.md showed before its quick start: kept as tests of the calls.
     // README-ASYNC-EXAMPLE-BEGIN
     func asyncExample(cache: Cache) async throws -> [UInt8] {
         try await cache.async.set(Array("hi".utf8), forKey: "note:1")  // the disk write runs on an I/O thread
@@ -86,20 +107,60 @@ struct ReadmeExampleTests {
         #expect(try await asyncExample(cache: reopened) == [42] + Array("hi".utf8))
     }
 
-    @Test("the README shows the same code as this test")
-    func matchesReadme() throws {
+    @Test("the quick start compiles and does what it says")
+    func quickStartRuns() async throws {
+        let directory = TemporaryDirectory()
+        defer { directory.cleanup() }
+        let (greeting, session, avatar) = try await quickStart(directory: directory.child("cache"))
+        #expect(greeting == Array("hello, magpie".utf8))
+        #expect(session == Array("session data".utf8))
+        #expect(avatar == [42])
+        let reopened = try Cache(Cache.Configuration(directory: directory.child("cache")))
+        #expect(reopened["session:42"] == Array("session data".utf8))
+        #expect(reopened["avatar:42"] == [42])
+        try reopened.close()
+    }
+
+    /// The statements of the function between `// MARKER-BEGIN` and `// MARKER-END` in this file: the lines
+    /// after its `func` line and before its `return`, without the function's indentation.
+    static func body(of marker: String) throws -> String {
+        let source = try String(contentsOf: URL(fileURLWithPath: #filePath), encoding: .utf8)
+        let begin = try #require(source.range(of: "// " + marker + "BEGIN")).upperBound
+        let end = try #require(source.range(of: "    // " + marker + "END")).lowerBound
+        let lines = source[begin..<end].split(separator: "\n", omittingEmptySubsequences: false)
+        let start = try #require(lines.firstIndex { $0.hasPrefix("    func ") }) + 1
+        let stop = try #require(lines.lastIndex { $0.hasPrefix("        return ") })
+        return lines[start..<stop].map { $0.hasPrefix("        ") ? String($0.dropFirst(8)) : String($0) }.joined(separator: "\n")
+    }
+
+    static func file(_ path: String) throws -> String {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
             .deletingLastPathComponent()
-        let readme = try String(contentsOf: root.appendingPathComponent("README.md"), encoding: .utf8)
-        let source = try String(contentsOf: URL(fileURLWithPath: #filePath), encoding: .utf8)
-        let readmeLines = Set(readme.split(separator: "\n").map { $0.trimmingCharacters(in: .whitespaces) })
-        for marker in ["README-EXAMPLE-", "README-ASYNC-EXAMPLE-", "README-DISK-EXAMPLE-"] {
-            let begin = source.range(of: "// " + marker + "BEGIN")!.upperBound
-            let end = source.range(of: "    // " + marker + "END")!.lowerBound
-            let body = source[begin..<end].split(separator: "\n").dropFirst(2).dropLast(2)  // func line, return
-            for line in body.map({ $0.trimmingCharacters(in: .whitespaces) }) where !line.isEmpty {
-                #expect(readmeLines.contains(line), "README.md is missing the example line: \(line)")
-            }
+        return try String(contentsOf: root.appendingPathComponent(path), encoding: .utf8)
+    }
+
+    @Test("README.md and the DocC article Getting started show this file's quick start, line for line, in one block")
+    func quickStartMatches() throws {
+        let block = "```swift\nimport Magpie\n\n" + (try Self.body(of: "README-QUICKSTART-")) + "\n```"
+        #expect(try Self.file("README.md").contains(block), "README.md's quick start differs from ReadmeExampleTests.quickStart")
+        #expect(
+            try Self.file("Sources/Magpie/Magpie.docc/GettingStarted.md").contains(block),
+            "GettingStarted.md's quick start differs from ReadmeExampleTests.quickStart")
+    }
+
+    @Test("README.md shows this file's example, line for line, in one block")
+    func exampleMatches() throws {
+        let block = "```swift\nimport Magpie\n\n" + (try Self.body(of: "README-EXAMPLE-")) + "\n```"
+        #expect(try Self.file("README.md").contains(block), "README.md's example differs from ReadmeExampleTests.example")
+    }
+
+    @Test("README.md and Getting started name the same Debian packages as the Makefile's deps")
+    func installMatches() throws {
+        let makefile = try Self.file("Makefile")
+        let line = try #require(makefile.split(separator: "\n").first { $0.hasPrefix("APT_PACKAGES := ") })
+        let packages = line.dropFirst("APT_PACKAGES := ".count).split(separator: " ").joined(separator: " ")
+        for path in ["README.md", "Sources/Magpie/Magpie.docc/GettingStarted.md"] {
+            #expect(try Self.file(path).contains("apt-get install -y \(packages)"), "\(path) does not install \(packages)")
         }
     }
 }

@@ -59,9 +59,16 @@ extension MemoryScenario {
 /// highest thread counts, the scaling between them, the ratio to the RocksDB peer at the highest, and
 /// steadiness (the slowest pass over the median, worst over the thread counts).
 func printMemorySummary(_ results: [BenchResult]) {
-    let rows = results.filter { $0.scenario == "memory" || $0.scenario == "memory-hotkeys" }
+    guard let table = memorySummaryTable(results) else { return }
+    print("\nMemory: scaling with threads and the RocksDB peer, from this run (ops/s: median of the passes)")
+    printAligned(table)
+}
+
+/// The memory scenario's ratios as a table (a header row first); nil without memory rows.
+func memorySummaryTable(_ results: [BenchResult]) -> [[String]]? {
+    let rows = results.filter { ($0.scenario == "memory" || $0.scenario == "memory-hotkeys") && $0.extra["sweep_parameter"] == nil }
     let counts = Set(rows.map(\.threads)).sorted()
-    guard let low = counts.first, let high = counts.last, !rows.isEmpty else { return }
+    guard let low = counts.first, let high = counts.last, !rows.isEmpty else { return nil }
     func hot(_ r: BenchResult) -> Int { if case .int(let n) = r.extra["hot_keys"] { n } else { 0 } }
     func steadiness(_ r: BenchResult) -> Double? {
         if case .double(let minimum) = r.extra["ops_per_sec_min"] { return minimum / r.ops_per_sec }
@@ -88,6 +95,5 @@ func printMemorySummary(_ results: [BenchResult]) {
             ])
         }
     }
-    print("\nMemory: scaling with threads and the RocksDB peer, from this run (ops/s: median of the passes)")
-    printAligned(table)
+    return table
 }

@@ -1,10 +1,33 @@
 import Foundation
 
-/// The disk scenario's bars (issue #20), computed from the rows of this run alone: Magpie against the
-/// fastest peer (RocksDB, LMDB, SQLite, and file-per-key / URLCache when they ran) and against the
-/// floors measured in the same run. Prints one line per bar with the figures and "met" or "NOT met",
-/// then each system's configuration.
+/// The disk scenario's bars, computed from the rows of this run alone: Magpie against the fastest peer
+/// (RocksDB, LMDB, SQLite, and file-per-key / URLCache when they ran) and against the floors measured in
+/// the same run. Prints one line per bar with the figures and "met" or "NOT met", the notes, then each
+/// system's configuration.
 func printDiskSummary(_ results: [BenchResult]) {
+    let summary = DiskBars(results)
+    for (title, table) in summary.tables {
+        print("\n" + title)
+        printAligned(table)
+    }
+    for note in summary.notes { print(note) }
+    let disk = results.filter { $0.scenario.hasPrefix("disk-") && $0.extra["sweep_parameter"] == nil }
+    guard disk.contains(where: { $0.system == "magpie" }) else { return }
+    print("\nDisk systems as configured:")
+    var seen: Set<String> = []
+    for r in disk where !r.scenario.hasSuffix("-floor") && !seen.contains(r.system) {
+        seen.insert(r.system)
+        if case .string(let configuration) = r.extra["configuration"] { print("  \(r.system): \(configuration)") }
+    }
+}
+
+/// The disk bars of one run as tables (each with its title, a header row first) and one-line notes: the
+/// issue #20 bars, the issue #29 bars, and the gets sampled in turns when the paired workload ran.
+struct DiskBars {
+    var tables: [(title: String, rows: [[String]])] = []
+    var notes: [String] = []
+
+    init(_ results: [BenchResult]) {
     let disk = results.filter { $0.scenario.hasPrefix("disk-") && $0.extra["sweep_parameter"] == nil }
     guard disk.contains(where: { $0.system == "magpie" }) else { return }
     func row(_ scenario: String, _ system: String) -> BenchResult? {
@@ -66,12 +89,9 @@ func printDiskSummary(_ results: [BenchResult]) {
         bar("reopen + first get (\(Int(keys)) entries)", row("disk-reopen", "magpie")?.seconds, fastest.seconds, { String(format: "%.2f ms", $0 * 1e3) }, lowerIsBetter: true, "(\(fastest.system))")
     }
 
-    if table.count > 1 {
-        print("\nDisk: the issue #20 bars, from this run alone (gets: hits only)")
-        printAligned(table)
-    }
+    if table.count > 1 { tables.append(("Disk: the issue #20 bars, from this run alone (gets: hits only)", table)) }
     if let raw, let copyFloor, let text, let zstdFloor {
-        print(String(format: "magpie raw get p50 = mapped-copy floor %d ns + %.0f ns; compressed get p50 = ZSTD_decompress floor %d ns + %.0f ns",
+        notes.append(String(format: "magpie raw get p50 = mapped-copy floor %d ns + %.0f ns; compressed get p50 = ZSTD_decompress floor %d ns + %.0f ns",
             copyFloor, raw - Double(copyFloor), zstdFloor, text - Double(zstdFloor)))
     }
     // DRAM per on-disk entry: the index's bytes (16 per slot, 3/4 full at most) over the entries it
@@ -81,7 +101,7 @@ func printDiskSummary(_ results: [BenchResult]) {
         guard let perEntry = number(r, "index_bytes_per_entry"), perEntry > 0, let entries = number(r, "entries") else { return nil }
         return String(format: "%@ %.1f B (%d entries)", r.scenario, perEntry, Int(entries))
     }
-    if !dram.isEmpty { print("magpie index DRAM per on-disk entry: " + dram.joined(separator: ", ")) }
+    if !dram.isEmpty { notes.append("magpie index DRAM per on-disk entry: " + dram.joined(separator: ", ")) }
     // How much of each system's mapped files the kernel maps by 2 MiB pages (a random read's TLB misses;
     // Magpie's `hugePageFiles`, LMDB's file as the kernel caches it), after the plain gets and the paired
     // turns (informative).
@@ -89,7 +109,7 @@ func printDiskSummary(_ results: [BenchResult]) {
         guard let resident = number(r, "mapped_resident_bytes"), resident > 0, let pmd = number(r, "huge_page_mapped_bytes") else { return nil }
         return String(format: "%@ %@ %.0f %% (%.0f of %.0f MB)", r.scenario, r.system, 100 * pmd / resident, pmd / 1e6, resident / 1e6)
     }
-    if !huge.isEmpty { print("mapped file bytes on 2 MiB pages: " + huge.joined(separator: ", ")) }
+    if !huge.isEmpty { notes.append("mapped file bytes on 2 MiB pages: " + huge.joined(separator: ", ")) }
 
     // The issue #29 bars where they differ from #20's: against RocksDB (FIFO) and LMDB by name, the store
     // tail, and write amplification counted two ways (the device's writes, which the page cache absorbs
@@ -119,24 +139,15 @@ func printDiskSummary(_ results: [BenchResult]) {
         bar("reopen + first get (\(Int(keys)) entries)", row("disk-reopen", "magpie")?.seconds, 3 * lmdb.seconds,
             { String(format: "%.2f ms", $0 * 1e3) }, lowerIsBetter: true, "(3 × lmdb)")
     }
-    if table.count > 1 {
-        print("\nDisk: the issue #29 bars, from this run alone")
-        printAligned(table)
-    }
+    if table.count > 1 { tables.append(("Disk: the issue #29 bars, from this run alone", table)) }
     let pairedTable = pairedGetBars(disk)
     if pairedTable.count > 1 {
-        var heading = "\nDisk: the #29 get bars with every system and the floors sampled in turns"
+        var heading = "Disk: the #29 get bars with every system and the floors sampled in turns"
         if let magpie = row("disk-paired-get", "magpie"), case .int(let count) = magpie.extra["rounds"], case .int(let block) = magpie.extra["block"] {
             heading += " (\(count) rounds of \(block) operations each, hits only; a round met: its own p50s)"
         }
-        print(heading)
-        printAligned(pairedTable)
+        tables.append((heading, pairedTable))
     }
-    print("\nDisk systems as configured:")
-    var seen: Set<String> = []
-    for r in disk where !r.scenario.hasSuffix("-floor") && !seen.contains(r.system) {
-        seen.insert(r.system)
-        if case .string(let configuration) = r.extra["configuration"] { print("  \(r.system): \(configuration)") }
     }
 }
 

@@ -109,6 +109,12 @@ struct Report: Codable, Sendable {
     var machine: Machine
     var config: [String: JSONValue]
     var results: [BenchResult]
+    /// The commit the suite was built from (`Provenance.commit()`); nil in reports of older builds and of
+    /// single commands.
+    var commit: String? = nil
+    /// Per scenario, the command line that reproduces its rows alone (`magpie-bench memory --hot-keys 16`);
+    /// written by the suite, read by `report --markdown`.
+    var commands: [String: String]? = nil
 
     func write(to path: String) throws {
         let encoder = JSONEncoder()

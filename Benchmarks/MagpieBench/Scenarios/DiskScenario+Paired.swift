@@ -10,8 +10,8 @@ import Magpie
 // `--paired-block` operations (the systems get the same keys in a round; the order is drawn anew each round,
 // so that no participant always follows the same one), so every p50 comes from the same minutes, and each
 // round compares Magpie with the others on that round's figures alone. The issue #29 get bars are read
-// both ways; `plain`'s stay as they are. Figures: BENCHMARKS.md, "the get bars with every system sampled in
-// turns".
+// both ways; `plain`'s stay as they are. Figures: docs/lab-notes/disk.md (every system sampled in turns)
+// and BENCHMARKS.md (when a run includes the paired workload).
 //
 // Turns are long by default (20,000 operations: tens of milliseconds, far shorter than the machine's
 // swings): a system's first operations after another's turn find the CPU's caches holding the other's data,

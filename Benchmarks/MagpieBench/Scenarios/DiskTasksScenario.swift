@@ -202,10 +202,16 @@ struct DiskTasksScenario {
 /// The table: per concurrency, the synchronous read in the task and `cache.async`, side by side.
 func printDiskTasksSummary(_ results: [BenchResult]) {
     print("\ndisk-tasks: disk hits (entries stored disk-only) and stores of new keys (both tiers) from async tasks")
-    print("tasks  system                ops/s        p50 µs    p99 µs    p99.9 µs   async / sync   on the task")
+    printAligned(diskTasksTable(results))
+}
+
+/// The disk-tasks rows as a table, a header row first: each async row's rate over the synchronous row of
+/// its concurrency and workload, and the share of its operations done on the caller's task.
+func diskTasksTable(_ results: [BenchResult]) -> [[String]] {
+    var table = [["tasks", "system", "ops/s", "p50 µs", "p99 µs", "p99.9 µs", "async / sync", "on the task"]]
     var sync: [String: Double] = [:]  // "threads workload" -> the synchronous row's ops/s
-    for row in results {
-        var (ratio, inline) = ("", "")
+    for row in results where row.scenario == "disk-tasks" {
+        var (ratio, inline) = ("-", "-")
         let workload = "\(row.threads) " + (row.system.hasSuffix("-set") ? "set" : "get")
         if row.system.hasPrefix("magpie-sync") {
             sync[workload] = row.ops_per_sec
@@ -215,11 +221,10 @@ func printDiskTasksSummary(_ results: [BenchResult]) {
         if case .int(let done) = row.extra["inline_reads"] ?? row.extra["inline_stores"] {
             inline = String(format: "%.2f %%", 100 * Double(done) / Double(max(1, row.operations)))
         }
-        print(
-            String(
-                format: "%5d  %@  %10.0f  %9.1f %9.1f  %9.1f   %@   %@", row.threads, row.system.padding(toLength: 20, withPad: " ", startingAt: 0),
-                row.ops_per_sec,
-                Double(row.latency_ns.p50) / 1000, Double(row.latency_ns.p99) / 1000, Double(row.latency_ns.p999) / 1000,
-                ratio.padding(toLength: 12, withPad: " ", startingAt: 0), inline))
+        table.append([
+            String(row.threads), row.system, String(format: "%.0f", row.ops_per_sec), String(format: "%.1f", Double(row.latency_ns.p50) / 1000),
+            String(format: "%.1f", Double(row.latency_ns.p99) / 1000), String(format: "%.1f", Double(row.latency_ns.p999) / 1000), ratio, inline,
+        ])
     }
+    return table
 }

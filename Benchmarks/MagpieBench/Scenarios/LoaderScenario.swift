@@ -303,8 +303,15 @@ struct LoaderScenario {
 
 /// The loader rows side by side, with the bars' inputs.
 func printLoaderSummary(_ results: [BenchResult]) {
+    guard let table = loaderTable(results) else { return }
+    print("\nloader: callers of keys already cached (loaded within the hard lifetime), the origin, the outage")
+    printAligned(table)
+}
+
+/// The loader rows as a table, a header row first; nil without loader rows.
+func loaderTable(_ results: [BenchResult]) -> [[String]]? {
     let rows = results.filter { $0.scenario == "loader" }
-    guard !rows.isEmpty else { return }
+    guard !rows.isEmpty else { return nil }
     func int(_ row: BenchResult, _ key: String) -> Int {
         if case .int(let value) = row.extra[key] { return value }
         return 0
@@ -330,6 +337,5 @@ func printLoaderSummary(_ results: [BenchResult]) {
             String(int(row, "stale_beyond_bound")), String(int(row, "wrong_values")),
         ])
     }
-    print("\nloader: callers of keys already cached (loaded within the hard lifetime), the origin, the outage")
-    printAligned(table)
+    return table
 }

@@ -3,6 +3,18 @@ import Foundation
 /// The rows side by side per round, then each bar with its ratio per round and its verdict (on the
 /// median ratio over the rounds).
 func printRedisSummary(_ results: [BenchResult]) {
+    guard let tables = redisTables(results) else { return }
+    if tables.rows.count > 1 {
+        print("\nredis: magpie-redis and redis-benchmark on the same server, same workload, this run")
+        printAligned(tables.rows)
+    }
+    print("\nredis: bars (ratio = magpie-redis / redis-benchmark; verdict on the median over the rounds)")
+    printAligned(tables.bars)
+}
+
+/// The Redis rows as two tables, each with a header row: the rows side by side, and the bars; nil without
+/// Redis rows.
+func redisTables(_ results: [BenchResult]) -> (rows: [[String]], bars: [[String]])? {
     func string(_ row: BenchResult, _ key: String) -> String {
         if case .string(let value) = row.extra[key] { return value }
         return ""
@@ -13,7 +25,7 @@ func printRedisSummary(_ results: [BenchResult]) {
     }
     func micros(_ ns: UInt64) -> String { ns == 0 ? "-" : String(format: "%.1f", Double(ns) / 1e3) }
     let rows = results.filter { $0.scenario == "redis-get" || $0.scenario == "redis-set" }
-    guard !rows.isEmpty || results.contains(where: { $0.scenario == "redis-breaker" }) else { return }
+    guard !rows.isEmpty || results.contains(where: { $0.scenario == "redis-breaker" }) else { return nil }
 
     func double(_ row: BenchResult, _ key: String) -> Double? {
         if case .double(let value) = row.extra[key] { return value }
@@ -36,8 +48,6 @@ func printRedisSummary(_ results: [BenchResult]) {
             int(row, "errors").map(String.init) ?? "-",
         ])
     }
-    print("\nredis: magpie-redis and redis-benchmark on the same server, same workload, this run")
-    printAligned(table)
 
     /// Per round: (magpie, redis-benchmark) rows of one scenario and mode.
     func pairs(_ scenario: String, _ mode: String, _ caller: String) -> [(round: Int, magpie: BenchResult, benchmark: BenchResult)] {
@@ -126,6 +136,5 @@ func printRedisSummary(_ results: [BenchResult]) {
             "0, ≤ \(int(breaker, "background_probe_bound") ?? 0)", clean && withinProbe ? "met" : "not met",
         ])
     }
-    print("\nredis: bars (ratio = magpie-redis / redis-benchmark; verdict on the median over the rounds)")
-    printAligned(bars)
+    return (table, bars)
 }

@@ -1,7 +1,7 @@
 import Foundation
 
-/// The memory scenario's workload, generated exactly as `../shared/peers/rocks_cache_bench.cc` does it,
-/// so Magpie and RocksDB see the same keys in the same order: a Zipf(α) popularity over `keys` ranks,
+/// The memory scenario's workload, generated exactly as the RocksDB peer (Benchmarks/Peers/rocksdb_cache_peer.cc)
+/// generates it, so Magpie and RocksDB see the same keys in the same order: a Zipf(α) popularity over `keys` ranks,
 /// drawn with splitmix64 from a seed; the key of rank r is splitmix64(r) ‖ r (16 bytes, little-endian).
 struct ZipfWorkload: Sendable {
     let keyCount: Int

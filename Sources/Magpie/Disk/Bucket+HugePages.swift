@@ -6,7 +6,7 @@
 // one 2 MiB folio is mapped by one 2 MiB page wherever the mapping is 2 MiB-aligned (Linux aligns file
 // mappings of 2 MiB or more). The kernel makes a folio the size of the write that creates it: the
 // sealer's 64 KiB `pwrite`s make 64 KiB folios. A hole read through a `MADV_HUGEPAGE` mapping becomes one
-// 2 MiB folio of zeros, and `pwrite`s into it keep it (BENCHMARKS.md, "huge pages for bucket files").
+// 2 MiB folio of zeros, and `pwrite`s into it keep it (docs/lab-notes/disk.md: huge pages for bucket files).
 //
 // What. When `grow` (Bucket+Regions.swift) adds slots that end in a 2 MiB range at or after the one the
 // file's end lies in (for a file that holds only its header, the first range too), and the slots needed

@@ -155,7 +155,7 @@ extension BucketState {
         // Every line of the record (up to the scratch's size) is asked for at once, before the first copy
         // waits for its first line: the payload's lines then arrive while the prefix is verified, rather
         // than one after another behind it (a raw 4 KiB hit 10-27 % faster in most same-minute pairs,
-        // BENCHMARKS.md "Disk tier (#29), 2026-11-28 (night)"). A hint: it never faults, and a record of
+        // docs/lab-notes/disk.md: a record's lines asked for at once). A hint: it never faults, and a record of
         // another key costs only the loads.
         mapping?.prefetch(at: slot.offset, count: min(slot.length, ReadScratch.limit))
         // The first bytes: header and key, and a little more (a short group, the metadata blocks), at once.

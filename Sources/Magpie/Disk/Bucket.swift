@@ -32,7 +32,7 @@ import Logging
 //
 // Why size-aware: on the eviction-heavy benchmark a 4 KiB random value costs 7 times the bytes of a
 // compressed JSON value to reinsert, for the same hit; reinserting every read entry raised the hit ratio
-// by 5 points over FIFO but the bytes written by 45 % (Python model in BENCHMARKS.md, "#29 regions").
+// by 5 points over FIFO but the bytes written by 45 % (a Python model, docs/lab-notes/disk.md).
 
 /// What every bucket of a tier shares: one object, so that a bucket's context (and every copy of its
 /// state) holds three references, not a dozen (the open builds one per bucket).

@@ -9,7 +9,7 @@ import CMagpieGuard
 // alone, if the tier keeps them apart: the mutex and the state never move (``Locked`` allocates them
 // once), and the index's slot storage moves only when the index is rebuilt or grows. So `DiskTier.entry`
 // prefetches all three first, and the lock, the state and the probe then find their lines arriving
-// (BENCHMARKS.md, "Disk tier (#29), 2026-12-01").
+// (docs/lab-notes/disk.md: the read path's arrays and prefetches).
 //
 // A hint is only ever a prefetch address: a prefetch never faults and reads nothing the program sees, so
 // an index storage that moved since its hint was taken costs one wasted prefetch, never a wrong read. Reads

@@ -28,7 +28,7 @@ extension DiskTier {
         /// count every one. Default 10 s.
         public var logInterval: Duration = .seconds(10)
         /// Read records through a read-only mapping of each bucket file (the default) instead of a
-        /// `pread` per read: 0.5–0.6 µs less per 4 KiB read on our machine (BENCHMARKS.md). To survive
+        /// `pread` per read: 0.5–0.6 µs less per 4 KiB read on our machine (docs/lab-notes/disk.md). To survive
         /// a bucket file being truncated behind its back, or a page the kernel cannot read, the tier then
         /// installs a process-wide SIGBUS handler (once, on the first open), which turns such a fault
         /// inside its own copy into a fallback to `pread` and passes every other SIGBUS on to the handler
@@ -37,7 +37,7 @@ extension DiskTier {
         /// Grow each bucket file in whole 2 MiB ranges that the kernel caches as one huge page each, so that
         /// reads through the mapping (``mappedReads``) take one TLB entry per 2 MiB instead of 512: about 150 ns
         /// less per random 4 KiB read of a page-cache-hot tier on our machine, enough to read faster than LMDB
-        /// (BENCHMARKS.md, "huge pages for bucket files"). Off by default, for what it costs:
+        /// (docs/lab-notes/disk.md). Off by default, for what it costs:
         /// - **Growth.** When a bucket's growth reaches into a new 2 MiB range of its file and the whole range
         ///   fits within the bucket's limit, the file is extended to the range's end (a hole: no block is
         ///   allocated) and the kernel is asked to cache the range as one folio of zeros, which the bucket's

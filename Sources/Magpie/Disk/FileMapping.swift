@@ -5,7 +5,7 @@ import Glibc
 //
 // A page-cache-hot `pread` of a 4 KiB record costs about 1.3 µs on our 2-core machine, most of it the
 // system call and the page-cache lookup; copying the same bytes out of a mapping of the file costs
-// about 0.5–0.8 µs (see BENCHMARKS.md, #3). So each bucket file is mapped read-only, shared, once, and
+// about 0.5–0.8 µs (docs/lab-notes/disk.md, #3). So each bucket file is mapped read-only, shared, once, and
 // a record is copied from the mapping into an array of its own, where it is verified (checksum, key)
 // and decoded (Bucket+Read.swift). Copying first, then verifying, means a check and a use always see
 // the same bytes, even if another process scribbles on the file in between.

@@ -19,12 +19,12 @@ import Synchronization
 // hand-over every millisecond or so costs it up to five timer wake-ups instead of one futex wake-up.
 // Before this, every hand-over that found the thread waiting signalled it from the store, and on this
 // 2-core machine, with the kernel's writeback runnable, the storing thread often lost its core in that call
-// for 100-470 µs: enough of them to set the eviction-heavy store p99.9 (BENCHMARKS.md, "Disk tier (#29)",
-// 2026-11-28).
+// for 100-470 µs: enough of them to set the eviction-heavy store p99.9 (docs/lab-notes/disk.md: the
+// store tail under load).
 //
 // The looks pay only when hand-overs come less than their span apart. At a trickle (a seal every 16 ms at
 // 1,000 stores/s) each idle spell cost five timer wake-ups and then the futex wake-up anyway: about 300
-// context switches a second for nothing (BENCHMARKS.md, "the sealer stops its looks at a trickle"). So
+// context switches a second for nothing (docs/lab-notes/disk.md: stores at a trickle). So
 // after two idle spells in a row that each ended in a wake-up from the parked state more than twice the
 // looks' span after they began (`LookPolicy`), the next spells park at once; any shorter spell, or one that
 // ended in a look, brings the looks back. A spell is measured to the store's signal, not to when the
@@ -272,7 +272,7 @@ final class Sealer: Sendable {
     /// the rest of a seal: thousands of times per eviction-heavy run. As batch work it waits for the end of
     /// the storing thread's slice and seals what has queued meanwhile in one turn, about an eighth as many
     /// turns for about the same CPU; the store p99.9 with a core taken fell by about half, and nothing
-    /// changed with a free core (BENCHMARKS.md, "Disk tier (#29), 2026-11-28 (late)").
+    /// changed with a free core (docs/lab-notes/disk.md: the sealer as batch work).
     static func runAsBatchWork() -> Int32 {
         var parameters = sched_param()
         return sched_setscheduler(0, schedBatch | schedResetOnFork, &parameters) == 0 ? 0 : errno

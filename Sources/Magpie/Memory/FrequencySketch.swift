@@ -22,7 +22,7 @@ import Glibc
 //
 // 4 bytes per bucket (4 counters, 16 doorkeeper bits): with the index at most 3/4 full, 5.3 bytes per
 // entry at its fullest (10.7 just after it doubles, like the index's own headroom), charged as 6 of
-// ``MemoryTier/entryOverhead``'s bytes. Sizes chosen by replay (BENCHMARKS.md, "Eviction (#31)"):
+// ``MemoryTier/entryOverhead``'s bytes. Sizes chosen by replay (docs/lab-notes/eviction.md):
 // the doorkeeper's size is what matters. With one doorkeeper bit per bucket the shared trace at 10 %
 // replayed 0.7358 against 0.7278 (θ then started at 1, no floor); with 12 counters per bucket instead of
 // 4 every miss ratio came out the same to four digits; counters and doorkeeper in two arrays (8 counters

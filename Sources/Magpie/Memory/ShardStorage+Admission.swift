@@ -27,14 +27,15 @@ import Glibc
 // a long scan, admitting is pure churn; and a key admitted only to be evicted unread more often than not
 // costs `main` a resident for nothing. With the floor at 0.35 the shared trace's miss ratio rose with the
 // budget from 15 % to 17 %, 0.6775 to 0.7066: a loop over 30 % of its footprint was admitted, and
-// thrashed; at 0.5, 0.6755 at 17 %, BENCHMARKS.md, "Eviction (#31), 2026-11-27"). log2 θ starts at 1 (θ = 2: a key of the mean size missed
-// twice before, or one of half of it missed once) and stays within −1 and 3.5 (θ from 0.5 to about 11).
+// thrashed; at 0.5, 0.6755 at 17 %, docs/lab-notes/eviction.md: the admission floor at one half).
+// log2 θ starts at 1 (θ = 2: a key of the mean size missed twice before, or one of half of it missed once)
+// and stays within −1 and 3.5 (θ from 0.5 to about 11).
 // The ceiling bounds how long θ takes to come down after a spell of unread admissions (a scan, a hot set
 // that moved on): at the ceiling admissions are rarest, and only their read outcomes lower θ, by 0.05
 // each at the floor's target, so the way down from the ceiling is the slowest part of the range (50 read
 // outcomes from 3.5 to the start, 80 from 5). With the ceiling at 5, replays of the traces whose
-// popularity drifts missed more at every budget (BENCHMARKS.md, "Eviction (#31), 2026-11-28 (evening):
-// θ's ceiling"); below 3.25, the kv trace at 1 % missed more.
+// popularity drifts missed more at every budget (docs/lab-notes/eviction.md: θ's ceiling); below 3.25,
+// the kv trace at 1 % missed more.
 // The doorkeeper's false positives (FrequencySketch.swift) make some one-time keys look missed once
 // before: a start at θ = 1 admitted them whenever they were no larger than the mean. The hand passes each entry
 // about once per turn of `main`, so θ moves with the eviction rate: no period to choose (a hill climber
@@ -48,7 +49,7 @@ import Glibc
 // A hit never touches any of this: the sketch counts misses only, under the shard's lock. That is also
 // why the sketch does not choose between `small`'s candidate and `main`'s victim as TinyLFU does: a
 // resident's hits are not counted, and in a model of this policy that counted them the comparison made
-// the shared trace's miss ratio worse (0.8244-0.8309 at 1 %, 0.7520-0.8010 at 10 %; BENCHMARKS.md).
+// the shared trace's miss ratio worse (0.8244-0.8309 at 1 %, 0.7520-0.8010 at 10 %; docs/lab-notes/eviction.md).
 
 /// The shard's admission threshold θ and what tunes it.
 struct AdmissionControl {
@@ -86,7 +87,7 @@ struct AdmissionControl {
     }
 }
 
-/// The constants of ``AdmissionControl``, chosen by trace replay (BENCHMARKS.md, "Eviction (#31)").
+/// The constants of ``AdmissionControl``, chosen by trace replay (docs/lab-notes/eviction.md).
 enum AdmissionTuning {
     static let initialLog2: Double = 1
     static let lowestLog2: Double = -1

@@ -33,7 +33,7 @@ import Glibc
 ///
 /// How long the ghosts should remember is the trace's to say: replayed with fixed windows, the shared
 /// block trace did best with half the budget, a drifting key-value trace with twice it and Zipf traces
-/// with a third (BENCHMARKS.md, "Eviction (#31), 2026-11-27 (evening)"). So the window tunes itself as θ
+/// with a third (docs/lab-notes/eviction.md: the ghosts' window). So the window tunes itself as θ
 /// does (ShardStorage+Admission.swift): a key a ghost admits to `main` is tagged in `main`'s ring until
 /// the hand first reaches it, and whether it was read by then moves log2 (window / budget) by
 /// step × (outcome − target), where the target is θ's (``AdmissionControl/target``): keys the ghosts
@@ -42,8 +42,8 @@ import Glibc
 ///
 /// The window starts at its narrowest, 1/√2 budget, and must earn its width: a ghost admission skips
 /// `small`'s probation (as θ starts high). On the shared trace a start at one budget replayed 0.6982 at
-/// 10 % and 0.5666 at 40 %, one at 1/√2 0.7056 and 0.5619 (BENCHMARKS.md, "Eviction (#31), 2026-11-27
-/// (night)", which also shows how the figures move with these constants).
+/// 10 % and 0.5666 at 40 %, one at 1/√2 0.7056 and 0.5619 (docs/lab-notes/eviction.md: the
+/// ghosts' window tunes itself, which also shows how the figures move with these constants).
 ///
 /// It stays between 1/√2 and 2 budgets. Below: on the drifting key-value trace the tuner shrinks the
 /// window (its ghost-admitted keys are read less than half the time before the hand returns, yet it
@@ -81,7 +81,7 @@ struct GhostWindowControl {
     }
 }
 
-/// The constants of ``GhostWindowControl``, chosen by trace replay (BENCHMARKS.md, "Eviction (#31)").
+/// The constants of ``GhostWindowControl``, chosen by trace replay (docs/lab-notes/eviction.md).
 enum GhostTuning {
     static let lowestLog2: Double = -0.5
     static let highestLog2: Double = 1

@@ -6,10 +6,10 @@
 // `small` is where a new key waits to be read before it may stay. At 1 % of the budget it turns over fast,
 // which suits a trace whose hot keys return soon (Zipf, the shared block trace); on a trace whose
 // popularity drifts (a new hot set every few thousand requests) the new keys come back a little later than
-// 1 % allows, are evicted into the small ghost, and a larger `small` replays better (BENCHMARKS.md,
-// "Eviction (#31), 2026-11-28 (evening)": the z11 trace at 1 %, 0.5122 with `small` at 1 %, 0.5043 at
-// 20 %, while Zipf at 10 % goes from 0.3684 to 0.3741). No fixed share fits both, so it tunes itself, as
-// ARC sizes its T1 against T2, from the ghosts' hits:
+// 1 % allows, are evicted into the small ghost, and a larger `small` replays better
+// (docs/lab-notes/eviction.md, `small`'s share tuned by the ghosts: the z11 trace at 1 %, 0.5122 with
+// `small` at 1 %, 0.5043 at 20 %, while Zipf at 10 % goes from 0.3684 to 0.3741). No fixed share fits both,
+// so it tunes itself, as ARC sizes its T1 against T2, from the ghosts' hits:
 //
 //  - A key found in the small ghost that left `small` no more than `small`'s size ago would have been a
 //    hit with `small` twice its size: the share grows by 5 %.
@@ -32,7 +32,7 @@
 // The budget is in bytes and the miss ratio that services pay for is in requests: an entry of four times
 // the mean charge holds the room of four mean ones, and is worth keeping only if it is read about as often
 // as four of them. Replays with every object of one size put Magpie ahead of every reference policy on the
-// Zipf traces, and with sizes spread 512 B-64 KiB behind LIRS (BENCHMARKS.md). So two decisions that
+// Zipf traces, and with sizes spread 512 B-64 KiB behind LIRS (docs/lab-notes/eviction.md). So two decisions that
 // otherwise give a place for one event weigh the event by size:
 //
 //  - a ghost hit admits a new key to `main` (skipping `small`);
@@ -51,7 +51,7 @@
 // replay is deterministic. What this gives up: "an entry in `main` is evicted only after `main` has
 // rotated past it frequency + 1 times" holds only for entries up to twice the mean.
 //
-// Replayed (BENCHMARKS.md): with the draw and the tuned share, Zipf with sizes 512 B-64 KiB goes from
+// Replayed (docs/lab-notes/eviction.md): with the draw and the tuned share, Zipf with sizes 512 B-64 KiB goes from
 // 0.5558 / 0.3684 to 0.5366 / 0.3577 at 1 % / 10 % (LIRS 0.5680 / 0.3590); a factor of 1 or the draw on
 // `small`'s promotions too were tried and were worse on the drifting traces or the shared one.
 
@@ -82,8 +82,8 @@ struct SmallShareControl {
     }
 }
 
-/// The constants of ``SmallShareControl`` and of the size draw, chosen by trace replay (BENCHMARKS.md,
-/// "Eviction (#31), 2026-11-28 (evening)").
+/// The constants of ``SmallShareControl`` and of the size draw, chosen by trace replay
+/// (docs/lab-notes/eviction.md).
 enum SizeTuning {
     static let lowestSmallShare = 0.01
     static let highestSmallShare = 0.25

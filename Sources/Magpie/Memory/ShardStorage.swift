@@ -44,7 +44,7 @@ import Synchronization
 //
 // ### Eviction: S3-FIFO with a CLOCK main queue and admission by miss count, byte-charged
 //
-// S3-FIFO (Yang et al., SOSP '23) with changes chosen by trace replay (BENCHMARKS.md): `main` keeps one
+// S3-FIFO (Yang et al., SOSP '23) with changes chosen by trace replay (docs/lab-notes/eviction.md): `main` keeps one
 // reference bit (frequency cap 1: plain CLOCK) rather than two, which follows drifting popularity
 // better; `small` is 1-25 % of the budget, its share tuned by the ghosts' hits as ARC tunes T1
 // (ShardStorage+Sizing.swift); a new key may skip `small` when it was missed often enough for its size,
@@ -65,7 +65,7 @@ import Synchronization
 //    evicted into the main ghost.
 // Until 2026-11 `small`'s target adapted as ARC's does, with the two ghosts as ARC's B1 and B2, judged by
 // every ghost hit; with admission by miss count, a fixed 1 % replayed better on 8 of the 12 budgets
-// tried, worse on 3 (BENCHMARKS.md). It adapts again since 2026-11-28, judged only by ghost hits within
+// tried, worse on 3 (docs/lab-notes/eviction.md). It adapts again since 2026-11-28, judged only by ghost hits within
 // `small`'s size of their eviction (the margin a change of the share would win or lose).
 // Guarantees the tests rely on: an entry read since its insertion is never evicted straight out of
 // `small`; an entry in `main` up to twice the mean charge is evicted only after `main` has rotated past

@@ -4,8 +4,8 @@
 // file's mapping, a zstd frame decompressed. `Array(unsafeUninitializedCapacity:initializingWith:)` is the
 // obvious way, but on Swift 6.3 / Linux it allocates through `Array._allocateBufferUninitialized`, which
 // is `@inline(never)` and generic: every call asks the runtime for `_ContiguousArrayStorage<UInt8>`'s
-// metadata (a hash-table look-up, about 350 instructions per array, measured with callgrind in
-// BENCHMARKS.md "Disk tier (#29), 2026-12-01"). `Array(_:)` over a collection allocates through inlinable
+// metadata (a hash-table look-up, about 350 instructions per array, measured with callgrind:
+// docs/lab-notes/disk.md, the read path's arrays). `Array(_:)` over a collection allocates through inlinable
 // code instead, specialised for `UInt8` in the caller, and hands the new storage to the collection's
 // `_copyContents(initializing:)` to fill. ``FilledBytes`` is such a collection: its elements are whatever
 // a ``ByteFiller`` writes.

@@ -1,0 +1,202 @@
+import Foundation
+
+// BENCHMARKS.md's sections on Redis, the fleet and the example service, and the tuning curves.
+extension BenchmarksPage {
+    static func redis(_ report: Report) -> String {
+        guard let tables = redisTables(rows(report)) else { return "" }
+        var parts: [String] = []
+        if tables.rows.count > 1 { parts.append(Markdown.table(tables.rows)) }
+        parts.append(
+            "The bars: magpie-redis over redis-benchmark per round, and the verdict on the median over the rounds:\n\n"
+                + Markdown.table(tables.bars))
+        return section(
+            "The Redis client", report, command: command(report, "redis"),
+            """
+            `MagpieRedis`'s client and `redis-benchmark` against one private redis-server, the same keys and 100-byte \
+            values: single GETs and SETs (one caller, one command at a time) and pipelined batches, with callers on \
+            Swift's global executor ("task") and on the connection's event loop; then calls failed fast by an open \
+            circuit breaker.
+            """, parts)
+    }
+
+    static func fleet(_ report: Report) -> String {
+        let fleet = rows(report).filter {
+            ($0.scenario == "fleet" || $0.scenario == "fleet-fault") && $0.extra["single_flight"] == nil
+        }
+        guard !fleet.isEmpty else { return "" }
+        func int(_ r: BenchResult, _ key: String) -> String { Glance.int(r.extra[key]).map(String.init) ?? "-" }
+        var aside: [Int: Double] = [:]
+        for r in fleet where r.system == "redis-cache-aside" {
+            aside[Glance.int(r.extra["tasks"]) ?? 0] = r.ops_per_sec
+        }
+        var table = [
+            [
+                "system", "tasks", "ops/s", "× cache-aside", "read p50 / p99 µs", "hit ratio",
+                "lag p50 / p99 / p99.9 ms", "stale past the bound",
+                "caller errors",
+            ]
+        ]
+        for r in fleet {
+            let tasks = Glance.int(r.extra["tasks"]) ?? 0
+            var lag = "-"
+            if case .object(let l)? = r.extra["invalidation_lag_ns"], let p50 = Glance.int(l["p50"]),
+                let p99 = Glance.int(l["p99"]),
+                let p999 = Glance.int(l["p999"])
+            {
+                lag = String(format: "%.2f / %.2f / %.2f", Double(p50) / 1e6, Double(p99) / 1e6, Double(p999) / 1e6)
+            }
+            let ratio =
+                r.system == "magpie-fleet"
+                ? aside[tasks].map { String(format: "%.2f", r.ops_per_sec / $0) } ?? "-" : "-"
+            table.append([
+                r.system, tasks > 0 ? String(tasks) : "threads", formatRate(r.ops_per_sec), ratio,
+                String(format: "%.1f / %.1f", Double(r.latency_ns.p50) / 1000, Double(r.latency_ns.p99) / 1000),
+                String(format: "%.3f", r.hit_ratio), lag, int(r, "stale_reads_beyond_bound"), int(r, "caller_errors"),
+            ])
+        }
+        var notes = ""
+        if let single = rows(report).first(where: { $0.extra["single_flight"] != nil }),
+            let perLease = HTMLReport.number(single.extra["loader_runs_per_lease"])
+        {
+            notes = String(
+                format: "Single flight across the fleet: %d callers, %.2f loader runs per lease.\n", single.operations,
+                perLease)
+        }
+        var workload = "Worker processes, each a `Cache`, share one private redis-server"
+        if case .object(let config) = report.config["fleet"] {
+            let changes =
+                (HTMLReport.number(config["set_share"]) ?? 0) + (HTMLReport.number(config["remove_share"]) ?? 0)
+            workload = String(
+                format:
+                    "%@ worker processes, each a `Cache`, share one private redis-server: Zipf %@ reads of %@ keys, %.0f %% of operations change a key",
+                Glance.int(config["workers"]).map(String.init) ?? "Several",
+                HTMLReport.number(config["zipf"]).map { String(format: "%g", $0) } ?? "-",
+                Glance.int(config["keys"]).map(String.init) ?? "-", 100 * changes)
+        }
+        return section(
+            "The fleet tier", report, command: command(report, "fleet"),
+            workload + """
+                . `magpie-fleet` is Magpie's fleet tier through `cache.async`; `redis-cache-aside` reads Redis first and \
+                the origin on a miss, from the same tasks; `local-uncoherent` keeps local copies no one invalidates. Lag: \
+                from a store returning to every other instance dropping its copy; a stale read is judged against a \
+                shared record of every write.
+                """, [Markdown.table(table), notes])
+    }
+
+    static func fleetAsync(_ report: Report) -> String {
+        let rows = rows(report).filter { $0.scenario == "fleet-async" }
+        guard !rows.isEmpty else { return "" }
+        var table = [["workload", "tasks", "system", "ops/s", "p50 µs", "p99 µs", "found", "Magpie / plain"]]
+        var baseline: [String: Double] = [:]
+        for r in rows {
+            let workload = Glance.string(r.extra["workload"]) ?? "-"
+            let key = "\(workload)/\(r.threads)"
+            var ratio = "-"
+            if r.system == "magpie-fleet", let base = baseline[key], base > 0 {
+                ratio = String(format: "%.2f ×", r.ops_per_sec / base)
+            }
+            if r.system != "magpie-fleet" { baseline[key] = r.ops_per_sec }
+            table.append([
+                workload, String(r.threads), r.system, String(format: "%.0f", r.ops_per_sec),
+                String(format: "%.1f", Double(r.latency_ns.p50) / 1000),
+                String(format: "%.1f", Double(r.latency_ns.p99) / 1000), String(format: "%.3f", r.hit_ratio), ratio,
+            ])
+        }
+        return section(
+            "The remote tier from async tasks", report, command: command(report, "fleet-async"),
+            """
+            One instance with a remote tier on a private redis-server, called from 16 and 256 tasks: `cache.async` \
+            stores, remote reads and memory hits, each beside the plain alternative from the same tasks (`RedisClient`'s \
+            SET and GET, a cache without a remote tier).
+            """, [Markdown.table(table)])
+    }
+
+    /// The example service under wrk, from the report `scripts/bench-service.sh` writes.
+    static func serviceSection(_ service: Report) -> String {
+        let healthy = service.results.filter { $0.scenario == "service-healthy" }
+        guard !healthy.isEmpty else { return "" }
+        func ms(_ ns: UInt64) -> String { String(format: "%.2f", Double(ns) / 1e6) }
+        var table = [
+            [
+                "mode", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "errors", "origin calls/s", "origin failing: req/s",
+                "p99 ms", "errors",
+                "log lines",
+            ]
+        ]
+        for r in healthy {
+            let failing = service.results.first { $0.scenario == "service-failing" && $0.system == r.system }
+            func int(_ row: BenchResult?, _ key: String) -> String {
+                row.flatMap { Glance.int($0.extra[key]) }.map(String.init) ?? "-"
+            }
+            table.append([
+                r.system, String(format: "%.0f", r.ops_per_sec), ms(r.latency_ns.p50), ms(r.latency_ns.p99),
+                ms(r.latency_ns.p999),
+                int(r, "errors"), int(r, "origin_calls_per_second"),
+                failing.map { String(format: "%.0f", $0.ops_per_sec) } ?? "-",
+                failing.map { ms($0.latency_ns.p99) } ?? "-", int(failing, "errors"), int(failing, "log_lines"),
+            ])
+        }
+        var what = "The example service (`Examples/HummingbirdService`) under wrk, origin healthy, then failing"
+        if case .object(let config) = service.config["service"] {
+            let n = { (key: String) in Glance.int(config[key]).map(String.init) ?? "-" }
+            what =
+                "The example service (`Examples/HummingbirdService`) under wrk: \(n("connections")) connections, \(n("keys")) keys read "
+                + "uniformly, an origin of \(n("origin_ms")) ms a call and values fresh for \(n("fresh_seconds")) s; \(n("duration_seconds")) s "
+                + "healthy, then \(n("fail_seconds")) s with the origin failing"
+        }
+        return section(
+            "A service under load", service, command: command(service, "service") ?? "make bench-service",
+            what + """
+                . Modes: no cache, Hummingbird's `MemoryPersistDriver`, Magpie as Hummingbird's persist driver, and \
+                Magpie's loader with memory only, memory and disk, and the fleet tier (two processes, one Redis). Errors \
+                are non-2xx responses and socket errors; log lines are what the service logged while its origin failed.
+                """, [Markdown.table(table)])
+    }
+
+    static func curves(_ report: Report) -> String {
+        func points(_ parameter: String) -> [BenchResult] {
+            report.results.filter { Glance.string($0.extra["sweep_parameter"]) == parameter }
+        }
+        var parts: [String] = []
+        let budget = points("budget_percent")
+        if !budget.isEmpty {
+            var table = [["budget %", "hit ratio", "ops/s", "p50 ns", "p99 ns"]]
+            for r in budget {
+                table.append([
+                    HTMLReport.number(r.extra["sweep_value"]).map { String(format: "%g", $0) } ?? "-",
+                    String(format: "%.4f", r.hit_ratio),
+                    formatRate(r.ops_per_sec), String(r.latency_ns.p50), String(r.latency_ns.p99),
+                ])
+            }
+            parts.append(
+                "Hit ratio vs memory budget (the memory tier, 1 thread, Zipf 0.99, 200,000 keys):\n\n"
+                    + Markdown.table(table))
+        }
+        let policy = points("trace_budget_percent")
+        if !policy.isEmpty {
+            let table = missRatioTable(policy) { r in
+                HTMLReport.number(r.extra["sweep_value"]).map { String(format: "%g %%", $0) } ?? "-"
+            }
+            parts.append(
+                "Miss ratio vs budget on a `trace-gen` trace (400,000 requests, drifting popularity and scans):\n\n"
+                    + Markdown.table(table))
+        }
+        let shards = points("shards")
+        if !shards.isEmpty {
+            var table = [["shards", "threads", "ops/s", "p99 ns", "hit ratio"]]
+            for r in shards {
+                table.append([
+                    Glance.int(r.extra["sweep_value"]).map(String.init) ?? "-", String(r.threads),
+                    formatRate(r.ops_per_sec),
+                    String(r.latency_ns.p99), String(format: "%.4f", r.hit_ratio),
+                ])
+            }
+            parts.append("Throughput vs shard count (the memory tier, budget 10 %):\n\n" + Markdown.table(table))
+        }
+        guard !parts.isEmpty else { return "" }
+        return section(
+            "Tuning curves", report, command: command(report, "sweep"),
+            "Short runs (300,000 operations per point, one pass): the shape of each curve, not its absolute rates.",
+            parts)
+    }
+}

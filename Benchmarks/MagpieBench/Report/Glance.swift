@@ -1,0 +1,221 @@
+import Foundation
+
+/// "Magpie at a glance": the headline comparisons of one suite run (and of one `make bench-service` run),
+/// each Magpie beside the system a user would pick instead, measured in the same invocation, with the
+/// ratio between the two. README.md and BENCHMARKS.md show the same rows (`report --markdown`).
+///
+/// A row is left out when its run lacks the rows it needs (a peer that did not build, a scenario that
+/// did not run); a ratio is always of two figures of one run, never of figures of two runs.
+struct GlanceRow: Equatable {
+    /// What is compared, and on what workload.
+    var comparison: String
+    var magpie: String
+    /// The other system and its figure.
+    var reference: String
+    /// Magpie's figure over the reference's, with what the ratio is of ("1.20 × its rate").
+    var ratio: String
+    /// Which run: "suite" (results.json of `make bench`) or "service" (`make bench-service`).
+    var run: Run
+
+    enum Run: Equatable { case suite, service }
+}
+
+enum Glance {
+    /// The rows that the runs hold, in the order of the page.
+    static func rows(_ suite: Report, service: Report?) -> [GlanceRow] {
+        var rows: [GlanceRow] = []
+        let results = suite.results.filter { $0.extra["sweep_parameter"] == nil }
+        func row(_ scenario: String, _ system: String) -> BenchResult? {
+            results.first { $0.scenario == scenario && $0.system == system }
+        }
+
+        // Memory, at the run's highest thread count, beside HyperClockCache: the read in place (as RocksDB
+        // reads, pinning the entry) and the copying read.
+        let memory = results.filter { $0.scenario == "memory" && $0.extra["hot_keys"] == nil }
+        if let threads = memory.map(\.threads).max(),
+            let peer = memory.first(where: { $0.system == "rocksdb-hcc" && $0.threads == threads })
+        {
+            let reads = [("magpie-inplace", "in place"), ("magpie", "copying")].compactMap { system, label in
+                memory.first { $0.system == system && $0.threads == threads }.map { (label, $0.ops_per_sec) }
+            }
+            if !reads.isEmpty {
+                rows.append(
+                    GlanceRow(
+                        comparison: "Memory tier: Zipf 0.99 gets, a set on each miss, \(threads) threads (ops/s)",
+                        magpie: reads.map { "\(formatRate($0.1)) \($0.0)" }.joined(separator: ", "),
+                        reference: "RocksDB HyperClockCache \(formatRate(peer.ops_per_sec))",
+                        ratio: reads.map { String(format: "%.2f × (%@)", $0.1 / peer.ops_per_sec, $0.0) }.joined(
+                            separator: ", "),
+                        run: .suite))
+            }
+        }
+
+        // Disk: stores, page-cache-hot gets, the eviction-heavy hit ratio and the reopen.
+        if let magpie = row("disk-set", "magpie"), let rocksdb = row("disk-set", "rocksdb") {
+            rows.append(
+                GlanceRow(
+                    comparison: "Disk tier: stores of 4 KiB values, compression on (ops/s)",
+                    magpie: formatRate(magpie.ops_per_sec),
+                    reference: "RocksDB \(formatRate(rocksdb.ops_per_sec))",
+                    ratio: times(magpie.ops_per_sec / rocksdb.ops_per_sec, "its rate"),
+                    run: .suite))
+        }
+        if let magpie = percentile(row("disk-get", "magpie"), "get_random_hit_latency_ns", "p50"),
+            let lmdb = percentile(row("disk-get", "lmdb"), "get_random_hit_latency_ns", "p50")
+        {
+            rows.append(
+                GlanceRow(
+                    comparison: "Disk tier: get of a 4 KiB value the page cache holds (p50)",
+                    magpie: nanoseconds(magpie),
+                    reference: "LMDB \(nanoseconds(lmdb))", ratio: times(magpie / lmdb, "its time"), run: .suite))
+        }
+        if let magpie = row("disk-evict", "magpie"), let rocksdb = row("disk-evict", "rocksdb") {
+            rows.append(
+                GlanceRow(
+                    comparison: "Disk tier: hit ratio, a working set 5 × the budget, Zipf 0.9, a store on each miss",
+                    magpie: String(format: "%.4f", magpie.hit_ratio),
+                    reference: String(format: "RocksDB (FIFO) %.4f", rocksdb.hit_ratio),
+                    ratio: String(format: "%+.1f points", 100 * (magpie.hit_ratio - rocksdb.hit_ratio)), run: .suite))
+        }
+        if let magpie = row("disk-reopen", "magpie"), let lmdb = row("disk-reopen", "lmdb"), lmdb.seconds > 0 {
+            rows.append(
+                GlanceRow(
+                    comparison: "Disk tier: reopen and first get after a clean close",
+                    magpie: milliseconds(magpie.seconds),
+                    reference: "LMDB \(milliseconds(lmdb.seconds))",
+                    ratio: times(magpie.seconds / lmdb.seconds, "its time"), run: .suite))
+        }
+
+        // Replay of the committed trace: Magpie's memory tier against the best reference policy at each budget
+        // (Belady's optimum, which needs the future, is not a policy a cache can run).
+        let replays = results.filter { $0.scenario.hasPrefix("replay ") && $0.scenario.hasSuffix("%") }
+        let budgets = replays.filter { $0.system == "magpie-memory" }
+        if !budgets.isEmpty {
+            var ahead = 0
+            var worst: (budget: String, magpie: Double, reference: String, miss: Double)?
+            var cells: [(String, Double, String, Double)] = []
+            for magpie in budgets {
+                let others = replays.filter {
+                    $0.scenario == magpie.scenario && !$0.system.hasPrefix("magpie") && $0.system != "Belady"
+                }
+                guard let best = others.min(by: { missRatio($0) < missRatio($1) }) else { continue }
+                let budget = Glance.budget(magpie.scenario)
+                cells.append((budget, missRatio(magpie), best.system, missRatio(best)))
+                if missRatio(magpie) <= missRatio(best) {
+                    ahead += 1
+                } else if worst == nil || missRatio(magpie) - missRatio(best) > worst!.magpie - worst!.miss {
+                    worst = (budget, missRatio(magpie), best.system, missRatio(best))
+                }
+            }
+            if !cells.isEmpty {
+                let trace = budgets.first.flatMap { string($0.extra["trace"]) } ?? "the trace"
+                let shown = cells.filter { ["1 %", "10 %"].contains($0.0) || $0.0 == worst?.budget }
+                var ratio = "lower or equal at \(ahead) of \(cells.count) budgets"
+                if let worst {
+                    ratio += String(
+                        format: "; %@ higher by %.2f points", worst.budget, 100 * (worst.magpie - worst.miss))
+                }
+                rows.append(
+                    GlanceRow(
+                        comparison: "Memory tier replaying \(trace) (miss ratio at % of its working set)",
+                        magpie: shown.map { String(format: "%@: %.4f", $0.0, $0.1) }.joined(separator: ", "),
+                        reference: "the best policy but Belady's: "
+                            + shown.map { String(format: "%@ %.4f", $0.2, $0.3) }.joined(separator: ", "),
+                        ratio: ratio, run: .suite))
+            }
+        }
+
+        // The fleet: every tasks value the run measured, Magpie's fleet tier beside cache-aside on Redis.
+        for magpie in results where magpie.scenario == "fleet" && magpie.system == "magpie-fleet" {
+            guard
+                let aside = results.first(where: {
+                    $0.scenario == "fleet" && $0.system == "redis-cache-aside"
+                        && $0.extra["tasks"] == magpie.extra["tasks"]
+                }), aside.ops_per_sec > 0
+            else { continue }
+            let tasks = int(magpie.extra["tasks"]).map { "\($0) tasks each" } ?? "threads"
+            var workload = ""
+            if case .object(let fleet) = suite.config["fleet"] {
+                let workers = int(fleet["workers"]).map { "\($0) processes" } ?? "processes"
+                let changes =
+                    (HTMLReport.number(fleet["set_share"]) ?? 0) + (HTMLReport.number(fleet["remove_share"]) ?? 0)
+                workload = String(
+                    format: "%@ on one Redis, %@, %.0f %% of requests change a key", workers, tasks, 100 * changes)
+            }
+            rows.append(
+                GlanceRow(
+                    comparison: "Fleet: \(workload.isEmpty ? tasks : workload) (ops/s)",
+                    magpie: formatRate(magpie.ops_per_sec),
+                    reference: "cache-aside on Redis \(formatRate(aside.ops_per_sec))",
+                    ratio: times(magpie.ops_per_sec / aside.ops_per_sec, "its rate"), run: .suite))
+        }
+
+        // The example service under wrk: Magpie memory-only beside Hummingbird's MemoryPersistDriver.
+        if let service {
+            let healthy = service.results.filter { $0.scenario == "service-healthy" }
+            if let magpie = healthy.first(where: { $0.system == "magpie-memory" }),
+                let hummingbird = healthy.first(where: { $0.system == "hummingbird-memory" }),
+                hummingbird.ops_per_sec > 0
+            {
+                rows.append(
+                    GlanceRow(
+                        comparison: "A Hummingbird service under wrk, 64 connections, cached reads (requests/s, p99)",
+                        magpie:
+                            "\(formatRate(magpie.ops_per_sec)), \(milliseconds(Double(magpie.latency_ns.p99) / 1e9))",
+                        reference: "MemoryPersistDriver \(formatRate(hummingbird.ops_per_sec)), "
+                            + milliseconds(Double(hummingbird.latency_ns.p99) / 1e9),
+                        ratio: times(magpie.ops_per_sec / hummingbird.ops_per_sec, "its rate"), run: .service))
+            }
+        }
+        return rows
+    }
+
+    /// "10 %" from a replay row's scenario, "replay 10%".
+    static func budget(_ scenario: String) -> String {
+        let text = scenario.dropFirst("replay ".count)
+        return text.hasSuffix("%") ? text.dropLast() + " %" : String(text)
+    }
+
+    static func times(_ ratio: Double, _ of: String) -> String { String(format: "%.2f × %@", ratio, of) }
+
+    /// The rows as a Markdown table, each with its run's day and commit, then the machines the runs had.
+    static func markdown(_ suite: Report, service: Report?) -> String {
+        let rows = rows(suite, service: service)
+        func run(_ which: GlanceRow.Run) -> Report { which == .service ? service ?? suite : suite }
+        func stamp(_ report: Report) -> String { Markdown.day(report.date) + (report.commit.map { ", `\($0)`" } ?? "") }
+        var table = [["comparison", "Magpie", "instead", "Magpie against it", "run"]]
+        for row in rows { table.append([row.comparison, row.magpie, row.reference, row.ratio, stamp(run(row.run))]) }
+        var text = Markdown.table(table)
+        let machines = [suite] + (service.map { [$0] } ?? [])
+        if machines.allSatisfy({ Markdown.sameMachine($0.machine, suite.machine) }) {
+            text += "\nMachine: \(Markdown.machine(suite.machine)).\n"
+        } else {
+            text += "\nMachines: `make bench` on \(Markdown.machine(suite.machine)); "
+            text += "`make bench-service` on \(Markdown.machine(service!.machine)).\n"
+        }
+        return text
+    }
+
+    static func nanoseconds(_ value: Double) -> String {
+        value >= 10_000 ? String(format: "%.1f µs", value / 1000) : String(format: "%.0f ns", value)
+    }
+
+    static func milliseconds(_ seconds: Double) -> String { String(format: "%.2f ms", seconds * 1e3) }
+
+    static func missRatio(_ r: BenchResult) -> Double { HTMLReport.number(r.extra["miss_ratio"]) ?? 1 - r.hit_ratio }
+
+    static func percentile(_ r: BenchResult?, _ key: String, _ name: String) -> Double? {
+        guard case .object(let p) = r?.extra[key], let value = int(p[name]), value > 0 else { return nil }
+        return Double(value)
+    }
+
+    static func int(_ value: JSONValue?) -> Int? {
+        if case .int(let v) = value { return v }
+        return nil
+    }
+
+    static func string(_ value: JSONValue?) -> String? {
+        if case .string(let v) = value { return v }
+        return nil
+    }
+}

@@ -1,0 +1,27 @@
+import Foundation
+
+/// Where a report's numbers come from, beyond the machine: the commit of the checkout that was built.
+enum Provenance {
+    /// `git rev-parse --short HEAD` of the current directory's checkout, with "+changes" when a tracked
+    /// file differs from that commit; nil outside a git checkout or without git.
+    static func commit() -> String? {
+        guard let head = git(["rev-parse", "--short", "HEAD"]), !head.isEmpty else { return nil }
+        let changes = git(["status", "--porcelain", "--untracked-files=no"]) ?? ""
+        return changes.isEmpty ? head : head + "+changes"
+    }
+
+    /// Runs git with `arguments`; its standard output, trimmed, or nil when it fails.
+    private static func git(_ arguments: [String]) -> String? {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["git"] + arguments
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        do { try process.run() } catch { return nil }
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else { return nil }
+        return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+}
