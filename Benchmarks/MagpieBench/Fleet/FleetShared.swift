@@ -177,7 +177,7 @@ final class FleetShared: @unchecked Sendable {
     /// judged a read of the old version replaced when the old version was itself written: counted stale
     /// beyond the bound when the writer was descheduled there for as long as the bound, possible on a
     /// loaded 2-core machine, and the likely cause of the one such read `BenchFleetTests` counted once
-    /// inside a pause window, TESTING.md.) `midway`, for tests, runs between the fields' stores.
+    /// inside a pause window, docs/lab-notes/testing.md.) `midway`, for tests, runs between the fields' stores.
     func recordWrite(_ key: Int, version: Int64, removal: Bool, now: Int64, midway: (() -> Void)? = nil) {
         let sequence = keyWord(key, 7)
         let begun = load(sequence) + 1

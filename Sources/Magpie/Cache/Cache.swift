@@ -47,9 +47,9 @@ import Logging
 ///
 /// ### Implementation notes
 /// A cache is a thin composer: it hashes the key once, reads memory itself (the hit path, inlined), and
-/// hands everything else to its one ``Composition`` (local tiers, or local tiers kept coherent with a
-/// remote tier, Tiers/), to its ``LoadCoordinator`` (the loader API, Loading/) and to its ``Runtime``
-/// (threads, counters, timers, Runtime/).
+/// hands everything else to its one composition (local tiers, or local tiers kept coherent with a
+/// remote tier: `Tiers/`), to its load coordinator (the loader API: `Loading/`) and to its runtime
+/// (threads, counters, timers: `Runtime/`).
 public final class Cache: Sendable {
     /// The configuration the cache was opened with (bucket count as found on disk).
     public let configuration: Configuration

@@ -15,7 +15,7 @@
 /// (``RemoteChanges/sequences(_:)``), and everything it can no longer vouch for
 /// (``RemoteChanges/invalidateAll()``: a feed interrupted; ``RemoteChanges/partitionsLost(_:)``: the
 /// partitions of a feed that missed messages). It also confirms, regularly, that every message published
-/// before an instant has been reported (``RemoteChanges/confirm(through:)``): the cache serves its local
+/// before an instant has been reported (``RemoteChanges/confirm(through:total:)``): the cache serves its local
 /// copies only while confirmations keep coming (see ``RemoteTierOptions/maxDisconnectedStaleness``). A
 /// store may also report keys changed by programs that are not caches (``RemoteChanges/invalidate(keys:)``).
 ///
@@ -200,7 +200,7 @@ public final class RemoteChanges: Sendable {
         self.sink = sink
     }
 
-    /// The cache's clock (ms since 1970): the instants given to ``confirm(through:)`` come from it.
+    /// The cache's clock (ms since 1970): the instants given to ``confirm(through:total:)`` come from it.
     public func now() -> Int64 { clock.now() }
 
     /// A change message, in the order the store received it.

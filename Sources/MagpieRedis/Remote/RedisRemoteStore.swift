@@ -6,7 +6,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 
-/// Redis or Valkey (a single server or a cluster) as the remote tier of a ``Magpie/Cache``: shared by
+/// Redis or Valkey (a single server or a cluster) as the remote tier of a `Cache`: shared by
 /// every instance, and the source of the invalidations that keep their local tiers coherent.
 ///
 /// ```swift
@@ -17,12 +17,13 @@ import NIOPosix
 /// ```
 ///
 /// **Keys.** Everything the cache stores lives under ``Configuration/namespace``: records, group and
-/// namespace tokens, and this store's heartbeats. Nothing else under that prefix should be written by
-/// other programs, except to change or remove a cached key (which every instance then drops).
+/// namespace tokens, and this store's heartbeats and sequence numbers. Nothing else under that prefix
+/// should be written by other programs, except to change or remove a cached key, and then with
+/// ``Configuration/reportsForeignWrites`` (every instance then drops it).
 ///
 /// **Coherence.** Every write the store makes is a script that also publishes the write's change message
-/// on the namespace's channel (numbered in the key's hash slot, with the value when it is small: see
-/// <doc:RunningAFleet>), and one subscriber connection per store reads them. Every
+/// on the namespace's channel (numbered in the key's hash slot, with the value when it is small: Magpie's
+/// article "Running a fleet"), and one subscriber connection per store reads them. Every
 /// ``Configuration/heartbeatInterval`` the store publishes a heartbeat on each master; its arrival on the
 /// subscription proves that every message published before it was received, which is what the cache's
 /// staleness bound is measured against. A subscription lost and re-established (or one that fell behind)
@@ -39,7 +40,7 @@ public final class RedisRemoteStore: RemoteStore {
         /// Whether ``redis``'s endpoints are seeds of a Redis Cluster.
         public var cluster: Bool
         /// How often each master's change feed is confirmed (default 100 ms): a tenth of the cache's
-        /// ``Magpie/RemoteTierOptions/maxDisconnectedStaleness`` or less, or local copies lapse while
+        /// `RemoteTierOptions.maxDisconnectedStaleness` or less, or local copies lapse while
         /// Redis is healthy.
         public var heartbeatInterval: Duration
         /// Whether writes of keys under ``namespace`` by programs that are not caches (a `SET` from another
