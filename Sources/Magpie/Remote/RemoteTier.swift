@@ -126,11 +126,12 @@ final class RemoteTier: Sendable {
         pushLimit = max(0, options.pushedValueLimit)
     }
 
-    /// Runs `body` (a remote operation, however many calls to the store it makes) on the store's executor:
-    /// an async caller pays one hop there and one back (``RemoteStore/taskExecutor``).
+    /// Runs a call to the store on the store's executor (``RemoteStore/taskExecutor``): an async caller
+    /// pays one hop there and one back, and the store's thread does the I/O and nothing else (encoding and
+    /// checking records stays on the caller's).
     nonisolated(nonsending)
-    func onStore<R: Sendable>(_ body: () async -> R) async -> R {
-        await withTaskExecutorPreference(store.taskExecutor) { await body() }
+    func onStore<R: Sendable>(_ body: () async throws(MagpieError) -> R) async throws(MagpieError) -> R {
+        try await withTaskExecutorPreference(store.taskExecutor) { () async throws(MagpieError) -> R in try await body() }
     }
 
     /// The store's partition of a user key's record.
@@ -165,7 +166,8 @@ final class RemoteTier: Sendable {
         let started = clock.now()
         let cachedNamespace = cachedToken(group: nil, now: started)
         do {
-            let values = try await store.values(forKeys: cachedNamespace == nil ? [recordKey, RemoteKey.namespaceKey] : [recordKey])
+            let keys = cachedNamespace == nil ? [recordKey, RemoteKey.namespaceKey] : [recordKey]
+            let values = try await onStore { [store] () async throws(MagpieError) in try await store.values(forKeys: keys) }
             guard values.count == (cachedNamespace == nil ? 2 : 1) else {
                 counters.errors.add(1, ordering: .relaxed)
                 return nil
@@ -245,9 +247,10 @@ final class RemoteTier: Sendable {
             record.namespaceToken = try await token(group: nil, create: true)
             if let group = record.group { record.groupToken = try await token(group: group, create: true) }
             let recordKey = [RemoteKey.record] + key
-            let stored = try await store.storeIfNewer(
-                record.encoded(key: recordKey), forKey: recordKey, expiresAt: record.expiresAt, notAfter: notAfter(),
-                pushing: record.value.count <= pushLimit)
+            let (encoded, expiresAt, deadline, pushing) = (record.encoded(key: recordKey), record.expiresAt, notAfter(), record.value.count <= pushLimit)
+            let stored = try await onStore { [store] () async throws(MagpieError) in
+                try await store.storeIfNewer(encoded, forKey: recordKey, expiresAt: expiresAt, notAfter: deadline, pushing: pushing)
+            }
             if stored {
                 counters.stores.add(1, ordering: .relaxed)
             } else {
@@ -280,9 +283,10 @@ final class RemoteTier: Sendable {
     func sendTombstone(_ key: [UInt8], version: UInt64) async throws(MagpieError) -> Bool {
         let recordKey = [RemoteKey.record] + key
         let now = clock.now()
-        return try await store.storeIfNewer(
-            RemoteRecord.tombstone(version: version), forKey: recordKey, expiresAt: now.saturatingAdd(tombstoneLifetime),
-            notAfter: now.saturatingAdd(tombstoneLifetime / 2))
+        let (expiresAt, deadline) = (now.saturatingAdd(tombstoneLifetime), now.saturatingAdd(tombstoneLifetime / 2))
+        return try await onStore { [store] () async throws(MagpieError) in
+            try await store.storeIfNewer(RemoteRecord.tombstone(version: version), forKey: recordKey, expiresAt: expiresAt, notAfter: deadline)
+        }
     }
 
     /// The deadline of a versioned write sent now: half the tombstones' lifetime away.
@@ -292,8 +296,10 @@ final class RemoteTier: Sendable {
     func removeGroup(_ group: String) async {
         tokens.withLock { _ = $0.groups.removeValue(forKey: group) }
         do {
-            _ = try await store.store(
-                RemoteRecord.tokenBytes(RemoteRecord.newToken()), forKey: RemoteKey.group(group), expiresAt: 0, onlyIfAbsent: false)
+            _ = try await onStore { [store] () async throws(MagpieError) in
+                try await store.store(
+                    RemoteRecord.tokenBytes(RemoteRecord.newToken()), forKey: RemoteKey.group(group), expiresAt: 0, onlyIfAbsent: false)
+            }
             counters.removals.add(1, ordering: .relaxed)
         } catch {
             counters.errors.add(1, ordering: .relaxed)
@@ -305,8 +311,10 @@ final class RemoteTier: Sendable {
     func removeAll() async {
         tokens.withLock { $0 = TokenCache() }
         do {
-            _ = try await store.store(
-                RemoteRecord.tokenBytes(RemoteRecord.newToken()), forKey: RemoteKey.namespaceKey, expiresAt: 0, onlyIfAbsent: false)
+            _ = try await onStore { [store] () async throws(MagpieError) in
+                try await store.store(
+                    RemoteRecord.tokenBytes(RemoteRecord.newToken()), forKey: RemoteKey.namespaceKey, expiresAt: 0, onlyIfAbsent: false)
+            }
             counters.removals.add(1, ordering: .relaxed)
         } catch {
             counters.errors.add(1, ordering: .relaxed)
@@ -345,10 +353,13 @@ final class RemoteTier: Sendable {
         let generation = coherence.tokenGeneration.load(ordering: .acquiring)
         let key = group.map { RemoteKey.group($0) } ?? RemoteKey.namespaceKey
         for _ in 0..<3 {
-            var token = RemoteRecord.token(try await store.values(forKeys: [key]).first ?? nil)
+            var token = RemoteRecord.token(try await onStore { [store] () async throws(MagpieError) in try await store.values(forKeys: [key]) }.first ?? nil)
             if token == 0 && create {
                 let fresh = RemoteRecord.newToken()
-                if try await store.store(RemoteRecord.tokenBytes(fresh), forKey: key, expiresAt: 0, onlyIfAbsent: true) {
+                let created = try await onStore { [store] () async throws(MagpieError) in
+                    try await store.store(RemoteRecord.tokenBytes(fresh), forKey: key, expiresAt: 0, onlyIfAbsent: true)
+                }
+                if created {
                     token = fresh
                 } else {
                     continue  // another writer created it: read theirs

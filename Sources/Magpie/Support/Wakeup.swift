@@ -79,6 +79,12 @@ final class KeyedWakeups: Sendable {
         }
     }
 
+    /// Whether a task waits for `hash` now.
+    func waits(for hash: UInt64) -> Bool {
+        guard count.load(ordering: .relaxed) != 0 else { return false }
+        return waiting.withLock { $0[hash] != nil }
+    }
+
     /// Wakes every task waiting for `hash`.
     func signal(_ hash: UInt64) {
         guard count.load(ordering: .relaxed) != 0 else { return }

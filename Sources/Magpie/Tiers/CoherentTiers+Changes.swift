@@ -4,15 +4,23 @@
 extension CoherentTiers {
     // MARK: Changes reported by the store
 
-    /// Starts what the remote tier runs in the background: the store's change reports, applied in order
-    /// on the coherence thread, and the replay of removals an earlier run owed (its journal).
+    /// Starts what the remote tier runs in the background: the store's change reports, applied in order,
+    /// and the replay of removals an earlier run owed (its journal). A change that may write the disk tier
+    /// (a dropped copy's tombstone) is applied on the coherence thread; without a disk tier, where applying
+    /// one takes a stripe and a memory store, on the store's own thread that reports it, one at a time (a
+    /// thread wake-up per message cost more than applying it).
     func start() {
         let remote = remote
+        let inline = local.disk == nil
         let changes = RemoteChanges(
             clock: clock, delivered: { remote.ownWritesDelivered() }, wantsSequences: { remote.coherence.sequencesWanted }
         ) { [weak self] change in
             guard let self else { return }
-            _ = applier.submit { self.apply(change) }
+            if inline {
+                applying.withLock { _ in apply(change) }
+            } else {
+                _ = applier.submit { self.apply(change) }
+            }
         }
         remote.store.startReporting(to: changes)
         // Removals owed by an earlier run that was killed (journaled in the directory): replayed now.
@@ -85,7 +93,8 @@ extension CoherentTiers {
     }
 
     /// Another instance wrote `name` at `version` (0: unknown): a local copy of an older write is replaced
-    /// by the pushed record when the message carried a current one and memory holds the key, else
+    /// by the pushed record when the message carried a current one and memory holds the key (or a load
+    /// here waits for the key's value: the other instance's load, whose lease it found taken), else
     /// dropped; a copy of this write or a newer one stays. Wakes the loads waiting for its value.
     private func changeLocal(_ name: [UInt8], version: UInt64, pushed: RemoteRecord.Decoded?) {
         guard name.count <= HashedKey.maximumLength, !runtime.closed.load(ordering: .relaxed) else { return }
@@ -100,7 +109,9 @@ extension CoherentTiers {
                     remote.counters.staleMessages.add(1, ordering: .relaxed)
                     return
                 }
-                if case .record(let record) = pushed, held != nil, replace(key, with: record, partition: partition) {
+                if case .record(let record) = pushed, held != nil || leaseWaiters.waits(for: key.hash),
+                    replace(key, with: record, partition: partition)
+                {
                     remote.counters.pushesApplied.add(1, ordering: .relaxed)
                     return
                 }

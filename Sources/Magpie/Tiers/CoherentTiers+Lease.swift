@@ -56,8 +56,10 @@ extension CoherentTiers {
         if waited, let shared = await sharedValue(call) { return .shared(shared) }
         let acquired: Bool
         do {
-            acquired = try await remote.store.store(
-                token, forKey: [RemoteKey.lease] + call.name, expiresAt: clock.now().saturatingAdd(leaseTime), onlyIfAbsent: true)
+            let (store, key, expiresAt) = (remote.store, [RemoteKey.lease] + call.name, clock.now().saturatingAdd(leaseTime))
+            acquired = try await remote.onStore { () async throws(MagpieError) in
+                try await store.store(token, forKey: key, expiresAt: expiresAt, onlyIfAbsent: true)
+            }
         } catch {
             remote.counters.errors.add(1, ordering: .relaxed)
             return .load(token: nil)
@@ -71,8 +73,14 @@ extension CoherentTiers {
         return .load(token: token)
     }
 
-    /// The key's value in the store, stored by another instance's load (kept locally), counted.
+    /// The key's value, stored by another instance's load: here already when its change message pushed it,
+    /// else fetched from the store (and kept locally); counted.
     private func sharedValue(_ call: LoaderCall) async -> [UInt8]? {
+        let pushed = call.name.withUnsafeBytes { bytes in withServableMemoryValue(HashedKey(bytes, hash: call.hash)) { [UInt8]($0) } }
+        if let pushed {
+            remote.counters.sharedLoads.add(1, ordering: .relaxed)
+            return pushed
+        }
         guard let found = await fetch(call.name, hash: call.hash), !found.freshness.negative else { return nil }
         remote.counters.sharedLoads.add(1, ordering: .relaxed)
         return found.value
@@ -81,13 +89,11 @@ extension CoherentTiers {
     /// Releases the lease this instance holds for `call`'s key with `token` (after its value landed): only
     /// while the store still holds that token.
     func releaseLease(_ call: LoaderCall, token: [UInt8]) async {
-        let remote = remote
-        await remote.onStore {
-            do {
-                _ = try await remote.store.remove([RemoteKey.lease] + call.name, ifValue: token)
-            } catch {
-                remote.counters.errors.add(1, ordering: .relaxed)  // it expires on its own
-            }
+        let (remote, key) = (remote, [RemoteKey.lease] + call.name)
+        do {
+            _ = try await remote.onStore { () async throws(MagpieError) in try await remote.store.remove(key, ifValue: token) }
+        } catch {
+            remote.counters.errors.add(1, ordering: .relaxed)  // it expires on its own
         }
     }
 

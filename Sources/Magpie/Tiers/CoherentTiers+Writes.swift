@@ -111,13 +111,13 @@ extension CoherentTiers {
         let remote = remote
         switch write.operation {
         case .store(let record):
-            if await !remote.onStore({ await remote.write(record, forKey: write.name) }) {
+            if await !remote.write(record, forKey: write.name) {
                 // The store holds a newer version (another instance's write, versioned above this one):
                 // this instance's local copy is older than the store's value. The report of that write
                 // may have come before the local store, so nothing else would drop it: drop it here.
                 _ = try? await local.offload { [self] () throws(MagpieError) in dropLocal(write.name) }
             }
-        case .remove(let version): await remote.onStore { await remote.remove(write.name, version: version) }
+        case .remove(let version): await remote.remove(write.name, version: version)
         }
         remote.coherence.endWrite(write.hash, began: write.began)
     }
@@ -158,8 +158,7 @@ extension CoherentTiers {
     nonisolated(nonsending)
     func removeAllRemotelyAsync() async {
         remote.coherence.raiseFloor(to: clock.now())
-        let remote = remote
-        await remote.onStore { await remote.removeAll() }
+        await remote.removeAll()
     }
 
     /// The group's token replaced in the store (every record of the group outdated).

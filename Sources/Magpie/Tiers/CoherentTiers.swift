@@ -27,8 +27,10 @@ import Logging
 final class CoherentTiers: Sendable {
     let local: LocalTiers
     let remote: RemoteTier
-    /// Applies the store's change reports, one at a time, in order (CoherentTiers+Changes.swift).
+    /// Applies the store's change reports, one at a time, in order (CoherentTiers+Changes.swift); without a
+    /// disk tier they are applied where they are reported, one at a time under `applying`.
     let applier = IOThreadPool(threadCount: 1, name: "magpie-coherence")
+    let applying = Locked<Void>(())
     /// Hashes the keys the store reports.
     let hasher: KeyHash
     /// Load waiters (CoherentTiers+Lease.swift), woken by a change of their key.
@@ -184,8 +186,7 @@ final class CoherentTiers: Sendable {
     func fetch(_ name: [UInt8], hash: UInt64) async -> StoredEntry? {
         let started = clock.now()
         let counter = remote.coherence.counter(hash)
-        let remote = remote
-        guard let record = await remote.onStore({ await remote.fetch(name) }) else { return nil }
+        guard let record = await remote.fetch(name) else { return nil }
         return await keep(record, name: name, hash: hash, fetchedAt: started, counter: counter)
     }
 

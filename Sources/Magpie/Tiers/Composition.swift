@@ -138,7 +138,7 @@ enum Composition: Sendable {
     func removeAllAsync(inGroup group: String) async throws -> RemovedEntries {
         let local = local
         let removed = try await local.offload { () throws(MagpieError) -> RemovedEntries in try local.removeAll(inGroup: group) }
-        if let remote = coherent?.remote { await remote.onStore { await remote.removeGroup(group) } }
+        if let remote = coherent?.remote { await remote.removeGroup(group) }
         return removed
     }
 

@@ -206,13 +206,17 @@ public final class RedisRemoteStore: RemoteStore {
             throw RedisError(.invalidConfiguration, "heartbeatInterval must be positive")
         }
         self.configuration = configuration
+        // Every connection of the store on one event loop, the one its remote work runs on
+        // (``taskExecutor``): a remote operation's commands are written and their replies read on the
+        // thread that runs it, and it costs its caller one hop there and one back, however many commands.
+        let loop = eventLoopGroup.next()
         if configuration.cluster {
-            let client = try RedisClusterClient(configuration.redis, eventLoopGroup: eventLoopGroup, logger: logger)
+            let client = try RedisClusterClient(configuration.redis, eventLoopGroup: loop, logger: logger)
             cluster = client
             single = nil
             sender = client
         } else {
-            let client = try RedisClient(configuration.redis, eventLoopGroup: eventLoopGroup, logger: logger)
+            let client = try RedisClient(configuration.redis, eventLoopGroup: loop, logger: logger)
             single = client
             cluster = nil
             sender = client
@@ -222,7 +226,7 @@ public final class RedisRemoteStore: RemoteStore {
         instance = String(identity, radix: 36)
         origin = withUnsafeBytes(of: identity.bigEndian) { Array($0) }
         channel = prefix + Self.channelStem
-        executor = RedisEventLoopExecutor(eventLoopGroup.next())
+        executor = RedisEventLoopExecutor(loop)
         self.logger = logger
     }
 
