@@ -132,6 +132,14 @@ final class CoherentTiers: Sendable {
         }
     }
 
+    /// The plain read's value past the memory probe (a negative entry is no value).
+    func valuePastMemory(_ key: HashedKey) throws(MagpieError) -> [UInt8]? {
+        guard let (entry, _) = try read(key, .value, memoryChecked: true, unverifiedFallback: false), !entry.freshness.negative else {
+            return nil
+        }
+        return entry.value
+    }
+
     /// ``read(_:_:memoryChecked:unverifiedFallback:)`` for the async API: the local copy here when it
     /// cannot wait, else on an I/O thread; the store awaited with no thread blocked.
     nonisolated(nonsending)

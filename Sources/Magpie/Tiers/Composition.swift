@@ -44,11 +44,7 @@ enum Composition: Sendable {
     func valuePastMemory(_ key: HashedKey) throws(MagpieError) -> [UInt8]? {
         switch self {
         case .local(let local): return try local.valueOnDisk(key)
-        case .coherent(let coherent):
-            guard let (entry, _) = try coherent.read(key, .value, memoryChecked: true, unverifiedFallback: false),
-                !entry.freshness.negative
-            else { return nil }
-            return entry.value
+        case .coherent(let coherent): return try coherent.valuePastMemory(key)
         }
     }
 

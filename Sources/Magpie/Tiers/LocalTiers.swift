@@ -33,11 +33,12 @@ enum Promotion {
     /// Every entry, negative ones too (the loader API and `lookup`).
     case all
 
+    /// Whether a hit, negative or not, is promoted.
     @inline(__always)
-    func applies(to entry: DiskEntry) -> Bool {
+    func applies(negative: Bool) -> Bool {
         switch self {
         case .none: false
-        case .values: !entry.placement.freshness.negative
+        case .values: !negative
         case .all: true
         }
     }
@@ -85,9 +86,7 @@ final class LocalTiers: Sendable {
     /// The value past memory for a plain read (nil for a negative entry): the synchronous read's disk half.
     @inline(__always)
     func valueOnDisk(_ key: HashedKey) throws(MagpieError) -> [UInt8]? {
-        guard case .done(let found) = try diskEntry(key, wait: .block, promotion: .values), let entry = found,
-            !entry.placement.freshness.negative
-        else { return nil }
+        guard let entry = try diskEntryWaiting(key, promotion: .values), !entry.placement.freshness.negative else { return nil }
         return entry.value
     }
 
@@ -97,23 +96,41 @@ final class LocalTiers: Sendable {
     /// the logging: each cost a retain and a release per read.)
     @inline(__always)
     func diskEntry(_ key: HashedKey, wait: ReadWait, promotion: Promotion) throws(MagpieError) -> ImmediateRead<DiskEntry?> {
+        guard wait == .ifImmediate else { return .done(try diskEntryWaiting(key, promotion: promotion)) }
         guard let disk else { return .done(nil) }
-        switch wait {
-        case .block: stripes.lock(for: key.hash)
-        case .ifImmediate: guard stripes.tryLock(for: key.hash) else { return .wouldBlock }
-        }
+        guard stripes.tryLock(for: key.hash) else { return .wouldBlock }
         defer { stripes.unlock(for: key.hash) }
         let read: ImmediateRead<DiskEntry?>
         do {
-            read = wait == .block ? .done(try disk.entry(key)) : try disk.entryIfImmediate(key)
+            read = try disk.entryIfImmediate(key)
         } catch {
             runtime.noteDiskFailure("read", error)
             throw error
         }
         guard case .done(let found) = read else { return .wouldBlock }
-        if wait == .ifImmediate { runtime.count(.inlineDiskReads) }
-        if let entry = found, promotion.applies(to: entry) { promote(entry, for: key) }
+        runtime.count(.inlineDiskReads)
+        if let entry = found, promotion.applies(negative: entry.placement.freshness.negative) { promote(entry, for: key) }
         return read
+    }
+
+    /// ``diskEntry(_:wait:promotion:)`` with `.block` (the synchronous read's disk half): its result
+    /// returned as it is, not wrapped (the wrapping copied the entry on every disk hit; callgrind).
+    @inline(__always)
+    func diskEntryWaiting(_ key: HashedKey, promotion: Promotion) throws(MagpieError) -> DiskEntry? {
+        guard let disk else { return nil }
+        stripes.lock(for: key.hash)
+        defer { stripes.unlock(for: key.hash) }
+        let found: DiskEntry?
+        do {
+            found = try disk.entry(key)
+        } catch {
+            runtime.noteDiskFailure("read", error)
+            throw error
+        }
+        // Unwrapped once and returned as it is (binding a copy beside `found` copied the entry).
+        guard let entry = found else { return nil }
+        if promotion.applies(negative: entry.placement.freshness.negative) { promote(entry, for: key) }
+        return entry
     }
 
     /// Copies a disk hit into memory, with the memory expiry its record's policy gives and its metadata.
