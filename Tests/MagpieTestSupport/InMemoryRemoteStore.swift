@@ -20,7 +20,9 @@ import Synchronization
 //   command timeout, and the command still runs late, as a command stuck in a socket does; no heartbeat
 //   meanwhile), `goDown()` (every command fails at once, the breaker open), `loseFeed()` (a client's feed
 //   drops what it is sent until `restoreFeed()`, which reports everything changed, as a re-established
-//   subscription does), and `dropMessages` (a fraction of a client's change messages lost, one by one).
+//   subscription does), `dropMessages` (a fraction of a client's change messages lost, one by one),
+//   `restartEmpty()` (the data and the partitions' numbers lost, numbering from 1 again) and
+//   `withholdSequences` (the check of the partitions' numbers never answered).
 
 /// The shared server: every key's value and expiry, and the clients' feeds.
 public final class InMemoryRemoteServer: Sendable {
@@ -36,6 +38,8 @@ public final class InMemoryRemoteServer: Sendable {
         var total: UInt64 = 0
         var paused = false
         var down = false
+        /// The partitions' numbers are not given to the clients that want them (`withholdSequences`).
+        var withholdingSequences = false
         /// Commands waiting for the end of a pause, in arrival order.
         var queued: [@Sendable () -> Void] = []
         var clients: [ObjectIdentifier: InMemoryRemoteStore] = [:]
@@ -74,6 +78,22 @@ public final class InMemoryRemoteServer: Sendable {
     /// Every command fails at once (the store is unreachable) until ``comeUp()``.
     public func goDown() { state.withLock { $0.down = true } }
     public func comeUp() { state.withLock { $0.down = false } }
+
+    /// The server restarts empty (as Redis without persistence does after a crash): every key and every
+    /// partition's number is gone (numbering starts over at 1), and every client's feed is re-established,
+    /// reporting everything changed.
+    public func restartEmpty() {
+        state.withLock { state in
+            state.entries = [:]
+            state.sequences = [:]
+            state.total = 0
+            for client in state.clients.values { client.report(.all) }
+        }
+    }
+
+    /// The partitions' numbers a client's cache asks for never come (their read fails, each time) while
+    /// `withholding`; heartbeats still do.
+    public func withholdSequences(_ withholding: Bool) { state.withLock { $0.withholdingSequences = withholding } }
 
     /// The raw value under `key` (a logical key with the client's namespace: the store adds none).
     public func value(_ key: [UInt8]) -> [UInt8]? { state.withLock { $0.entries[key]?.value } }
@@ -161,7 +181,7 @@ public final class InMemoryRemoteServer: Sendable {
             let sentAt = now()
             let watermark = state.clients.values.compactMap { $0.ownWritesDelivered() }.min()
             for client in state.clients.values {
-                if client.sequencesWanted { client.report(.sequences(state.sequences)) }
+                if client.sequencesWanted && !state.withholdingSequences { client.report(.sequences(state.sequences)) }
                 client.report(.confirmed(sentAt, total: state.total))
                 if let watermark { client.report(.delivered(watermark)) }
             }

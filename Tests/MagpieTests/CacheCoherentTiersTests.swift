@@ -334,6 +334,56 @@ struct CacheCoherentTiersTests {
         #expect(statistics.sequenceGaps + statistics.shortPartitions > 0)
     }
 
+    @Test("a store restarted empty numbers its partitions from 1 again: a change message lost after it is still found")
+    func restartedNumbering() async throws {
+        let server = InMemoryRemoteServer()
+        defer { server.stop() }
+        let bound = Duration.milliseconds(400)
+        let (a, _) = try inMemoryFleetCache(server, bound: bound)
+        let (b, bStore) = try inMemoryFleetCache(server, bound: bound)
+        defer { try? a.close(); try? b.close() }
+        #expect(await settled(a))
+        #expect(await settled(b))
+        // The key's partition numbered well past what the restarted server will reach.
+        for round in 0..<50 { try await a.async.set(bytes("old \(round)"), forKey: "r") }
+        #expect(await settled(b))
+        server.restartEmpty()
+        #expect(await settled(b))
+        try await a.async.set(bytes("v1"), forKey: "r")
+        #expect(string(try await b.async.value(forKey: "r")) == "v1")
+        #expect(try await eventually { try b.lookup("r")?.tier == .memory })
+        // The next change of "r" (number 2 since the restart) never reaches b: found by the total.
+        bStore.dropMessages(1)
+        try await a.async.set(bytes("v2"), forKey: "r")
+        try await Task.sleep(for: bound + .milliseconds(150))
+        #expect(string(try await b.async.value(forKey: "r")) == "v2")
+        #expect((b.statistics.remote?.shortPartitions ?? 0) > 0)
+    }
+
+    @Test("a lost message whose partition the check never finds: confirmations stop, and the copy lapses within the bound")
+    func uncheckedLoss() async throws {
+        let server = InMemoryRemoteServer()
+        defer { server.stop() }
+        let bound = Duration.milliseconds(400)
+        let (a, _) = try inMemoryFleetCache(server, bound: bound)
+        let (b, bStore) = try inMemoryFleetCache(server, bound: bound)
+        defer { try? a.close(); try? b.close() }
+        #expect(await settled(a))
+        #expect(await settled(b))
+        try await a.async.set(bytes("v1"), forKey: "w")
+        #expect(string(try await b.async.value(forKey: "w")) == "v1")
+        #expect(try await eventually { try b.lookup("w")?.tier == .memory })
+        server.withholdSequences(true)
+        bStore.dropMessages(1)
+        try await a.async.set(bytes("v2"), forKey: "w")
+        try await Task.sleep(for: bound + .milliseconds(150))
+        #expect(string(try await b.async.value(forKey: "w")) == "v2")
+        // Once the check answers, confirmations resume.
+        bStore.dropMessages(0)
+        server.withholdSequences(false)
+        #expect(await settled(b))
+    }
+
     @Test("a load that read its origin before another instance's write, and lands after it, never overwrites that write")
     func loadRacesAWrite() async throws {
         let server = InMemoryRemoteServer()

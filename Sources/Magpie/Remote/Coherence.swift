@@ -159,9 +159,23 @@ final class Coherence: Sendable {
     }
 
     /// The total the store reported with a confirmation, against the numbers seen: when they fall short,
-    /// a check of every partition's number is wanted (``sequencesWanted``).
-    func check(total: UInt64) {
-        sequences.withLock { if $0.sum < total { $0.wanted = true } }
+    /// a check of every partition's number is wanted (``sequencesWanted``), and true is returned: the
+    /// confirmation must not be taken, as a message published before it was missed in a partition not
+    /// known yet (its copies would stay servable past the bound until the check found it).
+    func check(total: UInt64) -> Bool {
+        sequences.withLock { sequences in
+            guard sequences.sum < total else { return false }
+            sequences.wanted = true
+            return true
+        }
+    }
+
+    /// The feed restarted (or everything changed): numbering starts over. The store's numbers may have
+    /// restarted too (a server that lost its data counts from 1 again), and a number at or below the last
+    /// one seen would hide every gap after it. The next total then falls short of what is seen, and the
+    /// check that follows drops the copies of every partition whose messages were not all seen since.
+    func restartSequences() {
+        sequences.withLock { $0 = Sequences() }
     }
 
     /// Whether a check of the partitions' numbers is wanted.

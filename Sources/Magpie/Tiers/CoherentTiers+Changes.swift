@@ -57,8 +57,10 @@ extension CoherentTiers {
         case .all:
             remote.forgetToken(group: nil)
             coherence.raiseFloor(to: clock.now())
+            coherence.restartSequences()
         case .confirmed(let instant, let total):
-            if let total { coherence.check(total: total) }
+            // Messages fell short of the store's total: no confirmation until the check finds where.
+            if let total, coherence.check(total: total) { return }
             coherence.confirm(through: instant, now: clock.now())
         case .delivered(let instant):
             coherence.delivered.store(instant, ordering: .releasing)
@@ -133,10 +135,14 @@ extension CoherentTiers {
         else { return false }
         if let disk = local.disk { _ = try? runtime.logged("drop") { () throws(MagpieError) in try disk.remove(key) } }
         let deadline = EntryOptions.promotedDeadline(policy: record.memoryPolicy, diskDeadline: record.expiresAt, now: now)
+        // Stamped with the feed's confirmation, not the instant it arrived: the message may arrive late,
+        // after a later change of the key was published and lost; confirmations stop at such a loss
+        // (Coherence.check(total:)), so the copy lapses within the bound of it, as every other copy does.
+        let since = min(now, remote.coherence.confirmed.load(ordering: .acquiring))
         let stored = record.value.withUnsafeBytes { bytes in
             local.memory.set(
                 bytes, for: key, deadline: deadline, group: record.group, freshness: record.freshness,
-                stamp: Coherence.stamp(at: now, partition: partition), version: record.version)
+                stamp: Coherence.stamp(at: since, partition: partition), version: record.version)
         }
         return (try? stored.get()) == true
     }
