@@ -134,6 +134,39 @@ struct FleetTests {
         }
     }
 
+    @Test("every change message lost: an instance joining a namespace with history is still confirmed, and a change is found by the heartbeat's total")
+    func totalFindsLostMessages() async throws {
+        try await withRedisServer { server in
+            try await offloaded {
+                let (a, _) = try fleetCache(port: server.port)
+                defer { try? a.close() }
+                try waitConfirmed(a)
+                for index in 0..<200 { try a.set(Array("old \(index)".utf8), forKey: "h:\(index)") }
+                // b hears no change message at all: only heartbeats, whose totals fall short of what it saw.
+                let redis = testConfiguration(port: server.port) { $0.commandTimeout = .seconds(2) }
+                var storeConfiguration = RedisRemoteStore.Configuration(redis: redis, namespace: "fleet:", heartbeatInterval: .milliseconds(20))
+                storeConfiguration.dropChangeMessages = 1
+                var configuration = Cache.Configuration(memoryBudget: 8 << 20)
+                configuration.metrics = nil
+                configuration.remote = RemoteTierOptions(store: try RedisRemoteStore(storeConfiguration), maxDisconnectedStaleness: .seconds(5))
+                let b = try Cache(configuration)
+                defer { try? b.close() }
+                // Confirmed only once the check of the slots' numbers has been reported.
+                try waitConfirmed(b)
+                #expect(text(try b.value(forKey: "h:7")) == "old 7")
+                #expect(try pollUntil { try b.lookup("h:7")?.tier == .memory } != nil)
+                try a.set(Array("new".utf8), forKey: "h:7")
+                let lag = try pollUntil { text(try b.value(forKey: "h:7")) == "new" }
+                #expect(lag != nil && lag! < .seconds(3))  // within the bound (5 s): the slot's copies dropped
+                let stats = try #require(b.statistics.remote)
+                #expect(stats.shortPartitions > 0)
+                // Confirmations go on: each shortfall is checked and settled.
+                let confirmations = stats.confirmations
+                #expect(pollUntil { (b.statistics.remote?.confirmations ?? 0) > confirmations + 3 } != nil)
+            }
+        }
+    }
+
     @Test("a remote hit fetched while this instance writes the key is served, not kept, and counted as unkept; later ones are kept")
     func unkeptRemoteHit() async throws {
         try await withRedisServer { server in

@@ -56,6 +56,18 @@ final class Coherence: Sendable {
         var last = [UInt64](repeating: 0, count: RemoteChanges.maximumPartitions)
         var sum: UInt64 = 0
         var wanted = false
+        /// Confirmations withheld because their total was short (oldest first): each is taken once a
+        /// check has brought the numbers up to its total (every message before it then seen, or its
+        /// partition's copies dropped).
+        var withheld: [(instant: Int64, total: UInt64)] = []
+
+        /// The latest withheld confirmation the numbers now cover, if any (it and those before it go).
+        mutating func settled() -> Int64? {
+            guard let index = withheld.lastIndex(where: { $0.total <= sum }) else { return nil }
+            let instant = withheld[index].instant
+            withheld.removeFirst(index + 1)
+            return instant
+        }
 
         /// Takes in partition `p`'s number `n`; whether numbers before it were missed.
         mutating func take(_ p: Int, _ n: UInt64) -> Bool {
@@ -141,9 +153,10 @@ final class Coherence: Sendable {
     }
 
     /// The store's numbers, read after every message published before them was reported: each partition
-    /// that had not reached its number missed messages (its floor rises).
+    /// that had not reached its number missed messages (its floor rises). Then the confirmations withheld
+    /// for a short total that the numbers now cover are taken.
     func check(_ numbers: [Int: UInt64], now: Int64) {
-        let short = sequences.withLock { sequences -> [Int] in
+        let (short, settled) = sequences.withLock { sequences -> ([Int], Int64?) in
             sequences.wanted = false
             var short: [Int] = []
             for (partition, number) in numbers where partition >= 0 && partition < RemoteChanges.maximumPartitions {
@@ -151,21 +164,30 @@ final class Coherence: Sendable {
                 short.append(partition)
                 _ = sequences.take(partition, number)
             }
-            return short
+            return (short, sequences.settled())
         }
-        guard !short.isEmpty else { return }
-        shortChecks.add(UInt64(short.count), ordering: .relaxed)
-        lose(partitions: short, now: now)
+        if !short.isEmpty {
+            shortChecks.add(UInt64(short.count), ordering: .relaxed)
+            lose(partitions: short, now: now)
+        }
+        // After the floors: a copy of a partition found short is a miss before the bound moves on.
+        if let settled { confirm(through: settled, now: now) }
     }
 
     /// The total the store reported with a confirmation, against the numbers seen: when they fall short,
     /// a check of every partition's number is wanted (``sequencesWanted``), and true is returned: the
     /// confirmation must not be taken, as a message published before it was missed in a partition not
     /// known yet (its copies would stay servable past the bound until the check found it).
-    func check(total: UInt64) -> Bool {
+    /// The confirmation is kept (`instant`) and taken once a check covers its total.
+    func check(total: UInt64, instant: Int64) -> Bool {
         sequences.withLock { sequences in
-            guard sequences.sum < total else { return false }
+            guard sequences.sum < total else {
+                sequences.withheld.removeAll { $0.instant <= instant }
+                return false
+            }
             sequences.wanted = true
+            if sequences.withheld.count >= 16 { sequences.withheld.removeFirst() }
+            sequences.withheld.append((instant, total))
             return true
         }
     }

@@ -60,7 +60,7 @@ extension CoherentTiers {
             coherence.restartSequences()
         case .confirmed(let instant, let total):
             // Messages fell short of the store's total: no confirmation until the check finds where.
-            if let total, coherence.check(total: total) { return }
+            if let total, coherence.check(total: total, instant: instant) { return }
             coherence.confirm(through: instant, now: clock.now())
         case .delivered(let instant):
             coherence.delivered.store(instant, ordering: .releasing)

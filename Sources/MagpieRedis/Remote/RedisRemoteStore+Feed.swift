@@ -273,9 +273,19 @@ extension RedisRemoteStore {
         var answers = replies
         if readSequences, !answers.isEmpty {
             let numbers = (try? answers.removeFirst().get()).flatMap(Self.sequenceNumbers)
-            // Reported when the heartbeat after the read arrives (every message published before it, too).
+            // Reported when the heartbeat after the read arrives (every message published before it, too),
+            // or now if it arrived already: its message and this reply come on different connections, in
+            // either order. (Left waiting for a heartbeat that came first, the numbers were never reported,
+            // and a cache that withholds its confirmations until they are was never confirmed again.)
             if let numbers, let first = sent.first {
-                state.withLock { $0.masters[first.master]?.sequences[first.number] = numbers }
+                let arrived = state.withLock { state -> Bool in
+                    guard var progress = state.masters[first.master] else { return false }
+                    if progress.seen >= first.number { return true }
+                    progress.sequences[first.number] = numbers
+                    state.masters[first.master] = progress
+                    return false
+                }
+                if arrived { changes.sequences(numbers) }
             }
         }
         var answered: [(index: Int, low: Int64?)] = []
