@@ -46,9 +46,10 @@ for tool in wrk curl python3; do
   command -v $tool >/dev/null || { echo "error: $tool is missing (make bench-service installs it)"; exit 1; }
 done
 
-# The commit of the checkout the service is built from, read before the run (for results.json).
+# The commit of the checkout the service is built from, read before the run (for results.json); changed
+# prose (*.md, docs/) does not mark it "+changes".
 commit=$(git rev-parse --short HEAD 2>/dev/null || true)
-if [ -n "$commit" ] && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then commit="$commit+changes"; fi
+if [ -n "$commit" ] && [ -n "$(git status --porcelain --untracked-files=no -- . ':(exclude)*.md' ':(exclude)docs' 2>/dev/null)" ]; then commit="$commit+changes"; fi
 
 scratch=${SCRATCH:-.build-example}
 swift build -c "$CONFIGURATION" --package-path Examples/HummingbirdService --scratch-path "$scratch" --product magpie-example

@@ -3,10 +3,12 @@ import Foundation
 /// Where a report's numbers come from, beyond the machine: the commit of the checkout that was built.
 enum Provenance {
     /// `git rev-parse --short HEAD` of the current directory's checkout, with "+changes" when a tracked
-    /// file differs from that commit; nil outside a git checkout or without git.
+    /// file that is built differs from that commit (prose, `*.md` and `docs/`, does not count); nil outside
+    /// a git checkout or without git.
     static func commit() -> String? {
         guard let head = git(["rev-parse", "--short", "HEAD"]), !head.isEmpty else { return nil }
-        let changes = git(["status", "--porcelain", "--untracked-files=no"]) ?? ""
+        let built = ["--", ".", ":(exclude)*.md", ":(exclude)docs"]
+        let changes = git(["status", "--porcelain", "--untracked-files=no"] + built) ?? ""
         return changes.isEmpty ? head : head + "+changes"
     }
 
