@@ -33,9 +33,14 @@ import Synchronization
 // it at `Int64.max`: no constraint.
 //
 // A fetch races the invalidation of the key it fetches: the reply may carry the old value while the
-// invalidation has already been applied. So each key hash maps to one of 4,096 change counters, bumped
-// by an invalidation (and by this cache's own writes) before the local copies go; a fetched value is
-// kept locally only if its counter did not move during the fetch (checked under the key's stripe).
+// invalidation has already been applied. So each key hash maps to one of 4,096 slots of change counters,
+// bumped by an invalidation (and by this cache's own writes) before the local copies go; a fetched value
+// is kept locally only if its slot's counters did not move during the fetch (checked under the key's
+// stripe). A change message that carries its write's version moves a counter of its own and raises the
+// slot's newest version first: a fetch that overlapped only such messages still keeps a value at least
+// as new as all of them (the usual race: the reply and the message of the very write it read arrive
+// together). A change without a version (an invalidation of a foreign write, a refused write of this
+// cache) and this cache's own writes move the other counter, which no version excuses.
 //
 // A fetch also races this cache's own writes, which hold no lock across their round trip: a fetch that
 // starts after a write's local store, but before the write reaches the store, reads the older value.
@@ -99,8 +104,14 @@ final class Coherence: Sendable {
     private let underWay = Locked<[Int64: Int]>([:])
     /// Bumped whenever a cached token may have changed ("g" or "a" invalidated, or everything).
     let tokenGeneration = Atomic<UInt64>(0)
-    /// Per slot: changes of its keys (invalidations, and this cache's writes at their start and end).
+    /// Per slot: changes of its keys without a version (invalidations, and this cache's writes at their
+    /// start and end).
     private let changes: InlineArray<4096, Atomic<UInt32>>
+    /// Per slot: change messages of its keys that carried their write's version.
+    private let versionedChanges: InlineArray<4096, Atomic<UInt32>>
+    /// Per slot: the newest version a change message of its keys carried (raised before
+    /// `versionedChanges` moves).
+    private let newest: InlineArray<4096, Atomic<UInt64>>
     /// Per slot: writes of its keys under way.
     private let writing: InlineArray<4096, Atomic<UInt32>>
     static let counterCount = 4096
@@ -121,6 +132,8 @@ final class Coherence: Sendable {
     init(bound: Duration) {
         self.bound = max(1, bound.wholeMilliseconds)
         changes = InlineArray { _ in Atomic(0) }
+        versionedChanges = InlineArray { _ in Atomic(0) }
+        newest = InlineArray { _ in Atomic(0) }
         writing = InlineArray { _ in Atomic(0) }
         floors = InlineArray { _ in Atomic(0) }
     }
@@ -224,12 +237,29 @@ final class Coherence: Sendable {
     // `writing`, at its start and at its end, so a check that sees `writing` back at 0 also sees the
     // bump. Sequentially consistent, as the checks read two slots.
 
-    func counter(_ hash: UInt64) -> UInt32 {
-        changes[Self.slot(hash)].load(ordering: .sequentiallyConsistent)
+    /// A slot's counters, read before a fetch and passed to ``keepable(_:since:version:)``.
+    struct Count: Equatable {
+        var unversioned: UInt32
+        var versioned: UInt32
     }
 
-    func bump(_ hash: UInt64) {
-        changes[Self.slot(hash)].add(1, ordering: .sequentiallyConsistent)
+    func counter(_ hash: UInt64) -> Count {
+        let slot = Self.slot(hash)
+        return Count(
+            unversioned: changes[slot].load(ordering: .sequentiallyConsistent),
+            versioned: versionedChanges[slot].load(ordering: .sequentiallyConsistent))
+    }
+
+    /// A change of a key with this hash: a message carrying its write's `version`, or 0 when the change
+    /// has none.
+    func bump(_ hash: UInt64, version: UInt64 = 0) {
+        let slot = Self.slot(hash)
+        guard version != 0 else {
+            changes[slot].add(1, ordering: .sequentiallyConsistent)
+            return
+        }
+        newest[slot].max(version, ordering: .sequentiallyConsistent)
+        versionedChanges[slot].add(1, ordering: .sequentiallyConsistent)
     }
 
     /// A write of a key with this hash starts at `now` (before its local store); pass `now` to
@@ -256,11 +286,18 @@ final class Coherence: Sendable {
         underWay.withLock { $0.keys.min() }
     }
 
-    /// Whether a value fetched when the counter read `counter` may be kept locally now: nothing changed
-    /// the slot since, and no write of its keys is under way.
-    func keepable(_ hash: UInt64, since counter: UInt32) -> Bool {
-        writing[Self.slot(hash)].load(ordering: .sequentiallyConsistent) == 0
-            && changes[Self.slot(hash)].load(ordering: .sequentiallyConsistent) == counter
+    /// Whether a value of `version` (0: none) fetched when the counters read `count` may be kept locally
+    /// now: no write of the slot's keys is under way, no change without a version came since, and every
+    /// versioned message since carried `version` or an older one (a message of another key of the slot
+    /// counts too: such a fetch is not kept, never wrongly kept).
+    func keepable(_ hash: UInt64, since count: Count, version: UInt64) -> Bool {
+        let slot = Self.slot(hash)
+        guard writing[slot].load(ordering: .sequentiallyConsistent) == 0,
+            changes[slot].load(ordering: .sequentiallyConsistent) == count.unversioned
+        else { return false }
+        // `newest` is read after the counter: it covers at least every message the counter counted.
+        return versionedChanges[slot].load(ordering: .sequentiallyConsistent) == count.versioned
+            || version != 0 && newest[slot].load(ordering: .sequentiallyConsistent) <= version
     }
 
     /// Every local copy stamped up to `now` is a miss from now on.

@@ -103,8 +103,9 @@ extension CoherentTiers {
         let partition = remote.partition(of: name)
         let hash = name.withUnsafeBytes { bytes in
             let key = HashedKey(bytes, hasher: hasher)
-            // Before the stripe: a fetch of the key under way now keeps nothing (Coherence.keepable).
-            remote.coherence.bump(key.hash)
+            // Before the stripe: a fetch of the key under way now keeps nothing older than this change
+            // (Coherence.keepable).
+            remote.coherence.bump(key.hash, version: version)
             local.stripes.withLock(for: key.hash) {
                 let held = local.memory.metadata(key)
                 if version != 0, let held, held.version >= version {
@@ -191,3 +192,4 @@ extension CoherentTiers {
         }
     }
 }
+

@@ -20,8 +20,8 @@ import Logging
 //
 // Reads. Both local tiers keep the coherence stamp beside the value (never in it); a copy without one is
 // never served. A remote hit is kept locally (memory, disk, as the record's tiers say) only while the
-// change feed is confirmed, the key's change counter did not move during the fetch, and no write of the
-// key is under way (Coherence.keepable).
+// change feed is confirmed, no change of the key newer than the fetched write came during the fetch, and
+// no write of the key is under way (Coherence.keepable).
 
 @usableFromInline
 final class CoherentTiers: Sendable {
@@ -200,7 +200,7 @@ final class CoherentTiers: Sendable {
 
     /// Keeps a fetched record, on an I/O thread when there is a disk tier; the record as an entry.
     nonisolated(nonsending)
-    private func keep(_ record: RemoteRecord, name: [UInt8], hash: UInt64, fetchedAt started: Int64, counter: UInt32) async -> StoredEntry {
+    private func keep(_ record: RemoteRecord, name: [UInt8], hash: UInt64, fetchedAt started: Int64, counter: Coherence.Count) async -> StoredEntry {
         // Here when it cannot wait (a memtable append with the stripe free), else on an I/O thread.
         let kept = try? await local.immediateOrHop(name, hash: hash, inline: runtime.inlineStores) { [self] key, wait in
             keep(record, for: key, fetchedAt: started, counter: counter, wait: wait)
@@ -219,7 +219,7 @@ final class CoherentTiers: Sendable {
     /// Keeps a fetched record locally (stamped with the fetch's start) when it may be, and returns it as
     /// an entry. Takes the key's stripe; disk I/O when there is a disk tier (with `.ifImmediate`, only a
     /// memtable append with the stripe free: `.wouldBlock` changed nothing).
-    private func keep(_ record: RemoteRecord, for key: HashedKey, fetchedAt started: Int64, counter: UInt32, wait: ReadWait = .block)
+    private func keep(_ record: RemoteRecord, for key: HashedKey, fetchedAt started: Int64, counter: Coherence.Count, wait: ReadWait = .block)
         -> ImmediateRead<StoredEntry>
     {
         let entry = entry(of: record)
@@ -234,7 +234,7 @@ final class CoherentTiers: Sendable {
         // after bumping the counter this checks.
         guard local.lock(key.hash, for: options, wait: wait, always: true) else { return .wouldBlock }
         defer { local.unlock(key.hash, always: true) }
-        guard remote.coherence.keepable(key.hash, since: counter) else {
+        guard remote.coherence.keepable(key.hash, since: counter, version: record.version) else {
             remote.counters.unkept.add(1, ordering: .relaxed)
             return .done(entry)
         }
