@@ -229,6 +229,50 @@ struct CacheCoherentTiersTests {
         #expect(b.statistics.remote?.readHits == fetched + 1)
     }
 
+    @Test("a copy a removal dropped comes back with the next write's pushed value (no round trip); an older push does not")
+    func droppedCopyComesBack() async throws {
+        let server = InMemoryRemoteServer()
+        defer { server.stop() }
+        let (a, _) = try inMemoryFleetCache(server)
+        let (b, _) = try inMemoryFleetCache(server)
+        defer { try? a.close(); try? b.close() }
+        #expect(await settled(a))
+        #expect(await settled(b))
+        try a.set(bytes("v1"), forKey: "k")
+        #expect(string(try b.value(forKey: "k")) == "v1")  // b holds it now
+        #expect(try await eventually { try b.lookup("k")?.tier == .memory })
+        let fetched = b.statistics.remote?.readHits ?? 0
+        try a.removeValue(forKey: "k")
+        #expect(await eventually { b.memory.value(forKey: "k") == nil })
+        try a.set(bytes("v2"), forKey: "k")
+        #expect(try await eventually { try b.lookup("k") == CacheHit(value: bytes("v2"), tier: .memory) })
+        #expect(b.statistics.remote?.readHits == fetched)  // no round trip
+        // A key b never held is still not added.
+        try a.set(bytes("other"), forKey: "never-held")
+        #expect(await settled(b))
+        #expect(b.memory.value(forKey: "never-held") == nil)
+
+        // Messages injected in order: a removal at H + 2 drops the copy; a push of H + 1 (older than the
+        // removal, reordered behind it) is not taken; a push of H + 3 is.
+        let coherent = try #require(b.composition.coherent)
+        let held = try #require(Array("k".utf8).withUnsafeBytes { b.memory.metadata(HashedKey($0, hasher: b.hasher)) })
+        let key = [RemoteKey.record] + Array("k".utf8)
+        let partition = coherent.remote.partition(of: Array("k".utf8))
+        func message(_ text: String?, version: UInt64) -> RemoteChangeMessage {
+            guard let text else { return RemoteChangeMessage(key: key, version: version, own: false, partition: partition, sequence: 0) }
+            var record = RemoteRecord(value: bytes(text))
+            record.version = version
+            record.namespaceToken = coherent.remote.cachedToken(group: nil, now: b.runtime.clock.now()) ?? 0
+            return RemoteChangeMessage(key: key, version: version, own: false, partition: partition, sequence: 0, value: record.encoded(key: key))
+        }
+        coherent.apply(.changed(message(nil, version: held.version + 2)))
+        #expect(b.memory.value(forKey: "k") == nil)
+        coherent.apply(.changed(message("older", version: held.version + 1)))
+        #expect(b.memory.value(forKey: "k") == nil)
+        coherent.apply(.changed(message("newer", version: held.version + 3)))
+        #expect(try b.lookup("k") == CacheHit(value: bytes("newer"), tier: .memory))
+    }
+
     @Test("a change message replaces or drops a copy only when its version is newer than the copy's (messages reordered)")
     func reorderedMessages() async throws {
         let server = InMemoryRemoteServer()

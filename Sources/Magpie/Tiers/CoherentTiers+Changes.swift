@@ -96,8 +96,9 @@ extension CoherentTiers {
 
     /// Another instance wrote `name` at `version` (0: unknown): a local copy of an older write is replaced
     /// by the pushed record when the message carried a current one and memory holds the key (or a load
-    /// here waits for the key's value: the other instance's load, whose lease it found taken), else
-    /// dropped; a copy of this write or a newer one stays. Wakes the loads waiting for its value.
+    /// here waits for the key's value: the other instance's load, whose lease it found taken; or a message
+    /// dropped this instance's copy lately, at an older version), else dropped; a copy of this write or a
+    /// newer one stays. Wakes the loads waiting for its value.
     private func changeLocal(_ name: [UInt8], version: UInt64, pushed: RemoteRecord.Decoded?) {
         guard name.count <= HashedKey.maximumLength, !runtime.closed.load(ordering: .relaxed) else { return }
         let partition = remote.partition(of: name)
@@ -112,7 +113,9 @@ extension CoherentTiers {
                     remote.counters.staleMessages.add(1, ordering: .relaxed)
                     return
                 }
-                if case .record(let record) = pushed, held != nil || leaseWaiters.waits(for: key.hash),
+                if case .record(let record) = pushed,
+                    held != nil || leaseWaiters.waits(for: key.hash)
+                        || version != 0 && droppedKeys.withLock({ $0.take(key.hash, before: version) }),
                     replace(key, with: record, partition: partition)
                 {
                     remote.counters.pushesApplied.add(1, ordering: .relaxed)
@@ -120,7 +123,11 @@ extension CoherentTiers {
                 }
                 let dropped = local.memory.remove(key)
                 let onDisk = local.disk.flatMap { disk in try? runtime.logged("drop") { () throws(MagpieError) in try disk.remove(key) } }
-                if dropped || onDisk == true { remote.counters.copiesDropped.add(1, ordering: .relaxed) }
+                guard dropped || onDisk == true else { return }
+                remote.counters.copiesDropped.add(1, ordering: .relaxed)
+                // Its next write's pushed value comes back in (a key this instance held is likely read here
+                // again); only after a versioned change, so that no push older than the drop is taken.
+                if version != 0 { droppedKeys.withLock { $0.note(key.hash, version: version) } }
             }
             return key.hash
         }
@@ -193,3 +200,31 @@ extension CoherentTiers {
     }
 }
 
+/// The keys whose local copies a versioned change message dropped lately, and the version of that change:
+/// a later message of such a key with a newer pushed value brings it back into memory with no round trip
+/// (the instance was holding the key, so it is likely read here again), where a key never held here is
+/// not added. A key's hash picks one of 4,096 places; a newer drop of another key there forgets it
+/// (the only cost: its next read is a remote hit, as without this table). 64 KiB.
+struct DroppedKeys: Sendable {
+    private static let count = 4096
+    private var hashes = [UInt64](repeating: 0, count: count)
+    private var versions = [UInt64](repeating: 0, count: count)
+
+    private static func place(_ hash: UInt64) -> Int { Int(truncatingIfNeeded: (hash >> 24) & UInt64(count - 1)) }
+
+    /// A copy of the key with this hash was dropped by a change of `version`.
+    mutating func note(_ hash: UInt64, version: UInt64) {
+        let place = Self.place(hash)
+        hashes[place] = hash
+        versions[place] = version
+    }
+
+    /// Whether a copy of the key with this hash was dropped lately by a change older than `version`;
+    /// forgets it when so (the key is held again, or the push could not be kept).
+    mutating func take(_ hash: UInt64, before version: UInt64) -> Bool {
+        let place = Self.place(hash)
+        guard hash != 0, hashes[place] == hash, versions[place] < version else { return false }
+        hashes[place] = 0
+        return true
+    }
+}

@@ -35,6 +35,8 @@ final class CoherentTiers: Sendable {
     let hasher: KeyHash
     /// Load waiters (CoherentTiers+Lease.swift), woken by a change of their key.
     let leaseWaiters = KeyedWakeups()
+    /// Keys whose copies a change message dropped lately (CoherentTiers+Changes.swift).
+    let droppedKeys = Locked(DroppedKeys())
 
     var runtime: Runtime { local.runtime }
     var clock: CacheClock { local.runtime.clock }
