@@ -273,6 +273,34 @@ struct CacheCoherentTiersTests {
         #expect(try b.lookup("k") == CacheHit(value: bytes("newer"), tier: .memory))
     }
 
+    @Test("the report of a token this instance created, before it cached it, drops nothing; another token makes every copy a miss")
+    func ownTokenEcho() async throws {
+        let server = InMemoryRemoteServer()
+        defer { server.stop() }
+        let (a, _) = try inMemoryFleetCache(server)
+        defer { try? a.close() }
+        #expect(await settled(a))
+        try a.set(bytes("v"), forKey: "r")
+        #expect(try a.lookup("r") == CacheHit(value: bytes("v"), tier: .memory))
+        let coherent = try #require(a.composition.coherent)
+        func report(_ token: UInt64) -> RemoteChange {
+            .changed(
+                RemoteChangeMessage(
+                    key: RemoteKey.namespaceKey, version: 0, own: false, partition: coherent.remote.partition(of: RemoteKey.namespaceKey),
+                    sequence: 0, value: RemoteRecord.tokenBytes(token)))
+        }
+        // As `token(group:create:)` does before its store; the report comes before the token is cached.
+        let mine = RemoteRecord.newToken()
+        coherent.remote.noteCreated(mine)
+        coherent.remote.forgetToken(group: nil)
+        coherent.apply(report(mine))
+        #expect(try a.lookup("r") == CacheHit(value: bytes("v"), tier: .memory))
+        #expect(a.statistics.remote?.ownWritesFetched == 0)
+        // Another program's (or instance's) token: every local copy is outdated.
+        coherent.apply(report(mine &+ 1))
+        #expect(try a.lookup("r")?.tier != .memory)
+    }
+
     @Test("a change message replaces or drops a copy only when its version is newer than the copy's (messages reordered)")
     func reorderedMessages() async throws {
         let server = InMemoryRemoteServer()

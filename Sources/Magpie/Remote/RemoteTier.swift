@@ -29,6 +29,8 @@ final class RemoteTier: Sendable {
     /// Where owed removals are journaled (a cache with a disk tier), else nil.
     let journalHooks: OwedJournal?
     let tokens = Locked(TokenCache())
+    /// The tokens this instance created where there was none (``createdHere(_:)``), oldest first.
+    private let created = Locked<[UInt64]>([])
     let pending = Locked(PendingRemovals())
     let replay = Locked<Task<Void, Never>?>(nil)
     /// Tasks waiting for every owed removal to land (``waitForReplay(upTo:)``).
@@ -324,6 +326,21 @@ final class RemoteTier: Sendable {
 
     // MARK: Tokens
 
+    /// Whether this instance created `token` (the last 64 it created): a report that a token key now holds
+    /// it is the echo of that creation (with ``RemoteTierOptions`` reporting foreign writes, it may come
+    /// before the creator cached the token), not a change.
+    func createdHere(_ token: UInt64) -> Bool {
+        created.withLock { $0.contains(token) }
+    }
+
+    /// `token` is about to be stored by this instance where there was none.
+    func noteCreated(_ token: UInt64) {
+        created.withLock { created in
+            if created.count >= 64 { created.removeFirst() }
+            created.append(token)
+        }
+    }
+
     func cachedToken(group: String?, now: Int64) -> UInt64? {
         let cached = tokens.withLock { tokens in group.map { tokens.groups[$0] } ?? tokens.namespace }
         guard let cached, coherence.servable(stamp: cached.stamp, now: now) else { return nil }
@@ -356,6 +373,7 @@ final class RemoteTier: Sendable {
             var token = RemoteRecord.token(try await onStore { [store] () async throws(MagpieError) in try await store.values(forKeys: [key]) }.first ?? nil)
             if token == 0 && create {
                 let fresh = RemoteRecord.newToken()
+                noteCreated(fresh)
                 let created = try await onStore { [store] () async throws(MagpieError) in
                     try await store.store(RemoteRecord.tokenBytes(fresh), forKey: key, expiresAt: 0, onlyIfAbsent: true)
                 }

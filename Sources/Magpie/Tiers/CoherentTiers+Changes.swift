@@ -81,12 +81,20 @@ extension CoherentTiers {
         case RemoteKey.group:
             guard let group = String(validating: rest, as: UTF8.self) else { return }
             // A token this instance holds already (its creation, or an echo of this instance's own removal,
-            // reported as a key's value) changes nothing.
-            if let token = pushed.map(RemoteRecord.token), token != 0, token == remote.cachedToken(group: group, now: clock.now()) { return }
+            // reported as a key's value), or one it created and has not cached yet, changes nothing.
+            if let token = pushed.map(RemoteRecord.token), token != 0,
+                token == remote.cachedToken(group: group, now: clock.now()) || remote.createdHere(token)
+            {
+                return
+            }
             remote.forgetToken(group: group)
             _ = try? local.removeAll(inGroup: group)
         case RemoteKey.namespace:
-            if let token = pushed.map(RemoteRecord.token), token != 0, token == remote.cachedToken(group: nil, now: clock.now()) { return }
+            if let token = pushed.map(RemoteRecord.token), token != 0,
+                token == remote.cachedToken(group: nil, now: clock.now()) || remote.createdHere(token)
+            {
+                return
+            }
             remote.forgetToken(group: nil)
             remote.coherence.raiseFloor(to: clock.now())
         default:
