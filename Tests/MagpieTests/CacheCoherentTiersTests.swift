@@ -21,6 +21,35 @@ func inMemoryFleetCache(
     return (try Cache(configuration), store)
 }
 
+/// Two instances on `server`, each with a confirmation applied (``settled(_:)``).
+func settledPair(_ server: InMemoryRemoteServer) async throws -> (Cache, Cache) {
+    let (a, _) = try inMemoryFleetCache(server)
+    let b: Cache
+    do {
+        (b, _) = try inMemoryFleetCache(server)
+    } catch {
+        try? a.close()
+        throw error
+    }
+    #expect(await settled(a))
+    #expect(await settled(b))
+    return (a, b)
+}
+
+/// The change message another instance's write of `name` at `version` publishes, as `cache` receives it:
+/// `text` pushed (a record current by the namespace token `cache` holds), or nil for a removal.
+func changeMessage(_ name: String, _ text: String?, version: UInt64, to cache: Cache) throws -> RemoteChange {
+    let coherent = try #require(cache.composition.coherent)
+    let key = [RemoteKey.record] + Array(name.utf8)
+    let partition = coherent.remote.partition(of: Array(name.utf8))
+    guard let text else { return .changed(RemoteChangeMessage(key: key, version: version, own: false, partition: partition, sequence: 0)) }
+    var record = RemoteRecord(value: Array(text.utf8))
+    record.version = version
+    record.namespaceToken = coherent.remote.cachedToken(group: nil, now: cache.runtime.clock.now()) ?? 0
+    return .changed(
+        RemoteChangeMessage(key: key, version: version, own: false, partition: partition, sequence: 0, value: record.encoded(key: key)))
+}
+
 /// Polls `condition` every 2 ms until it holds or `timeout` passes.
 func eventually(timeout: Duration = .seconds(5), _ condition: () async throws -> Bool) async rethrows -> Bool {
     let start = ContinuousClock.now
@@ -53,11 +82,8 @@ struct CacheCoherentTiersTests {
     func coherence() async throws {
         let server = InMemoryRemoteServer()
         defer { server.stop() }
-        let (a, _) = try inMemoryFleetCache(server)
-        let (b, _) = try inMemoryFleetCache(server)
+        let (a, b) = try await settledPair(server)
         defer { try? a.close(); try? b.close() }
-        #expect(await settled(a))
-        #expect(await settled(b))
         try await a.async.set(bytes("one"), forKey: "k")
         #expect(string(try await b.async.value(forKey: "k")) == "one")
         #expect(try await eventually { try await b.async.lookup("k")?.tier == .memory })  // kept locally
@@ -183,11 +209,8 @@ struct CacheCoherentTiersTests {
     func writerKeepsItsWrite() async throws {
         let server = InMemoryRemoteServer()
         defer { server.stop() }
-        let (a, _) = try inMemoryFleetCache(server)
-        let (b, _) = try inMemoryFleetCache(server)
+        let (a, b) = try await settledPair(server)
         defer { try? a.close(); try? b.close() }
-        #expect(await settled(a))
-        #expect(await settled(b))
         for round in 0..<20 {
             try a.set(bytes("sync \(round)"), forKey: "mine")
             #expect(try a.lookup("mine")?.tier == .memory)
@@ -205,11 +228,8 @@ struct CacheCoherentTiersTests {
     func pushedValues() async throws {
         let server = InMemoryRemoteServer()
         defer { server.stop() }
-        let (a, _) = try inMemoryFleetCache(server)
-        let (b, _) = try inMemoryFleetCache(server)
+        let (a, b) = try await settledPair(server)
         defer { try? a.close(); try? b.close() }
-        #expect(await settled(a))
-        #expect(await settled(b))
         try a.set(bytes("v1"), forKey: "k")
         #expect(string(try b.value(forKey: "k")) == "v1")  // b holds it now
         let fetched = b.statistics.remote?.readHits ?? 0
@@ -229,15 +249,12 @@ struct CacheCoherentTiersTests {
         #expect(b.statistics.remote?.readHits == fetched + 1)
     }
 
-    @Test("a copy a removal dropped comes back with the next write's pushed value (no round trip); an older push does not")
+    @Test("a copy a removal dropped comes back with the next write's pushed value (no round trip); an older push does not, nor one older than an own removal")
     func droppedCopyComesBack() async throws {
         let server = InMemoryRemoteServer()
         defer { server.stop() }
-        let (a, _) = try inMemoryFleetCache(server)
-        let (b, _) = try inMemoryFleetCache(server)
+        let (a, b) = try await settledPair(server)
         defer { try? a.close(); try? b.close() }
-        #expect(await settled(a))
-        #expect(await settled(b))
         try a.set(bytes("v1"), forKey: "k")
         #expect(string(try b.value(forKey: "k")) == "v1")  // b holds it now
         #expect(try await eventually { try b.lookup("k")?.tier == .memory })
@@ -256,21 +273,22 @@ struct CacheCoherentTiersTests {
         // removal, reordered behind it) is not taken; a push of H + 3 is.
         let coherent = try #require(b.composition.coherent)
         let held = try #require(Array("k".utf8).withUnsafeBytes { b.memory.metadata(HashedKey($0, hasher: b.hasher)) })
-        let key = [RemoteKey.record] + Array("k".utf8)
-        let partition = coherent.remote.partition(of: Array("k".utf8))
-        func message(_ text: String?, version: UInt64) -> RemoteChangeMessage {
-            guard let text else { return RemoteChangeMessage(key: key, version: version, own: false, partition: partition, sequence: 0) }
-            var record = RemoteRecord(value: bytes(text))
-            record.version = version
-            record.namespaceToken = coherent.remote.cachedToken(group: nil, now: b.runtime.clock.now()) ?? 0
-            return RemoteChangeMessage(key: key, version: version, own: false, partition: partition, sequence: 0, value: record.encoded(key: key))
-        }
-        coherent.apply(.changed(message(nil, version: held.version + 2)))
+        coherent.apply(try changeMessage("k", nil, version: held.version + 2, to: b))
         #expect(b.memory.value(forKey: "k") == nil)
-        coherent.apply(.changed(message("older", version: held.version + 1)))
+        coherent.apply(try changeMessage("k", "older", version: held.version + 1, to: b))
         #expect(b.memory.value(forKey: "k") == nil)
-        coherent.apply(.changed(message("newer", version: held.version + 3)))
+        coherent.apply(try changeMessage("k", "newer", version: held.version + 3, to: b))
         #expect(try b.lookup("k") == CacheHit(value: bytes("newer"), tier: .memory))
+
+        // b's own removal counts as a drop at its own version: a message of an older write (one the store
+        // took before the removal, still on its way) does not bring the key back; a newer one does.
+        coherent.apply(try changeMessage("k", nil, version: held.version + 4, to: b))  // dropped at H + 4
+        try await Task.sleep(for: .milliseconds(5))  // b's next version is above H + 5 (milliseconds first)
+        try b.removeValue(forKey: "k")
+        coherent.apply(try changeMessage("k", "before the removal", version: held.version + 5, to: b))
+        #expect(b.memory.value(forKey: "k") == nil)
+        coherent.apply(try changeMessage("k", "after the removal", version: held.version + (1 << 40), to: b))
+        #expect(try b.lookup("k") == CacheHit(value: bytes("after the removal"), tier: .memory))
     }
 
     @Test("the report of a token this instance created, before it cached it, drops nothing; another token makes every copy a miss")
@@ -305,37 +323,25 @@ struct CacheCoherentTiersTests {
     func reorderedMessages() async throws {
         let server = InMemoryRemoteServer()
         defer { server.stop() }
-        let (a, _) = try inMemoryFleetCache(server)
-        let (b, _) = try inMemoryFleetCache(server)
+        let (a, b) = try await settledPair(server)
         defer { try? a.close(); try? b.close() }
-        #expect(await settled(a))
-        #expect(await settled(b))
         try a.set(bytes("current"), forKey: "r")
         #expect(string(try b.value(forKey: "r")) == "current")
         #expect(try await eventually { try b.lookup("r")?.tier == .memory })
         let coherent = try #require(b.composition.coherent)
         let held = try #require(Array("r".utf8).withUnsafeBytes { b.memory.metadata(HashedKey($0, hasher: b.hasher)) })
-        let key = [RemoteKey.record] + Array("r".utf8)
-        func message(_ text: String, version: UInt64) -> RemoteChangeMessage {
-            var record = RemoteRecord(value: bytes(text))
-            record.version = version
-            record.namespaceToken = coherent.remote.cachedToken(group: nil, now: b.runtime.clock.now()) ?? 0
-            return RemoteChangeMessage(
-                key: key, version: version, own: false, partition: coherent.remote.partition(of: Array("r".utf8)), sequence: 0,
-                value: record.encoded(key: key))
-        }
         // An older write's message, arriving late: the copy stays.
-        coherent.apply(.changed(message("older", version: held.version - 1)))
+        coherent.apply(try changeMessage("r", "older", version: held.version - 1, to: b))
         #expect(try b.lookup("r") == CacheHit(value: bytes("current"), tier: .memory))
         #expect((b.statistics.remote?.staleMessages ?? 0) == 1)
         // A newer one: replaced, served from memory.
-        coherent.apply(.changed(message("newer", version: held.version + 1)))
+        coherent.apply(try changeMessage("r", "newer", version: held.version + 1, to: b))
         #expect(try b.lookup("r") == CacheHit(value: bytes("newer"), tier: .memory))
         // The older one again (reordered after the newer): the newer copy stays.
-        coherent.apply(.changed(message("older", version: held.version - 1)))
+        coherent.apply(try changeMessage("r", "older", version: held.version - 1, to: b))
         #expect(try b.lookup("r") == CacheHit(value: bytes("newer"), tier: .memory))
         // A newer removal (no value): the copy goes.
-        coherent.apply(.changed(RemoteChangeMessage(key: key, version: held.version + 2, own: false, partition: 0, sequence: 0)))
+        coherent.apply(try changeMessage("r", nil, version: held.version + 2, to: b))
         #expect(b.memory.value(forKey: "r") == nil)
     }
 
@@ -343,11 +349,8 @@ struct CacheCoherentTiersTests {
     func sequenceGap() async throws {
         let server = InMemoryRemoteServer()
         defer { server.stop() }
-        let (a, _) = try inMemoryFleetCache(server)
-        let (b, _) = try inMemoryFleetCache(server)
+        let (a, b) = try await settledPair(server)
         defer { try? a.close(); try? b.close() }
-        #expect(await settled(a))
-        #expect(await settled(b))
         let coherent = try #require(b.composition.coherent)
         // Two keys in different partitions, held by b.
         let names = (0..<200).map { "g\($0)" }
@@ -490,11 +493,8 @@ struct CacheCoherentTiersTests {
     func removalsReplayed() async throws {
         let server = InMemoryRemoteServer()
         defer { server.stop() }
-        let (a, _) = try inMemoryFleetCache(server)
-        let (b, _) = try inMemoryFleetCache(server)
+        let (a, b) = try await settledPair(server)
         defer { try? a.close(); try? b.close() }
-        #expect(await settled(a))
-        #expect(await settled(b))
         for i in 0..<10 { try await a.async.set(bytes("v\(i)"), forKey: "r\(i)") }
         server.goDown()
         for i in 0..<10 { try await a.async.removeValue(forKey: "r\(i)") }
@@ -559,11 +559,8 @@ struct CacheCoherentTiersTests {
     func statisticsAddUp() async throws {
         let server = InMemoryRemoteServer()
         defer { server.stop() }
-        let (a, _) = try inMemoryFleetCache(server)
-        let (b, _) = try inMemoryFleetCache(server)
+        let (a, b) = try await settledPair(server)
         defer { try? a.close(); try? b.close() }
-        #expect(await settled(a))
-        #expect(await settled(b))
         for i in 0..<20 { try a.set(bytes("v\(i)"), forKey: "s\(i)") }
         for round in 0..<3 {
             for i in 0..<30 { _ = try await b.async.value(forKey: "s\(i)") }

@@ -208,10 +208,10 @@ extension CoherentTiers {
     }
 }
 
-/// The keys whose local copies a versioned change message dropped lately, and the version of that change:
-/// a later message of such a key with a newer pushed value brings it back into memory with no round trip
-/// (the instance was holding the key, so it is likely read here again), where a key never held here is
-/// not added. A key's hash picks one of 4,096 places; a newer drop of another key there forgets it
+/// The keys whose local copies a versioned change message (or this instance's removal) dropped lately,
+/// and the version of that change: a later message of such a key with a newer pushed value brings it back
+/// into memory with no round trip (the instance was holding the key, so it is likely read here again),
+/// where a key never held here is not added. Read and written under the key's stripe. A key's hash picks one of 4,096 places; a newer drop of another key there forgets it
 /// (the only cost: its next read is a remote hit, as without this table). 64 KiB.
 struct DroppedKeys: Sendable {
     private static let count = 4096
@@ -225,6 +225,12 @@ struct DroppedKeys: Sendable {
         let place = Self.place(hash)
         hashes[place] = hash
         versions[place] = version
+    }
+
+    /// This instance wrote the key with this hash: no earlier drop of it counts any more.
+    mutating func forget(_ hash: UInt64) {
+        let place = Self.place(hash)
+        if hashes[place] == hash { hashes[place] = 0 }
     }
 
     /// Whether a copy of the key with this hash was dropped lately by a change older than `version`;

@@ -62,6 +62,9 @@ extension CoherentTiers {
             remote.coherence.endWrite(key.hash, began: began)
             return .wouldBlock
         }
+        // This write is newer than any message of the key still to come from before it: none may bring
+        // an older value back once its copy is gone (evicted).
+        droppedKeys.withLock { $0.forget(key.hash) }
         let expiry = local.disk == nil || options.tiers == .memoryOnly ? stamp.memory : stamp.disk
         var record = RemoteRecord(
             value: Array(value), expiresAt: expiry, memoryPolicy: options.encodedMemoryPolicy, freshness: stamp.freshness,
@@ -81,7 +84,11 @@ extension CoherentTiers {
                 try runtime.logged("remove") { () throws(MagpieError) in try disk.remove(key) }
             }
             let removed = local.memory.remove(key) || onDisk == true
-            let send = RemoteSend(name: Array(key.bytes), hash: key.hash, operation: .remove(version: remote.versions.next()), began: began)
+            let version = remote.versions.next()
+            // As a removal by another instance: only a push newer than this removal brings the key back (a
+            // message of a write older than it, still on its way, must not).
+            droppedKeys.withLock { $0.note(key.hash, version: version) }
+            let send = RemoteSend(name: Array(key.bytes), hash: key.hash, operation: .remove(version: version), began: began)
             return (removed, send)
         } catch {
             remote.coherence.endWrite(key.hash, began: began)
