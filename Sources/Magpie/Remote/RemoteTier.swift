@@ -29,7 +29,7 @@ final class RemoteTier: Sendable {
     /// Where owed removals are journaled (a cache with a disk tier), else nil.
     let journalHooks: OwedJournal?
     let tokens = Locked(TokenCache())
-    /// The tokens this instance created where there was none (``createdHere(_:)``), oldest first.
+    /// The tokens this instance created where there was none (``knowsToken(_:group:now:)``), oldest first.
     private let created = Locked<[UInt64]>([])
     let pending = Locked(PendingRemovals())
     let replay = Locked<Task<Void, Never>?>(nil)
@@ -326,11 +326,11 @@ final class RemoteTier: Sendable {
 
     // MARK: Tokens
 
-    /// Whether this instance created `token` (the last 64 it created): a report that a token key now holds
-    /// it is the echo of that creation (with ``RemoteTierOptions`` reporting foreign writes, it may come
-    /// before the creator cached the token), not a change.
-    func createdHere(_ token: UInt64) -> Bool {
-        created.withLock { $0.contains(token) }
+    /// Whether a report that the token key of `group` (nil: the namespace's) now holds `token` is no
+    /// change to this instance: the token it holds already, or one it created (the last 64; with foreign
+    /// writes reported, the echo of a creation may come before the creator cached the token).
+    func knowsToken(_ token: UInt64, group: String?, now: Int64) -> Bool {
+        token != 0 && (token == cachedToken(group: group, now: now) || created.withLock { $0.contains(token) })
     }
 
     /// `token` is about to be stored by this instance where there was none.

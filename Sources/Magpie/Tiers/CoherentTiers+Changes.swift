@@ -82,19 +82,11 @@ extension CoherentTiers {
             guard let group = String(validating: rest, as: UTF8.self) else { return }
             // A token this instance holds already (its creation, or an echo of this instance's own removal,
             // reported as a key's value), or one it created and has not cached yet, changes nothing.
-            if let token = pushed.map(RemoteRecord.token), token != 0,
-                token == remote.cachedToken(group: group, now: clock.now()) || remote.createdHere(token)
-            {
-                return
-            }
+            if let token = pushed.map(RemoteRecord.token), remote.knowsToken(token, group: group, now: clock.now()) { return }
             remote.forgetToken(group: group)
             _ = try? local.removeAll(inGroup: group)
         case RemoteKey.namespace:
-            if let token = pushed.map(RemoteRecord.token), token != 0,
-                token == remote.cachedToken(group: nil, now: clock.now()) || remote.createdHere(token)
-            {
-                return
-            }
+            if let token = pushed.map(RemoteRecord.token), remote.knowsToken(token, group: nil, now: clock.now()) { return }
             remote.forgetToken(group: nil)
             remote.coherence.raiseFloor(to: clock.now())
         default:
@@ -211,34 +203,33 @@ extension CoherentTiers {
 /// The keys whose local copies a versioned change message (or this instance's removal) dropped lately,
 /// and the version of that change: a later message of such a key with a newer pushed value brings it back
 /// into memory with no round trip (the instance was holding the key, so it is likely read here again),
-/// where a key never held here is not added. Read and written under the key's stripe. A key's hash picks one of 4,096 places; a newer drop of another key there forgets it
-/// (the only cost: its next read is a remote hit, as without this table). 64 KiB.
+/// where a key never held here is not added. A key's hash picks one of 4,096 places (keys of different
+/// stripes share them: the table has a lock of its own); a newer drop of another key there forgets it, at
+/// the cost of one remote hit, as without the table. 64 KiB.
 struct DroppedKeys: Sendable {
     private static let count = 4096
-    private var hashes = [UInt64](repeating: 0, count: count)
-    private var versions = [UInt64](repeating: 0, count: count)
+    /// Per place: the key's hash (0: none) and the version of the change that dropped its copy.
+    private var entries = [(hash: UInt64, version: UInt64)](repeating: (0, 0), count: count)
 
     private static func place(_ hash: UInt64) -> Int { Int(truncatingIfNeeded: (hash >> 24) & UInt64(count - 1)) }
 
     /// A copy of the key with this hash was dropped by a change of `version`.
     mutating func note(_ hash: UInt64, version: UInt64) {
-        let place = Self.place(hash)
-        hashes[place] = hash
-        versions[place] = version
+        entries[Self.place(hash)] = (hash, version)
     }
 
     /// This instance wrote the key with this hash: no earlier drop of it counts any more.
     mutating func forget(_ hash: UInt64) {
         let place = Self.place(hash)
-        if hashes[place] == hash { hashes[place] = 0 }
+        if entries[place].hash == hash { entries[place].hash = 0 }
     }
 
     /// Whether a copy of the key with this hash was dropped lately by a change older than `version`;
     /// forgets it when so (the key is held again, or the push could not be kept).
     mutating func take(_ hash: UInt64, before version: UInt64) -> Bool {
         let place = Self.place(hash)
-        guard hash != 0, hashes[place] == hash, versions[place] < version else { return false }
-        hashes[place] = 0
+        guard hash != 0, entries[place].hash == hash, entries[place].version < version else { return false }
+        entries[place].hash = 0
         return true
     }
 }
