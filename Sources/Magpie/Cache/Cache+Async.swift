@@ -168,7 +168,7 @@ public struct AsyncCache: Sendable {
     public func removeAll() async throws {
         try cache.runtime.checkOpen()
         cache.loads.supersedeAll()
-        try await cache.composition.removeAllAsync()
+        try await cache.composition.removeAll()
     }
 
     /// Removes a group's entries from every tier; see ``Cache/removeAll(inGroup:)``.
@@ -177,7 +177,7 @@ public struct AsyncCache: Sendable {
         try cache.runtime.checkOpen()
         guard !group.isEmpty else { return RemovedEntries() }
         cache.loads.supersedeAll()
-        return try await cache.composition.removeAllAsync(inGroup: group)
+        return try await cache.composition.removeAll(inGroup: group)
     }
 
     /// Removes expired entries from both local tiers; see ``Cache/removeExpired()``.

@@ -120,7 +120,7 @@ extension Cache {
             guard bytes.count <= Self.maximumKeyLength, !runtime.closed.load(ordering: .relaxed) else { return .refused }
             let key = HashedKey(bytes, hasher: hasher)
             // A cache with a remote tier judges its local copies (stamped) in the full protocol.
-            guard composition.judgesMemoryFirst else { return .unprobed(key.hash) }
+            guard !composition.judgesCopies else { return .unprobed(key.hash) }
             guard let entry = memory.entry(key) else { return .missed(key.hash) }
             guard acceptsAbsence || !entry.freshness.negative else { return .found(entry, key.hash) }
             let freshness = entry.freshness

@@ -26,14 +26,14 @@ extension Cache {
     /// A memory hit that may be served, copied: any, or with a remote tier a servable one.
     @inlinable @inline(__always)
     func memoryValue(_ key: HashedKey) -> [UInt8]? {
-        if case .coherent(let coherent) = composition { return coherent.servableMemoryValue(key) }
-        return memory.copyValue(key)
+        guard composition.judgesCopies else { return memory.copyValue(key) }
+        return composition.withServableMemoryValue(key) { [UInt8]($0) }
     }
 
     /// Runs `body` over the bytes of a memory hit that may be served, in place.
     func withMemoryValue<R>(_ key: HashedKey, _ body: (UnsafeRawBufferPointer) -> R) -> R? {
-        if case .coherent(let coherent) = composition { return coherent.withServableMemoryValue(key, body) }
-        return memory.withValue(key, body)
+        guard composition.judgesCopies else { return memory.withValue(key, body) }
+        return composition.withServableMemoryValue(key, body)
     }
 
     /// The value stored for `key`, the tier that answered and whether the value is fresh or stale (see

@@ -19,7 +19,7 @@ extension Cache: Service {
     /// journal and is replayed when the directory is opened again; without one it is lost.
     /// - Throws: the disk tier's flush and close errors (the cache is closed either way).
     public func shutdown(replayingFor replayTime: Duration = .seconds(2)) async throws {
-        await composition.replayBeforeShutdown(upTo: replayTime)
+        await composition.policy.replayBeforeShutdown(upTo: replayTime)
         // The flush's fsyncs and the close (which waits for the disk tier's loader thread) block: with a
         // disk tier they run on an I/O thread, not on one of Swift's. In a task of its own, so that the
         // cancellation this is often called under does not keep the cache from closing; right here if
@@ -39,7 +39,7 @@ extension Cache: Service {
         } catch {
             failure = try finish()
         }
-        await composition.closeStore()
+        await composition.policy.closeStore()
         if let failure { throw failure }
     }
 }

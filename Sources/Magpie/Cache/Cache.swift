@@ -79,8 +79,8 @@ public final class Cache: Sendable {
     /// memory budget or more); a longer one is refused by memory (counted) and kept on disk only.
     public var largestMemoryValue: Int { memory.largestStorableValue }
 
-    /// The disk tier, if any.
-    var disk: DiskTier? { composition.local.disk }
+    /// The disk tier, if any (for the tests, which read it directly).
+    var disk: DiskTier? { composition.local.storage as? DiskTier }
 
     /// Opens a cache: the memory tier, the disk tier when ``Configuration/disk`` is set, the remote tier
     /// when ``Configuration/remote`` is.
@@ -90,28 +90,24 @@ public final class Cache: Sendable {
     ///   ``MagpieError/Code/manifestMismatch``, I/O errors).
     public init(_ configuration: Configuration = Configuration()) throws(MagpieError) {
         var resolved = try configuration.sharingItsSettings()
-        var disk: DiskTier? = nil
-        if let diskConfiguration = resolved.disk {
-            let opened = try DiskTier(diskConfiguration)
-            resolved.disk = opened.configuration
-            disk = opened
-        }
+        let storage: any StorageTier = try resolved.disk.map { (disk) throws(MagpieError) in try DiskTier(disk) } ?? NoStorage()
+        resolved.disk = storage.diskConfiguration
         // One seed for both tiers: the directory's, so placement is stable across restarts.
-        let hasher = disk?.hasher ?? configuration.hashSeed.map { KeyHash(seed: $0) } ?? .random()
+        let hasher = storage.directoryHasher ?? configuration.hashSeed.map { KeyHash(seed: $0) } ?? .random()
         do throws(MagpieError) {
             memory = try MemoryTier(resolved.memory, hasher: hasher)
             resolved.memory = memory.configuration
             resolved.hashSeed = hasher.seed
         } catch {
-            try? disk?.close()
+            try? storage.close()
             throw error
         }
         self.hasher = hasher
         self.configuration = resolved
         defaultOptions = configuration.defaultOptions
-        runtime = Runtime(configuration, ioThreads: disk == nil ? 1 : configuration.ioThreadCount)
-        let local = LocalTiers(memory: memory, disk: disk, runtime: runtime)
-        composition = configuration.remote.map { .coherent(CoherentTiers(local: local, options: $0, hasher: hasher)) } ?? .local(local)
+        runtime = Runtime(configuration, ioThreads: storage.mayWait ? configuration.ioThreadCount : 1)
+        let local = LocalTiers(memory: memory, storage: storage, runtime: runtime)
+        composition = Composition(local: local, remote: configuration.remote, hasher: hasher)
         loads = LoadCoordinator(composition, runtime: runtime, configuration: configuration)
         metrics = configuration.metrics.map { MetricsReporter($0) }
         composition.start(writingBuffersEvery: configuration.diskBufferWriteInterval)
@@ -126,7 +122,7 @@ public final class Cache: Sendable {
     deinit {
         runtime.stop()
         loads.shutdown()
-        composition.drop(closed: runtime.closed.load(ordering: .relaxed))
+        composition.policy.drop(closed: runtime.closed.load(ordering: .relaxed))
     }
 
     // MARK: Writes
@@ -158,7 +154,7 @@ public final class Cache: Sendable {
 
     @usableFromInline
     func set(_ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions?) throws(MagpieError) {
-        composition.sendWaiting(try write(value, for: key, options: options, wait: .block).waited())
+        composition.sendBlocking(try write(value, for: key, options: options, wait: .block).waited())
     }
 
     /// A store's local half, after superseding the key's running load: the remote half still to send.
@@ -189,7 +185,7 @@ public final class Cache: Sendable {
     func remove(_ key: HashedKey) throws(MagpieError) -> Bool {
         loads.supersede(key)
         let (removed, send) = try composition.removeLocally(key)
-        composition.sendWaiting(send)
+        composition.sendBlocking(send)
         return removed
     }
 
@@ -198,7 +194,7 @@ public final class Cache: Sendable {
     public func removeAll() throws(MagpieError) {
         try runtime.checkOpen()
         loads.supersedeAll()
-        try composition.removeAll()
+        try composition.removeAllBlocking()
     }
 
     /// Removes every entry stored with `group` from every tier; on disk durably (a group tombstone), so
@@ -211,7 +207,7 @@ public final class Cache: Sendable {
         try runtime.checkOpen()
         guard !group.isEmpty else { return RemovedEntries() }
         loads.supersedeAll()
-        return try composition.removeAll(inGroup: group)
+        return try composition.removeAllBlocking(inGroup: group)
     }
 
     /// Removes the entries whose expiry has passed from both local tiers. Expired entries are misses
@@ -270,7 +266,7 @@ public final class Cache: Sendable {
             guard let self else { return false }
             // Not while the disk buckets' indexes still load after the open: `statistics` would wait for
             // them on a thread of Swift's pool. The next tick reports (counters are totals).
-            if self.composition.local.indexesLoaded { self.reportMetrics() }
+            if self.composition.local.storage.indexesLoaded { self.reportMetrics() }
             return true
         }
     }

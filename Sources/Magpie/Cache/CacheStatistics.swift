@@ -87,9 +87,9 @@ extension Cache {
     /// right after an open it also waits for the disk buckets' indexes still loading (milliseconds after
     /// a clean close, a scan of every bucket file after a crash; see ``DiskTier/statistics``).
     public var statistics: CacheStatistics {
-        var statistics = CacheStatistics(memory: memory.statistics, disk: disk?.statistics)
+        var statistics = CacheStatistics(memory: memory.statistics, disk: composition.local.storage.tierStatistics)
         for (counter, field, _) in CacheCounter.table { statistics[keyPath: field] = runtime.value(of: counter) }
-        statistics.remote = composition.remoteStatistics
+        statistics.remote = composition.policy.statistics
         return statistics
     }
 }

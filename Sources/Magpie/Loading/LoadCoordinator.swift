@@ -325,7 +325,7 @@ final class LoadCoordinator: Sendable {
             flight.start(
                 Task { [self] in
                     // A cache with a remote tier loads once for the fleet: the lease's holder loads, the
-                    // others wait for its value (CoherentTiers+Lease.swift).
+                    // others wait for its value (RemotePolicy+Lease.swift).
                     let lease = await composition.acquireLoad(call)
                     if case .shared(let value) = lease {
                         leave(flight, hash: call.hash)
@@ -342,7 +342,7 @@ final class LoadCoordinator: Sendable {
                     // The value goes through to the store before the lease is released (a waiter that
                     // then takes the lease finds it), and before the callers hear of it.
                     await composition.send(landed ?? nil)
-                    await composition.finishLoad(call, lease)
+                    await composition.releaseLoad(call, lease)
                     flight.finish(result)
                 })
         case .blocking(let load):
@@ -356,7 +356,7 @@ final class LoadCoordinator: Sendable {
 
     /// Runs a synchronous load on this thread, lands it and ends the flight.
     private func runBlocking(_ flight: Flight, _ call: LoaderCall, _ load: @Sendable () throws -> [UInt8]?) {
-        let lease = composition.acquireLoadWaiting(call)
+        let lease = composition.acquireLoadBlocking(call)
         if case .shared(let value) = lease {
             leave(flight, hash: call.hash)
             flight.finish(.success(value))
@@ -365,8 +365,8 @@ final class LoadCoordinator: Sendable {
         let (started, version) = (clock.now(), composition.loadVersion())
         let result: Result<[UInt8]?, any Error>
         do { result = .success(try load()) } catch { result = .failure(error) }
-        composition.sendWaiting(land(flight, call, result, started: started, version: version))
-        composition.finishLoadWaiting(call, lease)
+        composition.sendBlocking(land(flight, call, result, started: started, version: version))
+        composition.releaseLoadBlocking(call, lease)
         flight.finish(result)
     }
 }

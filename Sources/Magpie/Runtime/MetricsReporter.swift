@@ -16,45 +16,20 @@ final class MetricsReporter: Sendable {
         instruments = Locked((Instruments(), nil))
     }
 
-    /// The counters reported beside the cache's own (``CacheCounter/table``): metric name, `tier`
-    /// dimension, and the statistics field (nil where the tier is absent).
-    private static let tierCounters: [(String, String, @Sendable (CacheStatistics) -> UInt64?)] = [
-        ("hits", "memory", { $0.memory.hits }), ("misses", "memory", { $0.memory.misses }),
-        ("evictions", "memory", { $0.memory.evictions }), ("writes", "memory", { $0.memory.inserts + $0.memory.updates }),
-        ("hits", "disk", { $0.disk?.hits }), ("misses", "disk", { $0.disk?.misses }), ("evictions", "disk", { $0.disk?.evictions }),
-        ("writes", "disk", { $0.disk?.writes }), ("corrupt_records", "disk", { $0.disk?.corruptRecords }),
-        ("hits", "remote", { $0.remote?.hits }), ("misses", "remote", { $0.remote?.misses }),
-        ("outdated", "remote", { $0.remote?.outdated }), ("corrupt_records", "remote", { $0.remote?.corrupt }),
-        ("errors", "remote", { $0.remote?.errors }), ("writes", "remote", { $0.remote?.stores }),
-        ("removals", "remote", { $0.remote?.removals }), ("invalidations", "remote", { $0.remote?.invalidations }),
-        ("epoch_bumps", "remote", { $0.remote?.epochBumps }), ("queued_removals", "remote", { $0.remote?.queuedRemovals }),
-        ("replayed_removals", "remote", { $0.remote?.replayedRemovals }), ("leases", "remote", { $0.remote?.leasesAcquired }),
-        ("shared_loads", "remote", { $0.remote?.sharedLoads }),
-    ]
-
-    /// The gauges: metric name, `tier` dimension, and the reading (nil where the tier is absent).
-    private static let gauges: [(String, String, @Sendable (CacheStatistics) -> Int64?)] = [
-        ("entries", "memory", { Int64($0.memory.entries) }), ("bytes", "memory", { Int64($0.memory.chargedBytes) }),
-        ("entries", "disk", { $0.disk.map { Int64($0.entries) } }), ("bytes", "disk", { $0.disk.map { Int64($0.bytesOnDisk) } }),
-        ("owed_removals", "remote", { $0.remote.map { Int64($0.owedRemovals) } }),
-        ("invalidation_lag_ms", "remote", { $0.remote?.lastLagMilliseconds }),
-        ("unconfirmed_ms", "remote", { $0.remote?.unconfirmedMilliseconds }),
-        ("undelivered_ms", "remote", { $0.remote?.undeliveredMilliseconds }),
-        ("breaker_open", "remote", { $0.remote.map { $0.failsFast ? 1 : 0 } }),
-    ]
-
     func report(_ now: CacheStatistics) {
         instruments.withLock { state in
             let previous = state.1 ?? CacheStatistics()
             var counts: [(String, String?, UInt64, UInt64)] = CacheCounter.table.map { ($0.metric, nil, now[keyPath: $0.field], previous[keyPath: $0.field]) }
-            for (name, tier, read) in Self.tierCounters {
-                if let value = read(now) { counts.append((name, tier, value, read(previous) ?? 0)) }
+            let before = Dictionary(uniqueKeysWithValues: previous.tierMetrics.map { ($0.tier, $0.counters) })
+            for tier in now.tierMetrics {
+                let old = before[tier.tier] ?? []
+                for (index, (name, value)) in tier.counters.enumerated() {
+                    counts.append((name, tier.tier, value, index < old.count ? old[index].1 : 0))
+                }
+                for (name, value) in tier.gauges { gauge(name, tier: tier.tier, in: &state.0).record(value) }
             }
             for (name, tier, value, old) in counts where value > old {
                 counter(name, tier: tier, in: &state.0).increment(by: Int64(clamping: value - old))
-            }
-            for (name, tier, read) in Self.gauges {
-                if let value = read(now) { gauge(name, tier: tier, in: &state.0).record(value) }
             }
             state.1 = now
         }
@@ -85,6 +60,51 @@ final class MetricsReporter: Sendable {
         instruments.gauges[key] = gauge
         return gauge
     }
+}
+
+/// One tier's figures as metrics, under its `tier` dimension: counters (reported as deltas) and gauges, in
+/// a fixed order.
+protocol TierMetrics {
+    var tier: String { get }
+    var counters: [(String, UInt64)] { get }
+    var gauges: [(String, Int64)] { get }
+}
+
+extension MemoryTierStatistics: TierMetrics {
+    var tier: String { "memory" }
+    var counters: [(String, UInt64)] { [("hits", hits), ("misses", misses), ("evictions", evictions), ("writes", inserts + updates)] }
+    var gauges: [(String, Int64)] { [("entries", Int64(entries)), ("bytes", Int64(chargedBytes))] }
+}
+
+extension DiskTierStatistics: TierMetrics {
+    var tier: String { "disk" }
+    var counters: [(String, UInt64)] {
+        [("hits", hits), ("misses", misses), ("evictions", evictions), ("writes", writes), ("corrupt_records", corruptRecords)]
+    }
+    var gauges: [(String, Int64)] { [("entries", Int64(entries)), ("bytes", Int64(bytesOnDisk))] }
+}
+
+extension RemoteTierStatistics: TierMetrics {
+    var tier: String { "remote" }
+    var counters: [(String, UInt64)] {
+        [
+            ("hits", hits), ("misses", misses), ("outdated", outdated), ("corrupt_records", corrupt), ("errors", errors),
+            ("writes", stores), ("removals", removals), ("invalidations", invalidations), ("epoch_bumps", epochBumps),
+            ("queued_removals", queuedRemovals), ("replayed_removals", replayedRemovals), ("leases", leasesAcquired),
+            ("shared_loads", sharedLoads),
+        ]
+    }
+    var gauges: [(String, Int64)] {
+        [
+            ("owed_removals", Int64(owedRemovals)), ("invalidation_lag_ms", lastLagMilliseconds),
+            ("unconfirmed_ms", unconfirmedMilliseconds), ("undelivered_ms", undeliveredMilliseconds), ("breaker_open", failsFast ? 1 : 0),
+        ]
+    }
+}
+
+extension CacheStatistics {
+    /// The tiers this cache has, each as its metrics.
+    var tierMetrics: [any TierMetrics] { [memory] + [disk as (any TierMetrics)?, remote].compactMap { $0 } }
 }
 
 extension Cache {

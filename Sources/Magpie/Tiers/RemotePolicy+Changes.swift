@@ -1,17 +1,17 @@
 // The changes the remote store reports, applied to the local tiers in order, and the remote tier's life
 // cycle (start, close, shutdown).
 
-extension CoherentTiers {
+extension RemotePolicy {
     // MARK: Changes reported by the store
 
     /// Starts what the remote tier runs in the background: the store's change reports, applied in order,
     /// and the replay of removals an earlier run owed (its journal). A change that may write the disk tier
-    /// (a dropped copy's tombstone) is applied on the coherence thread; without a disk tier, where applying
-    /// one takes a stripe and a memory store, on the store's own thread that reports it, one at a time (a
-    /// thread wake-up per message cost more than applying it).
+    /// (a dropped copy's tombstone) is applied on the coherence thread; where the storage tier never waits
+    /// (applying one takes a stripe and a memory store), on the store's own thread that reports it, one at
+    /// a time (a thread wake-up per message cost more than applying it).
     func start() {
         let remote = remote
-        let inline = local.disk == nil
+        let inline = !local.storage.mayWait
         let changes = RemoteChanges(
             clock: clock, delivered: { remote.ownWritesDelivered() }, wantsSequences: { remote.coherence.sequencesWanted }
         ) { [weak self] change in
@@ -24,12 +24,10 @@ extension CoherentTiers {
         }
         remote.store.startReporting(to: changes)
         // Removals owed by an earlier run that was killed (journaled in the directory): replayed now.
-        if let disk = local.disk {
-            do {
-                remote.restoreOwed(try disk.journalEntries())
-            } catch {
-                runtime.logger.error("magpie: the journal of owed removals could not be read", metadata: ["error": "\(error)"])
-            }
+        do {
+            remote.restoreOwed(try local.storage.owedJournalEntries())
+        } catch {
+            runtime.logger.error("magpie: the journal of owed removals could not be read", metadata: ["error": "\(error)"])
         }
     }
 
@@ -121,9 +119,7 @@ extension CoherentTiers {
                     remote.counters.pushesApplied.add(1, ordering: .relaxed)
                     return
                 }
-                let dropped = local.memory.remove(key)
-                let onDisk = local.disk.flatMap { disk in try? runtime.logged("drop") { () throws(MagpieError) in try disk.remove(key) } }
-                guard dropped || onDisk == true else { return }
+                guard local.drop(key) else { return }
                 remote.counters.copiesDropped.add(1, ordering: .relaxed)
                 // Its next write's pushed value comes back in (a key this instance held is likely read here
                 // again); only after a versioned change, so that no push older than the drop is taken.
@@ -141,7 +137,8 @@ extension CoherentTiers {
         guard record.tiers != .diskOnly, remote.tokensCurrent(record, now: now),
             record.expiresAt == 0 || record.expiresAt > now
         else { return false }
-        if let disk = local.disk { _ = try? runtime.logged("drop") { () throws(MagpieError) in try disk.remove(key) } }
+        let storage = local.storage
+        _ = try? runtime.logged("drop") { () throws(MagpieError) in try storage.remove(key) }
         let deadline = EntryOptions.promotedDeadline(policy: record.memoryPolicy, diskDeadline: record.expiresAt, now: now)
         // Stamped with the feed's confirmation, not the instant it arrived: the message may arrive late,
         // after a later change of the key was published and lost; confirmations stop at such a loss
@@ -167,6 +164,10 @@ extension CoherentTiers {
 
     // MARK: Life cycle
 
+    /// `shutdown`'s last step: the store's connections, closed and awaited.
+    nonisolated(nonsending)
+    func closeStore() async { await remote.store.shutdown() }
+
     /// Stops the remote tier at `close()`: the replay stops, and the store's connections close in the
     /// background unless the caller closes them (`closingStore` false).
     func stop(closingStore: Bool) {
@@ -190,7 +191,7 @@ extension CoherentTiers {
     func replayBeforeShutdown(upTo replayTime: Duration) async {
         let owed = await remote.waitForReplay(upTo: replayTime)
         guard owed > 0 else { return }
-        if local.disk == nil {
+        if local.storage.owedJournal == nil {
             runtime.logger.error("magpie: removals owed to the remote tier are lost at shutdown", metadata: ["owed": "\(owed)"])
         } else {
             runtime.logger.warning(

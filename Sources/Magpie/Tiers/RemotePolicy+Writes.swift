@@ -1,8 +1,8 @@
 // The writes of a cache with a remote tier: the local half under the key's stripe, the remote half sent
-// with no lock held (see the top of CoherentTiers.swift).
+// with no lock held (see the top of RemotePolicy.swift).
 
-/// The remote half of a write, sent after the local half (and its locks) are done. A class: the local
-/// composition's writes pass a nil one through the same calls, one word wide.
+/// The remote half of a write, sent after the local half (and its locks) are done. A class: a write
+/// without a remote half passes a nil one through the same calls, one word wide.
 final class RemoteSend: Sendable {
     enum Operation: Sendable {
         case store(RemoteRecord)
@@ -23,15 +23,15 @@ final class RemoteSend: Sendable {
     }
 }
 
-extension CoherentTiers {
+extension RemotePolicy {
     // MARK: Local halves
 
     /// The local half of a store: the write marked under way, the stamped value in the local tiers, and
-    /// the record with its version, under the key's stripe. The caller sends it (``send(_:)`` or
-    /// ``sendWaiting(_:)``), which ends the write. `.ifImmediate` as ``LocalTiers/write(_:for:options:stamp:wait:)``:
+    /// the record with its version, under the key's stripe. The caller sends it (``send(_:)``), which
+    /// ends the write. `.ifImmediate` as ``LocalTiers/write(_:for:options:stamp:wait:)``:
     /// `.wouldBlock` left the local tiers unchanged and no write under way.
     func writeLocally(_ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions, stamp: StoreStamp, wait: ReadWait)
-        throws(MagpieError) -> ImmediateRead<RemoteSend>
+        throws(MagpieError) -> ImmediateRead<RemoteSend?>
     {
         let name = Array(key.bytes)
         let partition = remote.partition(of: name)
@@ -65,7 +65,7 @@ extension CoherentTiers {
         // This write is newer than any message of the key still to come from before it: none may bring
         // an older value back once its copy is gone (evicted).
         droppedKeys.withLock { $0.forget(key.hash) }
-        let expiry = local.disk == nil || options.tiers == .memoryOnly ? stamp.memory : stamp.disk
+        let expiry = local.storage.placing(options.tiers) == .memoryOnly ? stamp.memory : stamp.disk
         var record = RemoteRecord(
             value: Array(value), expiresAt: expiry, memoryPolicy: options.encodedMemoryPolicy, freshness: stamp.freshness,
             tiers: options.tiers, group: options.group.flatMap { $0.isEmpty ? nil : $0 })
@@ -74,16 +74,13 @@ extension CoherentTiers {
     }
 
     /// The local half of a removal: whether a local tier held the key, and the tombstone to send.
-    func removeLocally(_ key: HashedKey) throws(MagpieError) -> (Bool, RemoteSend) {
+    func removeLocally(_ key: HashedKey) throws(MagpieError) -> (Bool, RemoteSend?) {
         local.stripes.lock(for: key.hash)
         defer { local.stripes.unlock(for: key.hash) }
         let began = clock.now()
         remote.coherence.beginWrite(key.hash, now: began)
         do {
-            let onDisk = try local.disk.map { disk throws(MagpieError) in
-                try runtime.logged("remove") { () throws(MagpieError) in try disk.remove(key) }
-            }
-            let removed = local.memory.remove(key) || onDisk == true
+            let removed = try local.removeHoldingStripe(key)
             let version = remote.versions.next()
             // As a removal by another instance: only a push newer than this removal brings the key back (a
             // message of a write older than it, still on its way, must not).
@@ -129,48 +126,27 @@ extension CoherentTiers {
         remote.coherence.endWrite(write.hash, began: write.began)
     }
 
-    /// ``send(_:)`` from the synchronous API: blocks until the store answered.
-    func sendWaiting(_ write: RemoteSend) {
-        runRemote("write") { [self] in await send(write) }
-        // A call that could not wait never ran: the write is still owed, and ends here.
-        if !remote.store.callerMayWait {
-            switch write.operation {
-            case .store: remote.owe(key: write.name, version: remote.versions.next())
-            case .remove(let version): remote.owe(key: write.name, version: version)
-            }
-            remote.coherence.endWrite(write.hash, began: write.began)
+    /// A write the synchronous API could not wait for (on the store's own thread): owed, and ended.
+    func owe(_ write: RemoteSend) {
+        switch write.operation {
+        case .store: remote.owe(key: write.name, version: remote.versions.next())
+        case .remove(let version): remote.owe(key: write.name, version: version)
         }
+        remote.coherence.endWrite(write.hash, began: write.began)
     }
 
-    /// Runs a remote operation from the synchronous API; a failure to reach the store at all owes nothing
-    /// more than the operation itself records (`RemoteTier` owes removals on its own failures).
-    private func runRemote(_ operation: String, _ body: @escaping @Sendable () async -> Void) {
-        do {
-            try remote.bridge.wait(remote.store, body)
-        } catch {
-            remote.counters.errors.add(1, ordering: .relaxed)
-            runtime.logger.debug("magpie: remote \(operation) not run", metadata: ["error": "\(error)"])
-        }
-    }
+    func owe(group: String) { remote.owe(group: group) }
 
     // MARK: Removing many
 
-    /// The store's namespace replaced (every record outdated) after the local tiers were emptied: from
-    /// the synchronous API (blocking), or the async one (awaited).
-    func removeAllRemotely() {
-        remote.coherence.raiseFloor(to: clock.now())
-        runRemote("removal of everything") { [remote] in await remote.removeAll() }
-    }
-
+    /// The store's namespace replaced (every record outdated), after the local tiers were emptied.
     nonisolated(nonsending)
-    func removeAllRemotelyAsync() async {
+    func removeAll() async {
         remote.coherence.raiseFloor(to: clock.now())
         await remote.removeAll()
     }
 
     /// The group's token replaced in the store (every record of the group outdated).
-    func removeGroupRemotely(_ group: String) {
-        guard remote.store.callerMayWait else { return remote.owe(group: group) }
-        runRemote("group removal") { [remote] in await remote.removeGroup(group) }
-    }
+    nonisolated(nonsending)
+    func removeGroup(_ group: String) async { await remote.removeGroup(group) }
 }

@@ -17,10 +17,11 @@ enum LeaseOutcome: Sendable {
     case shared([UInt8])
 }
 
-extension CoherentTiers {
+extension RemotePolicy {
     /// Takes the lease of `call`'s key, or waits (asleep) for the holder's value, for at most the lease
     /// time.
-    func leaseOrShared(_ call: LoaderCall) async -> LeaseOutcome {
+    nonisolated(nonsending)
+    func acquireLoad(_ call: LoaderCall) async -> LeaseOutcome {
         guard let leaseTime = remote.leaseTime else { return .load(token: nil) }
         let token = RemoteRecord.tokenBytes(RemoteRecord.newToken())
         let deadline = clock.now().saturatingAdd(leaseTime)
@@ -76,7 +77,7 @@ extension CoherentTiers {
     /// The key's value, stored by another instance's load: here already when its change message pushed it,
     /// else fetched from the store (and kept locally); counted.
     private func sharedValue(_ call: LoaderCall) async -> [UInt8]? {
-        let pushed = call.name.withUnsafeBytes { bytes in withServableMemoryValue(HashedKey(bytes, hash: call.hash)) { [UInt8]($0) } }
+        let pushed = call.name.withUnsafeBytes { bytes in local.withServableValue(HashedKey(bytes, hash: call.hash), self) { [UInt8]($0) } }
         if let pushed {
             remote.counters.sharedLoads.add(1, ordering: .relaxed)
             return pushed
@@ -88,7 +89,7 @@ extension CoherentTiers {
 
     /// Releases the lease this instance holds for `call`'s key with `token` (after its value landed): only
     /// while the store still holds that token.
-    func releaseLease(_ call: LoaderCall, token: [UInt8]) async {
+    private func releaseLease(_ call: LoaderCall, token: [UInt8]) async {
         let (remote, key) = (remote, [RemoteKey.lease] + call.name)
         do {
             _ = try await remote.onStore { () async throws(MagpieError) in try await remote.store.remove(key, ifValue: token) }
@@ -97,21 +98,18 @@ extension CoherentTiers {
         }
     }
 
-    /// ``leaseOrShared(_:)`` from a loader thread (the synchronous loader API).
-    func leaseOrSharedWaiting(_ call: LoaderCall) -> LeaseOutcome {
-        (try? remote.bridge.wait(remote.store) { [self] in await leaseOrShared(call) }) ?? .load(token: nil)
+    /// Releases the lease `lease` holds, if any, once the load landed.
+    nonisolated(nonsending)
+    func releaseLoad(_ call: LoaderCall, _ lease: LeaseOutcome) async {
+        if case .load(let token?) = lease { await releaseLease(call, token: token) }
     }
 
-    /// Releases the lease `lease` holds, if any, once the load landed; from a loader thread.
-    func releaseLeaseWaiting(_ call: LoaderCall, _ lease: LeaseOutcome) {
-        guard case .load(let token?) = lease else { return }
-        _ = try? remote.bridge.wait(remote.store) { [self] in await releaseLease(call, token: token) }
-    }
+    /// The version a load that starts now gives its value.
+    func loadVersion() -> UInt64 { remote.versions.next() }
 
     /// Whether memory holds a servable copy of the key that `call` would serve without a load (fresh).
-    func servableInMemory(_ call: LoaderCall) -> Bool {
+    func servableInMemory(_ call: LoaderCall, now: Int64) -> Bool {
         call.name.withUnsafeBytes { bytes in
-            let now = clock.now()
             guard let held = local.memory.metadata(HashedKey(bytes, hash: call.hash)),
                 remote.coherence.servable(stamp: held.stamp, now: now)
             else { return false }
