@@ -327,12 +327,7 @@ final class LoadCoordinator: Sendable {
                     // A cache with a remote tier loads once for the fleet: the lease's holder loads, the
                     // others wait for its value (RemotePolicy+Lease.swift).
                     let lease = await composition.acquireLoad(call)
-                    if case .shared(let value) = lease {
-                        leave(flight, hash: call.hash)
-                        flight.finish(.success(value))
-                        return
-                    }
-                    let (started, version) = (clock.now(), composition.loadVersion())
+                    guard let (started, version) = begin(flight, call, lease) else { return }
                     let result: Result<[UInt8]?, any Error>
                     do { result = .success(try await load()) } catch { result = .failure(error) }
                     let landed: RemoteSend?? = try? await composition.local.offload { [self] () throws(MagpieError) -> RemoteSend? in
@@ -354,15 +349,21 @@ final class LoadCoordinator: Sendable {
         }
     }
 
-    /// Runs a synchronous load on this thread, lands it and ends the flight.
-    private func runBlocking(_ flight: Flight, _ call: LoaderCall, _ load: @Sendable () throws -> [UInt8]?) {
-        let lease = composition.acquireLoadBlocking(call)
+    /// A load's start once its lease is settled: the instant and version it lands with; nil when another
+    /// instance's load stored the value (`flight` then ends with it).
+    private func begin(_ flight: Flight, _ call: LoaderCall, _ lease: LeaseOutcome) -> (Int64, UInt64)? {
         if case .shared(let value) = lease {
             leave(flight, hash: call.hash)
             flight.finish(.success(value))
-            return
+            return nil
         }
-        let (started, version) = (clock.now(), composition.loadVersion())
+        return (clock.now(), composition.loadVersion())
+    }
+
+    /// Runs a synchronous load on this thread, lands it and ends the flight.
+    private func runBlocking(_ flight: Flight, _ call: LoaderCall, _ load: @Sendable () throws -> [UInt8]?) {
+        let lease = composition.acquireLoadBlocking(call)
+        guard let (started, version) = begin(flight, call, lease) else { return }
         let result: Result<[UInt8]?, any Error>
         do { result = .success(try load()) } catch { result = .failure(error) }
         composition.sendBlocking(land(flight, call, result, started: started, version: version))

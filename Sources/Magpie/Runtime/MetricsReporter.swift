@@ -35,30 +35,25 @@ final class MetricsReporter: Sendable {
         }
     }
 
-    private func dimensions(_ tier: String?) -> [(String, String)] {
-        tier.map { options.dimensions + [("tier", $0)] } ?? options.dimensions
+    /// The instrument `name` of `tier` (none: the cache's own), made on first use.
+    private func instrument<I>(_ name: String, _ tier: String?, _ table: inout [String: I], _ make: (String, [(String, String)]) -> I) -> I {
+        let key = name + "/" + (tier ?? "")
+        if let found = table[key] { return found }
+        let made = make(options.prefix + "_" + name, tier.map { options.dimensions + [("tier", $0)] } ?? options.dimensions)
+        table[key] = made
+        return made
     }
 
     private func counter(_ name: String, tier: String?, in instruments: inout Instruments) -> Counter {
-        let key = name + "/" + (tier ?? "")
-        if let counter = instruments.counters[key] { return counter }
-        let label = options.prefix + "_" + name
-        let counter =
-            options.factory.map { Counter(label: label, dimensions: dimensions(tier), factory: $0) }
-            ?? Counter(label: label, dimensions: dimensions(tier))
-        instruments.counters[key] = counter
-        return counter
+        instrument(name, tier, &instruments.counters) { label, dimensions in
+            options.factory.map { Counter(label: label, dimensions: dimensions, factory: $0) } ?? Counter(label: label, dimensions: dimensions)
+        }
     }
 
     private func gauge(_ name: String, tier: String, in instruments: inout Instruments) -> Gauge {
-        let key = name + "/" + tier
-        if let gauge = instruments.gauges[key] { return gauge }
-        let label = options.prefix + "_" + name
-        let gauge =
-            options.factory.map { Gauge(label: label, dimensions: dimensions(tier), factory: $0) }
-            ?? Gauge(label: label, dimensions: dimensions(tier))
-        instruments.gauges[key] = gauge
-        return gauge
+        instrument(name, tier, &instruments.gauges) { label, dimensions in
+            options.factory.map { Gauge(label: label, dimensions: dimensions, factory: $0) } ?? Gauge(label: label, dimensions: dimensions)
+        }
     }
 }
 
