@@ -52,12 +52,12 @@ struct DiskHugePageTests {
         let value = { (i: Int) in selfDescribingValue(key: i, version: 1, length: 10_000) }
         var tier = try DiskTier(configuration(directory.path))
         for i in 0..<20 { try tier.set(value(i), forKey: keyBytes(i)) }
-        let regionSize = tier.buckets[0].withLock { $0.regionSize }
+        let regionSize = tier.buckets[0].withLock { $0.layout.regionSize }
         var (size, allocated) = file(directory.path)
         // The first region's growth took the file to the end of its first 2 MiB range, in whole slots.
         #expect(size >= 2 << 20 && size < (2 << 20) + regionSize, "\(size)")
         #expect((size - BucketFileHeader.size) % regionSize == 0)
-        #expect(tier.buckets[0].withLock { $0.size } == size)
+        #expect(tier.buckets[0].withLock { $0.layout.size } == size)
         #expect(allocated < 1 << 20, "the hole was written: \(allocated) bytes allocated")
         for i in 0..<20 { #expect(try tier.value(forKey: keyBytes(i)) == value(i)) }
         // Past the first range: the file grows to the end of the second.

@@ -36,7 +36,7 @@ struct DiskMappedReadTests {
             let file = Self.bucketFiles(directory.path)[0]
             // The end of the records written (the file may run on in free slots: Bucket+HugePages.swift).
             try tier.flush()
-            let size = tier.buckets[0].withLock { state in state.regions.map { state.start(of: $0) + $0.end }.max() ?? 0 }
+            let size = tier.buckets[0].withLock { state in state.layout.regions.map { state.layout.start(of: $0) + $0.end }.max() ?? 0 }
             #expect(size > 100_000)
             if damage == "truncate" {
                 #expect(truncate(file, off_t(size / 3)) == 0)

@@ -4,11 +4,11 @@ import MagpieTestSupport
 
 extension DiskTier {
     /// Runs `body` holding every bucket's lock, so that what it reads of the bucket files is one instant of
-    /// them. The tier changes a bucket's file only under that bucket's lock — but for a seal's flight, whose
-    /// `pwrite` runs without it: each bucket's flight is settled (its write waited for) as its lock is
-    /// taken, and no new one starts without the lock (Bucket+Flight.swift). The tier never holds two bucket
-    /// locks (BucketSet.swift), so taking them all in order cannot deadlock with it. (Without settling, a
-    /// copy racing a flight's `pwrite` can take a page from before the write and the next one from after
+    /// them. The tier changes a bucket's file only under that bucket's lock — but for a seal's deferred write,
+    /// whose `pwrite` runs without it: each bucket's deferred write is settled (its write waited for) as its
+    /// lock is taken, and no new one starts without the lock (Bucket+RecordWrite.swift). The tier never holds
+    /// two bucket locks (BucketSet.swift), so taking them all in order cannot deadlock with it. (Without
+    /// settling, a copy racing a deferred write's `pwrite` can take a page from before the write and the next one from after
     /// it, which no crash leaves — a kill cuts a `pwrite` short, a prefix of it written: seen once in 12
     /// churn seeds, a crash image whose recovery counted a record corrupt.) Without the locks, a reader
     /// racing the sealer thread sees each file at a different moment: it can count a lender's file before
@@ -19,7 +19,7 @@ extension DiskTier {
         func holding(from index: Int) throws(E) -> R {
             guard index < buckets.count else { return try body() }
             return try buckets[index].withLock { (state: inout BucketState) throws(E) -> R in
-                state.settleFlight()
+                state.settleDeferredWrite()
                 return try holding(from: index + 1)
             }
         }

@@ -29,25 +29,25 @@ extension BucketState {
     ) -> HiddenRecords {
         var hidden = HiddenRecords()
         var slot = 0
-        while slot < slotCount {
-            guard freeSlots[slot] else {
+        while slot < layout.slotCount {
+            guard layout.freeSlots[slot] else {
                 slot += 1
                 continue
             }
             var end = slot + 1
-            while end < slotCount && freeSlots[end] { end += 1 }
-            let high = min(file.count, BucketFileHeader.size + end * regionSize)
+            while end < layout.slotCount && layout.freeSlots[end] { end += 1 }
+            let high = min(file.count, BucketFileHeader.size + end * layout.regionSize)
             for free in slot..<end {
-                let low = BucketFileHeader.size + free * regionSize
+                let low = BucketFileHeader.size + free * layout.regionSize
                 guard low + RegionHeader.size + RecordHeader.size <= high else { continue }
                 let bytes = UnsafeRawBufferPointer(rebasing: file[low..<high])
                 let before = (count: index.count, slots: index.slots)  // the slots copied only if one is dropped
                 // Up to the next slot's first 64 bytes: its own scan starts after them (a record there is
                 // this run's, not a header).
-                _ = Self.forEachRecord(inRegion: bytes, firstSequence: 0, stop: regionSize + RegionHeader.size, context: context) { event in
+                _ = Self.forEachRecord(inRegion: bytes, firstSequence: 0, stop: layout.regionSize + RegionHeader.size, context: context) { event in
                     switch event {
                     case .record(let offset, let header), .brokenValue(let offset, let header):
-                        maximumSequence = max(maximumSequence, header.sequence)
+                        layout.maximumSequence = max(layout.maximumSequence, header.sequence)
                         let record = UnsafeRawBufferPointer(rebasing: bytes[offset..<(offset + header.recordLength)])
                         if header.kind == .value {
                             // Whatever became of this value, an older record of its key is outdated by it.
@@ -92,13 +92,13 @@ extension BucketState {
         var held: [Int] = []
         for slot in hidden.slots {
             var free = slot
-            while free < slotCount && freeSlots[free] {
-                freeSlots[free] = false
+            while free < layout.slotCount && layout.freeSlots[free] {
+                layout.freeSlots[free] = false
                 held.append(free)
                 free += 1
             }
         }
-        defer { for slot in held { freeSlots[slot] = true } }
+        defer { for slot in held { layout.freeSlots[slot] = true } }
         _ = try write(&batch, policy: .last, now: now)
     }
 }

@@ -15,25 +15,73 @@
 //    Bucket+Recovery.swift), and a reinserted copy is newer than anything the damage hid. Damage costs
 //    misses, never a removed or replaced value brought back.
 // A failure is logged; the damage then stays skipped.
+//
+// A write that failed may also leave records in the file that no slot points at (`unindexedRegion`,
+// Bucket+Regions.swift): not damage, but known to be wrong in the same way, and forgotten with the region.
+
+/// What a bucket knows is wrong with its file and has not yet mended (see above).
+struct BucketDamage {
+    /// Regions (by sequence) whose damage is known (a value whose payload does not verify), to be emptied
+    /// into the newest region when the operation that found it ends (not at once: it may still hold index
+    /// positions).
+    var known: [UInt64] = []
+    /// Regions whose damage may hide tombstones: they go with every older region.
+    var hidden: [UInt64] = []
+    /// A read met damage: every region is to be checked.
+    var needsScrub = false
+    /// A write that failed may have left records in the file that no slot points at (the sequence of its
+    /// region; `.max` after a freed region's header could not be zeroed, see `zeroHeaders`): until that
+    /// region is gone, removals and overwrites of keys that are not indexed write a tombstone all the
+    /// same, and the close writes no snapshot.
+    var unindexedRegion: UInt64? = nil
+
+    /// Whether there is damage to heal (`healIfNeeded` has work).
+    var needsHealing: Bool { needsScrub || !known.isEmpty || !hidden.isEmpty }
+
+    /// A region that is gone: nothing of it is to be healed or watched any more.
+    mutating func forget(_ sequence: UInt64) {
+        if unindexedRegion == sequence { unindexedRegion = nil }
+        hidden.removeAll { $0 == sequence }
+        known.removeAll { $0 == sequence }
+    }
+
+    /// Notes that region `sequence` may hold records no slot points at (see `unindexedRegion` and
+    /// Bucket+Regions.swift). One region is named; a second one (or a free slot's header, `.max`) makes it
+    /// `.max`, which no reclaim clears: replacing the name would let the first region's records be
+    /// forgotten while they are still in the file.
+    mutating func noteUnindexed(_ sequence: UInt64) {
+        unindexedRegion = unindexedRegion == nil || unindexedRegion == sequence ? sequence : .max
+    }
+
+    /// Notes hidden damage in region `sequence` (once).
+    mutating func noteHidden(_ sequence: UInt64) {
+        if !hidden.contains(sequence) { hidden.append(sequence) }
+    }
+
+    /// Notes known damage in region `sequence` (once).
+    mutating func noteKnown(_ sequence: UInt64) {
+        if !known.contains(sequence) { known.append(sequence) }
+    }
+}
 
 extension BucketState {
     /// Heals what the operation found (see above).
     mutating func healIfNeeded(now: Int64) {
-        guard needsScrub || !damaged.isEmpty || !hiddenDamage.isEmpty else { return }
+        guard damage.needsHealing else { return }
         do {
-            if needsScrub {
-                needsScrub = false
+            if damage.needsScrub {
+                damage.needsScrub = false
                 try scrub()
             }
-            if let deepest = hiddenDamage.max() { try reclaim(through: deepest, now: now) }
-            let known = damaged
+            if let deepest = damage.hidden.max() { try reclaim(through: deepest, now: now) }
+            let known = damage.known
             for sequence in known {
-                guard let position = regions.firstIndex(where: { $0.sequence == sequence }) else { continue }
+                guard let position = layout.regions.firstIndex(where: { $0.sequence == sequence }) else { continue }
                 if try evacuate(at: position, reinsertingLive: true, allowingEviction: false, now: now) {
-                    damaged.removeAll { $0 == sequence }
+                    damage.known.removeAll { $0 == sequence }
                 }
             }
-            if let deepest = hiddenDamage.max() { try reclaim(through: deepest, now: now) }  // found by an evacuation
+            if let deepest = damage.hidden.max() { try reclaim(through: deepest, now: now) }  // found by an evacuation
         } catch {
             context.logs.healFailed.record(error: "\(error)", metadata: ["path": "\(context.path)"])
         }
@@ -43,10 +91,10 @@ extension BucketState {
     /// (counted corrupt), and each damaged region is noted as known or hidden damage (a region the file no
     /// longer holds whole is hidden damage: a short read).
     private mutating func scrub() throws(MagpieError) {
-        settleFlight()  // regions' ends count a flight's records from their placing on (Bucket+Flight.swift)
-        for region in regions {
-            let low = start(of: region)
-            let bytes = try readBytes(region.end, at: low, mapping: mapping)
+        settleDeferredWrite()  // regions' ends count a deferred write's records from their placing on (Bucket+RecordWrite.swift)
+        for region in layout.regions {
+            let low = layout.start(of: region)
+            let bytes = try readBytes(region.end, at: low, mapping: layout.mapping)
             var records = Set<Int>()  // offsets of the verified records
             var hidden = bytes.count < region.end
             var broken = false
@@ -61,13 +109,13 @@ extension BucketState {
             }
             // Bytes the region had written that no longer scan as its records: whatever they held is lost.
             if scan.end < region.end { hidden = true }
-            let high = low + capacity(of: region)
+            let high = low + layout.capacity(of: region)
             let dropped = dropAll { !$0.isPending && $0.offset >= low && $0.offset < high && !records.contains($0.offset) }
             counters.corruptRecords += UInt64(dropped)
             if hidden {
-                hiddenDamage.append(region.sequence)
+                damage.hidden.append(region.sequence)
             } else if broken || dropped > 0 {
-                damaged.append(region.sequence)
+                damage.known.append(region.sequence)
             }
         }
     }
@@ -75,23 +123,23 @@ extension BucketState {
     /// Reclaims every region from the oldest through the one of `sequence`, oldest first, reinserting their
     /// live entries (see above).
     mutating func reclaim(through sequence: UInt64, now: Int64) throws(MagpieError) {
-        settleFlight()  // regions change below (Bucket+Flight.swift)
+        settleDeferredWrite()  // regions change below (Bucket+RecordWrite.swift)
         var batch = WriteBatch()
         var reclaimed: [Region] = []
-        while let oldest = regions.first, oldest.sequence <= sequence {
+        while let oldest = layout.regions.first, oldest.sequence <= sequence {
             try takeEntries(of: oldest, now: now) { _, _ in true } keep: { slot, record in
                 batch.append(record, origin: .reinserted(slot))
             }
-            regions.removeFirst()
+            layout.regions.removeFirst()
             reclaimed.append(oldest)
             counters.evacuations += 1
         }
-        hiddenDamage.removeAll { $0 <= sequence }
+        damage.hidden.removeAll { $0 <= sequence }
         // Their slots are free for the copies (a copy placed there overwrites the old region's header); the
         // rest are zeroed after.
         for region in reclaimed {
-            for slot in region.slot..<(region.slot + region.slots) { freeSlots[slot] = true }
-            forget(region.sequence)
+            for slot in region.slot..<(region.slot + region.slots) { layout.freeSlots[slot] = true }
+            damage.forget(region.sequence)
         }
         _ = try write(&batch, policy: .last, now: now)
         try zeroHeaders(of: reclaimed.map(\.slot))

@@ -37,13 +37,13 @@ extension BucketState {
     /// within the limit (0 when the new end is that range's end already); nil when no range is to be
     /// populated.
     func hugePageSlots(adding: Int) -> Int? {
-        guard context.hugePages, adding > 0, mapping != nil else { return nil }
+        guard context.hugePages, adding > 0, layout.mapping != nil else { return nil }
         let page = Self.hugePage
-        let newEnd = size + adding * regionSize
+        let newEnd = layout.size + adding * layout.regionSize
         let end = (newEnd + page - 1) / page * page
         guard end - page >= firstFreshRange else { return nil }
-        let extra = (end - newEnd + regionSize - 1) / regionSize
-        guard newEnd + extra * regionSize <= min(limit, context.ledger.maximumLimit) else { return nil }
+        let extra = (end - newEnd + layout.regionSize - 1) / layout.regionSize
+        guard newEnd + extra * layout.regionSize <= min(layout.limit, context.ledger.maximumLimit) else { return nil }
         return extra
     }
 
@@ -52,18 +52,18 @@ extension BucketState {
     /// alone (emptied before its first range is populated). Populating a range part of which the page
     /// cache already holds is harmless: the kernel then reads the rest in small folios.
     private var firstFreshRange: Int {
-        slotCount == 0 ? 0 : size / Self.hugePage * Self.hugePage
+        layout.slotCount == 0 ? 0 : layout.size / Self.hugePage * Self.hugePage
     }
 
     /// After `grow` counted slots from `oldSize` to `size`: extends the file to `size` and populates every
     /// 2 MiB range wholly inside the new slots that the file has never held. `wasEmpty`: the file held only
     /// its header (then emptied first, and the header written back).
     mutating func populateHugePages(from oldSize: Int, wasEmpty: Bool) throws(MagpieError) {
-        guard context.hugePages, mapping != nil else { return }
+        guard context.hugePages, layout.mapping != nil else { return }
         let page = Self.hugePage
         let first = wasEmpty ? 0 : oldSize / page * page
-        guard first + page <= size else { return }
-        guard let length = try? FileIO.size(fd, path: context.path), length <= size else { return }
+        guard first + page <= layout.size else { return }
+        guard let length = try? FileIO.size(layout.fd, path: context.path), length <= layout.size else { return }
         if wasEmpty {
             // Not the file this bucket thinks it is (longer than its header): left alone.
             guard length == BucketFileHeader.size else { return }
@@ -71,10 +71,10 @@ extension BucketState {
             // From the emptying until the header is back, the file has none: should its write fail, the next
             // change of the file writes it first (`beforeFileChange`), and a crash meanwhile leaves a file of
             // zeros, which holds no region (the file held none), read as a new file.
-            headerMissing = true
+            life.headerMissing = true
             do throws(MagpieError) {
-                try FileIO.truncate(fd, to: 0, path: context.path)
-                try FileIO.truncate(fd, to: size, path: context.path)
+                try FileIO.truncate(layout.fd, to: 0, path: context.path)
+                try FileIO.truncate(layout.fd, to: layout.size, path: context.path)
                 populate(from: first)
             } catch {
                 // The file is empty or a hole: only its header is to go back.
@@ -82,23 +82,23 @@ extension BucketState {
             try writeMissingHeader()
             return
         }
-        guard (try? FileIO.truncate(fd, to: size, path: context.path)) != nil else { return }
+        guard (try? FileIO.truncate(layout.fd, to: layout.size, path: context.path)) != nil else { return }
         populate(from: first)
     }
 
     /// Writes the file's header back if emptying the file for its first range took it away
     /// (`headerMissing`).
     mutating func writeMissingHeader() throws(MagpieError) {
-        guard headerMissing else { return }
-        try FileIO.write(fd, expectedHeader(regionSize: regionSize).encoded(), at: 0, path: context.path)
-        headerMissing = false
+        guard life.headerMissing else { return }
+        try FileIO.write(layout.fd, expectedHeader(regionSize: layout.regionSize).encoded(), at: 0, path: context.path)
+        life.headerMissing = false
     }
 
     /// Populates each 2 MiB range from `first` that lies wholly within the file's `size`.
     private func populate(from first: Int) {
         var start = first
-        while start + Self.hugePage <= size {
-            guard FileMapping.populateHugePage(fd, at: start) else { return }
+        while start + Self.hugePage <= layout.size {
+            guard FileMapping.populateHugePage(layout.fd, at: start) else { return }
             start += Self.hugePage
         }
     }

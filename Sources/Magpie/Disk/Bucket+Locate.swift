@@ -13,14 +13,14 @@ extension BucketState {
     /// group, metadata); nil when it does not verify (a read meeting it will drop it).
     func recordPrefix(_ slot: DiskSlot) throws(MagpieError) -> (RecordHeader, [UInt8])? {
         if slot.isPending {
-            guard let memtable = memtable(parity: slot.memtableParity), slot.memtableOffset + slot.length <= memtable.count else { return nil }
+            guard let memtable = memtables.memtable(parity: slot.memtableParity), slot.memtableOffset + slot.length <= memtable.count else { return nil }
             let record = memtable.bytes(at: slot.memtableOffset, length: slot.length)
             guard let header = RecordHeader.decode(record) else { return nil }
             return (header, [UInt8](UnsafeRawBufferPointer(rebasing: record[0..<header.payloadOffset])))
         }
-        let head = try readBytes(min(slot.length, RecordHeader.size), at: slot.offset, mapping: mapping)
+        let head = try readBytes(min(slot.length, RecordHeader.size), at: slot.offset, mapping: layout.mapping)
         guard let header = head.withUnsafeBytes({ RecordHeader.decode($0) }), header.recordLength == slot.length else { return nil }
-        let prefix = header.payloadOffset == head.count ? head : try readBytes(header.payloadOffset, at: slot.offset, mapping: mapping)
+        let prefix = header.payloadOffset == head.count ? head : try readBytes(header.payloadOffset, at: slot.offset, mapping: layout.mapping)
         guard prefix.withUnsafeBytes({ RecordHeader.validatePrefix($0) }) != nil else { return nil }
         return (header, prefix)
     }
@@ -54,7 +54,7 @@ extension BucketState {
     mutating func containsIfImmediate(_ key: HashedKey, now: Int64) throws(MagpieError) -> Bool? {
         try checkOpen()
         // Damage left to heal: `contains` retries it (`DiskTier.contains`), which writes.
-        guard !needsScrub, damaged.isEmpty, hiddenDamage.isEmpty else { return nil }
+        guard !damage.needsScrub, damage.known.isEmpty, damage.hidden.isEmpty else { return nil }
         let tag = DiskSlot.tag(of: key.hash)
         var position = index.home(tag)
         while let next = index.position(of: tag, from: position) {
@@ -75,7 +75,7 @@ extension BucketState {
     /// Whether every page of the file record `slot` points at is in the page cache (false when the file
     /// is not mapped): reading it cannot wait for the disk.
     func isResident(_ slot: DiskSlot) -> Bool {
-        mapping?.isResident(at: slot.offset, count: slot.length) ?? false
+        layout.mapping?.isResident(at: slot.offset, count: slot.length) ?? false
     }
 
     /// The index position of `key`'s record, for a store that replaces it: confirmed by the record's
@@ -114,7 +114,7 @@ extension BucketState {
     @inline(__always)
     private func memtableHolds(_ key: HashedKey, _ slot: DiskSlot) -> Bool {
         let length = RecordHeader.size + key.count
-        guard let memtable = memtable(parity: slot.memtableParity), slot.memtableOffset + length <= memtable.count else { return false }
+        guard let memtable = memtables.memtable(parity: slot.memtableParity), slot.memtableOffset + length <= memtable.count else { return false }
         return Self.holds(memtable.bytes(at: slot.memtableOffset, length: length), key, slot)
     }
 
@@ -122,7 +122,7 @@ extension BucketState {
     private func recordHolds(_ key: HashedKey, _ slot: DiskSlot) throws(MagpieError) -> Bool {
         let length = RecordHeader.size + key.count
         if slot.isPending { return memtableHolds(key, slot) }
-        let (fd, path, mapping) = (self.fd, context.path, self.mapping)
+        let (fd, path, mapping) = (layout.fd, context.path, layout.mapping)
         return try withUnsafeTemporaryAllocation(byteCount: length, alignment: 8) { buffer in
             Result { () throws(MagpieError) -> Bool in
                 let read = try FileIO.read(fd, mapping: mapping, into: buffer, at: slot.offset, path: path)

@@ -76,13 +76,6 @@ private enum Verdict {
 }
 
 extension BucketState {
-    /// The memtable of `parity`, if the bucket has it.
-    func memtable(parity: Int) -> Memtable? {
-        if let active, active.parity == parity { return active }
-        if let sealing, sealing.parity == parity { return sealing }
-        return nil
-    }
-
     /// The live value record of `key`, or nil. Corrupt records of the key met on the way are counted
     /// and dropped from the index (and their region emptied once the read is done); an expired one is
     /// dropped too. The clock is read only for a record that has an expiry.
@@ -105,7 +98,7 @@ extension BucketState {
     @inline(never)
     private mutating func readValue(_ key: HashedKey, immediate: Bool, blocked: inout Bool) throws(MagpieError) -> DiskEntry? {
         try checkOpen()
-        defer { if needsScrub { healIfNeeded(now: context.clock.now()) } }
+        defer { if damage.needsScrub { healIfNeeded(now: context.clock.now()) } }
         let tag = DiskSlot.tag(of: key.hash)
         var position = index.home(tag)
         while let next = index.position(of: tag, from: position) {
@@ -157,7 +150,7 @@ extension BucketState {
         // than one after another behind it (a raw 4 KiB hit 10-27 % faster in most same-minute pairs,
         // docs/lab-notes/disk.md: a record's lines asked for at once). A hint: it never faults, and a record of
         // another key costs only the loads.
-        mapping?.prefetch(at: slot.offset, count: min(slot.length, ReadScratch.limit))
+        layout.mapping?.prefetch(at: slot.offset, count: min(slot.length, ReadScratch.limit))
         // The first bytes: header and key, and a little more (a short group, the metadata blocks), at once.
         let guess = min(slot.length, RecordHeader.size + key.count + 48)
         guard guess >= RecordHeader.size, guess <= ReadScratch.limit, let scratch = ReadScratch.bytes(ReadScratch.limit) else {
@@ -197,7 +190,7 @@ extension BucketState {
             entry.frameInReadScratch = frame
             return entry
         }
-        if let mapping, !FileIO.mayInject {
+        if let mapping = layout.mapping, !FileIO.mayInject {
             var copy = MappedPayload(mapping: mapping, offset: payloadAt, hash: header.payloadHash)
             let payload = [UInt8](count: header.storedLength, filledBy: &copy)
             if let intact = copy.intact {
@@ -251,7 +244,7 @@ extension BucketState {
 
     /// A pending slot's record, read out of its memtable.
     private func pendingCandidate(_ slot: DiskSlot, _ key: HashedKey, _ verdict: inout Verdict) -> DiskEntry? {
-        guard let memtable = memtable(parity: slot.memtableParity), slot.memtableOffset + slot.length <= memtable.count else { return nil }
+        guard let memtable = memtables.memtable(parity: slot.memtableParity), slot.memtableOffset + slot.length <= memtable.count else { return nil }
         let record = memtable.bytes(at: slot.memtableOffset, length: slot.length)
         guard let header = RecordHeader.decode(record), header.kind == .value, header.recordLength == slot.length else { return nil }
         let prefix = UnsafeRawBufferPointer(rebasing: record[0..<header.payloadOffset])
@@ -284,7 +277,7 @@ extension BucketState {
     /// `pread`. False when the file ends first.
     private func copyOut(_ offset: Int, into destination: UnsafeMutableRawBufferPointer) throws(MagpieError) -> Bool {
         if destination.isEmpty { return true }
-        return try FileIO.read(fd, mapping: mapping, into: destination, at: offset, path: context.path) == destination.count
+        return try FileIO.read(layout.fd, mapping: layout.mapping, into: destination, at: offset, path: context.path) == destination.count
     }
 
     /// Counts and logs a corrupt record met by a read, drops its slot, and has the bucket's regions
@@ -294,7 +287,7 @@ extension BucketState {
         counters.corruptRecords += 1
         context.logs.corruptRecord.record(metadata: ["path": "\(context.path)", "offset": "\(slot.offset)"])
         drop(at: position)
-        needsScrub = true
+        damage.needsScrub = true
     }
 
     /// The bytes of the record `slot` points at: out of its memtable for a pending slot, else from the
@@ -302,10 +295,10 @@ extension BucketState {
     /// early (which fails validation).
     func readRecord(_ slot: DiskSlot) throws(MagpieError) -> [UInt8] {
         if slot.isPending {
-            guard let memtable = memtable(parity: slot.memtableParity), slot.memtableOffset + slot.length <= memtable.count else { return [] }
+            guard let memtable = memtables.memtable(parity: slot.memtableParity), slot.memtableOffset + slot.length <= memtable.count else { return [] }
             return [UInt8](memtable.bytes(at: slot.memtableOffset, length: slot.length))
         }
-        return try readBytes(slot.length, at: slot.offset, mapping: mapping)
+        return try readBytes(slot.length, at: slot.offset, mapping: layout.mapping)
     }
 
     /// Up to `count` bytes of the file from `offset` (through `mapping` if given): fewer only at the end
@@ -314,7 +307,7 @@ extension BucketState {
         // init(unsafeUninitializedCapacity:) with a zero capacity writes into the stdlib's shared
         // empty-array storage, a (benign) race that Thread Sanitizer reports: an empty file reads as [].
         if count <= 0 { return [] }
-        let fd = self.fd
+        let fd = layout.fd
         let path = context.path
         var failure: MagpieError? = nil
         // Only the bytes read are counted as initialised.

@@ -18,9 +18,9 @@ extension BucketState {
     /// (everything they cover is older). Its slots become free (their header is zeroed unless a new region
     /// reuses them first: `freed`).
     mutating func reclaimOldest(into batch: inout WriteBatch, freed: inout [Int], now: Int64) throws(MagpieError) {
-        let victim = regions[0]
-        let meanLength = fileEntryCount == 0 ? 0 : liveBytes / fileEntryCount
-        var budget = capacity(of: victim) * 3 / 4
+        let victim = layout.regions[0]
+        let meanLength = fileEntryCount == 0 ? 0 : tally.liveBytes / fileEntryCount
+        var budget = layout.capacity(of: victim) * 3 / 4
         try takeEntries(of: victim, now: now) { state, slot in
             guard state.reinserts(slot, meanLength: meanLength), slot.length <= budget else { return false }
             budget -= slot.length
@@ -28,10 +28,10 @@ extension BucketState {
         } keep: { slot, record in
             batch.append(record, origin: .reinserted(slot))
         }
-        regions.removeFirst()
-        for s in victim.slot..<(victim.slot + victim.slots) { freeSlots[s] = true }
+        layout.regions.removeFirst()
+        for s in victim.slot..<(victim.slot + victim.slots) { layout.freeSlots[s] = true }
         freed.append(victim.slot)
-        forget(victim.sequence)
+        damage.forget(victim.sequence)
         counters.reclaims += 1
     }
 
@@ -41,8 +41,8 @@ extension BucketState {
     mutating func takeEntries(
         of region: Region, now: Int64, wants: (inout BucketState, DiskSlot) -> Bool, keep: (DiskSlot, UnsafeRawBufferPointer) -> Void
     ) throws(MagpieError) {
-        let low = start(of: region)
-        let high = low + capacity(of: region)
+        let low = layout.start(of: region)
+        let high = low + layout.capacity(of: region)
         var position = 0
         while position < index.slots.count {
             let slot = index[position]
@@ -73,13 +73,6 @@ extension BucketState {
         }
     }
 
-    /// A region that is gone: nothing of it is to be healed or watched any more.
-    mutating func forget(_ sequence: UInt64) {
-        if unindexedRegion == sequence { unindexedRegion = nil }
-        hiddenDamage.removeAll { $0 == sequence }
-        damaged.removeAll { $0 == sequence }
-    }
-
     /// Empties the region at `position` out of turn: its live entries are reinserted (`reinsertingLive`:
     /// to heal damage) or evicted (to give room back), its tombstones carried forward when older regions
     /// remain (with their covers: see Format/OnDiskFormat.swift, "Tombstones"); then its slots are freed
@@ -87,13 +80,13 @@ extension BucketState {
     /// take a reclaim.
     @discardableResult
     mutating func evacuate(at position: Int, reinsertingLive: Bool, allowingEviction: Bool, now: Int64) throws(MagpieError) -> Bool {
-        settleFlight()  // its bytes are read up to the region's end (Bucket+Flight.swift)
-        let region = regions[position]
+        settleDeferredWrite()  // its bytes are read up to the region's end (Bucket+RecordWrite.swift)
+        let region = layout.regions[position]
         var batch = WriteBatch()
         if position > 0 {
             // Tombstones: read from the region's bytes (they are in no index). Unknown damage may hide one:
             // then the region stays (see Bucket+Recovery.swift).
-            let bytes = try readBytes(region.end, at: start(of: region), mapping: mapping)
+            let bytes = try readBytes(region.end, at: layout.start(of: region), mapping: layout.mapping)
             var hidden = false
             _ = bytes.withUnsafeBytes { raw in
                 Self.forEachRecord(inRegion: raw, firstSequence: region.firstRecordSequence, context: context) { event in
@@ -108,25 +101,25 @@ extension BucketState {
                 }
             }
             if hidden {
-                if !hiddenDamage.contains(region.sequence) { hiddenDamage.append(region.sequence) }
+                damage.noteHidden(region.sequence)
                 return false
             }
         }
         if !allowingEviction {
             // Room check before anything changes: the entries and tombstones must fit the newest region, free
             // slots, or growth within the limit (no other region is reclaimed for a heal).
-            let low = start(of: region)
-            let high = low + capacity(of: region)
+            let low = layout.start(of: region)
+            let high = low + layout.capacity(of: region)
             var entriesLength = 0
             for slot in index.slots where !slot.isEmpty && !slot.isPending && slot.offset >= low && slot.offset < high {
                 entriesLength += slot.length
             }
-            let newest = position == regions.count - 1 ? nil : regions.last
-            let room = newest.map { capacity(of: $0) - $0.end } ?? 0
+            let newest = position == layout.regions.count - 1 ? nil : layout.regions.last
+            let room = newest.map { layout.capacity(of: $0) - $0.end } ?? 0
             let needed = entriesLength + batch.bytes.count
             if needed > room {
-                let slots = slotsFor(needed)
-                guard freeSlotCount >= slots || size + slots * regionSize <= limit else { return false }
+                let slots = layout.slotsFor(needed)
+                guard layout.freeSlotCount >= slots || layout.size + slots * layout.regionSize <= layout.limit else { return false }
             }
         }
         try takeEntries(of: region, now: now) { _, _ in reinsertingLive } keep: { slot, record in
@@ -134,7 +127,7 @@ extension BucketState {
         }
         // Out of the list first, so that nothing is appended to it; its slots stay taken until the batch is
         // written (nothing may be placed there while its tombstones are still needed).
-        regions.remove(at: position)
+        layout.regions.remove(at: position)
         do {
             switch try write(&batch, policy: .last, now: now) {
             case .done: break
@@ -143,14 +136,14 @@ extension BucketState {
         } catch {
             // The region's records stay in the file, and its tombstones with them: keep it (its entries are
             // out of the index now, evicted: their records may still be found by a recovery).
-            regions.insert(region, at: min(position, regions.count))
-            regions.sort { $0.sequence < $1.sequence }
-            noteUnindexed(region.sequence)
+            layout.regions.insert(region, at: min(position, layout.regions.count))
+            layout.regions.sort { $0.sequence < $1.sequence }
+            damage.noteUnindexed(region.sequence)
             throw error
         }
-        for s in region.slot..<(region.slot + region.slots) { freeSlots[s] = true }
+        for s in region.slot..<(region.slot + region.slots) { layout.freeSlots[s] = true }
         try zeroHeaders(of: [region.slot])
-        forget(region.sequence)
+        damage.forget(region.sequence)
         counters.evacuations += 1
         return true
     }

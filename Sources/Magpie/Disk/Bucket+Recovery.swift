@@ -44,19 +44,19 @@ extension BucketState {
         var state = BucketState(context: context)
         var recreated = false
         if let (fd, size) = try FileIO.openExistingRegular(context.directory.fd(.buckets), context.name, path: context.path) {
-            state.fd = fd
-            state.limit = max(state.limit, size)
+            state.layout.fd = fd
+            state.layout.limit = max(state.layout.limit, size)
         } else {
             recreated = try DiskTier.prepareBucketFile(context, hadManifest: hadManifest)
-            state.fd = try context.directory.openOrCreate(.buckets, context.name)
+            state.layout.fd = try context.directory.openOrCreate(.buckets, context.name)
             do throws(MagpieError) {
-                state.limit = max(state.limit, try FileIO.size(state.fd, path: context.path))
+                state.layout.limit = max(state.layout.limit, try FileIO.size(state.layout.fd, path: context.path))
             } catch {
                 state.close()
                 throw error
             }
         }
-        state.snapshotCharge = context.directory.size(.buckets, state.snapshotName)
+        state.life.snapshotCharge = context.directory.size(.buckets, state.snapshotName)
         return (state, recreated)
     }
 
@@ -65,7 +65,7 @@ extension BucketState {
     /// A failure leaves the bucket unloaded (the next operation tries again) and throws.
     @inline(__always)
     mutating func loadIfNeeded() throws(MagpieError) {
-        if !loaded && !closed { try load() }
+        if !life.loaded && !life.closed { try load() }
     }
 
     /// Opens the file of a bucket the open did not open (it had SIZES: see DiskTier.swift, "Reopening"),
@@ -74,11 +74,11 @@ extension BucketState {
     /// recreated. Its size is checked against the limit after the load (below), as every bucket's is.
     private mutating func openRecordedFile() throws(MagpieError) {
         if let (fd, _) = try FileIO.openExistingRegular(context.directory.fd(.buckets), context.name, path: context.path) {
-            self.fd = fd
+            layout.fd = fd
             return
         }
         let recreated = try DiskTier.prepareBucketFile(context, hadManifest: true)
-        fd = try context.directory.openOrCreate(.buckets, context.name)
+        layout.fd = try context.directory.openOrCreate(.buckets, context.name)
         if recreated {
             context.health.noteBucketFileRecreated()
             context.logs.bucketRecreated.record(metadata: ["path": "\(context.path)"])
@@ -87,7 +87,7 @@ extension BucketState {
 
     private mutating func load() throws(MagpieError) {
         if let failure = context.health.failure { throw failure }
-        if fd < 0 { try openRecordedFile() }
+        if layout.fd < 0 { try openRecordedFile() }
         remap()
         let now = context.clock.now()
         do throws(MagpieError) {
@@ -96,31 +96,31 @@ extension BucketState {
             // As before the load: nothing indexed, nothing counted; the file as the failed step left it.
             index = BucketIndex()
             forgetRegions()
-            maximumSequence = 0
-            nextRegionSequence = 1
+            layout.maximumSequence = 0
+            layout.nextRegionSequence = 1
             counters = BucketCounters()
             context.logs.bucketLoadFailed.record(error: "\(error)", metadata: ["path": "\(context.path)"])
             throw error
         }
-        if snapshotCharge > 0 && !keepsSnapshot {
+        if life.snapshotCharge > 0 && !life.keepsSnapshot {
             // A recovery that did not use the snapshot has deleted it: its bytes are free.
-            context.ledger.pool.give(snapshotCharge)
-            snapshotCharge = 0
+            context.ledger.pool.give(life.snapshotCharge)
+            life.snapshotCharge = 0
         }
-        if recordedFileSize > 0 {
+        if life.recordedFileSize > 0 {
             // Opened from SIZES: a file smaller than it said gives back what it no longer needs.
             returnSurplus(keeping: 0)
-            recordedFileSize = 0
+            life.recordedFileSize = 0
         }
-        if size > limit {
+        if layout.size > layout.limit {
             // Only if the file grew since the open (it cannot, unless someone else wrote it): charged to
             // the pool, which may then go below zero; buckets repay as they give back room.
-            context.ledger.pool.give(limit - size)
-            limit = size
+            context.ledger.pool.give(layout.limit - layout.size)
+            layout.limit = layout.size
         }
         // The mapping made above covers max(share, limit); only a limit raised since needs a new one.
-        if let mapping, limit > mapping.length { remap() }
-        loaded = true
+        if let mapping = layout.mapping, layout.limit > mapping.length { remap() }
+        life.loaded = true
         if counters.corruptRecords > 0 || counters.truncatedTails > 0 {
             context.logs.bucketRecovered.record(
                 metadata: [
@@ -140,15 +140,15 @@ extension BucketState {
 
     private mutating func recover(now: Int64) throws(MagpieError) {
         if index.capacity == 0 { index = BucketIndex() }
-        let fileSize = try FileIO.size(fd, path: context.path)
-        closedLength = 0
+        let fileSize = try FileIO.size(layout.fd, path: context.path)
+        life.closedLength = 0
         if fileSize >= BucketFileHeader.size, let header = try fileHeader(), fileSize >= header.closedLength,
             loadSnapshot(fileSize: fileSize, regionSize: header.regionSize)
         {
             // Kept until the loader thread or the file's next change deletes it (Bucket+Snapshot.swift).
             counters.openedFromSnapshot = true
-            keepsSnapshot = true
-            closedLength = header.closedLength
+            life.keepsSnapshot = true
+            life.closedLength = header.closedLength
             return
         }
         // Unusable: never let it be read later (a failure fails the load, as the scan may change the file).
@@ -166,77 +166,77 @@ extension BucketState {
             if context.hugePages ? bytes.contains(where: { $0 != 0 }) : !bytes.isEmpty { counters.corruptRecords += 1 }
             if cut { counters.truncatedTails += 1 }
             try context.sizesFile.retire()  // SIZES goes before the file changes
-            try FileIO.truncate(fd, to: 0, path: context.path)
-            try FileIO.write(fd, expectedHeader(regionSize: context.shared.regionSize).encoded(), at: 0, path: context.path)
-            headerMissing = false
-            regionSize = context.shared.regionSize
-            slotCount = 0
-            freeSlots = []
+            try FileIO.truncate(layout.fd, to: 0, path: context.path)
+            try FileIO.write(layout.fd, expectedHeader(regionSize: context.shared.regionSize).encoded(), at: 0, path: context.path)
+            life.headerMissing = false
+            layout.regionSize = context.shared.regionSize
+            layout.slotCount = 0
+            layout.freeSlots = []
             return
         }
-        closedLength = header.closedLength
-        regionSize = header.regionSize
+        life.closedLength = header.closedLength
+        layout.regionSize = header.regionSize
         // The last slot may be written in part only: it counts whole.
-        slotCount = (bytes.count - BucketFileHeader.size + regionSize - 1) / regionSize
-        freeSlots = [Bool](repeating: true, count: slotCount)
+        layout.slotCount = (bytes.count - BucketFileHeader.size + layout.regionSize - 1) / layout.regionSize
+        layout.freeSlots = [Bool](repeating: true, count: layout.slotCount)
         let ignored = bytes.withUnsafeBytes { file in findRegions(in: file) }
         var tornTail = false
         var groups: [[UInt8]: [UInt32]] = [:]  // group name -> offset8 of its values, in file order
         bytes.withUnsafeBytes { file in
-            for position in regions.indices {
-                let region = regions[position]
-                let low = start(of: region)
-                let bytes = UnsafeRawBufferPointer(rebasing: file[low..<min(file.count, low + capacity(of: region))])
+            for position in layout.regions.indices {
+                let region = layout.regions[position]
+                let low = layout.start(of: region)
+                let bytes = UnsafeRawBufferPointer(rebasing: file[low..<min(file.count, low + layout.capacity(of: region))])
                 let scan = Self.forEachRecord(inRegion: bytes, firstSequence: region.firstRecordSequence, context: context) { event in
                     switch event {
                     case .record(let offset, let header):
                         let record = UnsafeRawBufferPointer(rebasing: bytes[offset..<(offset + header.recordLength)])
                         apply(header, record, at: low + offset, groups: &groups, file: file, now: now)
-                        maximumSequence = max(maximumSequence, header.sequence)
+                        layout.maximumSequence = max(layout.maximumSequence, header.sequence)
                     case .brokenValue(let offset, let header):
                         // Its key's earlier value was replaced by it: gone too.
                         let key = UnsafeRawBufferPointer(rebasing: bytes[(offset + header.keyOffset)..<(offset + header.groupOffset)])
                         removeRecovered(keyHash: header.keyHash, key: key, below: .max, file: file)
-                        maximumSequence = max(maximumSequence, header.sequence)
+                        layout.maximumSequence = max(layout.maximumSequence, header.sequence)
                         counters.corruptRecords += 1
-                        if !damaged.contains(region.sequence) { damaged.append(region.sequence) }
+                        damage.noteKnown(region.sequence)
                     case .unknownDamage:
                         counters.corruptRecords += 1
                         counters.droppedForDamage += UInt64(index.count)
                         _ = dropAll { _ in true }
                         groups = [:]
-                        if !hiddenDamage.contains(region.sequence) { hiddenDamage.append(region.sequence) }
+                        damage.noteHidden(region.sequence)
                     }
                 }
-                regions[position].end = scan.end
-                if position == regions.count - 1 { tornTail = scan.torn }
+                layout.regions[position].end = scan.end
+                if position == layout.regions.count - 1 { tornTail = scan.torn }
             }
         }
-        if tornTail, let newest = regions.last {
+        if tornTail, let newest = layout.regions.last {
             // What the torn write left is zeroed (up to the end of the region, or of the file), so that it is
             // counted once, not at every scan until the next write goes over it.
             counters.truncatedTails += 1
-            let from = start(of: newest) + newest.end
-            let to = min(bytes.count, start(of: newest) + capacity(of: newest))
+            let from = layout.start(of: newest) + newest.end
+            let to = min(bytes.count, layout.start(of: newest) + layout.capacity(of: newest))
             if to > from {
                 try context.sizesFile.retire()
-                try FileIO.write(fd, [UInt8](repeating: 0, count: to - from), at: from, path: context.path)
+                try FileIO.write(layout.fd, [UInt8](repeating: 0, count: to - from), at: from, path: context.path)
             }
         }
-        if let newest = regions.last {
-            maximumSequence = max(maximumSequence, newest.firstRecordSequence &- 1)
-            nextRegionSequence = newest.sequence &+ 1
+        if let newest = layout.regions.last {
+            layout.maximumSequence = max(layout.maximumSequence, newest.firstRecordSequence &- 1)
+            layout.nextRegionSequence = newest.sequence &+ 1
         }
         // What free slots still hold (Bucket+FreeSlots.swift): counted toward the sequence numbers, and
         // checked against what the regions recovered.
         let hidden = bytes.withUnsafeBytes { file in checkFreeSlots(file, groups: &groups, now: now) }
         // Leftover headers outside every region (overlapped by a newer one): zeroed, so that they stay
         // free slots' headers (a leftover inside a region's bytes is that region's data, and stays).
-        let leftovers = ignored.filter { freeSlots[$0] }
+        let leftovers = ignored.filter { layout.freeSlots[$0] }
         if !leftovers.isEmpty {
             try context.sizesFile.retire()
             let zeros = [UInt8](repeating: 0, count: RegionHeader.size)
-            for slot in leftovers { try FileIO.write(fd, zeros, at: BucketFileHeader.size + slot * regionSize, path: context.path) }
+            for slot in leftovers { try FileIO.write(layout.fd, zeros, at: BucketFileHeader.size + slot * layout.regionSize, path: context.path) }
         }
         if !hidden.slots.isEmpty { try makeLast(hidden, now: now) }
     }
@@ -245,11 +245,11 @@ extension BucketState {
     /// of valid headers that were left out (overlapping a newer region).
     private mutating func findRegions(in file: UnsafeRawBufferPointer) -> [Int] {
         var found: [Region] = []
-        for slot in 0..<slotCount {
-            let at = BucketFileHeader.size + slot * regionSize
+        for slot in 0..<layout.slotCount {
+            let at = BucketFileHeader.size + slot * layout.regionSize
             guard at + RegionHeader.size <= file.count,
                 let header = RegionHeader.decode(UnsafeRawBufferPointer(rebasing: file[at..<(at + RegionHeader.size)]), hasher: context.hasher),
-                header.bucketIndex == context.number, header.slots <= slotCount - slot
+                header.bucketIndex == context.number, header.slots <= layout.slotCount - slot
             else { continue }
             found.append(
                 Region(slot: slot, slots: header.slots, sequence: header.sequence, firstRecordSequence: header.firstRecordSequence,
@@ -261,14 +261,14 @@ extension BucketState {
         var kept: [Region] = []
         for region in found {
             let slots = region.slot..<(region.slot + region.slots)
-            if slots.allSatisfy({ freeSlots[$0] }) && !kept.contains(where: { $0.sequence == region.sequence }) {
-                for slot in slots { freeSlots[slot] = false }
+            if slots.allSatisfy({ layout.freeSlots[$0] }) && !kept.contains(where: { $0.sequence == region.sequence }) {
+                for slot in slots { layout.freeSlots[slot] = false }
                 kept.append(region)
             } else {
                 ignored.append(region.slot)
             }
         }
-        regions = kept.reversed()
+        layout.regions = kept.reversed()
         return ignored
     }
 

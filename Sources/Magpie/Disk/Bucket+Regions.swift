@@ -3,8 +3,8 @@ import Glibc
 // MARK: - Regions: appending records, opening regions, reclaiming the oldest
 //
 // The layout is in Format/OnDiskFormat.swift, the policy at the top of Bucket.swift. Everything here runs
-// under the bucket's lock (but for a seal's last flight, which its caller writes without it: see
-// Bucket+Flight.swift).
+// under the bucket's lock (but for a seal's deferred write, which its caller writes without it: see
+// Bucket+RecordWrite.swift).
 //
 // Appending (`write(_:policy:now:)`). A batch of records (a memtable's, sealed by Bucket+Seal.swift; a
 // tombstone; entries reinserted or tombstones carried forward) is placed record by record at the newest
@@ -12,7 +12,7 @@ import Glibc
 // grows by (within the bucket's limit, borrowed from the tier first: `reserveRoom`), else in the slot of
 // the oldest region, reclaimed. A record is stamped with the bucket's next sequence number as it is
 // placed, so sequence numbers increase in file order within a region and in region order across them.
-// Placed records are written in *flights*: one `pwrite` per run of contiguous records, before the next
+// Placed records are written together (``RecordWrite``): one `pwrite` per run of contiguous records, before the next
 // reclaim (which must see them in the index, and may reuse no slot a placed record is bound for) and at
 // the end. Then their slots point into the file.
 //
@@ -91,7 +91,40 @@ struct WriteBatch {
     }
 }
 
-extension BucketState {
+/// Where a bucket's records lie (see the top of this file): its file, cut into slots of `regionSize` bytes
+/// after its header, the regions that hold them oldest first, the free ones, the sequence numbers the next
+/// region and record take, and the limit the file may grow to (Bucket+Room.swift).
+struct BucketLayout {
+    var fd: Int32 = -1
+    /// The file's mapping for reads (see FileMapping.swift); nil: reads use `pread`.
+    var mapping: FileMapping? = nil
+    /// The size of this file's slots: its header's (the tier's for a new or emptied file).
+    var regionSize: Int
+    /// Slots in the file: it takes `BucketFileHeader.size + slotCount × regionSize` bytes of the budget
+    /// (`size`), and is as long as what was written of them, no longer (its last slot may be written in
+    /// part only, and a free slot past the end of what was written is not in it).
+    var slotCount = 0
+    /// The file's regions, oldest first; records are appended to the last.
+    var regions: [Region] = []
+    /// Per slot: whether no region holds it.
+    var freeSlots: [Bool] = []
+    /// Regions open only in slots below this (while the file shrinks: Bucket+Room.swift).
+    var allocationCeiling = Int.max
+    /// The sequence number of the next region opened.
+    var nextRegionSequence: UInt64 = 1
+    /// The highest record sequence number written; the bucket stamps its next record with the one after.
+    var maximumSequence: UInt64 = 0
+    /// The most bytes the file may hold now: its share, plus what it borrowed, less what it lent.
+    var limit: Int
+
+    init(regionSize: Int, limit: Int) {
+        self.regionSize = regionSize
+        self.limit = limit
+    }
+
+    /// Bytes of the budget the file takes: its header and its slots (the file itself may be shorter).
+    var size: Int { BucketFileHeader.size + slotCount * regionSize }
+
     /// The file offset of `region`'s first byte.
     func start(of region: Region) -> Int { BucketFileHeader.size + region.slot * regionSize }
 
@@ -112,22 +145,8 @@ extension BucketState {
         regions.firstIndex { slot >= $0.slot && slot < $0.slot + $0.slots }
     }
 
-    /// The position in the index of the pending slot of a memtable record (tag, parity, offset), if its
-    /// key still points at it.
-    func pendingPosition(tag: UInt32, parity: Int, offset: Int) -> Int? {
-        var position = index.home(tag)
-        while let next = index.position(of: tag, from: position) {
-            let slot = index[next]
-            if slot.isPending && slot.memtableParity == parity && slot.memtableOffset == offset { return next }
-            position = index.next(next)
-        }
-        return nil
-    }
-
-    // MARK: Writing a batch
-
     /// New slots the batch's records would take from the newest region's end on, reclaiming nothing.
-    private func slotsNeeded(_ batch: WriteBatch) -> Int {
+    func slotsNeeded(_ batch: WriteBatch) -> Int {
         var room = regions.last.map { capacity(of: $0) - $0.end } ?? 0
         var slots = 0
         for item in batch.items {
@@ -141,6 +160,45 @@ extension BucketState {
         }
         return slots
     }
+
+    /// The first slot of `count` consecutive free slots, the lowest such run (below `allocationCeiling`).
+    func freeRun(of count: Int) -> Int? {
+        var runStart = 0
+        var runLength = 0
+        for slot in 0..<min(freeSlots.count, allocationCeiling) {
+            if freeSlots[slot] {
+                if runLength == 0 { runStart = slot }
+                runLength += 1
+                if runLength == count { return runStart }
+            } else {
+                runLength = 0
+            }
+        }
+        return nil
+    }
+
+    /// After a failed write: the region holding `offset` ends there at the latest (the next write goes over
+    /// whatever the failed one left).
+    mutating func endRegion(before offset: Int) {
+        guard let position = regionPosition(holding: slot(ofOffset: offset)) else { return }
+        regions[position].end = min(regions[position].end, offset - start(of: regions[position]))
+    }
+}
+
+extension BucketState {
+    /// The position in the index of the pending slot of a memtable record (tag, parity, offset), if its
+    /// key still points at it.
+    func pendingPosition(tag: UInt32, parity: Int, offset: Int) -> Int? {
+        var position = index.home(tag)
+        while let next = index.position(of: tag, from: position) {
+            let slot = index[next]
+            if slot.isPending && slot.memtableParity == parity && slot.memtableOffset == offset { return next }
+            position = index.next(next)
+        }
+        return nil
+    }
+
+    // MARK: Writing a batch
 
     /// Writes `batch` (see the top of this file). With `.borrow`, reports a shortfall (nothing changed)
     /// when the file cannot grow enough within its limit and what the tier's pool lends; with `.evict`, it
@@ -156,24 +214,25 @@ extension BucketState {
     }
 
     /// ``write(_:policy:now:)``; with `deferring`, a write that leaves no freed header to zero and reinserts
-    /// no entry leaves its last records' `pwrite` to the caller, as a flight (Bucket+Flight.swift), which it
-    /// returns: noted in `flight` until it is settled, its records placed but their slots still pending.
+    /// no entry leaves its last records' `pwrite` to the caller, as a deferred write (Bucket+RecordWrite.swift),
+    /// which it returns: noted in `memtables.deferredWrite` until it is settled, its records placed but their
+    /// slots still pending.
     mutating func write(_ batch: inout WriteBatch, policy: RoomPolicy, now: Int64, deferring: Bool) throws(MagpieError)
-        -> RoomOutcome<SealFlight?>
+        -> RoomOutcome<RecordWrite?>
     {
         guard !batch.isEmpty else { return .done(nil) }
-        let missing = slotsNeeded(batch) - freeSlotCount
+        let missing = layout.slotsNeeded(batch) - layout.freeSlotCount
         let largest = batch.items.map(\.length).max() ?? 0
-        if missing > 0, let short = reserveRoom(missing * regionSize, policy: policy) {
-            return .short(Shortfall(bytes: short.bytes, fitsAlone: BucketFileHeader.size + slotsFor(largest) * regionSize <= limit))
+        if missing > 0, let short = reserveRoom(missing * layout.regionSize, policy: policy) {
+            return .short(Shortfall(bytes: short.bytes, fitsAlone: BucketFileHeader.size + layout.slotsFor(largest) * layout.regionSize <= layout.limit))
         }
         // `.evict` was chosen when the record fitted the limit alone; the room may have been lent since (a
         // bucket's free room is another's to borrow between two attempts). Evicting every region here would
         // not make it fit: report what is missing instead, nothing changed, and the tier gathers it.
         // `.last` refuses it here, before anything changes (reclaiming every region would not help).
         if policy != .borrow {
-            let alone = BucketFileHeader.size + slotsFor(largest) * regionSize
-            if alone > limit, let short = reserveRoom(alone - size, policy: .borrow) {
+            let alone = BucketFileHeader.size + layout.slotsFor(largest) * layout.regionSize
+            if alone > layout.limit, let short = reserveRoom(alone - layout.size, policy: .borrow) {
                 guard policy == .evict else {
                     throw MagpieError(.valueTooLarge, "a \(largest)-byte record does not fit the disk tier's budget", path: context.path)
                 }
@@ -181,7 +240,7 @@ extension BucketState {
             }
         }
         try beforeFileChange()
-        var flight = Flight()
+        var placed = PlacedRecords()
         var freed: [Int] = []  // reclaimed slots whose headers are still to be zeroed
         var next = 0
         do {
@@ -193,24 +252,24 @@ extension BucketState {
                     next += 1  // replaced or removed since it was stored: never written
                     continue
                 }
-                if regions.last.map({ capacity(of: $0) - $0.end < item.length }) ?? true {
-                    try openRegion(for: item.length, batch: &batch, flight: &flight, freed: &freed, now: now)
+                if layout.regions.last.map({ layout.capacity(of: $0) - $0.end < item.length }) ?? true {
+                    try openRegion(for: item.length, batch: &batch, placed: &placed, freed: &freed, now: now)
                 }
-                place(next, of: &batch, in: &flight)
+                place(next, of: &batch, in: &placed)
                 next += 1
             }
             // Deferred only when no freed header is left to zero after the records and no reinserted entry
-            // waits, out of the index, for its copy to land (see Bucket+Flight.swift).
-            if deferring && freed.isEmpty && !flight.placed.isEmpty
-                && !flight.placed.contains(where: { if case .reinserted = batch.items[$0.item].origin { true } else { false } })
+            // waits, out of the index, for its copy to be written (see Bucket+RecordWrite.swift).
+            if deferring && freed.isEmpty && !placed.records.isEmpty
+                && !placed.records.contains(where: { if case .reinserted = batch.items[$0.item].origin { true } else { false } })
             {
-                let deferred = sealFlight(of: flight, batch: batch)
-                self.flight = deferred
+                let deferred = recordWrite(of: placed, batch: batch)
+                memtables.deferredWrite = deferred
                 return .done(deferred)
             }
-            try fly(&flight, batch: batch)
+            try writePlaced(&placed, batch: batch)
         } catch {
-            abandon(batch, from: next, flight: flight)
+            abandon(placed)
             try? zeroHeaders(of: freed)
             throw error
         }
@@ -219,59 +278,57 @@ extension BucketState {
     }
 
     /// Placed records not yet written: each item with its file offset.
-    struct Flight {
-        var placed: [(item: Int, offset: Int)] = []
+    struct PlacedRecords {
+        var records: [(item: Int, offset: Int)] = []
     }
 
     /// Places item `n` at the end of the newest region: stamps it with the next sequence number and adds
-    /// it to the flight.
-    private mutating func place(_ n: Int, of batch: inout WriteBatch, in flight: inout Flight) {
-        let last = regions.count - 1
-        let offset = start(of: regions[last]) + regions[last].end
+    /// it to `placed`.
+    private mutating func place(_ n: Int, of batch: inout WriteBatch, in placed: inout PlacedRecords) {
+        let last = layout.regions.count - 1
+        let offset = layout.start(of: layout.regions[last]) + layout.regions[last].end
         let item = batch.items[n]
-        maximumSequence &+= 1
-        let sequence = maximumSequence
+        layout.maximumSequence &+= 1
+        let sequence = layout.maximumSequence
         batch.bytes.withUnsafeMutableBytes { raw in
             RecordHeader.seal(UnsafeMutableRawBufferPointer(rebasing: raw[item.start..<(item.start + item.length)]), sequence: sequence)
         }
-        regions[last].end += item.length
-        flight.placed.append((n, offset))
+        layout.regions[last].end += item.length
+        placed.records.append((n, offset))
     }
 
-    /// The placed records of `flight`, as a ``SealFlight`` to write from `batch`'s bytes.
-    private func sealFlight(of flight: Flight, batch: WriteBatch) -> SealFlight {
-        let records = flight.placed.map { placed in
+    /// The placed records, as a ``RecordWrite`` to write from `batch`'s bytes.
+    private func recordWrite(of placed: PlacedRecords, batch: WriteBatch) -> RecordWrite {
+        let records = placed.records.map { placed in
             let item = batch.items[placed.item]
-            return SealFlight.Record(start: item.start, length: item.length, offset: placed.offset, origin: item.origin)
+            return RecordWrite.Record(start: item.start, length: item.length, offset: placed.offset, origin: item.origin)
         }
-        return SealFlight(fd: fd, path: context.path, records: records)
+        return RecordWrite(fd: layout.fd, path: context.path, records: records)
     }
 
-    /// Writes the flight's records here, under the lock (one `pwrite` per run contiguous in the file and in
-    /// the batch, Bucket+Flight.swift), and points their slots into the file. On a failure, `flight` keeps
-    /// the records not written (for `abandon`).
-    private mutating func fly(_ flight: inout Flight, batch: WriteBatch) throws(MagpieError) {
-        guard !flight.placed.isEmpty else { return }
-        let written = sealFlight(of: flight, batch: batch)
-        let outcome = written.write(from: batch.bytes)
-        land(written, outcome)
+    /// Writes the placed records here, under the lock (one `pwrite` per run contiguous in the file and in
+    /// the batch, Bucket+RecordWrite.swift), and points their slots into the file. On a failure, `placed`
+    /// keeps the records not written (for `abandon`).
+    private mutating func writePlaced(_ placed: inout PlacedRecords, batch: WriteBatch) throws(MagpieError) {
+        guard !placed.records.isEmpty else { return }
+        let write = recordWrite(of: placed, batch: batch)
+        let outcome = write.write(from: batch.bytes)
+        settle(write, outcome)
         if let failure = outcome.failure {
-            flight.placed.removeFirst(outcome.written)
+            placed.records.removeFirst(outcome.written)
             throw failure
         }
-        flight = Flight()
+        placed = PlacedRecords()
     }
 
-    /// A record of `origin` written at `offset`: its slot now points at it in the file.
-    mutating func land(_ origin: WriteBatch.Origin, at fileOffset: Int, length: Int) {
+    /// A record of `origin` written at `fileOffset`: its slot now points at it in the file.
+    mutating func pointSlot(of origin: WriteBatch.Origin, at fileOffset: Int, length: Int) {
         switch origin {
         case .memtable(let parity, let offset, let tag):
             guard let position = pendingPosition(tag: tag, parity: parity, offset: offset) else { return }
             let old = index[position].length
             index[position].place(at: fileOffset, length: length)
-            pendingCount -= 1
-            pendingBytes -= old
-            liveBytes += length
+            tally.settle(pendingLength: old, length: length)
         case .reinserted(var slot):
             slot.place(at: fileOffset, length: length)
             slot.credits = 0
@@ -281,35 +338,31 @@ extension BucketState {
         }
     }
 
-    /// After a failed write: each region ends before the first record of the flight that was not written
-    /// (the next write goes over whatever the failed one left). The slots of the memtable records not
-    /// written stay pending: the caller drops (and counts) them with their memtable (`abandonSeal`);
-    /// reinserted entries not written are simply gone (evicted).
-    private mutating func abandon(_ batch: WriteBatch, from next: Int, flight: Flight) {
-        for placed in flight.placed {
-            let slot = slot(ofOffset: placed.offset)
-            guard let position = regionPosition(holding: slot) else { continue }
-            regions[position].end = min(regions[position].end, placed.offset - start(of: regions[position]))
-        }
+    /// After a failed write: each region ends before the first placed record that was not written (the
+    /// next write goes over whatever the failed one left). The slots of the memtable records not written
+    /// stay pending: the caller drops (and counts) them with their memtable (`abandonSeal`); reinserted
+    /// entries not written are simply gone (evicted).
+    private mutating func abandon(_ placed: PlacedRecords) {
+        for record in placed.records { layout.endRegion(before: record.offset) }
     }
 
     /// Opens a region for a record of `length` bytes: in free slots, else in slots the file grows by
-    /// (within its limit), else in the oldest region's, reclaimed (the flight is written first).
+    /// (within its limit), else in the oldest region's, reclaimed (the records placed are written first).
     private mutating func openRegion(
-        for length: Int, batch: inout WriteBatch, flight: inout Flight, freed: inout [Int], now: Int64
+        for length: Int, batch: inout WriteBatch, placed: inout PlacedRecords, freed: inout [Int], now: Int64
     ) throws(MagpieError) {
-        let count = slotsFor(length)
+        let count = layout.slotsFor(length)
         var first: Int? = nil
         while first == nil {
-            if let found = freeRun(of: count) {
+            if let found = layout.freeRun(of: count) {
                 first = found
             } else if let grown = try grow(toFit: count) {
                 first = grown
             } else {
-                guard !regions.isEmpty else {
+                guard !layout.regions.isEmpty else {
                     throw MagpieError(.valueTooLarge, "a \(length)-byte record does not fit the disk tier's budget", path: context.path)
                 }
-                try fly(&flight, batch: batch)  // the reclaim must see placed records in the index
+                try writePlaced(&placed, batch: batch)  // the reclaim must see placed records in the index
                 try reclaimOldest(into: &batch, freed: &freed, now: now)  // Bucket+Reclaim.swift
             }
         }
@@ -325,29 +378,13 @@ extension BucketState {
             freed.removeAll { $0 < slot || $0 >= slot + count }
         }
         let header = RegionHeader(
-            bucketIndex: context.number, slots: count, sequence: nextRegionSequence, firstRecordSequence: maximumSequence &+ 1)
-        try FileIO.write(fd, header.encoded(hasher: context.hasher), at: BucketFileHeader.size + slot * regionSize, path: context.path)
+            bucketIndex: context.number, slots: count, sequence: layout.nextRegionSequence, firstRecordSequence: layout.maximumSequence &+ 1)
+        try FileIO.write(layout.fd, header.encoded(hasher: context.hasher), at: BucketFileHeader.size + slot * layout.regionSize, path: context.path)
         counters.bytesWritten += UInt64(RegionHeader.size)
-        for s in slot..<(slot + count) { freeSlots[s] = false }
+        for s in slot..<(slot + count) { layout.freeSlots[s] = false }
         freed.removeAll { $0 >= slot && $0 < slot + count }
-        regions.append(Region(slot: slot, slots: count, sequence: nextRegionSequence, firstRecordSequence: maximumSequence &+ 1, end: RegionHeader.size))
-        nextRegionSequence &+= 1
-    }
-
-    /// The first slot of `count` consecutive free slots, the lowest such run.
-    private func freeRun(of count: Int) -> Int? {
-        var runStart = 0
-        var runLength = 0
-        for slot in 0..<min(freeSlots.count, allocationCeiling) {
-            if freeSlots[slot] {
-                if runLength == 0 { runStart = slot }
-                runLength += 1
-                if runLength == count { return runStart }
-            } else {
-                runLength = 0
-            }
-        }
-        return nil
+        layout.regions.append(Region(slot: slot, slots: count, sequence: layout.nextRegionSequence, firstRecordSequence: layout.maximumSequence &+ 1, end: RegionHeader.size))
+        layout.nextRegionSequence &+= 1
     }
 
     /// Gives the file (within its limit) `count` consecutive free slots at its end; returns the first.
@@ -355,22 +392,22 @@ extension BucketState {
     /// request before the write (`reserveRoom`) has done so, and gathered what the growth needs beyond the
     /// debt; this repays only a debt that arose since.
     private mutating func grow(toFit count: Int) throws(MagpieError) -> Int? {
-        guard allocationCeiling == .max else { return nil }
+        guard layout.allocationCeiling == .max else { return nil }
         _ = repayDebt()
         var trailing = 0
-        while trailing < freeSlots.count && freeSlots[freeSlots.count - 1 - trailing] { trailing += 1 }
+        while trailing < layout.freeSlots.count && layout.freeSlots[layout.freeSlots.count - 1 - trailing] { trailing += 1 }
         let adding = count - trailing
-        guard size + adding * regionSize <= limit else { return nil }
-        let first = slotCount - trailing
+        guard layout.size + adding * layout.regionSize <= layout.limit else { return nil }
+        let first = layout.slotCount - trailing
         // With huge pages, as many more free slots as complete the 2 MiB range these end in (if it fits),
         // and the file extended over them, that range cached as one folio (Bucket+HugePages.swift).
         // Otherwise only counted: the file itself grows as its slots are written.
         let huge = hugePageSlots(adding: adding)
         let extra = huge ?? 0
-        let oldSize = size
-        let wasEmpty = slotCount == 0
-        slotCount += adding + extra
-        freeSlots += repeatElement(true, count: adding + extra)
+        let oldSize = layout.size
+        let wasEmpty = layout.slotCount == 0
+        layout.slotCount += adding + extra
+        layout.freeSlots += repeatElement(true, count: adding + extra)
         remapIfGrown()
         if huge != nil { try populateHugePages(from: oldSize, wasEmpty: wasEmpty) }
         return first
@@ -379,15 +416,15 @@ extension BucketState {
     /// Maps the file anew once it has grown past its mapping (to the limit, at least twice the old length,
     /// within the tier's largest limit), so that reads reach the slots it grew by.
     mutating func remapIfGrown() {
-        if let mapping, size > mapping.length { remap(length: min(context.ledger.maximumLimit, max(limit, 2 * mapping.length))) }
+        remapIfPastMapping(layout.size)
     }
 
-    /// Notes that region `sequence` may hold records no slot points at (see `unindexedRegion` and the top
-    /// of this file). One region is named; a second one (or a free slot's header, `.max`) makes it `.max`,
-    /// which no reclaim clears: replacing the name would let the first region's records be forgotten while
-    /// they are still in the file.
-    mutating func noteUnindexed(_ sequence: UInt64) {
-        unindexedRegion = unindexedRegion == nil || unindexedRegion == sequence ? sequence : .max
+    /// Maps the file anew when `length` (its size, or its limit) is past its mapping: to the limit, at least
+    /// twice the old length, within the tier's largest limit.
+    mutating func remapIfPastMapping(_ length: Int) {
+        if let mapping = layout.mapping, length > mapping.length {
+            remap(length: min(context.ledger.maximumLimit, max(layout.limit, 2 * mapping.length)))
+        }
     }
 
     /// Zeroes the headers of freed slots (the region header, so that recovery never finds it again).
@@ -396,11 +433,11 @@ extension BucketState {
     /// for as long as the bucket is open (`.max` names no region, so no reclaim clears it).
     mutating func zeroHeaders(of slots: [Int]) throws(MagpieError) {
         let zeros = [UInt8](repeating: 0, count: RegionHeader.size)
-        for slot in slots where slot < slotCount && freeSlots[slot] {
+        for slot in slots where slot < layout.slotCount && layout.freeSlots[slot] {
             do throws(MagpieError) {
-                try FileIO.write(fd, zeros, at: BucketFileHeader.size + slot * regionSize, path: context.path)
+                try FileIO.write(layout.fd, zeros, at: BucketFileHeader.size + slot * layout.regionSize, path: context.path)
             } catch {
-                unindexedRegion = .max
+                damage.unindexedRegion = .max
                 throw error
             }
         }

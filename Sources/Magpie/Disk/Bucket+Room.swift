@@ -17,16 +17,16 @@ extension BucketState {
     /// room is what the debt claims.
     mutating func reserveRoom(_ length: Int, policy: RoomPolicy) -> Shortfall? {
         let owed = repayDebt()
-        let missing = size + length - limit
+        let missing = layout.size + length - layout.limit
         guard missing > 0 else { return nil }
-        let taken = context.ledger.pool.take(upTo: min(missing + slack, context.ledger.maximumLimit - limit))
+        let taken = context.ledger.pool.take(upTo: min(missing + slack, context.ledger.maximumLimit - layout.limit))
         if taken > 0 {
-            limit += taken
-            if let mapping, limit > mapping.length { remap(length: min(context.ledger.maximumLimit, max(limit, 2 * mapping.length))) }
+            layout.limit += taken
+            remapIfPastMapping(layout.limit)
         }
-        let still = size + length - limit
+        let still = layout.size + length - layout.limit
         guard still > 0, policy == .borrow else { return nil }
-        return Shortfall(bytes: still + slack + owed, fitsAlone: length + BucketFileHeader.size <= limit)
+        return Shortfall(bytes: still + slack + owed, fitsAlone: length + BucketFileHeader.size <= layout.limit)
     }
 
     /// While the tier is in debt (its pool below zero, see DiskLedger.swift), gives the limit's free room
@@ -35,8 +35,8 @@ extension BucketState {
     mutating func repayDebt() -> Int {
         let debt = -context.ledger.pool.available
         guard debt > 0 else { return 0 }
-        let repaid = min(debt, max(0, limit - size))
-        limit -= repaid
+        let repaid = min(debt, max(0, layout.limit - layout.size))
+        layout.limit -= repaid
         context.ledger.pool.give(repaid)
         return debt - repaid
     }
@@ -46,13 +46,11 @@ extension BucketState {
     /// loaded (its limit is set at its load), goes to the pool.
     mutating func acceptGranted(_ granted: Int) {
         guard granted > 0 else { return }
-        let taken = isOpen && loaded ? min(granted, max(0, context.ledger.maximumLimit - limit)) : 0
+        let taken = isOpen && life.loaded ? min(granted, max(0, context.ledger.maximumLimit - layout.limit)) : 0
         context.ledger.pool.give(granted - taken)
         guard taken > 0 else { return }
-        limit += taken
-        if let mapping, limit > mapping.length {
-            remap(length: min(context.ledger.maximumLimit, max(limit, 2 * mapping.length)))
-        }
+        layout.limit += taken
+        remapIfPastMapping(layout.limit)
     }
 
     /// Lends up to `wanted` bytes of its limit to the tier (the caller hands them on): its free
@@ -63,14 +61,14 @@ extension BucketState {
     mutating func lend(upTo wanted: Int, evicting: Bool, now: Int64) -> Int {
         guard isOpen, context.health.failure == nil else { return 0 }
         let floor = context.share / 2
-        var lent = min(wanted, max(0, limit - (size + slack)))
-        limit -= lent
-        if evicting && lent < wanted && limit > floor {
-            let goal = max(floor, limit - (wanted - lent))
+        var lent = min(wanted, max(0, layout.limit - (layout.size + slack)))
+        layout.limit -= lent
+        if evicting && lent < wanted && layout.limit > floor {
+            let goal = max(floor, layout.limit - (wanted - lent))
             // A failure (no room below the cut for what an evacuation carries) only lends less.
             try? shrink(toAtMost: goal - slack / 2, now: now)
-            let more = max(0, limit - max(goal, size))
-            limit -= more
+            let more = max(0, layout.limit - max(goal, layout.size))
+            layout.limit -= more
             lent += more
         }
         return lent
@@ -78,10 +76,10 @@ extension BucketState {
 
     /// Gives back to the pool what the limit holds above max(share, size + `needed` + slack).
     mutating func returnSurplus(keeping needed: Int) {
-        let keep = max(context.share, size + needed + slack)
-        if limit > keep {
-            context.ledger.pool.give(limit - keep)
-            limit = keep
+        let keep = max(context.share, layout.size + needed + slack)
+        if layout.limit > keep {
+            context.ledger.pool.give(layout.limit - keep)
+            layout.limit = keep
         }
     }
 
@@ -89,28 +87,28 @@ extension BucketState {
     /// once, a region holding one is emptied out of turn first (its entries evicted, its tombstones
     /// carried forward: `evacuate`).
     mutating func shrink(toAtMost target: Int, now: Int64) throws(MagpieError) {
-        let keep = max(0, (target - BucketFileHeader.size) / regionSize)
-        guard keep < slotCount else { return }
+        let keep = max(0, (target - BucketFileHeader.size) / layout.regionSize)
+        guard keep < layout.slotCount else { return }
         do {
             // What the evacuations carry forward must land below the cut.
-            allocationCeiling = keep
-            defer { allocationCeiling = .max }
-            while let position = regions.lastIndex(where: { $0.slot + $0.slots > keep }) {
+            layout.allocationCeiling = keep
+            defer { layout.allocationCeiling = .max }
+            while let position = layout.regions.lastIndex(where: { $0.slot + $0.slots > keep }) {
                 // A region that cannot be emptied out of turn (damage may hide its tombstones) stays, and the
                 // file keeps its slots.
                 guard try evacuate(at: position, reinsertingLive: false, allowingEviction: true, now: now) else { break }
             }
         }
-        var cut = slotCount
-        while cut > keep && freeSlots[cut - 1] { cut -= 1 }
-        guard cut < slotCount else { return }
-        let end = BucketFileHeader.size + cut * regionSize
-        if try FileIO.size(fd, path: context.path) > end {
+        var cut = layout.slotCount
+        while cut > keep && layout.freeSlots[cut - 1] { cut -= 1 }
+        guard cut < layout.slotCount else { return }
+        let end = BucketFileHeader.size + cut * layout.regionSize
+        if try FileIO.size(layout.fd, path: context.path) > end {
             try beforeFileChange()
-            try FileIO.truncate(fd, to: end, path: context.path)
+            try FileIO.truncate(layout.fd, to: end, path: context.path)
         }
-        slotCount = cut
+        layout.slotCount = cut
         context.ledger.noteFileCut()
-        freeSlots.removeLast(freeSlots.count - cut)
+        layout.freeSlots.removeLast(layout.freeSlots.count - cut)
     }
 }

@@ -7,7 +7,7 @@ import Synchronization
 // still has the size it records. A snapshot used is then kept while it describes the file exactly: it
 // is deleted (``BucketState/beforeFileChange()``) before anything changes the file — the first write of
 // a record or region header, a growth, a reclaim, an emptying — and meanwhile by the loader thread once it has loaded the bucket
-// (BucketLoader.swift), so that a get that loads a bucket pays no `unlink` and a crash can never bring
+// (IndexLoader.swift), so that a get that loads a bucket pays no `unlink` and a crash can never bring
 // back an index older than the file. A snapshot not used is deleted at the load. Even a snapshot that
 // passes these checks is not trusted with data: every read still verifies the record's checksum, key
 // and liveness.
@@ -57,22 +57,22 @@ extension BucketState {
     var snapshotName: String { context.name + ".index" }
 
     /// The bytes of this bucket's snapshot now.
-    var snapshotLength: Int { IndexSnapshot.length(slotCount: index.slots.count, regionCount: regions.count) }
+    var snapshotLength: Int { IndexSnapshot.length(slotCount: index.slots.count, regionCount: layout.regions.count) }
 
     /// What a bucket not loaded holds in the directory: its file's size and its snapshot's (0: none) —
     /// as SIZES recorded them if the open did not open the file, else measured.
     var unloadedSizes: (file: Int, snapshot: Int) {
-        guard fd >= 0 else { return (recordedFileSize, snapshotCharge) }
-        return ((try? FileIO.size(fd, path: context.path)) ?? 0, context.directory.size(.buckets, snapshotName))
+        guard layout.fd >= 0 else { return (life.recordedFileSize, life.snapshotCharge) }
+        return ((try? FileIO.size(layout.fd, path: context.path)) ?? 0, context.directory.size(.buckets, snapshotName))
     }
 
     /// The bytes the bucket holds in the directory now: its file and the snapshot it still has.
     var heldBytes: Int {
-        guard loaded else {
+        guard life.loaded else {
             let (file, snapshot) = unloadedSizes
             return file + snapshot
         }
-        return size + (keepsSnapshot ? snapshotCharge : 0)
+        return layout.size + (life.keepsSnapshot ? life.snapshotCharge : 0)
     }
 
     /// Writes the index snapshot (after every memtable was written and the file flushed, on close) and
@@ -83,12 +83,12 @@ extension BucketState {
         // that no slot points at (`unindexedRegion`, Bucket+Regions.swift): the snapshot cannot say so,
         // and a bucket loaded from it would write no tombstone for a key it does not hold. The next open
         // scans instead, and the scan sees those records with every tombstone written since.
-        guard pendingCount == 0, unindexedRegion == nil else { return keepsSnapshot ? snapshotCharge : 0 }
+        guard tally.pendingCount == 0, damage.unindexedRegion == nil else { return life.keepsSnapshot ? life.snapshotCharge : 0 }
         let snapshot = IndexSnapshot(
             bucketIndex: context.number, bucketCount: context.bucketCount, seed: context.hasher.seed,
-            fileSize: (try? FileIO.size(fd, path: context.path)) ?? size,
-            liveBytes: liveBytes, maximumSequence: maximumSequence, regionSize: regionSize, slotCount: slotCount,
-            nextRegionSequence: nextRegionSequence, regions: regions, slots: index.slots, liveCount: index.count)
+            fileSize: (try? FileIO.size(layout.fd, path: context.path)) ?? layout.size,
+            liveBytes: tally.liveBytes, maximumSequence: layout.maximumSequence, regionSize: layout.regionSize, slotCount: layout.slotCount,
+            nextRegionSequence: layout.nextRegionSequence, regions: layout.regions, slots: index.slots, liveCount: index.count)
         let bytes = snapshot.encoded()
         do {
             try context.directory.writeAtomically(.buckets, snapshotName, bytes)
@@ -103,40 +103,40 @@ extension BucketState {
     /// happen.
     @inline(__always)
     mutating func beforeFileChange() throws(MagpieError) {
-        settleFlight()  // nothing is written behind a flight before it is complete (Bucket+Flight.swift)
+        settleDeferredWrite()  // nothing is written behind a deferred write before it is complete (Bucket+RecordWrite.swift)
         try context.sizesFile.retire()
         try retireSnapshot()
-        if closedLength > 0 { try forgetClosedLength() }
-        if headerMissing { try writeMissingHeader() }
+        if life.closedLength > 0 { try forgetClosedLength() }
+        if life.headerMissing { try writeMissingHeader() }
     }
 
     /// Sets the file header's closed length back to 0: the file may change (and shrink) from now on.
     mutating func forgetClosedLength() throws(MagpieError) {
-        try FileIO.write(fd, expectedHeader(regionSize: regionSize).encoded(), at: 0, path: context.path)
-        closedLength = 0
+        try FileIO.write(layout.fd, expectedHeader(regionSize: layout.regionSize).encoded(), at: 0, path: context.path)
+        life.closedLength = 0
     }
 
     /// At a clean close, after the flush: the file header records the file's length, which the next
     /// load checks (a file found shorter lost its end). Best effort: a failure only leaves it 0.
     mutating func recordClosedLength() {
-        settleFlight()
-        guard let length = try? FileIO.size(fd, path: context.path), length != closedLength, length >= BucketFileHeader.size else { return }
-        let header = expectedHeader(regionSize: regionSize, closedLength: length)
-        if (try? FileIO.write(fd, header.encoded(), at: 0, path: context.path)) != nil {
-            closedLength = length
-            headerMissing = false
+        settleDeferredWrite()
+        guard let length = try? FileIO.size(layout.fd, path: context.path), length != life.closedLength, length >= BucketFileHeader.size else { return }
+        let header = expectedHeader(regionSize: layout.regionSize, closedLength: length)
+        if (try? FileIO.write(layout.fd, header.encoded(), at: 0, path: context.path)) != nil {
+            life.closedLength = length
+            life.headerMissing = false
         }
     }
 
     /// Deletes the snapshot the bucket was loaded from, if it is still in the directory, and frees its
     /// charge.
     mutating func retireSnapshot() throws(MagpieError) {
-        guard keepsSnapshot else { return }
+        guard life.keepsSnapshot else { return }
         try context.directory.unlink(.buckets, snapshotName)
-        keepsSnapshot = false
-        if snapshotCharge > 0 {
-            context.ledger.pool.give(snapshotCharge)
-            snapshotCharge = 0
+        life.keepsSnapshot = false
+        if life.snapshotCharge > 0 {
+            context.ledger.pool.give(life.snapshotCharge)
+            life.snapshotCharge = 0
         }
     }
 
@@ -196,20 +196,18 @@ extension BucketState {
         else { return false }
         index = BucketIndex(slots: snapshot.slots, count: snapshot.liveCount)
         // It stays (see above): charged at its real length, whatever SIZES said of it.
-        context.ledger.pool.give(snapshotCharge - bytes.count)
-        snapshotCharge = bytes.count
-        liveBytes = snapshot.liveBytes
-        pendingCount = 0
-        pendingBytes = 0
-        maximumSequence = snapshot.maximumSequence
-        self.regionSize = regionSize
-        slotCount = snapshot.slotCount
-        regions = snapshot.regions
-        freeSlots = [Bool](repeating: true, count: slotCount)
-        for region in regions {
-            for slot in region.slot..<(region.slot + region.slots) { freeSlots[slot] = false }
+        context.ledger.pool.give(life.snapshotCharge - bytes.count)
+        life.snapshotCharge = bytes.count
+        tally = IndexTally(liveBytes: snapshot.liveBytes)
+        layout.maximumSequence = snapshot.maximumSequence
+        layout.regionSize = regionSize
+        layout.slotCount = snapshot.slotCount
+        layout.regions = snapshot.regions
+        layout.freeSlots = [Bool](repeating: true, count: layout.slotCount)
+        for region in layout.regions {
+            for slot in region.slot..<(region.slot + region.slots) { layout.freeSlots[slot] = false }
         }
-        nextRegionSequence = snapshot.nextRegionSequence
+        layout.nextRegionSequence = snapshot.nextRegionSequence
         return true
     }
 }

@@ -13,21 +13,21 @@ extension BucketState {
         try checkOpen()
         // The bucket's last memtable write failed (say, the disk is full): its stores are lost, and the next
         // store learns it (this one is not stored). The next `flush` would have, had no store come first.
-        if let failure = sealFailure {
-            sealFailure = nil
+        if let failure = memtables.sealFailure {
+            memtables.sealFailure = nil
             throw failure
         }
         defer { healIfNeeded(now: now) }
         // Room in the memtables first, so that a busy store has written nothing.
         // A memtable detached here is handed to the sealer by the store that returns `.storedAndDetached`
-        // (makeMemtableRoom notes it in `sealingNotHandedOver`): this one, or, if this one returns `.short`
+        // (`BucketMemtables.makeRoom` notes it in `sealingNotHandedOver`): this one, or, if this one returns `.short`
         // or throws (its tombstone needed room), the next.
-        guard makeMemtableRoom(for: draft.length) else { return .done(.busy) }
+        guard memtables.makeRoom(for: draft.length, writeBuffer: context.writeBuffer) else { return .done(.busy) }
         var earned = 0  // the reads the key earned, kept by the new value (writeTombstone zeroes them)
         var existing = try position(of: key)
-        // A record of the key in a flight is about to be in the file: it lands first, and gets its tombstone.
-        if let found = existing, isInFlight(index[found]) {
-            settleFlight()
+        // A record of the key in a deferred write is about to be in the file: it is settled first, and gets its tombstone.
+        if let found = existing, memtables.isInDeferredWrite(index[found]) {
+            settleDeferredWrite()
             existing = try position(of: key)
         }
         if let position = existing {
@@ -36,30 +36,30 @@ extension BucketState {
                 index[position].credits = 0  // see writeTombstone
                 if case .short(let short) = try writeTombstone(for: key, policy: policy, now: now) { return .short(short) }
             }
-        } else if unindexedRegion != nil {
+        } else if damage.unindexedRegion != nil {
             // A failed write may have left a record of the key in the file that nothing points at.
             if case .short(let short) = try writeTombstone(for: key, policy: policy, now: now) { return .short(short) }
         }
         // (Found again: writing a tombstone may have reclaimed a region, which moves slots.)
         let credits = max(earned, try position(of: key).map { take(at: $0).credits } ?? 0)
-        guard let memtable = active else { throw MagpieError(.ioFailure, "out of memory for a memtable", path: context.path) }
+        guard let memtable = memtables.active else { throw MagpieError(.ioFailure, "out of memory for a memtable", path: context.path) }
         return .done(append(draft, key: key, credits: credits, to: memtable))
     }
 
     /// ``store(_:key:now:policy:)`` for a caller that must not wait (an async caller's task, through
     /// `DiskTier.storeIfImmediate`): the same store when it needs neither the file nor a wait — the bucket
     /// loaded, with nothing to heal and no failed write to report; no record of the key in the file (its
-    /// tombstone would be written) and none in a flight (which would be waited for); room in the memtables
+    /// tombstone would be written) and none in a deferred write (which would be waited for); room in the memtables
     /// at once — else nil, with nothing changed. `draft` fits a memtable (the caller checks).
     mutating func storeIfImmediate(_ draft: RecordDraft, key: HashedKey) -> DiskStoreOutcome? {
-        guard isOpen, loaded, context.health.failure == nil, sealFailure == nil, unindexedRegion == nil, !needsScrub,
-            damaged.isEmpty, hiddenDamage.isEmpty, context.writeBuffer > 0, draft.length <= context.writeBuffer
+        guard isOpen, life.loaded, context.health.failure == nil, memtables.sealFailure == nil, damage.unindexedRegion == nil,
+            !damage.needsHealing, context.writeBuffer > 0, draft.length <= context.writeBuffer
         else { return nil }
         guard case .done(let existing) = pendingPosition(of: key) else { return nil }
-        if let found = existing, isInFlight(index[found]) { return nil }
+        if let found = existing, memtables.isInDeferredWrite(index[found]) { return nil }
         // The last step that may refuse (a memtable it detached before refusing is owed to the sealer by
         // `sealingNotHandedOver`, which the next store's outcome pays).
-        guard makeMemtableRoom(for: draft.length), let memtable = active else { return nil }
+        guard memtables.makeRoom(for: draft.length, writeBuffer: context.writeBuffer), let memtable = memtables.active else { return nil }
         let credits = existing.map { take(at: $0).credits } ?? 0
         return append(draft, key: key, credits: credits, to: memtable)
     }
@@ -76,12 +76,12 @@ extension BucketState {
         slot.credits = credits
         insert(slot)
         counters.writes += 1
-        var outcome = sealingNotHandedOver ? DiskStoreOutcome.storedAndDetached : .stored
-        sealingNotHandedOver = false
+        var outcome = memtables.sealingNotHandedOver ? DiskStoreOutcome.storedAndDetached : .stored
+        memtables.sealingNotHandedOver = false
         // A record longer than the write buffer has a memtable of its own, and no write buffer means every
-        // store is written before it returns: detach it now (the sealing slot is free, see makeMemtableRoom).
-        if (draft.length > context.writeBuffer || context.writeBuffer == 0) && sealing == nil {
-            detach()
+        // store is written before it returns: detach it now (the sealing slot is free, see `BucketMemtables.makeRoom`).
+        if (draft.length > context.writeBuffer || context.writeBuffer == 0) && memtables.sealing == nil {
+            memtables.detach()
             outcome = .storedAndDetached
         }
         return outcome
@@ -94,12 +94,12 @@ extension BucketState {
         defer { healIfNeeded(now: now) }
         let tag = DiskSlot.tag(of: key.hash)
         var found = try find(tag: tag, key: key.bytes)
-        // A record of the key in a flight is about to be in the file: it lands first, and gets its tombstone.
-        if let (position, _) = found, isInFlight(index[position]) {
-            settleFlight()
+        // A record of the key in a deferred write is about to be in the file: it is settled first, and gets its tombstone.
+        if let (position, _) = found, memtables.isInDeferredWrite(index[position]) {
+            settleDeferredWrite()
             found = try find(tag: tag, key: key.bytes)
         }
-        if found == nil && unindexedRegion == nil { return .done(false) }
+        if found == nil && damage.unindexedRegion == nil { return .done(false) }
         if found.map({ !index[$0.0].isPending }) ?? true {
             if let (position, _) = found { index[position].credits = 0 }  // see writeTombstone
             if case .short(let short) = try writeTombstone(for: key, policy: policy, now: now) { return .short(short) }
@@ -118,14 +118,14 @@ extension BucketState {
         try checkOpen()
         defer { healIfNeeded(now: now) }
         var members = try groupMembers(group)
-        // Members whose records are in a flight are about to be in the file: they land first (and are
+        // Members whose records are in a deferred write are about to be in the file: they are settled first (and are
         // covered by the group tombstone).
-        if members.contains(where: { isInFlight($0) }) {
-            settleFlight()
+        if members.contains(where: { memtables.isInDeferredWrite($0) }) {
+            settleDeferredWrite()
             members = try groupMembers(group)
         }
-        guard !members.isEmpty || unindexedRegion != nil else { return .done(0) }
-        if members.contains(where: { !$0.isPending }) || unindexedRegion != nil {
+        guard !members.isEmpty || damage.unindexedRegion != nil else { return .done(0) }
+        if members.contains(where: { !$0.isPending }) || damage.unindexedRegion != nil {
             // No member may be copied forward past the group tombstone by a reclaim during its write (see
             // writeTombstone): with no credits they are evicted instead.
             for member in members where !member.isPending {
@@ -159,15 +159,12 @@ extension BucketState {
     /// and no region that slots miss. For an emptied file, and after a load that failed (the next load
     /// learns it all again from the file).
     mutating func forgetRegions() {
-        liveBytes = 0
-        if slotCount > 0 { context.ledger.noteFileCut() }
-        slotCount = 0
-        regions = []
-        freeSlots = []
-        damaged = []
-        hiddenDamage = []
-        needsScrub = false
-        unindexedRegion = nil
+        tally.liveBytes = 0
+        if layout.slotCount > 0 { context.ledger.noteFileCut() }
+        layout.slotCount = 0
+        layout.regions = []
+        layout.freeSlots = []
+        damage = BucketDamage()
     }
 
     /// Empties the bucket: the file keeps only its header (with the tier's region size now), the
@@ -178,19 +175,18 @@ extension BucketState {
         let header = BucketFileHeader(
             bucketIndex: context.number, bucketCount: context.bucketCount, seed: context.hasher.seed,
             regionSize: context.shared.regionSize)
-        try FileIO.truncate(fd, to: 0, path: context.path)
-        try FileIO.write(fd, header.encoded(), at: 0, path: context.path)
-        headerMissing = false
-        closedLength = 0
+        try FileIO.truncate(layout.fd, to: 0, path: context.path)
+        try FileIO.write(layout.fd, header.encoded(), at: 0, path: context.path)
+        life.headerMissing = false
+        life.closedLength = 0
         counters.removals += UInt64(index.count)
         index.removeAll()
-        pendingCount = 0
-        pendingBytes = 0
-        active = nil
-        if !sealingClaimed { sealing = nil }  // a claimed one finds nothing live when it is written
-        regionSize = context.shared.regionSize
+        tally = IndexTally()
+        memtables.active = nil
+        if !memtables.sealingClaimed { memtables.sealing = nil }  // a claimed one finds nothing live when it is written
+        layout.regionSize = context.shared.regionSize
         forgetRegions()
-        sealFailure = nil  // the stores it lost are removed anyway
+        memtables.sealFailure = nil  // the stores it lost are removed anyway
         remap()
         returnSurplus(keeping: 0)
     }

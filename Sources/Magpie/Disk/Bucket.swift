@@ -151,105 +151,41 @@ enum DiskStoreOutcome {
     case busy
 }
 
+/// A bucket's state, the value its lock guards (`Locked<BucketState>`): the parts described at the top of
+/// this file, each stored inline (a read reaches any field at a fixed offset, as before the split).
 struct BucketState {
     let context: BucketContext
-    var fd: Int32 = -1
-    /// The size of this file's slots: its header's (the tier's for a new or emptied file).
-    var regionSize: Int
-    /// Slots in the file: it takes `BucketFileHeader.size + slotCount × regionSize` bytes of the budget
-    /// (`size`), and is as long as what was written of them, no longer (its last slot may be written in
-    /// part only, and a free slot past the end of what was written is not in it).
-    var slotCount = 0
-    /// The file's regions, oldest first; records are appended to the last (Bucket+Regions.swift).
-    var regions: [Region] = []
-    /// Per slot: whether no region holds it.
-    var freeSlots: [Bool] = []
-    /// Regions open only in slots below this (while the file shrinks: Bucket+Room.swift).
-    var allocationCeiling = Int.max
-    /// The sequence number of the next region opened.
-    var nextRegionSequence: UInt64 = 1
-    /// The highest record sequence number written; the bucket stamps its next record with the one after.
-    var maximumSequence: UInt64 = 0
-    /// Bytes of the budget the file takes: its header and its slots (the file itself may be shorter).
-    var size: Int { BucketFileHeader.size + slotCount * regionSize }
-    /// Bytes of the live records in the file (the index's slots that are not pending).
-    var liveBytes = 0
-    /// Live records still in a memtable, and their bytes.
-    var pendingCount = 0
-    var pendingBytes = 0
-    /// The memtable stores append to, and the one being written (Disk/Memtable.swift).
-    var active: Memtable? = nil
-    var sealing: Memtable? = nil
-    /// Whether a thread has taken `sealing` to write it.
-    var sealingClaimed = false
-    /// The parity of the next memtable made.
-    var nextParity = 0
-    /// Empty (no slots allocated) until the load.
+    /// Where records lie: the file, its slots and regions, its limit (Bucket+Regions.swift, Bucket+Room.swift).
+    var layout: BucketLayout
+    /// Key tag → record, for the live entries of the file and of the memtables (BucketIndex.swift). Empty
+    /// (no slots allocated) until the load.
     var index = BucketIndex(capacity: 0)
+    /// What `index` holds, in counts and bytes (kept by `insert` and `drop`).
+    var tally = IndexTally()
+    /// The memtables and the seal under way (Bucket+Seal.swift, Bucket+RecordWrite.swift).
+    var memtables = BucketMemtables()
+    /// Damage found and not yet healed, and records a failed write may have left (Bucket+Heal.swift).
+    var damage = BucketDamage()
+    /// Open, loaded, closed; and what the open found beside the file (Bucket+Recovery.swift,
+    /// Bucket+Snapshot.swift).
+    var life = BucketLife()
     var counters = BucketCounters()
-    /// The file's mapping for reads (see FileMapping.swift); nil: reads use `pread`.
-    var mapping: FileMapping? = nil
-    /// Healing (Bucket+Heal.swift), done when the operation that found damage ends (not at once: it may
-    /// still hold index positions): regions (by sequence) whose damage is known (a value whose payload
-    /// does not verify), emptied into the newest region; regions whose damage may hide tombstones, which go
-    /// with every older region; whether a read met damage, so that every region is checked.
-    var damaged: [UInt64] = []
-    var hiddenDamage: [UInt64] = []
-    var needsScrub = false
-    /// A memtable that failed to be written, its stores lost: thrown by the next store, `writeBuffers` or
-    /// `flush`.
-    var sealFailure: MagpieError? = nil
-    /// A write that failed may have left records in the file that no slot points at (the sequence of its
-    /// region; `.max` after a freed region's header could not be zeroed, see `zeroHeaders`): until that
-    /// region is gone, removals and overwrites of keys that are not indexed write a tombstone all the
-    /// same, and the close writes no snapshot.
-    var unindexedRegion: UInt64? = nil
-    /// A store detached the active memtable but did not return `.storedAndDetached` (its tombstone needed
-    /// room first, or failed): the next store that succeeds returns it, so that the sealer is told.
-    var sealingNotHandedOver = false
-    /// The file's header is not in the file: emptying it for its first 2 MiB range took it away, and writing
-    /// it back failed (Bucket+HugePages.swift). The next change of the file writes it first.
-    var headerMissing = false
-    /// A seal's records placed in the file, their write not yet settled (Bucket+Flight.swift): settled
-    /// before anything else changes the file.
-    var flight: SealFlight? = nil
-    /// The most bytes the file may hold now: its share, plus what it borrowed, less what it lent.
-    var limit: Int
-    /// Whether the index has been loaded (Bucket+Recovery.swift): until then `index`, the regions and
-    /// `liveBytes` say nothing of the file.
-    var loaded = false
-    /// The bytes of the index snapshot found at the open, charged to the tier's budget until it is
-    /// deleted (see ``DiskLedger``).
-    var snapshotCharge = 0
-    /// Loaded from its snapshot, which is still in the directory (see Bucket+Snapshot.swift): it must
-    /// be deleted (``beforeFileChange()``) before the file changes.
-    var keepsSnapshot = false
-    /// The closed length the file's header holds (OnDiskFormat.swift); set back to 0 in the file before
-    /// its first change (``beforeFileChange()``).
-    var closedLength = 0
-    /// For a bucket whose file the open did not open (SIZES told its size; `fd` is -1 until its load
-    /// opens it): that size.
-    var recordedFileSize = 0
-    /// Set by `close()`: every operation then throws ``MagpieError/Code/closed``.
-    var closed = false
 
     init(context: BucketContext) {
         self.context = context
-        self.limit = context.share
-        self.regionSize = context.shared.regionSize
+        self.layout = BucketLayout(regionSize: context.shared.regionSize, limit: context.share)
     }
 
     /// A bucket as SIZES describes it: its file not opened yet (its load opens it), its limit from the
     /// recorded size, its snapshot charged.
     init(context: BucketContext, recordedFileSize: Int, snapshotCharge: Int) {
         self.context = context
-        self.limit = max(context.share, recordedFileSize)
-        self.recordedFileSize = recordedFileSize
-        self.snapshotCharge = snapshotCharge
-        self.regionSize = context.shared.regionSize
+        self.layout = BucketLayout(regionSize: context.shared.regionSize, limit: max(context.share, recordedFileSize))
+        life.recordedFileSize = recordedFileSize
+        life.snapshotCharge = snapshotCharge
     }
 
-    var isOpen: Bool { !closed }
+    var isOpen: Bool { !life.closed }
 
     func checkOpen() throws(MagpieError) {
         guard isOpen else { throw MagpieError(.closed, "the disk tier is closed", path: context.path) }
@@ -257,7 +193,7 @@ struct BucketState {
     }
 
     /// Live entries in the file (not pending).
-    var fileEntryCount: Int { index.count - pendingCount }
+    var fileEntryCount: Int { index.count - tally.pendingCount }
 
     /// Removes the slot at `position` from the index and returns it.
     mutating func take(at position: Int) -> DiskSlot {
@@ -268,49 +204,101 @@ struct BucketState {
 
     /// Removes the slot at `position` from the index (its record becomes garbage).
     mutating func drop(at position: Int) {
-        let slot = index[position]
-        if slot.isPending {
-            pendingCount -= 1
-            pendingBytes -= slot.length
-        } else {
-            liveBytes -= slot.length
-        }
+        tally.remove(index[position])
         index.remove(at: position)
     }
 
     /// Adds `slot` to the index.
     mutating func insert(_ slot: DiskSlot) {
+        tally.add(slot)
+        index.insert(slot)
+    }
+
+    mutating func flush() throws(MagpieError) {
+        try checkOpen()
+        settleDeferredWrite()
+        try FileIO.sync(layout.fd, path: context.path)
+    }
+
+    mutating func close() {
+        settleDeferredWrite()  // its write must be done before the descriptor goes
+        layout.mapping?.unmap()
+        layout.mapping = nil
+        if layout.fd >= 0 { Glibc.close(layout.fd) }
+        layout.fd = -1
+        memtables.active = nil
+        if !memtables.sealingClaimed { memtables.sealing = nil }
+        life.closed = true
+    }
+
+    /// Maps the current file for reads, replacing the mapping of any previous one. Called with the lock
+    /// held whenever `fd` changes or the file grows past the mapping, before anything reads through it.
+    mutating func remap(length: Int? = nil) {
+        layout.mapping?.unmap()
+        layout.mapping =
+            context.mappedReads && layout.fd >= 0 ? FileMapping.map(layout.fd, length: length ?? max(context.share, layout.limit)) : nil
+    }
+}
+
+/// What the index holds, in counts and bytes: the live bytes of the file (slots that are not pending), and
+/// the live records still in a memtable with their bytes.
+struct IndexTally {
+    var liveBytes = 0
+    var pendingCount = 0
+    var pendingBytes = 0
+
+    /// `slot` went into the index.
+    @inline(__always)
+    mutating func add(_ slot: DiskSlot) {
         if slot.isPending {
             pendingCount += 1
             pendingBytes += slot.length
         } else {
             liveBytes += slot.length
         }
-        index.insert(slot)
     }
 
-    mutating func flush() throws(MagpieError) {
-        try checkOpen()
-        settleFlight()
-        try FileIO.sync(fd, path: context.path)
+    /// `slot` left the index.
+    @inline(__always)
+    mutating func remove(_ slot: DiskSlot) {
+        if slot.isPending {
+            pendingCount -= 1
+            pendingBytes -= slot.length
+        } else {
+            liveBytes -= slot.length
+        }
     }
 
-    mutating func close() {
-        settleFlight()  // its write must be done before the descriptor goes
-        mapping?.unmap()
-        mapping = nil
-        if fd >= 0 { Glibc.close(fd) }
-        fd = -1
-        active = nil
-        if !sealingClaimed { sealing = nil }
-        closed = true
+    /// A pending slot of `pendingLength` bytes now points at its `length`-byte record in the file.
+    mutating func settle(pendingLength: Int, length: Int) {
+        pendingCount -= 1
+        pendingBytes -= pendingLength
+        liveBytes += length
     }
+}
 
-    /// Maps the current file for reads, replacing the mapping of any previous one. Called with the lock
-    /// held whenever `fd` changes or the file grows past the mapping, before anything reads through it.
-    mutating func remap(length: Int? = nil) {
-        mapping?.unmap()
-        mapping = context.mappedReads && fd >= 0 ? FileMapping.map(fd, length: length ?? max(context.share, limit)) : nil
-    }
-
+/// The bucket's life cycle, and what the open found beside the file that must go before the file first
+/// changes (``BucketState/beforeFileChange()``): the index snapshot it may have loaded, the closed length
+/// the file's header holds, a header that huge pages took away.
+struct BucketLife {
+    /// Whether the index has been loaded (Bucket+Recovery.swift): until then the index, the regions and
+    /// the tally say nothing of the file.
+    var loaded = false
+    /// Set by `close()`: every operation then throws ``MagpieError/Code/closed``.
+    var closed = false
+    /// The bytes of the index snapshot found at the open, charged to the tier's budget until it is
+    /// deleted (see ``DiskLedger``).
+    var snapshotCharge = 0
+    /// Loaded from its snapshot, which is still in the directory (see Bucket+Snapshot.swift): it must
+    /// be deleted (``BucketState/beforeFileChange()``) before the file changes.
+    var keepsSnapshot = false
+    /// For a bucket whose file the open did not open (SIZES told its size; the descriptor is -1 until its
+    /// load opens it): that size.
+    var recordedFileSize = 0
+    /// The closed length the file's header holds (OnDiskFormat.swift); set back to 0 in the file before
+    /// its first change (``BucketState/beforeFileChange()``).
+    var closedLength = 0
+    /// The file's header is not in the file: emptying it for its first 2 MiB range took it away, and writing
+    /// it back failed (Bucket+HugePages.swift). The next change of the file writes it first.
+    var headerMissing = false
 }

@@ -76,7 +76,7 @@ final class BucketSet: Sendable {
             var before = sealer.completed
             while try !sealBucket(number, ownStore: true) {
                 // Another thread has it (a `writeBuffers`): this store returns once it is written.
-                guard buckets[number].withLock({ $0.sealing != nil && $0.sealingClaimed }) else { return }
+                guard buckets[number].withLock({ $0.memtables.sealing != nil && $0.memtables.sealingClaimed }) else { return }
                 sealer.waitForCompletion(after: before)
                 before = sealer.completed
             }
@@ -92,7 +92,7 @@ final class BucketSet: Sendable {
         // A failure is the stores' of that memtable, not this one's (not stored yet): it is counted, logged
         // and kept for the next `flush`, and this store goes on.
         if (try? sealBucket(number, reported: false)) == true { return }
-        if buckets[number].withLock({ !$0.sealingClaimed }) { return }  // written, or failed, meanwhile
+        if buckets[number].withLock({ !$0.memtables.sealingClaimed }) { return }  // written, or failed, meanwhile
         sealer.waitForCompletion(after: before)
     }
 
@@ -104,20 +104,20 @@ final class BucketSet: Sendable {
     /// the failure: not a lost store.)
     @discardableResult
     func sealBucket(_ number: Int, reported: Bool = true, ownStore: Bool = false) throws(MagpieError) -> Bool {
-        guard let (memtable, live) = buckets[number].withLock({ $0.isOpen && $0.loaded ? $0.claimSealing() : nil }) else {
+        guard let (memtable, live) = buckets[number].withLock({ $0.isOpen && $0.life.loaded ? $0.claimSealing() : nil }) else {
             return false
         }
         defer { sealer.noteCompleted() }
         var (batch, original, stored) = BucketState.seal(memtable, live: live, shared: shared)
         let now = shared.clock.now()
         do {
-            let flight = try withRoom(number, now: now) { (state, policy) throws(MagpieError) in
+            let deferred = try withRoom(number, now: now) { (state, policy) throws(MagpieError) in
                 try state.commitSeal(memtable, &batch, policy: policy, now: now, deferring: true)
             }
-            // The records' write, without the bucket's lock (Bucket+Flight.swift).
-            if let flight {
-                flight.write(from: batch.bytes)
-                try buckets[number].withLock { (state: inout BucketState) throws(MagpieError) in try state.finishSeal(memtable, flight: flight) }
+            // The records' write, without the bucket's lock (Bucket+RecordWrite.swift).
+            if let deferred {
+                deferred.write(from: batch.bytes)
+                try buckets[number].withLock { (state: inout BucketState) throws(MagpieError) in try state.finishSeal(memtable, write: deferred) }
             }
         } catch {
             buckets[number].withLock { $0.abandonSeal(memtable, failure: reported ? nil : error, countingLost: !ownStore) }
@@ -141,8 +141,8 @@ final class BucketSet: Sendable {
     /// for the next call.
     func writeMemtables(_ number: Int) throws(MagpieError) {
         let targets = buckets[number].withLock { state -> [Memtable] in
-            guard state.isOpen && state.loaded else { return [] }
-            return [state.sealing, state.active].compactMap { $0 }.filter { !$0.isEmpty }
+            guard state.isOpen && state.life.loaded else { return [] }
+            return [state.memtables.sealing, state.memtables.active].compactMap { $0 }.filter { !$0.isEmpty }
         }
         var failure: MagpieError? = nil
         for target in targets {
@@ -151,10 +151,10 @@ final class BucketSet: Sendable {
                 enum Step { case done, seal, wait }
                 let step = buckets[number].withLock { state -> Step in
                     guard state.isOpen else { return .done }
-                    if state.sealing === target { return state.sealingClaimed ? .wait : .seal }
-                    if state.active === target {
-                        guard state.sealing == nil else { return state.sealingClaimed ? .wait : .seal }
-                        state.detach()
+                    if state.memtables.sealing === target { return state.memtables.sealingClaimed ? .wait : .seal }
+                    if state.memtables.active === target {
+                        guard state.memtables.sealing == nil else { return state.memtables.sealingClaimed ? .wait : .seal }
+                        state.memtables.detach()
                         return .seal
                     }
                     return .done  // written (or dropped by `removeAll`) meanwhile
@@ -175,8 +175,8 @@ final class BucketSet: Sendable {
         // A memtable the sealer failed to write since the last call (or while this one waited for it): its
         // stores are lost, and this call must not return as if everything stored had reached the file.
         let background = buckets[number].withLock { state in
-            defer { state.sealFailure = nil }
-            return state.sealFailure
+            defer { state.memtables.sealFailure = nil }
+            return state.memtables.sealFailure
         }
         if let failure = failure ?? background { throw failure }
     }

@@ -74,7 +74,7 @@ extension DiskTier {
         for bucket in buckets {
             try bucket.withLock { (state: inout BucketState) throws(MagpieError) in
                 try state.checkOpen()
-                if state.loaded { try state.flush() }  // a bucket not loaded has not been written since the open
+                if state.life.loaded { try state.flush() }  // a bucket not loaded has not been written since the open
             }
         }
         try syncJournal()
@@ -141,17 +141,17 @@ extension DiskTier {
                 }
                 let file: Int
                 var snapshot: Int
-                if state.loaded {
+                if state.life.loaded {
                     // Its length, for the next load to check (OnDiskFormat.swift, "closed length"), once
                     // everything stored reached the file.
                     if failure == nil { state.recordClosedLength() }
-                    file = state.size
-                    snapshot = state.keepsSnapshot ? state.snapshotCharge : 0
+                    file = state.layout.size
+                    snapshot = state.life.keepsSnapshot ? state.life.snapshotCharge : 0
                     // Only a flushed index may be snapshotted: after a failed flush the next open scans.
                     if failure == nil && state.snapshotLength <= room {
                         room -= state.snapshotLength
                         snapshot = state.writeSnapshot()
-                        state.keepsSnapshot = false  // that one is the close's, for the next open
+                        state.life.keepsSnapshot = false  // that one is the close's, for the next open
                     }
                 } else {
                     (file, snapshot) = state.unloadedSizes

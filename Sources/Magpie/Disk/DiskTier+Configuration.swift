@@ -94,7 +94,7 @@ extension DiskTier {
         /// returns (false: for tests that need the same file layout from run to run).
         package var sealsInBackground = true
         /// Whether a thread loads the buckets' indexes after the open (true), or only their first use
-        /// does (false: for tests that need buckets left unloaded; see `Disk/BucketLoader.swift`).
+        /// does (false: for tests that need buckets left unloaded; see `Disk/IndexLoader.swift`).
         package var loadsInBackground = true
 
         /// A configuration with defaults: zstd level 1, values of 64 bytes or more compressed.

@@ -234,7 +234,7 @@ extension DiskTier {
         var problem = directory.check(bucketFiles: [])
         for bucket in buckets where problem == nil {
             problem = bucket.withLock { state in
-                state.isOpen ? directory.check(bucketFiles: [(state.fd, state.context.name)]) : nil
+                state.isOpen ? directory.check(bucketFiles: [(state.layout.fd, state.context.name)]) : nil
             }
         }
         if let problem {
@@ -276,22 +276,22 @@ extension DiskTier {
     /// way (for tests; it takes every bucket's lock).
     package var ledgerTotal: Int {
         var total = DiskLedger.manifestAllowance + sizesFile.heldBytes + journal.withLock { $0.reserved }
-        for bucket in buckets { total += bucket.withLock { $0.limit + $0.snapshotCharge } }
+        for bucket in buckets { total += bucket.withLock { $0.layout.limit + $0.life.snapshotCharge } }
         return total + ledger.pool.available
     }
 
     /// How many buckets have their file open (for tests of the open; it takes every bucket's lock).
     package var openBucketFileCount: Int {
-        buckets.reduce(0) { count, bucket in count + (bucket.withLock { $0.fd >= 0 } ? 1 : 0) }
+        buckets.reduce(0) { count, bucket in count + (bucket.withLock { $0.layout.fd >= 0 } ? 1 : 0) }
     }
 
     /// How many buckets have their index loaded (for tests of the open; it takes every bucket's lock).
     package var loadedBucketCount: Int {
-        buckets.reduce(0) { count, bucket in count + (bucket.withLock { $0.loaded } ? 1 : 0) }
+        buckets.reduce(0) { count, bucket in count + (bucket.withLock { $0.life.loaded } ? 1 : 0) }
     }
 
     /// The counters and sizes of all buckets. Waits for the buckets whose indexes are still loading
-    /// after the open, and for the loader thread's end (see `Disk/BucketLoader.swift`): a bucket that
+    /// after the open, and for the loader thread's end (see `Disk/IndexLoader.swift`): a bucket that
     /// fails to load counts as empty. Read one bucket at a time, and read again (up to 3 times) if a
     /// bucket's file lost slots meanwhile: room that a lender gave up after it was read, and that a
     /// borrower grew by before it was read, counted twice, and `bytesOnDisk` exceeded the budget (seen in
@@ -352,10 +352,10 @@ extension DiskTier {
         total.expired += c.expired
         if c.openedFromSnapshot { total.bucketsOpenedFromSnapshot += 1 }
         total.entries += state.index.count
-        total.liveBytes += state.liveBytes
-        total.bytesOnDisk += state.size
-        total.bufferedBytes += (state.active?.count ?? 0) + (state.sealing?.count ?? 0)
-        total.regions += state.regions.count
+        total.liveBytes += state.tally.liveBytes
+        total.bytesOnDisk += state.layout.size
+        total.bufferedBytes += (state.memtables.active?.count ?? 0) + (state.memtables.sealing?.count ?? 0)
+        total.regions += state.layout.regions.count
         total.lostBufferedStores += c.lostBufferedRecords
         total.droppedForDamage += c.droppedForDamage
         total.indexBytes += state.index.bytes

@@ -72,7 +72,7 @@ extension DiskTier {
         readHints.prefetch(bucket: number, tag: DiskSlot.tag(of: key.hash))
         let locked = unownedBuckets[number]._withUnsafeGuaranteedRef { bucket -> Bool in
             bucket.withLockIfAvailable { (state: inout BucketState) -> Bool in
-                guard state.loaded else {
+                guard state.life.loaded else {
                     blocked = true  // loading reads the file
                     return true
                 }
@@ -282,7 +282,7 @@ extension DiskTier {
         var found: Bool? = nil
         unownedBuckets[Self.bucket(of: key.hash, count: bucketCount)]._withUnsafeGuaranteedRef { bucket in
             _ = bucket.withLockIfAvailable { (state: inout BucketState) in
-                guard state.loaded else { return }  // loading reads the file
+                guard state.life.loaded else { return }  // loading reads the file
                 do throws(MagpieError) {
                     found = try state.containsIfImmediate(key, now: now)
                 } catch {

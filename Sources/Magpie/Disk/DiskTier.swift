@@ -68,7 +68,7 @@ import Synchronization
 ///
 /// **Reopening.** Opening takes the same time whatever the directory holds: each bucket's file is opened
 /// and its index loaded at its first use or by a background thread meanwhile (see
-/// `Disk/BucketLoader.swift`). ``close()`` leaves an index snapshot per bucket, so a load after a clean
+/// `Disk/IndexLoader.swift`). ``close()`` leaves an index snapshot per bucket, so a load after a clean
 /// close reads the snapshot instead of scanning every record (see `Disk/Bucket+Snapshot.swift`), and
 /// last `buckets/SIZES`, every bucket file's and snapshot's size: the next open reads that one file,
 /// charges those sizes to the budget, and lists, opens and measures nothing else in `buckets/` (strays
@@ -142,8 +142,8 @@ public final class DiskTier: Sendable {
     let missingBucketFiles: Int
     /// Held by whatever removes strays from `buckets/`: the loader thread, a close.
     let strayLock: Locked<UInt64>
-    /// Loads the buckets' indexes in the background after the open (see ``BucketLoader``).
-    let loader: BucketLoader
+    /// Loads the buckets' indexes in the background after the open (see ``IndexLoader``).
+    let loader: IndexLoader
     /// The SIZES the last clean close left, until the first change to a bucket file deletes it.
     let sizesFile: SizesFile
 
@@ -248,7 +248,7 @@ public final class DiskTier: Sendable {
                         }
                         state = opened
                     }
-                    held += state.limit + state.snapshotCharge
+                    held += state.layout.limit + state.life.snapshotCharge
                     buckets.append(Locked(state))
                 }
                 // Whatever the buckets do not hold is the pool (below zero if the files hold more than
@@ -280,9 +280,9 @@ public final class DiskTier: Sendable {
             self.journal = Locked(JournalState(size: journalSize, reserved: journalReserved))
             self.checkInterval = configuration.directoryCheckInterval.map { Self.milliseconds($0) }
             self.sizesFile = sizesFile
-            self.loader = BucketLoader(
+            self.loader = IndexLoader(
                 buckets, start: configuration.loadsInBackground,
-                strays: sizes == nil ? nil : BucketLoader.Strays(directory: directory, bucketCount: count, lock: strayLock))
+                strays: sizes == nil ? nil : IndexLoader.Strays(directory: directory, bucketCount: count, lock: strayLock))
             self.strayLock = strayLock
             let set = BucketSet(buckets: buckets, shared: shared, sealer: Sealer(bucketCount: count), sealsInBackground: configuration.sealsInBackground)
             self.bucketSet = set

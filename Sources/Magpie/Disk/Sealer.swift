@@ -5,7 +5,7 @@ import Synchronization
 //
 // A store that detaches its bucket's active memtable (Disk/Bucket+Seal.swift) queues the bucket here
 // and returns; this thread takes buckets in order and seals their memtables (compression, hashing and,
-// mostly, the file write outside the bucket's lock: Bucket+Seal.swift, Bucket+Flight.swift). It starts at
+// mostly, the file write outside the bucket's lock: Bucket+Seal.swift, Bucket+RecordWrite.swift). It starts at
 // the first queued bucket (a tier that is only read never starts it) and stops when the tier closes (after
 // the seal it is in; `close()` writes what is left itself) or is released.
 //

@@ -20,7 +20,8 @@ import Synchronization
 // for it before it writes anything; it writes snapshots for loaded buckets only.
 
 /// The thread that loads every bucket's index after the open, until all are loaded or the tier closes.
-final class BucketLoader: Sendable {
+/// (Not the loader API's: that one fills a cache from the caller's source, Loading/.)
+final class IndexLoader: Sendable {
     private let stopped = Atomic<Bool>(false)
     private let finished = Atomic<Bool>(false)
     /// Entered while the thread runs: ``waitUntilFinished()`` waits on it (no polling).
