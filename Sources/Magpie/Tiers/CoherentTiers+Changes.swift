@@ -24,12 +24,10 @@ extension CoherentTiers {
         }
         remote.store.startReporting(to: changes)
         // Removals owed by an earlier run that was killed (journaled in the directory): replayed now.
-        if let disk = local.disk {
-            do {
-                remote.restoreOwed(try disk.journalEntries())
-            } catch {
-                runtime.logger.error("magpie: the journal of owed removals could not be read", metadata: ["error": "\(error)"])
-            }
+        do {
+            try remote.owed.restore()
+        } catch {
+            runtime.logger.error("magpie: the journal of owed removals could not be read", metadata: ["error": "\(error)"])
         }
     }
 

@@ -44,12 +44,7 @@ final class CoherentTiers: Sendable {
     init(local: LocalTiers, options: RemoteTierOptions, hasher: KeyHash) {
         self.local = local
         self.hasher = hasher
-        let journal = local.disk.map { disk in
-            OwedJournal(
-                append: { (entry) throws(MagpieError) -> Bool in try disk.appendToJournal(entry) },
-                replace: { (entries) throws(MagpieError) -> Bool in try disk.replaceJournal(with: entries) })
-        }
-        remote = RemoteTier(options, clock: local.runtime.clock, journal: journal)
+        remote = RemoteTier(options, clock: local.runtime.clock, journal: local.disk.map { OwedJournal($0) })
     }
 
     // MARK: Reads
