@@ -45,7 +45,7 @@ func changeMessage(_ name: String, _ text: String?, version: UInt64, to cache: C
     guard let text else { return .changed(RemoteChangeMessage(key: key, version: version, own: false, partition: partition, sequence: 0)) }
     var record = RemoteRecord(value: Array(text.utf8))
     record.version = version
-    record.namespaceToken = coherent.remote.cachedToken(group: nil, now: cache.runtime.clock.now()) ?? 0
+    record.namespaceToken = coherent.remote.tokens.cached(group: nil, now: cache.runtime.clock.now()) ?? 0
     return .changed(
         RemoteChangeMessage(key: key, version: version, own: false, partition: partition, sequence: 0, value: record.encoded(key: key)))
 }
@@ -309,7 +309,7 @@ struct CacheCoherentTiersTests {
         }
         // As `token(group:create:)` does before its store; the report comes before the token is cached.
         let mine = RemoteRecord.newToken()
-        coherent.remote.noteCreated(mine)
+        coherent.remote.tokens.noteCreated(mine)
         coherent.remote.forgetToken(group: nil)
         coherent.apply(report(mine))
         #expect(try a.lookup("r") == CacheHit(value: bytes("v"), tier: .memory))

@@ -14,18 +14,18 @@ struct DiskJournalTests {
         let entries = (0..<20).map { Array("entry \($0)".utf8) }
         do {
             let tier = try DiskTier(.init(directory: directory.path, budget: 1 << 20, bucketCount: 4))
-            for entry in entries { #expect(try tier.appendToJournal(entry)) }
+            for entry in entries { #expect(try OwedJournal(tier).append(entry)) }
             // Not closed: a killed process leaves what it appended.
         }
         let path = directory.path + "/OWED"
         var tier = try DiskTier(.init(directory: directory.path, budget: 1 << 20, bucketCount: 4))
-        #expect(try tier.journalEntries() == entries)
+        #expect(try OwedJournal(tier).payloads() == entries)
         try tier.close()
         // A torn last entry (a crash mid-append): dropped.
         let size = try #require(FileManager.default.attributesOfItem(atPath: path)[.size] as? Int)
         #expect(truncate(path, off_t(size - 3)) == 0)
         tier = try DiskTier(.init(directory: directory.path, budget: 1 << 20, bucketCount: 4))
-        #expect(try tier.journalEntries() == Array(entries.dropLast()))
+        #expect(try OwedJournal(tier).payloads() == Array(entries.dropLast()))
         try tier.close()
         // A damaged byte in the fifth entry: the first four are kept.
         let handle = try #require(FileHandle(forUpdatingAtPath: path))
@@ -35,13 +35,13 @@ struct DiskJournalTests {
         handle.write(Data([0xFF]))
         try handle.close()
         tier = try DiskTier(.init(directory: directory.path, budget: 1 << 20, bucketCount: 4))
-        #expect(try tier.journalEntries() == Array(entries.prefix(4)))
+        #expect(try OwedJournal(tier).payloads() == Array(entries.prefix(4)))
         // Replaced whole, then removed when empty.
-        #expect(try tier.replaceJournal(with: [entries[7]]))
-        #expect(try tier.journalEntries() == [entries[7]])
-        #expect(try tier.replaceJournal(with: []))
+        #expect(try OwedJournal(tier).replace(with: [entries[7]]))
+        #expect(try OwedJournal(tier).payloads() == [entries[7]])
+        #expect(try OwedJournal(tier).replace(with: []))
         #expect(!FileManager.default.fileExists(atPath: path))
-        #expect(try tier.journalEntries() == [])
+        #expect(try OwedJournal(tier).payloads() == [])
         try tier.close()
     }
 
@@ -55,7 +55,7 @@ struct DiskJournalTests {
         let value = [UInt8](repeating: 7, count: 1000)
         for i in 0..<2_000 { try tier.set(value, forKey: "k\(i)") }
         var appended = 0
-        while try tier.appendToJournal([UInt8](repeating: 1, count: 100)) { appended += 1 }
+        while try OwedJournal(tier).append([UInt8](repeating: 1, count: 100)) { appended += 1 }
         #expect(appended > 0)
         #expect(tier.journalSize <= tier.journalLimit)
         try tier.flush()
@@ -69,7 +69,7 @@ struct DiskJournalTests {
         for i in 0..<500 { try reopened.set(value, forKey: "more\(i)") }
         try reopened.flush()
         #expect(directoryBytes(directory.path) <= budget)
-        #expect(try reopened.journalEntries().count == appended)
+        #expect(try OwedJournal(reopened).payloads().count == appended)
         try reopened.close()
         try DiskTier.destroy(directory: directory.path)
         #expect(!FileManager.default.fileExists(atPath: directory.path + "/OWED"))
@@ -84,10 +84,10 @@ struct DiskJournalTests {
         try Data("not yours".utf8).write(to: URL(fileURLWithPath: victim))
         let tier = try DiskTier(.init(directory: directory.path, budget: 1 << 20, bucketCount: 4))
         #expect(symlink(victim, directory.path + "/OWED") == 0)
-        #expect(try tier.journalEntries() == [])
-        #expect(throws: MagpieError.self) { _ = try tier.appendToJournal(Array("entry".utf8)) }
-        #expect(try tier.replaceJournal(with: [Array("entry".utf8)]))  // replaces the link itself
-        #expect(try tier.journalEntries() == [Array("entry".utf8)])
+        #expect(try OwedJournal(tier).payloads() == [])
+        #expect(throws: MagpieError.self) { _ = try OwedJournal(tier).append(Array("entry".utf8)) }
+        #expect(try OwedJournal(tier).replace(with: [Array("entry".utf8)]))  // replaces the link itself
+        #expect(try OwedJournal(tier).payloads() == [Array("entry".utf8)])
         #expect(try String(contentsOfFile: victim, encoding: .utf8) == "not yours")
         try tier.close()
     }

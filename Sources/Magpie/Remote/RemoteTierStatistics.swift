@@ -1,3 +1,5 @@
+import Synchronization
+
 // What a cache's remote tier did: the public statistics, read from the tier's counters.
 
 /// What a cache's remote tier did (``CacheStatistics/remote``).
@@ -98,6 +100,37 @@ public struct RemoteTierStatistics: Sendable, Hashable {
     public init() {}
 }
 
+/// The remote tier's counters (``RemoteTier/counters``), shared by its parts and by the composer that reads
+/// through it; read into ``RemoteTierStatistics``.
+final class RemoteCounters: Sendable {
+    let hits = Atomic<UInt64>(0)
+    let misses = Atomic<UInt64>(0)
+    let errors = Atomic<UInt64>(0)
+    let corrupt = Atomic<UInt64>(0)
+    let outdated = Atomic<UInt64>(0)
+    let stores = Atomic<UInt64>(0)
+    let removals = Atomic<UInt64>(0)
+    let queuedRemovals = Atomic<UInt64>(0)
+    let replayedRemovals = Atomic<UInt64>(0)
+    let pendingOverflows = Atomic<UInt64>(0)
+    let leasesAcquired = Atomic<UInt64>(0)
+    let leaseWaits = Atomic<UInt64>(0)
+    let sharedLoads = Atomic<UInt64>(0)
+    let fenced = Atomic<UInt64>(0)
+    let restoredRemovals = Atomic<UInt64>(0)
+    let journalFailures = Atomic<UInt64>(0)
+    let withheld = Atomic<UInt64>(0)
+    let unkept = Atomic<UInt64>(0)
+    let ownWritesFetched = Atomic<UInt64>(0)
+    let pushesApplied = Atomic<UInt64>(0)
+    let copiesDropped = Atomic<UInt64>(0)
+    let ownMessages = Atomic<UInt64>(0)
+    let staleMessages = Atomic<UInt64>(0)
+    let unserved = Atomic<UInt64>(0)
+    let readHits = Atomic<UInt64>(0)
+    let readMisses = Atomic<UInt64>(0)
+}
+
 extension RemoteTier {
     var statistics: RemoteTierStatistics {
         var s = RemoteTierStatistics()
@@ -110,7 +143,7 @@ extension RemoteTier {
         s.removals = counters.removals.load(ordering: .relaxed)
         s.queuedRemovals = counters.queuedRemovals.load(ordering: .relaxed)
         s.replayedRemovals = counters.replayedRemovals.load(ordering: .relaxed)
-        s.owedRemovals = owedRemovals
+        s.owedRemovals = owed.count
         s.pendingOverflows = counters.pendingOverflows.load(ordering: .relaxed)
         s.invalidations = coherence.invalidations.load(ordering: .relaxed)
         s.pushesApplied = counters.pushesApplied.load(ordering: .relaxed)

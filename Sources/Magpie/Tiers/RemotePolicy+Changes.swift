@@ -25,7 +25,7 @@ extension RemotePolicy {
         remote.store.startReporting(to: changes)
         // Removals owed by an earlier run that was killed (journaled in the directory): replayed now.
         do {
-            remote.restoreOwed(try local.storage.owedJournalEntries())
+            try remote.owed.restore()
         } catch {
             runtime.logger.error("magpie: the journal of owed removals could not be read", metadata: ["error": "\(error)"])
         }

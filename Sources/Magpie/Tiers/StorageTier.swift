@@ -45,8 +45,6 @@ protocol StorageTier: AnyObject, Sendable {
     var directoryHasher: KeyHash? { get }
     /// Where the remote tier keeps the removals it owes across restarts; nil where nothing survives one.
     var owedJournal: OwedJournal? { get }
-    /// The removals an earlier run owed (journaled), to replay.
-    func owedJournalEntries() throws(MagpieError) -> [[UInt8]]
 }
 
 extension DiskTier: StorageTier {
@@ -57,13 +55,8 @@ extension DiskTier: StorageTier {
     var largestValue: Int? { largestStorableValue }
     var indexesLoaded: Bool { loader.isFinished }
     var tierStatistics: DiskTierStatistics? { statistics }
-    func owedJournalEntries() throws(MagpieError) -> [[UInt8]] { try journalEntries() }
     func placing(_ tiers: Tiers) -> Tiers { tiers }
-    var owedJournal: OwedJournal? {
-        OwedJournal(
-            append: { (entry) throws(MagpieError) -> Bool in try self.appendToJournal(entry) },
-            replace: { (entries) throws(MagpieError) -> Bool in try self.replaceJournal(with: entries) })
-    }
+    var owedJournal: OwedJournal? { OwedJournal(self) }
 }
 
 /// The tier behind memory of a memory-only cache: holds nothing, never waits.
@@ -92,5 +85,4 @@ final class NoStorage: StorageTier {
     var tierStatistics: DiskTierStatistics? { nil }
     func placing(_ tiers: Tiers) -> Tiers { .memoryOnly }
     var owedJournal: OwedJournal? { nil }
-    func owedJournalEntries() -> [[UInt8]] { [] }
 }

@@ -244,7 +244,7 @@ extension RedisRemoteStore {
         for master in masters {
             var tag: [UInt8] = []
             if let (slots, endpoints) = routing {
-                guard let found = Self.tag(for: master, stem: prefix + Self.fleetKeys[2], slots: slots, endpoints: endpoints)
+                guard let found = Self.tag(for: master, stem: prefix + Self.watermarkKeys[2], slots: slots, endpoints: endpoints)
                 else { continue }
                 tag = found
             }
@@ -259,7 +259,7 @@ extension RedisRemoteStore {
                 progress.outstanding[number] = sentAt
                 state.masters[master] = progress
             }
-            let keys = [prefix + Self.sequenceStem + tag] + Self.fleetKeys.map { prefix + $0 + tag }
+            let keys = [prefix + Self.sequenceStem + tag] + Self.watermarkKeys.map { prefix + $0 + tag }
             let message = Array("MCH\(instance):\(number)".utf8)
             let arguments: [RedisArgument] = [4] + keys.map { .bytes($0) } + [
                 .string(instance), watermark, 0, .integer(8 * interval), .integer(3 * interval), .integer(max(60_000, 100 * interval)),
@@ -329,9 +329,9 @@ extension RedisRemoteStore {
         return numbers
     }
 
-    /// The logical keys of the fleet's bookkeeping on each master (see RedisRemoteScript.heartbeat):
+    /// The logical keys of the instances' watermark lists on each master (see RedisRemoteScript.heartbeat):
     /// under the heartbeat tag, with a byte no instance name has, so the feed ignores them.
-    static let fleetKeys: [[UInt8]] = [Array("h~w".utf8), Array("h~l".utf8), Array("h~t".utf8)]
+    static let watermarkKeys: [[UInt8]] = [Array("h~w".utf8), Array("h~l".utf8), Array("h~t".utf8)]
 
     /// What a heartbeat script answered: the fleet's least watermark (nil: none published) and the
     /// server's clock, both ms by the server's clock; nil for anything else.
@@ -358,17 +358,17 @@ extension RedisRemoteStore {
 
     /// Takes this instance off every master's list of instances (a graceful shutdown: it is not waited
     /// for); best effort.
-    func leaveFleet() async {
+    func leaveWatermarkLists() async {
         let endpoints = masters()
         let routing = cluster.map { cluster in cluster.routing.withLock { ($0.slots, $0.nodes.map(\.endpoint)) } }
         var commands: [RedisCommand] = []
         for endpoint in endpoints {
             var tag: [UInt8] = []
             if let (slots, nodes) = routing {
-                guard let found = Self.tag(for: endpoint, stem: prefix + Self.fleetKeys[2], slots: slots, endpoints: nodes) else { continue }
+                guard let found = Self.tag(for: endpoint, stem: prefix + Self.watermarkKeys[2], slots: slots, endpoints: nodes) else { continue }
                 tag = found
             }
-            for list in Self.fleetKeys.prefix(2) {
+            for list in Self.watermarkKeys.prefix(2) {
                 commands.append(RedisCommand("ZREM", [.bytes(prefix + list + tag), .string(instance)], keyIndices: [0]))
             }
         }

@@ -310,7 +310,7 @@ public final class RedisRemoteStore: RemoteStore {
             return (state.supervisor, state.subscription)
         }
         supervisor?.cancel()
-        await leaveFleet()
+        await leaveWatermarkLists()
         await subscription?.close()
         if let single { await single.shutdown() }
         if let cluster { await cluster.shutdown() }

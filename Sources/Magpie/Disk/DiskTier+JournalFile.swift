@@ -1,25 +1,16 @@
 import Glibc
 
-// MARK: - The remote tier's journal: owed removals that survive the process
+// MARK: - The journal's file: bytes the remote tier keeps in the cache directory
 //
-// A cache with a disk tier and a remote tier keeps the removals it owes the remote store (see
-// RemoteTier+Replay.swift) in `<directory>/OWED` as well as in memory, so that a process killed while
-// the store is unreachable replays them when it opens the directory again. The disk tier only keeps the
-// entries; what they mean is the remote tier's business.
-//
-//   OWED:  "MGOW" (4 bytes), format (u32 LE, = 1); then entries, each:
-//          length (u32 LE), payload (length bytes), checksum (u64 LE: XXH3-64 of the length and payload)
-//
-// Appends are written in place with `pwrite` (they reach the kernel: a killed process loses none; a
-// power loss may, like every store until ``DiskTier/flush()``, which fsyncs this file too). A read at
-// open stops at the first entry that does not check (a torn tail from a crash mid-append, or damage):
-// what precedes it is returned. The whole file is replaced atomically (a temporary, fsynced, renamed)
-// when the remote tier compacts it; it is removed when nothing is owed.
+// The remote tier journals the removals it owes its store in `<directory>/OWED` (Remote/OwedJournal.swift
+// has the format and what the entries mean). The disk tier only keeps the file: reads it whole, appends
+// with `pwrite` (bytes that reach the kernel: a killed process loses none; ``DiskTier/flush()`` fsyncs
+// the file too), replaces it atomically (a temporary, fsynced, renamed) or removes it.
 //
 // Budget: the file's bytes come from the ledger's pool (or the buckets' free room, never by evicting),
 // reserved in 4 KiB steps before they are written; the file is held to `journalLimit` (1/64 of the
-// budget, at most 1 MiB). An append that finds no room returns false: the remote tier then owes
-// everything, one short entry. A file found at open is charged at once, whatever the tiers.
+// budget, at most 1 MiB). An append or replacement that finds no room returns false. A file found at
+// open is charged at once, whatever the tiers.
 
 struct JournalState {
     /// The open journal (-1: none open).
@@ -32,7 +23,6 @@ struct JournalState {
 
 extension DiskTier {
     static let journalName = "OWED"
-    static let journalMagic: [UInt8] = [0x4D, 0x47, 0x4F, 0x57, 1, 0, 0, 0]
     static let journalStep = 4096
 
     /// The most bytes the journal may take.
@@ -50,82 +40,66 @@ extension DiskTier {
 
     static func rounded(_ size: Int) -> Int { (size + journalStep - 1) / journalStep * journalStep }
 
-    /// The entries of the journal left in the directory (torn or damaged tail dropped); empty if none.
+    /// The journal's bytes (empty if there is none), at most a step past its limit.
     /// - Throws: I/O errors.
-    func journalEntries() throws(MagpieError) -> [[UInt8]] {
+    func readJournal() throws(MagpieError) -> [UInt8] {
         try verifyDirectory()
         guard directory.kind(.root, Self.journalName) == S_IFREG,
             let fd = try directory.open(.root, Self.journalName, writable: false)
         else { return [] }
         defer { Glibc.close(fd) }
         let path = directory.path(.root, Self.journalName)
-        let size = min(try FileIO.size(fd, path: path), journalLimit + Self.journalStep)
-        var bytes = [UInt8](repeating: 0, count: size)
+        var bytes = [UInt8](repeating: 0, count: min(try FileIO.size(fd, path: path), journalLimit + Self.journalStep))
         let read = try bytes.withUnsafeMutableBytes { buffer in
             Result { () throws(MagpieError) -> Int in try FileIO.read(fd, into: buffer, at: 0, path: path) }
         }.get()
-        guard read >= Self.journalMagic.count, Array(bytes[0..<Self.journalMagic.count]) == Self.journalMagic else { return [] }
-        var entries: [[UInt8]] = []
-        var offset = Self.journalMagic.count
-        while offset + 12 <= read {
-            let length = bytes.withUnsafeBytes { Int(UInt32(littleEndian: $0.loadUnaligned(fromByteOffset: offset, as: UInt32.self))) }
-            guard offset + 4 + length + 8 <= read else { break }
-            let stored = bytes.withUnsafeBytes { UInt64(littleEndian: $0.loadUnaligned(fromByteOffset: offset + 4 + length, as: UInt64.self)) }
-            let computed = bytes.withUnsafeBytes { KeyHash.formatChecksum(UnsafeRawBufferPointer(rebasing: $0[offset..<(offset + 4 + length)])) }
-            guard stored == computed else { break }
-            entries.append(Array(bytes[(offset + 4)..<(offset + 4 + length)]))
-            offset += 4 + length + 8
-        }
-        return entries
+        return Array(bytes.prefix(read))
     }
 
-    /// Appends one entry; false (nothing written) when the journal would pass its limit or no room is
+    /// Appends `bytes`; a journal shorter than `header` (none, or torn in its header) is started over
+    /// with `header` first. False (nothing written) when the journal would pass its limit or no room is
     /// left for it.
-    /// - Throws: I/O errors (the entry may then be torn: a later read drops it).
-    func appendToJournal(_ payload: [UInt8]) throws(MagpieError) -> Bool {
+    /// - Throws: I/O errors (the bytes may then be written in part).
+    func appendToJournal(_ bytes: [UInt8], header: [UInt8]) throws(MagpieError) -> Bool {
         try verifyDirectory()
         return try journal.withLock { (state: inout JournalState) throws(MagpieError) -> Bool in
+            let path = directory.path(.root, Self.journalName)
             if state.fd < 0 {
-                // No file (or not opened yet): start one (an existing one is rewritten with the entry
-                // appended, below, only through `replaceJournal`; here it is opened as it is).
+                // Not opened yet: a file left in the directory is appended to as it is.
                 let existing = directory.kind(.root, Self.journalName) == S_IFREG
                 state.fd = try directory.openOrCreate(.root, Self.journalName)
-                let path = directory.path(.root, Self.journalName)
                 state.size = existing ? try FileIO.size(state.fd, path: path) : 0
-                if state.size < Self.journalMagic.count {
-                    guard try reserveJournal(&state, upTo: Self.journalMagic.count) else { return false }
+                if state.size < header.count {
+                    guard try reserveJournal(&state, upTo: header.count) else { return false }
                     try FileIO.truncate(state.fd, to: 0, path: path)
-                    try FileIO.write(state.fd, Self.journalMagic, at: 0, path: path)
-                    state.size = Self.journalMagic.count
+                    try FileIO.write(state.fd, header, at: 0, path: path)
+                    state.size = header.count
                 }
             }
-            let entry = Self.journalEntry(payload)
-            guard state.size + entry.count <= journalLimit, try reserveJournal(&state, upTo: state.size + entry.count) else { return false }
-            try FileIO.write(state.fd, entry, at: state.size, path: directory.path(.root, Self.journalName))
-            state.size += entry.count
+            guard state.size + bytes.count <= journalLimit, try reserveJournal(&state, upTo: state.size + bytes.count) else { return false }
+            try FileIO.write(state.fd, bytes, at: state.size, path: path)
+            state.size += bytes.count
             return true
         }
     }
 
-    /// Replaces the journal with `payloads`, atomically; removes it when `payloads` is empty. False
-    /// (the journal unchanged) when they do not fit.
+    /// Replaces the journal with `bytes`, atomically; removes it when `bytes` is empty. False (the
+    /// journal unchanged) when they do not fit.
     /// - Throws: I/O errors.
-    func replaceJournal(with payloads: [[UInt8]]) throws(MagpieError) -> Bool {
+    func replaceJournal(with bytes: [UInt8]) throws(MagpieError) -> Bool {
         try verifyDirectory()
         return try journal.withLock { (state: inout JournalState) throws(MagpieError) -> Bool in
             if state.fd >= 0 {
                 Glibc.close(state.fd)
                 state.fd = -1
             }
-            guard !payloads.isEmpty else {
+            guard !bytes.isEmpty else {
                 try directory.unlink(.root, Self.journalName)
                 state.size = 0
                 ledger.pool.give(state.reserved)
                 state.reserved = 0
                 return true
             }
-            var bytes = Self.journalMagic
-            for payload in payloads { bytes += Self.journalEntry(payload) }
             guard bytes.count <= journalLimit else { return false }
             // The old file and the new one both exist until the rename: room for both.
             let old = (state.size, state.reserved)
@@ -177,15 +151,5 @@ extension DiskTier {
         }
         state.reserved += wanted
         return true
-    }
-
-    private static func journalEntry(_ payload: [UInt8]) -> [UInt8] {
-        var entry = [UInt8]()
-        entry.reserveCapacity(payload.count + 12)
-        withUnsafeBytes(of: UInt32(truncatingIfNeeded: payload.count).littleEndian) { entry.append(contentsOf: $0) }
-        entry += payload
-        let checksum = entry.withUnsafeBytes { KeyHash.formatChecksum($0) }
-        withUnsafeBytes(of: checksum.littleEndian) { entry.append(contentsOf: $0) }
-        return entry
     }
 }
