@@ -127,8 +127,7 @@ extension FleetInstance {
         if let hits = remote.hits { line["remote_read_hits"] = .int(hits) }
         if let misses = remote.misses { line["remote_read_misses"] = .int(misses) }
         if let unserved = remote.unserved { line["unserved_copies"] = .int(unserved) }
-        // The fraction of received change messages this instance discarded (Magpie: what its store was
-        // given; 0 while the library's hook is not wired).
+        // The fraction of received change messages this instance discarded (Magpie: what its store was given).
         let dropped =
             (system as? FleetMagpieSystem)?.droppedChangeMessages
             ?? (system is FleetLocalPubSubSystem ? options.dropMessages : 0)

@@ -143,7 +143,6 @@ struct DiskFloors {
             ])
     }
 
-
     private func row(_ system: String, _ latency: Histogram<UInt64>, _ extra: [String: JSONValue]) -> BenchResult {
         let percentiles = Percentiles(latency)
         let seconds = Double(percentiles.p50) * Double(samples) / 1e9

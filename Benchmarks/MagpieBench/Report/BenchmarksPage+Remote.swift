@@ -29,13 +29,10 @@ extension BenchmarksPage {
         for r in fleet where r.system == "redis-cache-aside" {
             aside[r.extra["tasks"]?.intValue ?? 0] = r.ops_per_sec
         }
-        var table = [
-            [
-                "system", "tasks", "ops/s", "× cache-aside", "read p50 / p99 µs", "hit ratio",
-                "lag p50 / p99 / p99.9 ms", "stale past the bound",
-                "caller errors",
-            ]
-        ]
+        var table = Table(nil, [
+            "system", "tasks", "ops/s", "× cache-aside", "read p50 / p99 µs", "hit ratio", "lag p50 / p99 / p99.9 ms",
+            "stale past the bound", "caller errors",
+        ])
         for r in fleet {
             let tasks = r.extra["tasks"]?.intValue ?? 0
             let lag = Percentiles(r.extra["invalidation_lag_ns"]).map {
@@ -76,13 +73,13 @@ extension BenchmarksPage {
                 the origin on a miss, from the same tasks; `local-uncoherent` keeps local copies no one invalidates. Lag: \
                 from a store returning to every other instance dropping its copy; a stale read is judged against a \
                 shared record of every write.
-                """, [Markdown.table(table), notes])
+                """, [table.markdown, notes])
     }
 
     static func remoteAsync(_ report: Report) -> String {
         let rows = rows(report).filter { $0.scenario == "fleet-async" }
         guard !rows.isEmpty else { return "" }
-        var table = [["workload", "tasks", "system", "ops/s", "p50 µs", "p99 µs", "found", "Magpie / plain"]]
+        var table = Table(nil, ["workload", "tasks", "system", "ops/s", "p50 µs", "p99 µs", "found", "Magpie / plain"])
         var baseline: [String: Double] = [:]
         for r in rows {
             let workload = r.extra["workload"]?.stringValue ?? "-"
@@ -94,8 +91,7 @@ extension BenchmarksPage {
             if r.system != "magpie-fleet" { baseline[key] = r.ops_per_sec }
             table.append([
                 workload, String(r.threads), r.system, String(format: "%.0f", r.ops_per_sec),
-                String(format: "%.1f", Double(r.latency_ns.p50) / 1000),
-                String(format: "%.1f", Double(r.latency_ns.p99) / 1000), String(format: "%.3f", r.hit_ratio), ratio,
+                micros(r.latency_ns.p50), micros(r.latency_ns.p99), String(format: "%.3f", r.hit_ratio), ratio,
             ])
         }
         return section(
@@ -104,7 +100,7 @@ extension BenchmarksPage {
             One instance with a remote tier on a private redis-server, called from 16 and 256 tasks: `cache.async` \
             stores, remote reads and memory hits, each beside the plain alternative from the same tasks (`RedisClient`'s \
             SET and GET, a cache without a remote tier).
-            """, [Markdown.table(table)])
+            """, [table.markdown])
     }
 
     /// The example service under wrk, from the report `scripts/bench-service.sh` writes.
@@ -112,13 +108,10 @@ extension BenchmarksPage {
         let healthy = service.results.filter { $0.scenario == "service-healthy" }
         guard !healthy.isEmpty else { return "" }
         func ms(_ ns: UInt64) -> String { String(format: "%.2f", Double(ns) / 1e6) }
-        var table = [
-            [
-                "mode", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "errors", "origin calls/s", "origin failing: req/s",
-                "p99 ms", "errors",
-                "log lines",
-            ]
-        ]
+        var table = Table(nil, [
+            "mode", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "errors", "origin calls/s", "origin failing: req/s", "p99 ms",
+            "errors", "log lines",
+        ])
         for r in healthy {
             let failing = service.results.first { $0.scenario == "service-failing" && $0.system == r.system }
             func int(_ row: BenchResult?, _ key: String) -> String {
@@ -146,7 +139,7 @@ extension BenchmarksPage {
                 . Modes: no cache, Hummingbird's `MemoryPersistDriver`, Magpie as Hummingbird's persist driver, and \
                 Magpie's loader with memory only, memory and disk, and the remote tier (two processes, one Redis). Errors \
                 are non-2xx responses and socket errors; log lines are what the service logged while its origin failed.
-                """, [Markdown.table(table)])
+                """, [table.markdown])
     }
 
     static func curves(_ report: Report) -> String {
@@ -156,7 +149,7 @@ extension BenchmarksPage {
         var parts: [String] = []
         let budget = points("budget_percent")
         if !budget.isEmpty {
-            var table = [["budget %", "hit ratio", "ops/s", "p50 ns", "p99 ns"]]
+            var table = Table(nil, ["budget %", "hit ratio", "ops/s", "p50 ns", "p99 ns"])
             for r in budget {
                 table.append([
                     r.extra["sweep_value"]?.numberValue.map { String(format: "%g", $0) } ?? "-",
@@ -165,8 +158,7 @@ extension BenchmarksPage {
                 ])
             }
             parts.append(
-                "Hit ratio vs memory budget (the memory tier, 1 thread, Zipf 0.99, 200,000 keys):\n\n"
-                    + Markdown.table(table))
+                "Hit ratio vs memory budget (the memory tier, 1 thread, Zipf 0.99, 200,000 keys):\n\n" + table.markdown)
         }
         let policy = points("trace_budget_percent")
         if !policy.isEmpty {
@@ -175,11 +167,11 @@ extension BenchmarksPage {
             }
             parts.append(
                 "Miss ratio vs budget on a `trace-gen` trace (400,000 requests, drifting popularity and scans):\n\n"
-                    + Markdown.table(table))
+                    + table.markdown)
         }
         let shards = points("shards")
         if !shards.isEmpty {
-            var table = [["shards", "threads", "ops/s", "p99 ns", "hit ratio"]]
+            var table = Table(nil, ["shards", "threads", "ops/s", "p99 ns", "hit ratio"])
             for r in shards {
                 table.append([
                     r.extra["sweep_value"]?.intValue.map(String.init) ?? "-", String(r.threads),
@@ -187,7 +179,7 @@ extension BenchmarksPage {
                     String(r.latency_ns.p99), String(format: "%.4f", r.hit_ratio),
                 ])
             }
-            parts.append("Throughput vs shard count (the memory tier, budget 10 %):\n\n" + Markdown.table(table))
+            parts.append("Throughput vs shard count (the memory tier, budget 10 %):\n\n" + table.markdown)
         }
         guard !parts.isEmpty else { return "" }
         return section(

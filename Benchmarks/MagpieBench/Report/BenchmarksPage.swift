@@ -103,16 +103,11 @@ enum BenchmarksPage {
         func row(_ scenario: String, _ system: String) -> BenchResult? {
             disk.first { $0.scenario == scenario && $0.system == system }
         }
-        var systems: [String] = []
-        for r in disk where !r.scenario.hasSuffix("-floor") && !systems.contains(r.system) { systems.append(r.system) }
-        var table = [
-            [
-                "system", "stores/s", "get p50, 4 KiB raw", "get p50, 4 KiB JSON", "evicting: ops/s",
-                "evicting: hit ratio",
-                "write amplification", "reopen + first get",
-            ]
-        ]
-        for system in systems {
+        var table = Table(nil, [
+            "system", "stores/s", "get p50, 4 KiB raw", "get p50, 4 KiB JSON", "evicting: ops/s", "evicting: hit ratio",
+            "write amplification", "reopen + first get",
+        ])
+        for system in distinct(disk.filter { !$0.scenario.hasSuffix("-floor") }.map(\.system)) {
             let get = row("disk-get", system)
             let evict = row("disk-evict", system)
             table.append([
@@ -126,7 +121,7 @@ enum BenchmarksPage {
             ])
         }
         let bars = DiskBars(report.results)
-        var tables = [Markdown.table(table)]
+        var tables = [table.markdown]
         for bar in bars.tables { tables.append("\(bar.title ?? ""):\n\n" + bar.markdown) }
         if !bars.notes.isEmpty { tables.append(bars.notes.map { "- \($0)" }.joined(separator: "\n") + "\n") }
         return section(
@@ -155,7 +150,7 @@ enum BenchmarksPage {
     static func tiered(_ report: Report) -> String {
         let tiered = rows(report).filter { ["tiered", "tiered-capped", "hit-cost"].contains($0.scenario) }
         guard !tiered.isEmpty else { return "" }
-        var table = [["workload", "system", "ops/s", "p50 ns", "p99 ns", "hit ratio"]]
+        var table = Table(nil, ["workload", "system", "ops/s", "p50 ns", "p99 ns", "hit ratio"])
         for r in tiered {
             table.append([
                 r.scenario, r.system, formatRate(r.ops_per_sec), String(r.latency_ns.p50), String(r.latency_ns.p99),
@@ -196,7 +191,7 @@ enum BenchmarksPage {
             20,000 keys of 4 KiB, Zipf 0.99, memory at 10 % of the working set and disk at twice it, cache-aside. \
             `tiered-capped` is a workload small enough for URLCache's two tiers; `hit-cost` times memory hits through \
             `Cache` and through the memory tier alone.
-            """, [Markdown.table(table), notes.isEmpty ? "" : notes.joined(separator: "\n") + "\n"])
+            """, [table.markdown, notes.isEmpty ? "" : notes.joined(separator: "\n") + "\n"])
     }
 
     static func loader(_ report: Report) -> String {
@@ -223,17 +218,14 @@ enum BenchmarksPage {
             memory tier, one shard, each entry charged its object's size as simulators charge, beside exact \
             reference policies. Miss ratio at each budget (% of the working set); bold: the lowest of the policies \
             a cache can run (Belady's optimum needs the future).
-            """, [Markdown.table(table)])
+            """, [table.markdown])
     }
 
     /// Miss ratios with a row per budget and a column per system, the lowest but Belady's in bold.
-    static func missRatioTable(_ replays: [BenchResult], budget: (BenchResult) -> String) -> [[String]] {
-        var systems: [String] = []
-        for r in replays where !systems.contains(r.system) { systems.append(r.system) }
-        var budgets: [String] = []
-        for r in replays where !budgets.contains(budget(r)) { budgets.append(budget(r)) }
-        var table = [["budget"] + systems]
-        for b in budgets {
+    static func missRatioTable(_ replays: [BenchResult], budget: (BenchResult) -> String) -> Table {
+        let systems = distinct(replays.map(\.system))
+        var table = Table(nil, ["budget"] + systems)
+        for b in distinct(replays.map(budget)) {
             let point = replays.filter { budget($0) == b }
             let best = point.filter { $0.system != "Belady" }.map(Glance.missRatio).min()
             table.append(

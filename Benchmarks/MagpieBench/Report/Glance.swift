@@ -164,9 +164,9 @@ enum Glance {
         let rows = rows(suite, service: service)
         func run(_ which: GlanceRow.Run) -> Report { which == .service ? service ?? suite : suite }
         func stamp(_ report: Report) -> String { Markdown.day(report.date) + (report.commit.map { ", `\($0)`" } ?? "") }
-        var table = [["comparison", "Magpie", "instead", "Magpie against it", "run"]]
-        for row in rows { table.append([row.comparison, row.magpie, row.reference, row.ratio, stamp(run(row.run))]) }
-        var text = Markdown.table(table)
+        var text = Table(nil, ["comparison", "Magpie", "instead", "Magpie against it", "run"], rows: rows.map {
+            [$0.comparison, $0.magpie, $0.reference, $0.ratio, stamp(run($0.run))]
+        }).markdown
         let machines = [suite] + (service.map { [$0] } ?? [])
         if machines.allSatisfy({ Markdown.sameMachine($0.machine, suite.machine) }) {
             text += "\nMachine: \(Markdown.machine(suite.machine)).\n"

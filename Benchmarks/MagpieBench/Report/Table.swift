@@ -41,6 +41,23 @@ struct Table {
         }
     }
 
-    /// The table in GitHub-flavoured Markdown (`Markdown.table`), without its title.
-    var markdown: String { Markdown.table([headers] + rows) }
+    /// The table in GitHub-flavoured Markdown, without its title. A `|` in a cell is escaped; columns after
+    /// the first two are right-aligned when every body cell but "-" is a figure (starts with a digit or a
+    /// sign, holds no code).
+    var markdown: String {
+        let alignments = headers.indices.map { column -> String in
+            let cells = rows.map { column < $0.count ? $0[column] : "" }.filter { $0 != "-" && !$0.isEmpty }
+            let numeric =
+                column >= 2 && !cells.isEmpty
+                && cells.allSatisfy { cell in
+                    !cell.contains("`") && (cell.first.map { $0.isNumber || "+−-*".contains($0) } ?? false)
+                }
+            return numeric ? "---:" : "---"
+        }
+        func line(_ cells: [String]) -> String {
+            let padded = headers.indices.map { $0 < cells.count ? cells[$0] : "" }
+            return "| " + padded.map { $0.replacingOccurrences(of: "|", with: "\\|") }.joined(separator: " | ") + " |"
+        }
+        return ([line(headers), "|" + alignments.joined(separator: "|") + "|"] + rows.map(line)).joined(separator: "\n") + "\n"
+    }
 }

@@ -175,7 +175,6 @@ struct PairedSamples {
     private var histogram = latencyHistogram()
     private(set) var roundMedians: [UInt64?] = []
 
-
     /// Adds one round's samples (in any order).
     mutating func add(round samples: [UInt64]) {
         for sample in samples { _ = histogram.record(sample) }
