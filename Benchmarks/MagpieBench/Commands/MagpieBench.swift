@@ -58,6 +58,7 @@ struct Suite: AsyncParsableCommand {
         var commands: [String: String] = [:]
         var config: [String: JSONValue] = [:]
         var results: [BenchResult] = []
+        var scenarios: [any ScenarioOptions.Type] = []
         func arguments(_ scenario: String, _ arguments: [String]) -> [String] {
             commands[scenario] = (["magpie-bench", scenario] + arguments).joined(separator: " ")
             return arguments
@@ -67,6 +68,7 @@ struct Suite: AsyncParsableCommand {
             let rows = try await options.measure(progress: progressLine)
             config[Options.command] = .object(options.config(of: rows))
             results += rows
+            scenarios.append(Options.self)
         }
         // The hot-key workload at 16 keys only (1 and 256 with `magpie-bench memory`), to keep the suite short.
         try await run(MemoryOptions.self, ["--hot-keys", "16"])
@@ -98,7 +100,8 @@ struct Suite: AsyncParsableCommand {
             var (rows, table, _) = try replay.measure()
             results += rows
             config["replay"] = .object(replay.config)
-            table.title = "replay \(URL(fileURLWithPath: trace).lastPathComponent): miss ratio vs budget, Magpie's memory tier and the reference policies"
+            let name = URL(fileURLWithPath: trace).lastPathComponent
+            table.title = "replay \(name): miss ratio vs budget, Magpie's memory tier and the reference policies"
             replayTables = table.isEmpty ? [] : [table]
         } else {
             progressLine("replay: skipped, no trace at \(trace) (run from the repository's root)")
@@ -118,14 +121,10 @@ struct Suite: AsyncParsableCommand {
             $0.extra["sweep_parameter"] == nil && !$0.scenario.hasPrefix("redis-") && !$0.scenario.hasPrefix("fleet")
                 && $0.scenario != "disk-tasks" && !$0.scenario.hasPrefix("replay ")
         }).print()
-        let scenarios: [any ScenarioOptions.Type] = [
-            MemoryOptions.self, DiskOptions.self, DiskTasksOptions.self, TieredOptions.self, LoaderBenchOptions.self,
-            RedisBenchOptions.self, FleetOptions.self, RemoteAsyncOptions.self,
-        ]
-        var glance = Table(
+        let glance = Table(
             "At a glance (same-run ratios; `magpie-bench report --markdown` writes them into BENCHMARKS.md and README.md)",
-            ["comparison", "Magpie", "instead", "Magpie against it"])
-        glance.rows = Glance.rows(report, service: nil).map { [$0.comparison, $0.magpie, $0.reference, $0.ratio] }
+            ["comparison", "Magpie", "instead", "Magpie against it"],
+            rows: Glance.rows(report, service: nil).map { [$0.comparison, $0.magpie, $0.reference, $0.ratio] })
         for table in scenarios.flatMap({ $0.tables(results) }) + replayTables + curveTables + [glance] { table.print() }
         let path = "\(output)/\(stamp)/results.json"
         try report.write(to: path)

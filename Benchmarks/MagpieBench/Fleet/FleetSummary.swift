@@ -7,10 +7,16 @@ func fleetTables(_ results: [BenchResult]) -> [Table] {
         ($0.scenario == "fleet" || $0.scenario == "fleet-fault") && $0.extra["single_flight"] == nil
     }
     guard !rows.isEmpty else { return [] }
-    let view = FleetRows(rows)
     // With faults, a system whose calls fail fast while Redis is down counts those failures as operations:
     // its ops/s is no throughput, and no ratio is shown.
     let faulted = rows[0].scenario == "fleet-fault"
+    /// Magpie's row's ops/s over `baseline`'s at the same tasks value; "-" for the other rows.
+    func ratio(_ row: BenchResult, to baseline: String) -> String {
+        guard !faulted, row.system == "magpie-fleet",
+            let base = rows.first(where: { $0.system == baseline && $0.extra["tasks"] == row.extra["tasks"] }), base.ops_per_sec > 0
+        else { return "-" }
+        return String(format: "%.2f", row.ops_per_sec / base.ops_per_sec)
+    }
     var reads = Table(
         "Fleet (\(rows[0].scenario)): ops/s summed over the workers; reads timed from the caller; remote share: reads that went to Redis",
         [
@@ -20,10 +26,8 @@ func fleetTables(_ results: [BenchResult]) -> [Table] {
     for row in rows {
         let x = FleetRowView(row)
         reads.append([
-            row.system, x.tasksText, String(format: "%.0f", row.ops_per_sec),
-            faulted ? "-" : view.ratio(row, to: "redis-cache-aside"),
-            faulted ? "-" : view.ratio(row, to: "local-pubsub"), micros(row.latency_ns.p50), micros(row.latency_ns.p99),
-            micros(row.latency_ns.p999),
+            row.system, x.tasksText, String(format: "%.0f", row.ops_per_sec), ratio(row, to: "redis-cache-aside"),
+            ratio(row, to: "local-pubsub"), micros(row.latency_ns.p50), micros(row.latency_ns.p99), micros(row.latency_ns.p999),
             x.double("remote_share", "%.3f"), String(format: "%.3f", row.hit_ratio), x.int("origin_calls"),
             x.int("stale_reads_beyond_bound"), x.int("resurrected_removals"), x.int("caller_errors"),
         ])
@@ -118,25 +122,6 @@ func fleetTables(_ results: [BenchResult]) -> [Table] {
         tables[tables.count - 1].notes.append(String(format: "single flight: %@ callers, loader runs per lease %.2f", "\(single.operations)", perLease))
     }
     return tables
-}
-
-/// The rows' ratios: a row's ops/s over another system's at the same tasks.
-private struct FleetRows {
-    let rows: [BenchResult]
-
-    init(_ rows: [BenchResult]) { self.rows = rows }
-
-    /// Magpie's row over `baseline`'s at the same tasks value; "-" for the other rows.
-    func ratio(_ row: BenchResult, to baseline: String) -> String {
-        guard row.system == "magpie-fleet" else { return "-" }
-        let tasks = FleetRowView(row).tasks
-        guard let base = rows.first(where: { $0.system == baseline && FleetRowView($0).tasks == tasks }),
-            base.ops_per_sec > 0
-        else {
-            return "-"
-        }
-        return String(format: "%.2f", row.ops_per_sec / base.ops_per_sec)
-    }
 }
 
 /// A row's `extra`, formatted.

@@ -264,12 +264,7 @@ func directoryBytes(_ path: String) -> Int {
 }
 
 /// User + system CPU seconds of the whole process (all threads), from `getrusage`.
-func processCPUSeconds() -> Double {
-    var usage = rusage()
-    getrusage(RUSAGE_SELF.rawValue, &usage)
-    let user = Double(usage.ru_utime.tv_sec) + Double(usage.ru_utime.tv_usec) / 1e6
-    return user + Double(usage.ru_stime.tv_sec) + Double(usage.ru_stime.tv_usec) / 1e6
-}
+func processCPUSeconds() -> Double { Double(cpuNanoseconds(children: false)) / 1e9 }
 
 /// The process's I/O counters from `/proc/self/io` (all its threads): `write_bytes` is what it caused to
 /// be sent to the storage layer (counted when a page cache page turns dirty), `cancelled_write_bytes`
