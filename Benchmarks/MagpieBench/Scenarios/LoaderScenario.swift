@@ -147,19 +147,11 @@ private struct CallerTally: Sendable {
     var wrongValues = 0
 
     mutating func merge(_ other: CallerTally) {
-        cached.add(other.cached)
-        all.add(other.all)
-        staleAges.add(other.staleAges)
-        cachedStale.add(other.cachedStale)
-        cachedOutage.add(other.cachedOutage)
-        requests += other.requests
-        cachedRequests += other.cachedRequests
-        errors += other.errors
-        outageErrors += other.outageErrors
-        outageCachedRequests += other.outageCachedRequests
-        staleServed += other.staleServed
-        beyondBound += other.beyondBound
-        wrongValues += other.wrongValues
+        for path in [\Self.cached, \.all, \.staleAges, \.cachedStale, \.cachedOutage] { self[keyPath: path].add(other[keyPath: path]) }
+        let counts: [WritableKeyPath<Self, Int>] = [
+            \.requests, \.cachedRequests, \.errors, \.outageErrors, \.outageCachedRequests, \.staleServed, \.beyondBound, \.wrongValues,
+        ]
+        for path in counts { self[keyPath: path] += other[keyPath: path] }
     }
 }
 
