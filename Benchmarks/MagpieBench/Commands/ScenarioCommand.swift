@@ -7,7 +7,7 @@ protocol ScenarioOptions: ParsableArguments {
     /// The command's name, and the scenario's key in a report's `config`.
     static var command: String { get }
     static var abstract: String { get }
-    /// Whether the command prints a row's table (`resultsTable`) above its own tables.
+    /// Whether the command prints the rows' own table (`resultsTable`) above the scenario's tables.
     static var printsRows: Bool { get }
     /// Every workload parameter, for the JSON report.
     var config: [String: JSONValue] { get }
