@@ -70,7 +70,7 @@ struct Compare: ParsableCommand {
             print("compare: no row in common")
             throw ExitCode(2)
         }
-        var rows = [["scenario", "system", "threads", "ops/s A", "ops/s B", "B/A", "p50 A", "p50 B", "p99 A", "p99 B", "hit A", "hit B", "verdict"]]
+        var rows = Table(nil, ["scenario", "system", "threads", "ops/s A", "ops/s B", "B/A", "p50 A", "p50 B", "p99 A", "p99 B", "hit A", "hit B", "verdict"])
         var regressions: [String] = []
         for key in common {
             let (x, y) = (left[key]!, right[key]!)
@@ -89,7 +89,7 @@ struct Compare: ParsableCommand {
                 String(format: "%.4f", x.hit_ratio), String(format: "%.4f", y.hit_ratio), worse.isEmpty ? "ok" : "REGRESSED",
             ])
         }
-        printAligned(rows)
+        rows.print()
         for key in left.keys.sorted() where right[key] == nil { print("only in A: \(key)") }
         for key in right.keys.sorted() where left[key] == nil { print("only in B: \(key)") }
         let metrics = metric.map(\.rawValue).joined(separator: ", ")

@@ -7,7 +7,12 @@ struct MagpieBench: AsyncParsableCommand {
         commandName: "magpie-bench",
         abstract: "Measures Magpie and the caches it replaces on the same workload, in one process.",
         version: magpieBenchVersion,
-        subcommands: [Suite.self, Memory.self, Disk.self, Tiered.self, Loader.self, Stress.self, Replay.self, Sweep.self, RedisBench.self, FleetBench.self, FleetAsyncBench.self, DiskTasksBench.self, FleetWorker.self, Compare.self, RenderReport.self, TraceGen.self],
+        subcommands: [
+            Suite.self, ScenarioCommand<MemoryOptions>.self, ScenarioCommand<DiskOptions>.self, ScenarioCommand<TieredOptions>.self,
+            ScenarioCommand<LoaderBenchOptions>.self, Stress.self, Replay.self, Sweep.self, ScenarioCommand<RedisBenchOptions>.self,
+            ScenarioCommand<FleetOptions>.self, ScenarioCommand<RemoteAsyncOptions>.self, ScenarioCommand<DiskTasksOptions>.self,
+            FleetWorker.self, Compare.self, RenderReport.self, TraceGen.self,
+        ],
         defaultSubcommand: Suite.self)
 
     /// Parses and runs the command, with the library's log lines sent to a file (BenchLogging.swift).
@@ -51,98 +56,76 @@ struct Suite: AsyncParsableCommand {
         // Each scenario's options as a command line: parsed here, and written to the report, which names the
         // command that reproduces each table (`magpie-bench report --markdown`).
         var commands: [String: String] = [:]
-        func arguments(_ scenario: String, _ command: String, _ arguments: [String]) -> [String] {
-            commands[scenario] = (["magpie-bench", command] + arguments).joined(separator: " ")
+        var config: [String: JSONValue] = [:]
+        var results: [BenchResult] = []
+        var scenarios: [any ScenarioOptions.Type] = []
+        func arguments(_ scenario: String, _ arguments: [String]) -> [String] {
+            commands[scenario] = (["magpie-bench", scenario] + arguments).joined(separator: " ")
             return arguments
         }
+        func run<Options: ScenarioOptions>(_: Options.Type, _ given: [String]) async throws {
+            let options = try Options.parse(arguments(Options.command, given))
+            let rows = try await options.measure(progress: progressLine)
+            config[Options.command] = .object(options.config(of: rows))
+            results += rows
+            scenarios.append(Options.self)
+        }
         // The hot-key workload at 16 keys only (1 and 256 with `magpie-bench memory`), to keep the suite short.
-        let memory = try MemoryOptions.parse(arguments("memory", "memory", ["--hot-keys", "16"]))
+        try await run(MemoryOptions.self, ["--hot-keys", "16"])
         // file-per-key stores about 1,000 values/s here: 20,000 of them keep the suite short; the
         // eviction-heavy workload at 100,000 operations (200,000 with `magpie-bench disk`), as SQLite
         // takes about 10 s per 100,000 there.
-        let disk = try DiskOptions.parse(arguments("disk", "disk", ["--fileperkey-keys", "20000", "--evict-ops", "100000"]))
-        var results = try MemoryScenario(options: memory).run(progress: progressLine)
-        let diskResults = try DiskScenario(options: disk).run(progress: progressLine)
-        results += diskResults
+        try await run(DiskOptions.self, ["--fileperkey-keys", "20000", "--evict-ops", "100000"])
         // Disk hits from 1, 16 and 256 async tasks: cache.async.value, lookup and the loader beside the
         // synchronous read in the task (`magpie-bench disk-tasks`, the same; about 6 s).
-        let diskTasks = try DiskTasksBench.parse(arguments("disk-tasks", "disk-tasks", []))
-        let diskTaskResults = try await DiskTasksScenario(options: diskTasks).run(progress: progressLine)
-        results += diskTaskResults
-        let tiered = try TieredOptions.parse(arguments("tiered", "tiered", []))
-        results += try TieredScenario(options: tiered).run(progress: progressLine)
+        try await run(DiskTasksOptions.self, [])
+        try await run(TieredOptions.self, [])
         // The loader scenario at 12 s per system (20 s with `magpie-bench loader`).
-        let loader = try LoaderBenchOptions.parse(
-            arguments("loader", "loader", ["--seconds", "12", "--outage-at", "5", "--outage-seconds", "3"]))
-        results += try await LoaderScenario(options: loader).run(progress: progressLine)
+        try await run(LoaderBenchOptions.self, ["--seconds", "12", "--outage-at", "5", "--outage-seconds", "3"])
         // The Redis client beside redis-benchmark: one round of 2 s measurements (`magpie-bench redis`:
         // 2 rounds of 5 s), on a private redis-server that `make bench` installs.
-        let redis = try RedisBenchOptions.parse(arguments("redis", "redis", ["--seconds", "2", "--rounds", "1", "--keys", "20000"]))
-        results += try await RedisScenario(options: redis).run(progress: progressLine)
+        try await run(RedisBenchOptions.self, ["--seconds", "2", "--rounds", "1", "--keys", "20000"])
         // The fleet: 4 worker processes on one private Redis, its four systems 3 s each after 2 s of
         // warm-up (`magpie-bench fleet`: 10 s after 3 s; `--fault` for the outage run); 16 async caller
         // tasks per worker only (`magpie-bench fleet` runs 1, 16 and 256).
-        let fleet = try FleetOptions.parse(arguments("fleet", "fleet", ["--seconds", "3", "--warmup-seconds", "2", "--tasks", "16"]))
-        results += try await FleetScenario(options: fleet).run(progress: progressLine)
+        try await run(FleetOptions.self, ["--seconds", "3", "--warmup-seconds", "2", "--tasks", "16"])
         // The remote tier from 16 and 256 async tasks beside RedisClient (`magpie-bench fleet-async`: also
         // 1 task, and twice the operations).
-        let fleetAsync = try FleetAsyncBench.parse(
-            arguments("fleet-async", "fleet-async", ["--tasks", "16", "256", "--operations", "20000", "--hits", "200000"]))
-        results += try await FleetAsyncScenario(options: fleetAsync).run(progress: progressLine)
+        try await run(RemoteAsyncOptions.self, ["--tasks", "16", "256", "--operations", "20000", "--hits", "200000"])
         // The committed trace (Benchmarks/Traces, 113,872 requests) through the memory tier beside every
         // reference policy at the sweep's budgets: a few seconds.
-        var replay: Replay?
-        var replayRows: [[String]] = []
+        var replayTables: [Table] = []
         if FileManager.default.fileExists(atPath: trace) {
-            let parsed = try Replay.parse(arguments("replay", "replay", [trace, "--budget", "1%", "2%", "5%", "10%", "20%", "40%"]))
-            let (rows, table, _) = try parsed.measure()
+            let replay = try Replay.parse(arguments("replay", [trace, "--budget", "1%", "2%", "5%", "10%", "20%", "40%"]))
+            var (rows, table, _) = try replay.measure()
             results += rows
-            (replay, replayRows) = (parsed, table)
+            config["replay"] = .object(replay.config)
+            let name = URL(fileURLWithPath: trace).lastPathComponent
+            table.title = "replay \(name): miss ratio vs budget, Magpie's memory tier and the reference policies"
+            replayTables = table.isEmpty ? [] : [table]
         } else {
             progressLine("replay: skipped, no trace at \(trace) (run from the repository's root)")
         }
         // Short tuning curves for the report: hit ratio vs budget, miss ratio vs budget on a trace-gen trace
         // (Magpie beside the reference policies, about 5 s), throughput vs shards.
-        let sweep = try Sweep.parse(
-            arguments("sweep", "sweep", ["--curves", "budget", "policy", "shards", "--keys", "200000", "--ops", "300000"]))
+        let sweep = try Sweep.parse(arguments("sweep", ["--curves", "budget", "policy", "shards", "--keys", "200000", "--ops", "300000"]))
         let (curves, curveTables) = try sweep.measure()
         results += curves
+        config["sweep"] = .object(sweep.config)
         let stamp = timestamp()
-        var config: [String: JSONValue] = [
-            "memory": .object(memory.config),
-            "disk": .object(disk.config.merging(["system_configurations": diskConfigurations(diskResults)]) { $1 }),
-            "disk-tasks": .object(diskTasks.config), "tiered": .object(tiered.config), "loader": .object(loader.config), "redis": .object(redis.config),
-            "fleet": .object(fleet.config), "fleet-async": .object(fleetAsync.config), "sweep": .object(sweep.config),
-        ]
-        if let replay { config["replay"] = .object(replay.config) }
         let report = Report(
             date: stamp, machine: .current(), config: config, results: results, commit: commit, commands: commands)
         print()
         // The curves, the replay and the Redis rows get their own tables.
-        printTable(results.filter {
+        resultsTable(results.filter {
             $0.extra["sweep_parameter"] == nil && !$0.scenario.hasPrefix("redis-") && !$0.scenario.hasPrefix("fleet")
                 && $0.scenario != "disk-tasks" && !$0.scenario.hasPrefix("replay ")
-        })
-        printMemorySummary(results)
-        printDiskSummary(results)
-        printDiskTasksSummary(diskTaskResults)
-        printTieredSummary(results)
-        printLoaderSummary(results)
-        printRedisSummary(results)
-        printFleetSummary(results)
-        printFleetAsyncSummary(results.filter { $0.scenario == "fleet-async" })
-        if replayRows.count > 1 {
-            print("\nreplay \(URL(fileURLWithPath: trace).lastPathComponent): miss ratio vs budget, Magpie's memory tier and the reference policies")
-            printAligned(replayRows)
-        }
-        for (title, rows) in curveTables {
-            print("\n\(title)")
-            printAligned(rows)
-        }
-        print("\nAt a glance (same-run ratios; `magpie-bench report --markdown` writes them into BENCHMARKS.md and README.md)")
-        printAligned([["comparison", "Magpie", "instead", "Magpie against it"]] + Glance.rows(report, service: nil).map {
-            [$0.comparison, $0.magpie, $0.reference, $0.ratio]
-        })
+        }).print()
+        let glance = Table(
+            "At a glance (same-run ratios; `magpie-bench report --markdown` writes them into BENCHMARKS.md and README.md)",
+            ["comparison", "Magpie", "instead", "Magpie against it"],
+            rows: Glance.rows(report, service: nil).map { [$0.comparison, $0.magpie, $0.reference, $0.ratio] })
+        for table in scenarios.flatMap({ $0.tables(results) }) + replayTables + curveTables + [glance] { table.print() }
         let path = "\(output)/\(stamp)/results.json"
         try report.write(to: path)
         let page = "\(output)/\(stamp)/report.html"

@@ -115,11 +115,9 @@ struct Replay: ParsableCommand {
 
     func run() throws {
         let (results, rows, comparisons) = try measure()
-        print()
-        printAligned(rows)
-        if comparisons.count > 1 {
+        for table in [rows] + (comparisons.isEmpty ? [] : [comparisons]) {
             print()
-            printAligned(comparisons)
+            table.print()
         }
         if let json = outputOptions.json {
             try Report(date: timestamp(), machine: .current(), config: ["replay": .object(config)], results: results)
@@ -140,18 +138,16 @@ struct Replay: ParsableCommand {
     /// Replays the trace at every budget through the chosen tier and every reference policy: a row per
     /// budget and system (tagged with the trace's file name), and the table.
     /// With --hits-directory, also the request-by-request comparison of each reference with Magpie.
-    func measure() throws -> ([BenchResult], [[String]], [[String]]) {
+    func measure() throws -> ([BenchResult], Table, Table) {
         progressLine("replay: loading \(trace)")
         let loaded = try Trace.load(trace, format: format, defaultSize: defaultSize)
         progressLine(
             "replay: \(loaded.count) requests, \(loaded.objects) objects, working set \(loaded.workingSetBytes) B "
                 + "(\(String(format: "%.1f", Double(loaded.workingSetBytes) / 1_048_576)) MiB)")
         var results: [BenchResult] = []
-        var rows = [["budget", "system", "miss ratio", "byte miss ratio", "requests/s"]]
-        if seeds > 1 { rows[0].append("over \(seeds) seeds: mean (lowest-highest)") }
-        var comparisons = [
-            ["budget", "reference", "hit by it only", "by Magpie only", "by tenth of the trace: it only − Magpie only"]
-        ]
+        var rows = Table(nil, ["budget", "system", "miss ratio", "byte miss ratio", "requests/s"] + (seeds > 1 ? ["over \(seeds) seeds: mean (lowest-highest)"] : []))
+        var comparisons = Table(
+            nil, ["budget", "reference", "hit by it only", "by Magpie only", "by tenth of the trace: it only − Magpie only"])
         if let hitsDirectory {
             try FileManager.default.createDirectory(atPath: hitsDirectory, withIntermediateDirectories: true)
         }

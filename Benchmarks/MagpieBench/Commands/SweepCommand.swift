@@ -52,10 +52,7 @@ struct Sweep: ParsableCommand {
 
     func run() throws {
         let (results, tables) = try measure()
-        for (title, rows) in tables {
-            print("\n\(title)")
-            printAligned(rows)
-        }
+        for table in tables { table.print() }
         if let json = outputOptions.json {
             try Report(date: timestamp(), machine: .current(), config: ["sweep": .object(config)], results: results)
                 .write(to: json)
@@ -74,14 +71,16 @@ struct Sweep: ParsableCommand {
     }
 
     /// Runs every point of the chosen curves: the rows (tagged) and a table per curve.
-    func measure() throws -> ([BenchResult], [(String, [[String]])]) {
+    func measure() throws -> ([BenchResult], [Table]) {
         var results: [BenchResult] = []
-        var tables: [(String, [[String]])] = []
+        var tables: [Table] = []
         let memoryBase = [
             "--keys", "\(keys)", "--ops", "\(ops)", "--warmup", "\(ops)", "--systems", "magpie", "--workloads", "zipf", "--repetitions", "1",
         ]
         if curves.contains(.budget) {
-            var rows = [["budget %", "budget B", "hit ratio", "ops/s", "p50 ns", "p99 ns"]]
+            var rows = Table(
+                "Hit ratio vs memory budget (magpie, 1 thread, Zipf 0.99, \(keys) keys)",
+                ["budget %", "budget B", "hit ratio", "ops/s", "p50 ns", "p99 ns"])
             for percent in budgetPercents {
                 let options = try MemoryOptions.parse(memoryBase + ["--budget-percent", "\(percent)", "--threads", "1"])
                 progressLine("sweep budget: \(percent) %")
@@ -94,15 +93,16 @@ struct Sweep: ParsableCommand {
                     results.append(r)
                 }
             }
-            tables.append(("Hit ratio vs memory budget (magpie, 1 thread, Zipf 0.99, \(keys) keys)", rows))
+            tables.append(rows)
         }
         if curves.contains(.policy) {
-            let (rows, points) = try policyCurve()
-            tables.append(("Miss ratio vs budget on \(trace.map { URL(fileURLWithPath: $0).lastPathComponent } ?? "a trace-gen trace")", rows))
+            var (rows, points) = try policyCurve()
+            rows.title = "Miss ratio vs budget on \(trace.map { URL(fileURLWithPath: $0).lastPathComponent } ?? "a trace-gen trace")"
+            tables.append(rows)
             results += points
         }
         if curves.contains(.shards) {
-            var rows = [["shards", "threads", "ops/s", "p99 ns", "hit ratio"]]
+            var rows = Table("Throughput vs shard count (magpie, 10 % budget)", ["shards", "threads", "ops/s", "p99 ns", "hit ratio"])
             for shards in shardCounts {
                 let options = try MemoryOptions.parse(
                     memoryBase + ["--shards", "\(shards)", "--threads"] + threads.map(String.init))
@@ -116,10 +116,12 @@ struct Sweep: ParsableCommand {
                     results.append(r)
                 }
             }
-            tables.append(("Throughput vs shard count (magpie, 10 % budget)", rows))
+            tables.append(rows)
         }
         if curves.contains(.level) {
-            var rows = [["level", "compression ratio", "set ops/s", "set p50 ns", "get ops/s", "get p50 ns"]]
+            var rows = Table(
+                "Disk compression and speed vs zstd level (\(diskKeys) × 4 KiB, page-cache hot)",
+                ["level", "compression ratio", "set ops/s", "set p50 ns", "get ops/s", "get p50 ns"])
             for level in levels {
                 let options = try DiskOptions.parse([
                     "--keys", "\(diskKeys)", "--gets", "\(diskKeys * 4)", "--level", "\(level)", "--systems", "magpie",
@@ -130,23 +132,21 @@ struct Sweep: ParsableCommand {
                 guard let set = points.first(where: { $0.scenario == "disk-set" }),
                     let get = points.first(where: { $0.scenario == "disk-get" })
                 else { continue }
-                var ratio = 1.0
-                if case .double(let value) = set.extra["compression_ratio"] { ratio = value }
                 rows.append([
-                    String(level), String(format: "%.3f", ratio), formatRate(set.ops_per_sec), String(set.latency_ns.p50),
+                    String(level), String(format: "%.3f", set.extra["compression_ratio"]?.numberValue ?? 1), formatRate(set.ops_per_sec), String(set.latency_ns.p50),
                     formatRate(get.ops_per_sec), String(get.latency_ns.p50),
                 ])
                 for index in points.indices { tag(&points[index], "zstd_level", .int(level)) }
                 results += points
             }
-            tables.append(("Disk compression and speed vs zstd level (\(diskKeys) × 4 KiB, page-cache hot)", rows))
+            tables.append(rows)
         }
         return (results, tables)
     }
 
     /// Replays the trace through each chosen tier (the reference policies with the first) at every
     /// budget: the table (a column per budget) and the rows, tagged with the budget.
-    func policyCurve() throws -> ([[String]], [BenchResult]) {
+    func policyCurve() throws -> (Table, [BenchResult]) {
         var path = trace
         var made: String?
         if path == nil {
@@ -172,12 +172,10 @@ struct Sweep: ParsableCommand {
                 points.append(r)
             }
         }
-        var systems: [String] = []
-        for r in points where !systems.contains(r.system) { systems.append(r.system) }
-        var rows = [["system"] + traceBudgets.map { String(format: "%g %%", $0) }]
-        for system in systems {
+        var rows = Table(nil, ["system"] + traceBudgets.map { String(format: "%g %%", $0) })
+        for system in distinct(points.map(\.system)) {
             rows.append([system] + traceBudgets.map { percent in
-                points.first { $0.system == system && HTMLReport.number($0.extra["sweep_value"]) == percent }
+                points.first { $0.system == system && $0.extra["sweep_value"]?.numberValue == percent }
                     .map { String(format: "%.4f", 1 - $0.hit_ratio) } ?? "-"
             })
         }

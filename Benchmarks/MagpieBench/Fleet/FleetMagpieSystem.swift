@@ -10,8 +10,7 @@ final class FleetMagpieSystem: FleetSystem {
     let cache: Cache
     let store: RedisRemoteStore?
     let origin: FleetOrigin
-    /// The fraction of change messages the store was configured to drop (0 until the library has the
-    /// hook, see `init`).
+    /// The fraction of change messages the store was configured to drop (its test hook).
     let droppedChangeMessages: Double
 
     /// - Parameters:
@@ -27,26 +26,18 @@ final class FleetMagpieSystem: FleetSystem {
         configuration.metrics = nil
         if let remote {
             var storeConfiguration = RedisRemoteStore.Configuration(redis: remote.redis, namespace: remote.namespace)
-            Self.applyTestHooks(&storeConfiguration, dropMessages: dropMessages)
+            storeConfiguration.dropChangeMessages = dropMessages
             let store = try RedisRemoteStore(storeConfiguration)
             var options = RemoteTierOptions(store: store, maxDisconnectedStaleness: .milliseconds(boundMs))
             options.onInvalidation = onInvalidation
             configuration.remote = options
             self.store = store
-            // What the store was given, read back by name: 0 while the hook is not wired (or not there).
-            droppedChangeMessages =
-                Mirror(reflecting: storeConfiguration).children.first { $0.label == "dropChangeMessages" }?.value
-                as? Double ?? 0
+            droppedChangeMessages = dropMessages
         } else {
             store = nil
             droppedChangeMessages = 0
         }
         cache = try Cache(configuration)
-    }
-
-    /// The store's test hooks, set where its configuration is built.
-    private static func applyTestHooks(_ configuration: inout RedisRemoteStore.Configuration, dropMessages: Double) {
-        configuration.dropChangeMessages = dropMessages
     }
 
     func read(_ name: String, key: Int) async throws -> FleetRead {

@@ -100,9 +100,6 @@ struct FaultTimeline {
         var began: Int64
         var ended: Int64
         var recovery: Double
-
-        /// From the fault's start to `grace` after its end.
-        func covers(_ instant: Int64) -> Bool { instant >= began && instant <= ended + FaultTimeline.grace }
     }
 
     var windows: [Window] = []
@@ -119,15 +116,4 @@ struct FaultTimeline {
     }
 
     var recoveries: [Double] { windows.map(\.recovery) }
-
-    /// The SIGSTOP window.
-    var pause: (began: Int64, ended: Int64)? {
-        windows.first { $0.kind == .redisPaused }.map { ($0.began, $0.ended) }
-    }
-
-    /// Whether `instant` falls in an outage's window: Redis killed or paused (not the subscriber
-    /// connections killed: nothing excuses a stale read past the bound there).
-    func coversOutage(_ instant: Int64) -> Bool {
-        windows.contains { $0.kind != .pubsubKilled && $0.covers(instant) }
-    }
 }

@@ -232,11 +232,7 @@ final class FleetShared: @unchecked Sendable {
 }
 
 /// The monotonic clock every fleet process shares, in ns.
-func monotonicNanoseconds() -> Int64 {
-    var time = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &time)
-    return Int64(time.tv_sec) * 1_000_000_000 + Int64(time.tv_nsec)
-}
+func monotonicNanoseconds() -> Int64 { Int64(nowNanoseconds()) }
 
 struct BenchError: Error, CustomStringConvertible {
     let description: String
@@ -271,23 +267,16 @@ struct LogHistogram: Sendable {
 
     var total: Int { counts.reduce(0, +) }
 
-    func percentile(_ p: Double) -> Int64 {
-        let total = self.total
-        guard total > 0 else { return 0 }
-        let rank = max(1, Int((p / 100 * Double(total)).rounded(.up)))
+    /// The p-th percentile (`percentileRank`) as its bucket's value; 0 when empty.
+    func percentile(_ p: Double) -> UInt64 {
+        let rank = percentileRank(p, count: total)
         var seen = 0
-        for (i, c) in counts.enumerated() {
-            seen += c
-            if seen >= rank { return Self.value(at: i) }
-        }
-        return Self.value(at: counts.count - 1)
+        let bucket = counts.firstIndex { seen += $0; return seen >= rank } ?? counts.count - 1
+        return UInt64(Self.value(at: bucket))
     }
 
     var percentiles: Percentiles {
-        let max = counts.lastIndex { $0 > 0 }.map { Self.value(at: $0) } ?? 0
-        return Percentiles(
-            p50: UInt64(percentile(50)), p90: UInt64(percentile(90)), p99: UInt64(percentile(99)),
-            p999: UInt64(percentile(99.9)), max: UInt64(max))
+        Percentiles(max: UInt64(counts.lastIndex { $0 > 0 }.map { Self.value(at: $0) } ?? 0)) { percentile($0) }
     }
 }
 

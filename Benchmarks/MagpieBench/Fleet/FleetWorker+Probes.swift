@@ -104,7 +104,6 @@ extension FleetInstance {
     /// Prints the worker's figures (one JSON object) for the parent: the callers' tally, the system's
     /// remote reads within the measured window (`remote`), its origin calls, its own counters.
     func report(_ tally: FleetTally, remote: FleetRemoteReads) {
-        func histogram(_ h: LogHistogram) -> JSONValue { .array(h.counts.map { .int($0) }) }
         var line: [String: JSONValue] = [
             "reads": .int(tally.reads), "writes": .int(tally.writes), "removes": .int(tally.removes),
             "memory_hits": .int(tally.memoryHits), "disk_hits": .int(tally.diskHits),
@@ -115,20 +114,12 @@ extension FleetInstance {
             "remote_reads": .int(remote.total), "probe_writes": .int(probeWrites.load(ordering: .relaxed)),
             "own_write_probes": .int(tally.ownWriteProbes), "own_write_probes_not_local": .int(tally.ownWriteNotLocal),
             "own_write_probes_in_faults": .int(tally.ownWriteProbesInFaults),
-            "read_latency": histogram(tally.readLatency), "all_latency": histogram(tally.allLatency),
-            "store_latency": histogram(tally.storeLatency), "remove_latency": histogram(tally.removeLatency),
-            "hit_latency_running": histogram(tally.hitLatencyRunning),
-            "hit_latency_paused": histogram(tally.hitLatencyPaused),
-            "store_latency_running": histogram(tally.storeLatencyRunning),
-            "store_latency_paused": histogram(tally.storeLatencyPaused),
-            "read_latency_running": histogram(tally.readLatencyRunning),
-            "read_latency_paused": histogram(tally.readLatencyPaused),
         ]
+        for (name, path) in FleetTally.histograms { line[name] = .array(tally[keyPath: path].counts.map { .int($0) }) }
         if let hits = remote.hits { line["remote_read_hits"] = .int(hits) }
         if let misses = remote.misses { line["remote_read_misses"] = .int(misses) }
         if let unserved = remote.unserved { line["unserved_copies"] = .int(unserved) }
-        // The fraction of received change messages this instance discarded (Magpie: what its store was
-        // given; 0 while the library's hook is not wired).
+        // The fraction of received change messages this instance discarded (Magpie: what its store was given).
         let dropped =
             (system as? FleetMagpieSystem)?.droppedChangeMessages
             ?? (system is FleetLocalPubSubSystem ? options.dropMessages : 0)

@@ -149,17 +149,19 @@ final class FleetTally: @unchecked Sendable {
         memoryHits += local.memoryHits; diskHits += local.diskHits; remoteHits += local.remoteHits
         originCalls += local.originCalls; callerErrors += local.callerErrors
         staleBeyondBound += local.staleBeyondBound; staleFromRemote += local.staleFromRemote; resurrected += local.resurrected; wrongValues += local.wrongValues
-        readLatency.merge(local.readLatency.counts)
         windows.merge(local.windows)
-        allLatency.merge(local.allLatency.counts)
-        storeLatency.merge(local.storeLatency.counts)
-        removeLatency.merge(local.removeLatency.counts)
-        readLatencyRunning.merge(local.readLatencyRunning.counts)
-        readLatencyPaused.merge(local.readLatencyPaused.counts)
-        hitLatencyRunning.merge(local.hitLatencyRunning.counts)
-        hitLatencyPaused.merge(local.hitLatencyPaused.counts)
-        storeLatencyRunning.merge(local.storeLatencyRunning.counts)
-        storeLatencyPaused.merge(local.storeLatencyPaused.counts)
+        for (_, path) in Self.histograms { self[keyPath: path].merge(local[keyPath: path].counts) }
+    }
+
+    /// The latency histograms, by their names in the worker's report.
+    static var histograms: [(name: String, path: ReferenceWritableKeyPath<FleetTally, LogHistogram>)] {
+        [
+            ("read_latency", \.readLatency), ("all_latency", \.allLatency), ("store_latency", \.storeLatency),
+            ("remove_latency", \.removeLatency), ("hit_latency_running", \.hitLatencyRunning),
+            ("hit_latency_paused", \.hitLatencyPaused), ("store_latency_running", \.storeLatencyRunning),
+            ("store_latency_paused", \.storeLatencyPaused), ("read_latency_running", \.readLatencyRunning),
+            ("read_latency_paused", \.readLatencyPaused),
+        ]
     }
 
     /// A read (any) that ran from `began` to `finished`: tallied as paused if it overlapped the SIGSTOP
@@ -191,8 +193,6 @@ final class FleetTally: @unchecked Sendable {
     }
 }
 
-
-/// A worker's system and what its callers share: the table, the origin, the key locks.
 /// Counts by fault window: stale reads (by when they started), resurrected reads, caller errors.
 struct FleetWindowTally {
     enum Kind: Int, CaseIterable { case stale, resurrected, errors }
@@ -223,6 +223,7 @@ struct FleetWindowTally {
     }
 }
 
+/// A worker's system and what its callers share: the table, the origin, the key locks.
 final class FleetInstance: @unchecked Sendable {
     // @unchecked Sendable invariant: every stored property is set in `init` and never changes; `options`
     // is a value read only, the others are thread safe.

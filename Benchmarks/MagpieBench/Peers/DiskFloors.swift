@@ -66,7 +66,7 @@ struct DiskFloors {
         var results: [BenchResult] = []
 
         // pread into a reused buffer.
-        var latency = Self.histogram()
+        var latency = latencyHistogram()
         for _ in 0..<samples {
             let at = nextBlock()
             let start = nowNanoseconds()
@@ -82,8 +82,8 @@ struct DiskFloors {
         }
         // The mapping covers the whole file, which stays its size until `munmap` below; blocks are inside it.
         defer { munmap(map, fileBytes) }
-        latency = Self.histogram()
-        var memcpyOnly = Self.histogram()
+        latency = latencyHistogram()
+        var memcpyOnly = latencyHistogram()
         var sink: UInt8 = 0
         for _ in 0..<samples {
             let at = nextBlock()
@@ -110,7 +110,7 @@ struct DiskFloors {
 
         // XXH3 of a hot block, through the entry Magpie's records use on this CPU.
         let dispatch = magpie_xxh3_dispatch_wanted()
-        latency = Self.histogram()
+        latency = latencyHistogram()
         var hashes: UInt64 = 0
         for _ in 0..<samples {
             let at = nextBlock()
@@ -125,8 +125,8 @@ struct DiskFloors {
 
     private func zstdFloor(values: DiskValues) throws -> BenchResult {
         let floor = try ZstdFloorFrames(values: values, blockSize: blockSize, areaBytes: nil)
-        var latency = Self.histogram()
-        var plain = Self.histogram()
+        var latency = latencyHistogram()
+        var plain = latencyHistogram()
         var state = seed ^ 0x2575
         for n in 0..<samples {
             state = splitmix64(state)
@@ -141,10 +141,6 @@ struct DiskFloors {
                 "what": .string("ZSTD_decompressDCtx (reused context) of the workload's JSON values, level 1, into a reused buffer"),
                 "zstd_decompress_p50_ns": .int(Int(Percentiles(plain).p50)), "compression_ratio": .double(floor.compressionRatio),
             ])
-    }
-
-    private static func histogram() -> Histogram<UInt64> {
-        Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
     }
 
     private func row(_ system: String, _ latency: Histogram<UInt64>, _ extra: [String: JSONValue]) -> BenchResult {

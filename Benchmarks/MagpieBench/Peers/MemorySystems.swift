@@ -14,8 +14,29 @@ protocol MemorySystem: Sendable {
     func extra() -> [String: JSONValue]
 }
 
+/// Magpie's memory tier alone, read one way or another: a miss's store and the figures are the tier's.
+protocol MemoryTierSystem: MemorySystem {
+    var tier: MemoryTier { get }
+}
+
+extension MemoryTierSystem {
+    func put(_ key: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer) {
+        _ = try? tier.set(value, forKey: key)
+    }
+
+    func extra() -> [String: JSONValue] {
+        let stats = tier.statistics
+        return [
+            "budget_bytes": .int(tier.budget), "charged_bytes": .int(stats.chargedBytes), "entries": .int(stats.entries),
+            "entry_overhead_bytes": .int(MemoryTier.entryOverhead), "shards": .int(tier.shardCount),
+            "evictions": .int(Int(stats.evictions)), "refusals": .int(Int(stats.refusals)),
+            "unreclaimed_bytes": .int(stats.unreclaimedBytes),
+        ]
+    }
+}
+
 /// Magpie's memory tier through its copying read (`value(forKey:)` returns a new `[UInt8]`).
-struct MagpieCopying: MemorySystem {
+struct MagpieCopying: MemoryTierSystem {
     let tier: MemoryTier
     var name: String { "magpie" }
 
@@ -24,17 +45,11 @@ struct MagpieCopying: MemorySystem {
         sink &+= UInt64(value.first ?? 0)
         return true
     }
-
-    func put(_ key: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer) {
-        _ = try? tier.set(value, forKey: key)
-    }
-
-    func extra() -> [String: JSONValue] { memoryTierExtra(tier) }
 }
 
 /// Magpie's memory tier through its in-place read (`withValue(forKey:_:)`, no copy): the read to put
 /// beside RocksDB's pinned `Lookup`/`Value`/`Release`.
-struct MagpieInPlace: MemorySystem {
+struct MagpieInPlace: MemoryTierSystem {
     let tier: MemoryTier
     var name: String { "magpie-inplace" }
 
@@ -43,12 +58,6 @@ struct MagpieInPlace: MemorySystem {
         sink &+= UInt64(byte)
         return true
     }
-
-    func put(_ key: UnsafeRawBufferPointer, _ value: UnsafeRawBufferPointer) {
-        _ = try? tier.set(value, forKey: key)
-    }
-
-    func extra() -> [String: JSONValue] { memoryTierExtra(tier) }
 }
 
 /// The two-tier `Cache` façade with no directory (memory only), copying read: what the façade adds
@@ -76,20 +85,6 @@ struct MagpieCacheSystem: MemorySystem {
             "unreclaimed_bytes": .int(stats.unreclaimedBytes),
         ]
     }
-}
-
-func memoryTierExtra(_ tier: MemoryTier) -> [String: JSONValue] {
-    let stats = tier.statistics
-    return [
-        "budget_bytes": .int(tier.budget),
-        "charged_bytes": .int(stats.chargedBytes),
-        "entries": .int(stats.entries),
-        "entry_overhead_bytes": .int(MemoryTier.entryOverhead),
-        "shards": .int(tier.shardCount),
-        "evictions": .int(Int(stats.evictions)),
-        "refusals": .int(Int(stats.refusals)),
-        "unreclaimed_bytes": .int(stats.unreclaimedBytes),
-    ]
 }
 
 /// Foundation's NSCache with `totalCostLimit` = the budget and cost = key + value bytes.

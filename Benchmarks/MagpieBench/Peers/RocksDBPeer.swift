@@ -8,21 +8,12 @@ extension MemoryScenario {
     /// Runs the RocksDB peer on the same workload (same keys, same sequences, same budget) and reads its
     /// passes. It times throughput only: its latency fields are 0.
     func runPeer(_ path: String, kind: String, workload: MemoryWorkload, threads: Int) throws -> BenchResult {
-        let child = Process()
-        child.executableURL = URL(fileURLWithPath: path)
-        child.arguments = [
+        let (status, data) = try runProcess(path, [
             kind, "\(threads)", "\(options.ops)", "\(workload.hotKeys)", "\(options.keys)", "\(options.alpha)",
             "\(options.effectiveBudget)", "\(options.valueSize)", "\(options.repetitions)", "\(options.warmup)",
             "\(options.seed)", "\(options.threadSeedBase)",
-        ]
-        let output = Pipe()
-        child.standardOutput = output
-        try child.run()
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        child.waitUntilExit()
-        guard child.terminationStatus == 0 else {
-            throw ValidationError("the RocksDB peer (\(path)) exited with \(child.terminationStatus)")
-        }
+        ])
+        guard status == 0 else { throw ValidationError("the RocksDB peer (\(path)) exited with \(status)") }
         var rates: [Double] = []
         var hitRatio = 0.0
         var usage = 0
@@ -38,7 +29,7 @@ extension MemoryScenario {
             }
         }
         guard !rates.isEmpty else { throw ValidationError("the RocksDB peer (\(path)) printed no pass") }
-        let median = rates.sorted()[rates.count / 2]
+        let median = percentile(50, of: rates)!
         let operations = options.ops * threads
         var extra: [String: JSONValue] = [
             "ops_per_sec_passes": .array(rates.map { .double($0) }), "ops_per_sec_min": .double(rates.min()!),
@@ -57,37 +48,26 @@ extension MemoryScenario {
 
 /// The memory scenario's ratios, all from this run: per workload and system, the rate at the lowest and
 /// highest thread counts, the scaling between them, the ratio to the RocksDB peer at the highest, and
-/// steadiness (the slowest pass over the median, worst over the thread counts).
-func printMemorySummary(_ results: [BenchResult]) {
-    guard let table = memorySummaryTable(results) else { return }
-    print("\nMemory: scaling with threads and the RocksDB peer, from this run (ops/s: median of the passes)")
-    printAligned(table)
-}
-
-/// The memory scenario's ratios as a table (a header row first); nil without memory rows.
-func memorySummaryTable(_ results: [BenchResult]) -> [[String]]? {
+/// steadiness (the slowest pass over the median, worst over the thread counts). Nil without memory rows.
+func memorySummaryTable(_ results: [BenchResult]) -> Table? {
     let rows = results.filter { ($0.scenario == "memory" || $0.scenario == "memory-hotkeys") && $0.extra["sweep_parameter"] == nil }
     let counts = Set(rows.map(\.threads)).sorted()
     guard let low = counts.first, let high = counts.last, !rows.isEmpty else { return nil }
-    func hot(_ r: BenchResult) -> Int { if case .int(let n) = r.extra["hot_keys"] { n } else { 0 } }
-    func steadiness(_ r: BenchResult) -> Double? {
-        if case .double(let minimum) = r.extra["ops_per_sec_min"] { return minimum / r.ops_per_sec }
-        return nil
-    }
-    var table = [["workload", "system", "\(low) thr", "\(high) thr", "scaling", "× rocksdb-hcc at \(high)", "min/median"]]
+    func hot(_ r: BenchResult) -> Int { r.extra["hot_keys"]?.intValue ?? 0 }
+    var table = Table(
+        "Memory: scaling with threads and the RocksDB peer, from this run (ops/s: median of the passes)",
+        ["workload", "system", "\(low) thr", "\(high) thr", "scaling", "× rocksdb-hcc at \(high)", "min/median"])
     var workloads: [(String, Int)] = []
     for r in rows where !workloads.contains(where: { $0 == (r.scenario, hot(r)) }) { workloads.append((r.scenario, hot(r))) }
     for (scenario, keys) in workloads {
         let group = rows.filter { $0.scenario == scenario && hot($0) == keys }
-        var systems: [String] = []
-        for r in group where !systems.contains(r.system) { systems.append(r.system) }
         let peer = group.first { $0.system == "rocksdb-hcc" && $0.threads == high }
-        for system in systems {
+        for system in distinct(group.map(\.system)) {
             let one = group.first { $0.system == system && $0.threads == low }
             let many = group.first { $0.system == system && $0.threads == high }
             let scaling = one.flatMap { a in many.map { $0.ops_per_sec / a.ops_per_sec } }
             let versus = peer.flatMap { p in many.map { $0.ops_per_sec / p.ops_per_sec } }
-            let steady = group.filter { $0.system == system }.compactMap(steadiness).min()
+            let steady = group.filter { $0.system == system }.compactMap { r in r.extra["ops_per_sec_min"]?.numberValue.map { $0 / r.ops_per_sec } }.min()
             table.append([
                 keys == 0 ? "Zipf" : "\(keys) hot keys", system, one.map { formatRate($0.ops_per_sec) } ?? "-",
                 many.map { formatRate($0.ops_per_sec) } ?? "-", scaling.map { String(format: "%.2f ×", $0) } ?? "-",

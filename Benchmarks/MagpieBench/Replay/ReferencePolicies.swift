@@ -200,8 +200,7 @@ private func replayLRU(_ trace: Trace, capacity: Int, recordingHits: Bool) -> Re
 private func replayFIFO(_ trace: Trace, capacity: Int, recordingHits: Bool) -> ReplayOutcome {
     var outcome = ReplayOutcome(recordingHits: recordingHits)
     var cached: [UInt64: Int] = [:]
-    var queue: [UInt64] = []
-    var front = 0
+    var queue = IDQueue()
     var used = 0
     for request in 0..<trace.count {
         let id = trace.ids[request]
@@ -212,15 +211,8 @@ private func replayFIFO(_ trace: Trace, capacity: Int, recordingHits: Bool) -> R
         }
         outcome.count(size: size, hit: false)
         guard Int(size) <= capacity else { continue }
-        while used + Int(size) > capacity, front < queue.count {
-            used -= cached.removeValue(forKey: queue[front]) ?? 0
-            front += 1
-        }
-        if front > 4096 && front * 2 > queue.count {
-            queue.removeFirst(front)
-            front = 0
-        }
-        queue.append(id)
+        while used + Int(size) > capacity, let (old, _) = queue.pop() { used -= cached.removeValue(forKey: old) ?? 0 }
+        queue.push(id, 0)
         cached[id] = Int(size)
         used += Int(size)
     }

@@ -100,7 +100,7 @@ func replayS3FIFO(_ trace: Trace, capacity: Int, recordingHits: Bool) -> ReplayO
 }
 
 /// A FIFO of (id, stamp) pairs over an array, compacted when half of it has been popped.
-private struct IDQueue {
+struct IDQueue {
     private var ids: [UInt64] = []
     private var stamps: [Int] = []
     private var front = 0

@@ -5,10 +5,10 @@ extension BenchmarksPage {
     static func redis(_ report: Report) -> String {
         guard let tables = redisTables(rows(report)) else { return "" }
         var parts: [String] = []
-        if tables.rows.count > 1 { parts.append(Markdown.table(tables.rows)) }
+        if let rows = tables.rows { parts.append(rows.markdown) }
         parts.append(
             "The bars: magpie-redis over redis-benchmark per round, and the verdict on the median over the rounds:\n\n"
-                + Markdown.table(tables.bars))
+                + tables.bars.markdown)
         return section(
             "The Redis client", report, command: command(report, "redis"),
             """
@@ -24,27 +24,20 @@ extension BenchmarksPage {
             ($0.scenario == "fleet" || $0.scenario == "fleet-fault") && $0.extra["single_flight"] == nil
         }
         guard !fleet.isEmpty else { return "" }
-        func int(_ r: BenchResult, _ key: String) -> String { Glance.int(r.extra[key]).map(String.init) ?? "-" }
+        func int(_ r: BenchResult, _ key: String) -> String { r.extra[key]?.intValue.map(String.init) ?? "-" }
         var aside: [Int: Double] = [:]
         for r in fleet where r.system == "redis-cache-aside" {
-            aside[Glance.int(r.extra["tasks"]) ?? 0] = r.ops_per_sec
+            aside[r.extra["tasks"]?.intValue ?? 0] = r.ops_per_sec
         }
-        var table = [
-            [
-                "system", "tasks", "ops/s", "× cache-aside", "read p50 / p99 µs", "hit ratio",
-                "lag p50 / p99 / p99.9 ms", "stale past the bound",
-                "caller errors",
-            ]
-        ]
+        var table = Table(nil, [
+            "system", "tasks", "ops/s", "× cache-aside", "read p50 / p99 µs", "hit ratio", "lag p50 / p99 / p99.9 ms",
+            "stale past the bound", "caller errors",
+        ])
         for r in fleet {
-            let tasks = Glance.int(r.extra["tasks"]) ?? 0
-            var lag = "-"
-            if case .object(let l)? = r.extra["invalidation_lag_ns"], let p50 = Glance.int(l["p50"]),
-                let p99 = Glance.int(l["p99"]),
-                let p999 = Glance.int(l["p999"])
-            {
-                lag = String(format: "%.2f / %.2f / %.2f", Double(p50) / 1e6, Double(p99) / 1e6, Double(p999) / 1e6)
-            }
+            let tasks = r.extra["tasks"]?.intValue ?? 0
+            let lag = Percentiles(r.extra["invalidation_lag_ns"]).map {
+                String(format: "%.2f / %.2f / %.2f", Double($0.p50) / 1e6, Double($0.p99) / 1e6, Double($0.p999) / 1e6)
+            } ?? "-"
             let ratio =
                 r.system == "magpie-fleet"
                 ? aside[tasks].map { String(format: "%.2f", r.ops_per_sec / $0) } ?? "-" : "-"
@@ -56,7 +49,7 @@ extension BenchmarksPage {
         }
         var notes = ""
         if let single = rows(report).first(where: { $0.extra["single_flight"] != nil }),
-            let perLease = HTMLReport.number(single.extra["loader_runs_per_lease"])
+            let perLease = single.extra["loader_runs_per_lease"]?.numberValue
         {
             notes = String(
                 format: "Single flight across the fleet: %d callers, %.2f loader runs per lease.\n", single.operations,
@@ -65,31 +58,31 @@ extension BenchmarksPage {
         var workload = "Worker processes, each a `Cache`, share one private redis-server"
         if case .object(let config) = report.config["fleet"] {
             let changes =
-                (HTMLReport.number(config["set_share"]) ?? 0) + (HTMLReport.number(config["remove_share"]) ?? 0)
+                (config["set_share"]?.numberValue ?? 0) + (config["remove_share"]?.numberValue ?? 0)
             workload = String(
                 format:
                     "%@ worker processes, each a `Cache`, share one private redis-server: Zipf %@ reads of %@ keys, %.0f %% of operations change a key",
-                Glance.int(config["workers"]).map(String.init) ?? "Several",
-                HTMLReport.number(config["zipf"]).map { String(format: "%g", $0) } ?? "-",
-                Glance.int(config["keys"]).map(String.init) ?? "-", 100 * changes)
+                config["workers"]?.intValue.map(String.init) ?? "Several",
+                config["zipf"]?.numberValue.map { String(format: "%g", $0) } ?? "-",
+                config["keys"]?.intValue.map(String.init) ?? "-", 100 * changes)
         }
         return section(
-            "The fleet tier", report, command: command(report, "fleet"),
+            "A fleet on the remote tier", report, command: command(report, "fleet"),
             workload + """
-                . `magpie-fleet` is Magpie's fleet tier through `cache.async`; `redis-cache-aside` reads Redis first and \
+                . `magpie-fleet` is Magpie's remote tier through `cache.async`; `redis-cache-aside` reads Redis first and \
                 the origin on a miss, from the same tasks; `local-uncoherent` keeps local copies no one invalidates. Lag: \
                 from a store returning to every other instance dropping its copy; a stale read is judged against a \
                 shared record of every write.
-                """, [Markdown.table(table), notes])
+                """, [table.markdown, notes])
     }
 
-    static func fleetAsync(_ report: Report) -> String {
+    static func remoteAsync(_ report: Report) -> String {
         let rows = rows(report).filter { $0.scenario == "fleet-async" }
         guard !rows.isEmpty else { return "" }
-        var table = [["workload", "tasks", "system", "ops/s", "p50 µs", "p99 µs", "found", "Magpie / plain"]]
+        var table = Table(nil, ["workload", "tasks", "system", "ops/s", "p50 µs", "p99 µs", "found", "Magpie / plain"])
         var baseline: [String: Double] = [:]
         for r in rows {
-            let workload = Glance.string(r.extra["workload"]) ?? "-"
+            let workload = r.extra["workload"]?.stringValue ?? "-"
             let key = "\(workload)/\(r.threads)"
             var ratio = "-"
             if r.system == "magpie-fleet", let base = baseline[key], base > 0 {
@@ -98,8 +91,7 @@ extension BenchmarksPage {
             if r.system != "magpie-fleet" { baseline[key] = r.ops_per_sec }
             table.append([
                 workload, String(r.threads), r.system, String(format: "%.0f", r.ops_per_sec),
-                String(format: "%.1f", Double(r.latency_ns.p50) / 1000),
-                String(format: "%.1f", Double(r.latency_ns.p99) / 1000), String(format: "%.3f", r.hit_ratio), ratio,
+                micros(r.latency_ns.p50), micros(r.latency_ns.p99), String(format: "%.3f", r.hit_ratio), ratio,
             ])
         }
         return section(
@@ -108,7 +100,7 @@ extension BenchmarksPage {
             One instance with a remote tier on a private redis-server, called from 16 and 256 tasks: `cache.async` \
             stores, remote reads and memory hits, each beside the plain alternative from the same tasks (`RedisClient`'s \
             SET and GET, a cache without a remote tier).
-            """, [Markdown.table(table)])
+            """, [table.markdown])
     }
 
     /// The example service under wrk, from the report `scripts/bench-service.sh` writes.
@@ -116,17 +108,14 @@ extension BenchmarksPage {
         let healthy = service.results.filter { $0.scenario == "service-healthy" }
         guard !healthy.isEmpty else { return "" }
         func ms(_ ns: UInt64) -> String { String(format: "%.2f", Double(ns) / 1e6) }
-        var table = [
-            [
-                "mode", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "errors", "origin calls/s", "origin failing: req/s",
-                "p99 ms", "errors",
-                "log lines",
-            ]
-        ]
+        var table = Table(nil, [
+            "mode", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "errors", "origin calls/s", "origin failing: req/s", "p99 ms",
+            "errors", "log lines",
+        ])
         for r in healthy {
             let failing = service.results.first { $0.scenario == "service-failing" && $0.system == r.system }
             func int(_ row: BenchResult?, _ key: String) -> String {
-                row.flatMap { Glance.int($0.extra[key]) }.map(String.init) ?? "-"
+                row.flatMap { $0.extra[key]?.intValue }.map(String.init) ?? "-"
             }
             table.append([
                 r.system, String(format: "%.0f", r.ops_per_sec), ms(r.latency_ns.p50), ms(r.latency_ns.p99),
@@ -138,7 +127,7 @@ extension BenchmarksPage {
         }
         var what = "The example service (`Examples/HummingbirdService`) under wrk, origin healthy, then failing"
         if case .object(let config) = service.config["service"] {
-            let n = { (key: String) in Glance.int(config[key]).map(String.init) ?? "-" }
+            let n = { (key: String) in config[key]?.intValue.map(String.init) ?? "-" }
             what =
                 "The example service (`Examples/HummingbirdService`) under wrk: \(n("connections")) connections, \(n("keys")) keys read "
                 + "uniformly, an origin of \(n("origin_ms")) ms a call and values fresh for \(n("fresh_seconds")) s; \(n("duration_seconds")) s "
@@ -148,50 +137,49 @@ extension BenchmarksPage {
             "A service under load", service, command: command(service, "service") ?? "make bench-service",
             what + """
                 . Modes: no cache, Hummingbird's `MemoryPersistDriver`, Magpie as Hummingbird's persist driver, and \
-                Magpie's loader with memory only, memory and disk, and the fleet tier (two processes, one Redis). Errors \
+                Magpie's loader with memory only, memory and disk, and the remote tier (two processes, one Redis). Errors \
                 are non-2xx responses and socket errors; log lines are what the service logged while its origin failed.
-                """, [Markdown.table(table)])
+                """, [table.markdown])
     }
 
     static func curves(_ report: Report) -> String {
         func points(_ parameter: String) -> [BenchResult] {
-            report.results.filter { Glance.string($0.extra["sweep_parameter"]) == parameter }
+            report.results.filter { $0.extra["sweep_parameter"]?.stringValue == parameter }
         }
         var parts: [String] = []
         let budget = points("budget_percent")
         if !budget.isEmpty {
-            var table = [["budget %", "hit ratio", "ops/s", "p50 ns", "p99 ns"]]
+            var table = Table(nil, ["budget %", "hit ratio", "ops/s", "p50 ns", "p99 ns"])
             for r in budget {
                 table.append([
-                    HTMLReport.number(r.extra["sweep_value"]).map { String(format: "%g", $0) } ?? "-",
+                    r.extra["sweep_value"]?.numberValue.map { String(format: "%g", $0) } ?? "-",
                     String(format: "%.4f", r.hit_ratio),
                     formatRate(r.ops_per_sec), String(r.latency_ns.p50), String(r.latency_ns.p99),
                 ])
             }
             parts.append(
-                "Hit ratio vs memory budget (the memory tier, 1 thread, Zipf 0.99, 200,000 keys):\n\n"
-                    + Markdown.table(table))
+                "Hit ratio vs memory budget (the memory tier, 1 thread, Zipf 0.99, 200,000 keys):\n\n" + table.markdown)
         }
         let policy = points("trace_budget_percent")
         if !policy.isEmpty {
             let table = missRatioTable(policy) { r in
-                HTMLReport.number(r.extra["sweep_value"]).map { String(format: "%g %%", $0) } ?? "-"
+                r.extra["sweep_value"]?.numberValue.map { String(format: "%g %%", $0) } ?? "-"
             }
             parts.append(
                 "Miss ratio vs budget on a `trace-gen` trace (400,000 requests, drifting popularity and scans):\n\n"
-                    + Markdown.table(table))
+                    + table.markdown)
         }
         let shards = points("shards")
         if !shards.isEmpty {
-            var table = [["shards", "threads", "ops/s", "p99 ns", "hit ratio"]]
+            var table = Table(nil, ["shards", "threads", "ops/s", "p99 ns", "hit ratio"])
             for r in shards {
                 table.append([
-                    Glance.int(r.extra["sweep_value"]).map(String.init) ?? "-", String(r.threads),
+                    r.extra["sweep_value"]?.intValue.map(String.init) ?? "-", String(r.threads),
                     formatRate(r.ops_per_sec),
                     String(r.latency_ns.p99), String(format: "%.4f", r.hit_ratio),
                 ])
             }
-            parts.append("Throughput vs shard count (the memory tier, budget 10 %):\n\n" + Markdown.table(table))
+            parts.append("Throughput vs shard count (the memory tier, budget 10 %):\n\n" + table.markdown)
         }
         guard !parts.isEmpty else { return "" }
         return section(

@@ -55,7 +55,7 @@ enum BenchmarksPage {
         page += Glance.markdown(suite, service: service)
         let sections = [
             memory(suite), disk(suite), diskTasks(suite), tiered(suite), loader(suite), replay(suite), redis(suite),
-            fleet(suite), fleetAsync(suite), service.map(serviceSection) ?? "", curves(suite),
+            fleet(suite), remoteAsync(suite), service.map(serviceSection) ?? "", curves(suite),
         ]
         for section in sections where !section.isEmpty { page += "\n" + section }
         return page
@@ -77,10 +77,10 @@ enum BenchmarksPage {
     static func memory(_ report: Report) -> String {
         guard let table = memorySummaryTable(report.results) else { return "" }
         var workload = "Cache-aside on Zipf keys: a get, and a set on each miss."
-        if case .object(let c) = report.config["memory"], let keys = Glance.int(c["keys"]),
-            let key = Glance.int(c["key_size"]),
-            let value = Glance.int(c["value_size"]), let alpha = HTMLReport.number(c["zipf_alpha"]),
-            let budget = Glance.int(c["budget_bytes"])
+        if case .object(let c) = report.config["memory"], let keys = c["keys"]?.intValue,
+            let key = c["key_size"]?.intValue,
+            let value = c["value_size"]?.intValue, let alpha = c["zipf_alpha"]?.numberValue,
+            let budget = c["budget_bytes"]?.intValue
         {
             workload = String(
                 format:
@@ -94,7 +94,7 @@ enum BenchmarksPage {
                 RocksDB's pinned read does), `magpie-cache` goes through `Cache`; `rocksdb-hcc` is RocksDB's \
                 HyperClockCache on the same sequences (`Benchmarks/Peers/rocksdb_cache_peer.cc`). Rates are the median of \
                 the timed passes; min/median is the slowest pass over that median.
-                """, [Markdown.table(table)])
+                """, [table.markdown])
     }
 
     static func disk(_ report: Report) -> String {
@@ -103,31 +103,26 @@ enum BenchmarksPage {
         func row(_ scenario: String, _ system: String) -> BenchResult? {
             disk.first { $0.scenario == scenario && $0.system == system }
         }
-        var systems: [String] = []
-        for r in disk where !r.scenario.hasSuffix("-floor") && !systems.contains(r.system) { systems.append(r.system) }
-        var table = [
-            [
-                "system", "stores/s", "get p50, 4 KiB raw", "get p50, 4 KiB JSON", "evicting: ops/s",
-                "evicting: hit ratio",
-                "write amplification", "reopen + first get",
-            ]
-        ]
-        for system in systems {
+        var table = Table(nil, [
+            "system", "stores/s", "get p50, 4 KiB raw", "get p50, 4 KiB JSON", "evicting: ops/s", "evicting: hit ratio",
+            "write amplification", "reopen + first get",
+        ])
+        for system in distinct(disk.filter { !$0.scenario.hasSuffix("-floor") }.map(\.system)) {
             let get = row("disk-get", system)
             let evict = row("disk-evict", system)
             table.append([
                 system, row("disk-set", system).map { formatRate($0.ops_per_sec) } ?? "-",
-                Glance.percentile(get, "get_random_hit_latency_ns", "p50").map(Glance.nanoseconds) ?? "-",
-                Glance.percentile(get, "get_text_hit_latency_ns", "p50").map(Glance.nanoseconds) ?? "-",
+                get?.p50("get_random_hit_latency_ns").map(formatNanoseconds) ?? "-",
+                get?.p50("get_text_hit_latency_ns").map(formatNanoseconds) ?? "-",
                 evict.map { formatRate($0.ops_per_sec) } ?? "-",
                 evict.map { String(format: "%.4f", $0.hit_ratio) } ?? "-",
-                HTMLReport.number(evict?.extra["write_amplification"]).map { String(format: "%.2f", $0) } ?? "-",
+                evict?.extra["write_amplification"]?.numberValue.map { String(format: "%.2f", $0) } ?? "-",
                 row("disk-reopen", system).map { Glance.milliseconds($0.seconds) } ?? "-",
             ])
         }
         let bars = DiskBars(report.results)
-        var tables = [Markdown.table(table)]
-        for (title, rows) in bars.tables { tables.append("\(title):\n\n" + Markdown.table(rows)) }
+        var tables = [table.markdown]
+        for bar in bars.tables { tables.append("\(bar.title ?? ""):\n\n" + bar.markdown) }
         if !bars.notes.isEmpty { tables.append(bars.notes.map { "- \($0)" }.joined(separator: "\n") + "\n") }
         return section(
             "Disk tier", report, command: command(report, "disk"),
@@ -142,20 +137,20 @@ enum BenchmarksPage {
 
     static func diskTasks(_ report: Report) -> String {
         let table = diskTasksTable(report.results)
-        guard table.count > 1 else { return "" }
+        guard !table.isEmpty else { return "" }
         return section(
             "Disk hits from async tasks", report, command: command(report, "disk-tasks"),
             """
             Disk hits (entries stored disk-only, the page cache holding them) and stores of new keys from 1, 16 and \
             256 tasks: `cache.async` and the loader beside the synchronous call made in the task. "On the task": \
             the share of operations done on the caller's task, without a hop to an I/O thread.
-            """, [Markdown.table(table)])
+            """, [table.markdown])
     }
 
     static func tiered(_ report: Report) -> String {
         let tiered = rows(report).filter { ["tiered", "tiered-capped", "hit-cost"].contains($0.scenario) }
         guard !tiered.isEmpty else { return "" }
-        var table = [["workload", "system", "ops/s", "p50 ns", "p99 ns", "hit ratio"]]
+        var table = Table(nil, ["workload", "system", "ops/s", "p50 ns", "p99 ns", "hit ratio"])
         for r in tiered {
             table.append([
                 r.scenario, r.system, formatRate(r.ops_per_sec), String(r.latency_ns.p50), String(r.latency_ns.p99),
@@ -164,15 +159,15 @@ enum BenchmarksPage {
         }
         var notes: [String] = []
         if let r = tiered.first(where: { $0.scenario == "tiered" && $0.system == "magpie" }),
-            let memory = HTMLReport.number(r.extra["memory_hit_ratio"]),
-            let promoted = Glance.percentile(r, "promoted_hit_latency_ns", "p50"),
-            let hit = Glance.percentile(r, "memory_hit_latency_ns", "p50")
+            let memory = r.extra["memory_hit_ratio"]?.numberValue,
+            let promoted = r.p50("promoted_hit_latency_ns"),
+            let hit = r.p50("memory_hit_latency_ns")
         {
             notes.append(
                 String(
                     format:
                         "- tiered: %.1f %% of gets hit memory (p50 %@), the rest are disk hits promoted into memory (p50 %@).",
-                    100 * memory, Glance.nanoseconds(hit), Glance.nanoseconds(promoted)))
+                    100 * memory, formatNanoseconds(hit), formatNanoseconds(promoted)))
         }
         let capped = Dictionary(tiered.filter { $0.scenario == "tiered-capped" }.map { ($0.system, $0.ops_per_sec) }) {
             a, _ in a
@@ -184,7 +179,7 @@ enum BenchmarksPage {
                     magpie / urlCache))
         }
         if let r = tiered.first(where: { $0.scenario == "hit-cost" }),
-            let ratio = HTMLReport.number(r.extra["cache_over_tier"])
+            let ratio = r.extra["cache_over_tier"]?.numberValue
         {
             notes.append(
                 String(
@@ -196,7 +191,7 @@ enum BenchmarksPage {
             20,000 keys of 4 KiB, Zipf 0.99, memory at 10 % of the working set and disk at twice it, cache-aside. \
             `tiered-capped` is a workload small enough for URLCache's two tiers; `hit-cost` times memory hits through \
             `Cache` and through the memory tier alone.
-            """, [Markdown.table(table), notes.isEmpty ? "" : notes.joined(separator: "\n") + "\n"])
+            """, [table.markdown, notes.isEmpty ? "" : notes.joined(separator: "\n") + "\n"])
     }
 
     static func loader(_ report: Report) -> String {
@@ -208,13 +203,13 @@ enum BenchmarksPage {
             cache-aside, single flight, and stale-while-revalidate with fail-safe. "Cached" are calls for keys \
             loaded within their hard lifetime; "beyond bound" counts stale values served past what \
             the options allow, "wrong" values of another key or version.
-            """, [Markdown.table(table)])
+            """, [table.markdown])
     }
 
     static func replay(_ report: Report) -> String {
         let replays = rows(report).filter { $0.scenario.hasPrefix("replay ") && $0.scenario.hasSuffix("%") }
         guard !replays.isEmpty else { return "" }
-        let trace = Glance.string(replays[0].extra["trace"]) ?? "the trace"
+        let trace = replays[0].extra["trace"]?.stringValue ?? "the trace"
         let table = missRatioTable(replays, budget: { Glance.budget($0.scenario) })
         return section(
             "Trace replay", report, command: command(report, "replay"),
@@ -223,17 +218,14 @@ enum BenchmarksPage {
             memory tier, one shard, each entry charged its object's size as simulators charge, beside exact \
             reference policies. Miss ratio at each budget (% of the working set); bold: the lowest of the policies \
             a cache can run (Belady's optimum needs the future).
-            """, [Markdown.table(table)])
+            """, [table.markdown])
     }
 
     /// Miss ratios with a row per budget and a column per system, the lowest but Belady's in bold.
-    static func missRatioTable(_ replays: [BenchResult], budget: (BenchResult) -> String) -> [[String]] {
-        var systems: [String] = []
-        for r in replays where !systems.contains(r.system) { systems.append(r.system) }
-        var budgets: [String] = []
-        for r in replays where !budgets.contains(budget(r)) { budgets.append(budget(r)) }
-        var table = [["budget"] + systems]
-        for b in budgets {
+    static func missRatioTable(_ replays: [BenchResult], budget: (BenchResult) -> String) -> Table {
+        let systems = distinct(replays.map(\.system))
+        var table = Table(nil, ["budget"] + systems)
+        for b in distinct(replays.map(budget)) {
             let point = replays.filter { budget($0) == b }
             let best = point.filter { $0.system != "Belady" }.map(Glance.missRatio).min()
             table.append(

@@ -1,30 +1,27 @@
 import Foundation
 
-/// The disk scenario's bars, computed from the rows of this run alone: Magpie against the fastest peer
-/// (RocksDB, LMDB, SQLite, and file-per-key / URLCache when they ran) and against the floors measured in
-/// the same run. Prints one line per bar with the figures and "met" or "NOT met", the notes, then each
-/// system's configuration.
-func printDiskSummary(_ results: [BenchResult]) {
+/// The disk scenario's tables, computed from the rows of this run alone: the bars (`DiskBars`: one row
+/// per bar with the figures and "met" or "NOT met"), the notes, then each system's configuration.
+func diskTables(_ results: [BenchResult]) -> [Table] {
     let summary = DiskBars(results)
-    for (title, table) in summary.tables {
-        print("\n" + title)
-        printAligned(table)
+    var tables = summary.tables
+    if !summary.notes.isEmpty {
+        if tables.isEmpty { tables.append(Table()) }
+        tables[tables.count - 1].notes = summary.notes
     }
-    for note in summary.notes { print(note) }
     let disk = results.filter { $0.scenario.hasPrefix("disk-") && $0.extra["sweep_parameter"] == nil }
-    guard disk.contains(where: { $0.system == "magpie" }) else { return }
-    print("\nDisk systems as configured:")
-    var seen: Set<String> = []
-    for r in disk where !r.scenario.hasSuffix("-floor") && !seen.contains(r.system) {
-        seen.insert(r.system)
-        if case .string(let configuration) = r.extra["configuration"] { print("  \(r.system): \(configuration)") }
+    guard disk.contains(where: { $0.system == "magpie" }) else { return tables }
+    let systems = distinct(disk.filter { !$0.scenario.hasSuffix("-floor") }.map(\.system))
+    let configured = systems.compactMap { system in
+        disk.first { !$0.scenario.hasSuffix("-floor") && $0.system == system }?.extra["configuration"]?.stringValue.map { "  \(system): \($0)" }
     }
+    return tables + [Table("Disk systems as configured:", notes: configured)]
 }
 
 /// The disk bars of one run as tables (each with its title, a header row first) and one-line notes: the
 /// issue #20 bars, the issue #29 bars, and the gets sampled in turns when the paired workload ran.
 struct DiskBars {
-    var tables: [(title: String, rows: [[String]])] = []
+    var tables: [Table] = []
     var notes: [String] = []
 
     init(_ results: [BenchResult]) {
@@ -34,11 +31,10 @@ struct DiskBars {
         disk.first { $0.scenario == scenario && $0.system == system }
     }
     func peers(_ scenario: String) -> [BenchResult] { disk.filter { $0.scenario == scenario && $0.system != "magpie" } }
-    func number(_ r: BenchResult?, _ key: String) -> Double? { HTMLReport.number(r?.extra[key]) }
-    func percentile(_ r: BenchResult?, _ key: String, _ name: String) -> Double? { extraPercentile(r, key, name).map(Double.init) }
-    func p50(_ r: BenchResult?, _ key: String) -> Double? { percentile(r, key, "p50") }
-    func ns(_ v: Double) -> String { v >= 10_000 ? String(format: "%.1f µs", v / 1000) : String(format: "%.0f ns", v) }
-    var table = [["bar", "magpie", "target (this run)", "result"]]
+    func number(_ r: BenchResult?, _ key: String) -> Double? { r?.extra[key]?.numberValue }
+    func p50(_ r: BenchResult?, _ key: String) -> Double? { r?.p50(key) }
+    let ns = formatNanoseconds
+    var table = Table("Disk: the issue #20 bars, from this run alone (gets: hits only)", ["bar", "magpie", "target (this run)", "result"])
     func bar(_ name: String, _ value: Double?, _ target: Double?, _ show: (Double) -> String, lowerIsBetter: Bool, _ note: String) {
         guard let value, let target else { return }
         let met = lowerIsBetter ? value <= target : value >= target
@@ -89,7 +85,7 @@ struct DiskBars {
         bar("reopen + first get (\(Int(keys)) entries)", row("disk-reopen", "magpie")?.seconds, fastest.seconds, { String(format: "%.2f ms", $0 * 1e3) }, lowerIsBetter: true, "(\(fastest.system))")
     }
 
-    if table.count > 1 { tables.append(("Disk: the issue #20 bars, from this run alone (gets: hits only)", table)) }
+    if !table.isEmpty { tables.append(table) }
     if let raw, let copyFloor, let text, let zstdFloor {
         notes.append(String(format: "magpie raw get p50 = mapped-copy floor %d ns + %.0f ns; compressed get p50 = ZSTD_decompress floor %d ns + %.0f ns",
             copyFloor, raw - Double(copyFloor), zstdFloor, text - Double(zstdFloor)))
@@ -114,10 +110,10 @@ struct DiskBars {
     // The issue #29 bars where they differ from #20's: against RocksDB (FIFO) and LMDB by name, the store
     // tail, and write amplification counted two ways (the device's writes, which the page cache absorbs
     // when a region is overwritten before writeback, and the tier's own bytes written).
-    table = [["bar (#29)", "magpie", "target (this run)", "result"]]
+    table = Table("Disk: the issue #29 bars, from this run alone", ["bar (#29)", "magpie", "target (this run)", "result"])
     let rocksdbEvict = evictPeers.first { $0.system == "rocksdb" }
     if let evict = row("disk-evict", "magpie") {
-        func storeTail(_ r: BenchResult) -> Double? { percentile(r, "set_latency_ns", "p999") }
+        func storeTail(_ r: BenchResult) -> Double? { Percentiles(r.extra["set_latency_ns"]).map { Double($0.p999) } }
         if let tail = storeTail(evict) {
             // The peers' own store tails of the same run beside the bar (informative: the bar is absolute).
             let peerTails = evictPeers.compactMap { r in storeTail(r).map { "\(r.system) \(ns($0))" } }
@@ -139,22 +135,16 @@ struct DiskBars {
         bar("reopen + first get (\(Int(keys)) entries)", row("disk-reopen", "magpie")?.seconds, 3 * lmdb.seconds,
             { String(format: "%.2f ms", $0 * 1e3) }, lowerIsBetter: true, "(3 × lmdb)")
     }
-    if table.count > 1 { tables.append(("Disk: the issue #29 bars, from this run alone", table)) }
-    let pairedTable = pairedGetBars(disk)
-    if pairedTable.count > 1 {
+    if !table.isEmpty { tables.append(table) }
+    let paired = pairedGetBars(disk)
+    if paired.count > 1 {
         var heading = "Disk: the #29 get bars with every system and the floors sampled in turns"
-        if let magpie = row("disk-paired-get", "magpie"), case .int(let count) = magpie.extra["rounds"], case .int(let block) = magpie.extra["block"] {
+        if let magpie = row("disk-paired-get", "magpie"), let count = magpie.extra["rounds"]?.intValue, let block = magpie.extra["block"]?.intValue {
             heading += " (\(count) rounds of \(block) operations each, hits only; a round met: its own p50s)"
         }
-        tables.append((heading, pairedTable))
+        tables.append(Table(heading, paired[0], rows: Array(paired.dropFirst())))
     }
     }
-}
-
-/// The percentile `name` of the latency object `key` in a row's extra figures.
-private func extraPercentile(_ r: BenchResult?, _ key: String, _ name: String) -> Int? {
-    if case .object(let p) = r?.extra[key], case .int(let v) = p[name] { return v }
-    return nil
 }
 
 /// The paired workload's rows (DiskScenario+Paired.swift) as the #29 get bars, on figures of the same
@@ -166,12 +156,13 @@ func pairedGetBars(_ rows: [BenchResult]) -> [[String]] {
     guard let magpie = rows.first(where: { $0.scenario == "disk-paired-get" && $0.system == "magpie" }) else { return table }
     let peers = rows.filter { $0.scenario == "disk-paired-get" && $0.system != "magpie" }
     let floors = rows.filter { $0.scenario == "disk-paired-floor" }
-    func p50(_ r: BenchResult, _ key: String) -> UInt64? { extraPercentile(r, key, "p50").flatMap { $0 > 0 ? UInt64($0) : nil } }
+    func p50(_ r: BenchResult, _ key: String) -> UInt64? { r.p50(key).map { UInt64($0) } }
     func rounds(_ key: String) -> String {
-        guard case .object(let tally) = magpie.extra[key], case .int(let met) = tally["rounds"], case .int(let of) = tally["of"] else { return "-" }
+        let tally = magpie.extra[key]?.objectValue
+        guard let met = tally?["rounds"]?.intValue, let of = tally?["of"]?.intValue else { return "-" }
         return "\(met) of \(of)"
     }
-    func ns(_ v: UInt64) -> String { v >= 10_000 ? String(format: "%.1f µs", Double(v) / 1000) : "\(v) ns" }
+    func ns(_ v: UInt64) -> String { formatNanoseconds(Double(v)) }
     if let raw = p50(magpie, "get_random_hit_latency_ns") {
         // The fastest peer first (the bar's), then the others.
         let others = peers.compactMap { r in p50(r, "get_random_hit_latency_ns").map { (r.system, $0) } }.sorted { $0.1 < $1.1 }
@@ -201,7 +192,7 @@ func pairedGetBars(_ rows: [BenchResult]) -> [[String]] {
 func diskConfigurations(_ results: [BenchResult]) -> JSONValue {
     var configurations: [String: JSONValue] = [:]
     for r in results where r.scenario.hasPrefix("disk-") && !r.scenario.hasSuffix("-floor") {
-        if case .string(let configuration) = r.extra["configuration"] {
+        if let configuration = r.extra["configuration"]?.stringValue {
             let workload = r.scenario.hasPrefix("disk-mixed") ? "mixed" : r.scenario == "disk-evict" ? "evict" : r.scenario.hasPrefix("disk-paired") ? "paired" : "plain"
             configurations["\(r.system) (\(workload))"] = .string(configuration)
         }
@@ -210,13 +201,15 @@ func diskConfigurations(_ results: [BenchResult]) -> JSONValue {
 }
 
 /// The trickle workload's rows as one table: CPU time and context switches per second of each system at
-/// each rate, beside the pacing loop's own (`none`), and the stores' latency.
-func printTrickleSummary(_ results: [BenchResult]) {
+/// each rate, beside the pacing loop's own (`none`), and the stores' latency; nil without them.
+func trickleTable(_ results: [BenchResult]) -> Table? {
     let rows = results.filter { $0.scenario.hasPrefix("disk-trickle-") }
-    guard !rows.isEmpty else { return }
-    func number(_ r: BenchResult, _ key: String) -> Double { HTMLReport.number(r.extra[key]) ?? 0 }
-    var table = [["stores/s", "system", "CPU ms per s", "above the loop", "switches per s", "store p50", "store p99.9"]]
-    for rate in Array(Set(rows.map { Int(number($0, "rate_per_second")) })).sorted() {
+    guard !rows.isEmpty else { return nil }
+    func number(_ r: BenchResult, _ key: String) -> Double { r.extra[key]?.numberValue ?? 0 }
+    var table = Table(
+        "Disk: stores at a trickle (CPU and context switches of the whole process, per second of wall time)",
+        ["stores/s", "system", "CPU ms per s", "above the loop", "switches per s", "store p50", "store p99.9"])
+    for rate in Set(rows.map { Int(number($0, "rate_per_second")) }).sorted() {
         let atRate = rows.filter { Int(number($0, "rate_per_second")) == rate }
         let loop = atRate.first { $0.system == "none" }.map { number($0, "cpu_ms_per_second") }
         for r in atRate {
@@ -230,6 +223,5 @@ func printTrickleSummary(_ results: [BenchResult]) {
             ])
         }
     }
-    print("\nDisk: stores at a trickle (CPU and context switches of the whole process, per second of wall time)")
-    printAligned(table)
+    return table
 }

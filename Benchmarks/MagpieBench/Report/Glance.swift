@@ -24,6 +24,9 @@ enum Glance {
     /// The rows that the runs hold, in the order of the page.
     static func rows(_ suite: Report, service: Report?) -> [GlanceRow] {
         var rows: [GlanceRow] = []
+        func add(_ comparison: String, _ magpie: String, _ reference: String, _ ratio: String, _ run: GlanceRow.Run = .suite) {
+            rows.append(GlanceRow(comparison: comparison, magpie: magpie, reference: reference, ratio: ratio, run: run))
+        }
         let results = suite.results.filter { $0.extra["sweep_parameter"] == nil }
         func row(_ scenario: String, _ system: String) -> BenchResult? {
             results.first { $0.scenario == scenario && $0.system == system }
@@ -39,51 +42,37 @@ enum Glance {
                 memory.first { $0.system == system && $0.threads == threads }.map { (label, $0.ops_per_sec) }
             }
             if !reads.isEmpty {
-                rows.append(
-                    GlanceRow(
-                        comparison: "Memory tier: Zipf 0.99 gets, a set on each miss, \(threads) threads (ops/s)",
-                        magpie: reads.map { "\(formatRate($0.1)) \($0.0)" }.joined(separator: ", "),
-                        reference: "RocksDB HyperClockCache \(formatRate(peer.ops_per_sec))",
-                        ratio: reads.map { String(format: "%.2f × (%@)", $0.1 / peer.ops_per_sec, $0.0) }.joined(
-                            separator: ", "),
-                        run: .suite))
+                add(
+                    "Memory tier: Zipf 0.99 gets, a set on each miss, \(threads) threads (ops/s)",
+                    reads.map { "\(formatRate($0.1)) \($0.0)" }.joined(separator: ", "),
+                    "RocksDB HyperClockCache \(formatRate(peer.ops_per_sec))",
+                    reads.map { String(format: "%.2f × (%@)", $0.1 / peer.ops_per_sec, $0.0) }.joined(separator: ", "))
             }
         }
 
         // Disk: stores, page-cache-hot gets, the eviction-heavy hit ratio and the reopen.
         if let magpie = row("disk-set", "magpie"), let rocksdb = row("disk-set", "rocksdb") {
-            rows.append(
-                GlanceRow(
-                    comparison: "Disk tier: stores of 4 KiB values, compression on (ops/s)",
-                    magpie: formatRate(magpie.ops_per_sec),
-                    reference: "RocksDB \(formatRate(rocksdb.ops_per_sec))",
-                    ratio: times(magpie.ops_per_sec / rocksdb.ops_per_sec, "its rate"),
-                    run: .suite))
+            add(
+                "Disk tier: stores of 4 KiB values, compression on (ops/s)", formatRate(magpie.ops_per_sec),
+                "RocksDB \(formatRate(rocksdb.ops_per_sec))", times(magpie.ops_per_sec / rocksdb.ops_per_sec, "its rate"))
         }
-        if let magpie = percentile(row("disk-get", "magpie"), "get_random_hit_latency_ns", "p50"),
-            let lmdb = percentile(row("disk-get", "lmdb"), "get_random_hit_latency_ns", "p50")
+        if let magpie = row("disk-get", "magpie")?.p50("get_random_hit_latency_ns"),
+            let lmdb = row("disk-get", "lmdb")?.p50("get_random_hit_latency_ns")
         {
-            rows.append(
-                GlanceRow(
-                    comparison: "Disk tier: get of a 4 KiB value the page cache holds (p50)",
-                    magpie: nanoseconds(magpie),
-                    reference: "LMDB \(nanoseconds(lmdb))", ratio: times(magpie / lmdb, "its time"), run: .suite))
+            add(
+                "Disk tier: get of a 4 KiB value the page cache holds (p50)", formatNanoseconds(magpie),
+                "LMDB \(formatNanoseconds(lmdb))", times(magpie / lmdb, "its time"))
         }
         if let magpie = row("disk-evict", "magpie"), let rocksdb = row("disk-evict", "rocksdb") {
-            rows.append(
-                GlanceRow(
-                    comparison: "Disk tier: hit ratio, a working set 5 × the budget, Zipf 0.9, a store on each miss",
-                    magpie: String(format: "%.4f", magpie.hit_ratio),
-                    reference: String(format: "RocksDB (FIFO) %.4f", rocksdb.hit_ratio),
-                    ratio: String(format: "%+.1f points", 100 * (magpie.hit_ratio - rocksdb.hit_ratio)), run: .suite))
+            add(
+                "Disk tier: hit ratio, a working set 5 × the budget, Zipf 0.9, a store on each miss",
+                String(format: "%.4f", magpie.hit_ratio), String(format: "RocksDB (FIFO) %.4f", rocksdb.hit_ratio),
+                String(format: "%+.1f points", 100 * (magpie.hit_ratio - rocksdb.hit_ratio)))
         }
         if let magpie = row("disk-reopen", "magpie"), let lmdb = row("disk-reopen", "lmdb"), lmdb.seconds > 0 {
-            rows.append(
-                GlanceRow(
-                    comparison: "Disk tier: reopen and first get after a clean close",
-                    magpie: milliseconds(magpie.seconds),
-                    reference: "LMDB \(milliseconds(lmdb.seconds))",
-                    ratio: times(magpie.seconds / lmdb.seconds, "its time"), run: .suite))
+            add(
+                "Disk tier: reopen and first get after a clean close", milliseconds(magpie.seconds),
+                "LMDB \(milliseconds(lmdb.seconds))", times(magpie.seconds / lmdb.seconds, "its time"))
         }
 
         // Replay of the committed trace: Magpie's memory tier against the best reference policy at each budget
@@ -108,24 +97,22 @@ enum Glance {
                 }
             }
             if !cells.isEmpty {
-                let trace = budgets.first.flatMap { string($0.extra["trace"]) } ?? "the trace"
+                let trace = budgets.first?.extra["trace"]?.stringValue ?? "the trace"
                 let shown = cells.filter { ["1 %", "10 %"].contains($0.0) || $0.0 == worst?.budget }
                 var ratio = "lower or equal at \(ahead) of \(cells.count) budgets"
                 if let worst {
                     ratio += String(
                         format: "; %@ higher by %.2f points", worst.budget, 100 * (worst.magpie - worst.miss))
                 }
-                rows.append(
-                    GlanceRow(
-                        comparison: "Memory tier replaying \(trace) (miss ratio at % of its working set)",
-                        magpie: shown.map { String(format: "%@: %.4f", $0.0, $0.1) }.joined(separator: ", "),
-                        reference: "the best policy but Belady's: "
-                            + shown.map { String(format: "%@ %.4f", $0.2, $0.3) }.joined(separator: ", "),
-                        ratio: ratio, run: .suite))
+                add(
+                    "Memory tier replaying \(trace) (miss ratio at % of its working set)",
+                    shown.map { String(format: "%@: %.4f", $0.0, $0.1) }.joined(separator: ", "),
+                    "the best policy but Belady's: " + shown.map { String(format: "%@ %.4f", $0.2, $0.3) }.joined(separator: ", "),
+                    ratio)
             }
         }
 
-        // The fleet: every tasks value the run measured, Magpie's fleet tier beside cache-aside on Redis.
+        // The fleet: every tasks value the run measured, Magpie's remote tier beside cache-aside on Redis.
         for magpie in results where magpie.scenario == "fleet" && magpie.system == "magpie-fleet" {
             guard
                 let aside = results.first(where: {
@@ -133,21 +120,18 @@ enum Glance {
                         && $0.extra["tasks"] == magpie.extra["tasks"]
                 }), aside.ops_per_sec > 0
             else { continue }
-            let tasks = int(magpie.extra["tasks"]).map { "\($0) tasks each" } ?? "threads"
+            let tasks = magpie.extra["tasks"]?.intValue.map { "\($0) tasks each" } ?? "threads"
             var workload = ""
             if case .object(let fleet) = suite.config["fleet"] {
-                let workers = int(fleet["workers"]).map { "\($0) processes" } ?? "processes"
+                let workers = fleet["workers"]?.intValue.map { "\($0) processes" } ?? "processes"
                 let changes =
-                    (HTMLReport.number(fleet["set_share"]) ?? 0) + (HTMLReport.number(fleet["remove_share"]) ?? 0)
+                    (fleet["set_share"]?.numberValue ?? 0) + (fleet["remove_share"]?.numberValue ?? 0)
                 workload = String(
                     format: "%@ on one Redis, %@, %.0f %% of requests change a key", workers, tasks, 100 * changes)
             }
-            rows.append(
-                GlanceRow(
-                    comparison: "Fleet: \(workload.isEmpty ? tasks : workload) (ops/s)",
-                    magpie: formatRate(magpie.ops_per_sec),
-                    reference: "cache-aside on Redis \(formatRate(aside.ops_per_sec))",
-                    ratio: times(magpie.ops_per_sec / aside.ops_per_sec, "its rate"), run: .suite))
+            add(
+                "Fleet: \(workload.isEmpty ? tasks : workload) (ops/s)", formatRate(magpie.ops_per_sec),
+                "cache-aside on Redis \(formatRate(aside.ops_per_sec))", times(magpie.ops_per_sec / aside.ops_per_sec, "its rate"))
         }
 
         // The example service under wrk: Magpie memory-only beside Hummingbird's MemoryPersistDriver.
@@ -157,14 +141,11 @@ enum Glance {
                 let hummingbird = healthy.first(where: { $0.system == "hummingbird-memory" }),
                 hummingbird.ops_per_sec > 0
             {
-                rows.append(
-                    GlanceRow(
-                        comparison: "A Hummingbird service under wrk, 64 connections, cached reads (requests/s, p99)",
-                        magpie:
-                            "\(formatRate(magpie.ops_per_sec)), \(milliseconds(Double(magpie.latency_ns.p99) / 1e9))",
-                        reference: "MemoryPersistDriver \(formatRate(hummingbird.ops_per_sec)), "
-                            + milliseconds(Double(hummingbird.latency_ns.p99) / 1e9),
-                        ratio: times(magpie.ops_per_sec / hummingbird.ops_per_sec, "its rate"), run: .service))
+                add(
+                    "A Hummingbird service under wrk, 64 connections, cached reads (requests/s, p99)",
+                    "\(formatRate(magpie.ops_per_sec)), \(milliseconds(Double(magpie.latency_ns.p99) / 1e9))",
+                    "MemoryPersistDriver \(formatRate(hummingbird.ops_per_sec)), " + milliseconds(Double(hummingbird.latency_ns.p99) / 1e9),
+                    times(magpie.ops_per_sec / hummingbird.ops_per_sec, "its rate"), .service)
             }
         }
         return rows
@@ -183,9 +164,9 @@ enum Glance {
         let rows = rows(suite, service: service)
         func run(_ which: GlanceRow.Run) -> Report { which == .service ? service ?? suite : suite }
         func stamp(_ report: Report) -> String { Markdown.day(report.date) + (report.commit.map { ", `\($0)`" } ?? "") }
-        var table = [["comparison", "Magpie", "instead", "Magpie against it", "run"]]
-        for row in rows { table.append([row.comparison, row.magpie, row.reference, row.ratio, stamp(run(row.run))]) }
-        var text = Markdown.table(table)
+        var text = Table(nil, ["comparison", "Magpie", "instead", "Magpie against it", "run"], rows: rows.map {
+            [$0.comparison, $0.magpie, $0.reference, $0.ratio, stamp(run($0.run))]
+        }).markdown
         let machines = [suite] + (service.map { [$0] } ?? [])
         if machines.allSatisfy({ Markdown.sameMachine($0.machine, suite.machine) }) {
             text += "\nMachine: \(Markdown.machine(suite.machine)).\n"
@@ -196,26 +177,7 @@ enum Glance {
         return text
     }
 
-    static func nanoseconds(_ value: Double) -> String {
-        value >= 10_000 ? String(format: "%.1f µs", value / 1000) : String(format: "%.0f ns", value)
-    }
-
     static func milliseconds(_ seconds: Double) -> String { String(format: "%.2f ms", seconds * 1e3) }
 
-    static func missRatio(_ r: BenchResult) -> Double { HTMLReport.number(r.extra["miss_ratio"]) ?? 1 - r.hit_ratio }
-
-    static func percentile(_ r: BenchResult?, _ key: String, _ name: String) -> Double? {
-        guard case .object(let p) = r?.extra[key], let value = int(p[name]), value > 0 else { return nil }
-        return Double(value)
-    }
-
-    static func int(_ value: JSONValue?) -> Int? {
-        if case .int(let v) = value { return v }
-        return nil
-    }
-
-    static func string(_ value: JSONValue?) -> String? {
-        if case .string(let v) = value { return v }
-        return nil
-    }
+    static func missRatio(_ r: BenchResult) -> Double { r.extra["miss_ratio"]?.numberValue ?? 1 - r.hit_ratio }
 }

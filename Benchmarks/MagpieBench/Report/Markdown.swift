@@ -1,31 +1,8 @@
 import Foundation
 
-/// GitHub-flavoured Markdown for `report --markdown`: tables, a run's provenance, and the block of
-/// README.md the report rewrites.
+/// GitHub-flavoured Markdown for `report --markdown`: paragraphs, a run's provenance, and the block of
+/// README.md the report rewrites (tables: `Table.markdown`).
 enum Markdown {
-    /// A table from rows, the first of them the header. A `|` in a cell is escaped; columns after the
-    /// first two are right-aligned when every body cell but "-" is a figure (starts with a digit or a sign,
-    /// holds no code).
-    static func table(_ rows: [[String]]) -> String {
-        guard let header = rows.first else { return "" }
-        let body = rows.dropFirst()
-        let alignments = header.indices.map { column -> String in
-            let cells = body.map { column < $0.count ? $0[column] : "" }.filter { $0 != "-" && !$0.isEmpty }
-            let numeric =
-                column >= 2 && !cells.isEmpty
-                && cells.allSatisfy { cell in
-                    !cell.contains("`") && (cell.first.map { $0.isNumber || "+−-*".contains($0) } ?? false)
-                }
-            return numeric ? "---:" : "---"
-        }
-        func line(_ cells: [String]) -> String {
-            let padded = header.indices.map { $0 < cells.count ? cells[$0] : "" }
-            return "| " + padded.map { $0.replacingOccurrences(of: "|", with: "\\|") }.joined(separator: " | ") + " |"
-        }
-        return ([line(header), "|" + alignments.joined(separator: "|") + "|"] + body.map(line)).joined(separator: "\n")
-            + "\n"
-    }
-
     /// A paragraph broken into lines of at most `width` characters (a longer word stands alone).
     static func wrap(_ paragraph: String, width: Int = 110) -> String {
         var lines: [String] = []

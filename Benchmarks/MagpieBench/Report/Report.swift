@@ -31,37 +31,18 @@ enum JSONValue: Codable, Sendable, Equatable {
         else if let v = try? container.decode([JSONValue].self) { self = .array(v) }
         else { self = .object(try container.decode([String: JSONValue].self)) }
     }
-}
 
-/// Latency percentiles in nanoseconds (keys stable: tuning scripts read them).
-struct Percentiles: Codable, Sendable, Equatable {
-    var p50: UInt64
-    var p90: UInt64
-    var p99: UInt64
-    var p999: UInt64
-    var max: UInt64
-
-    /// No latency measured (a simulation).
-    static let zero = Percentiles(p50: 0, p90: 0, p99: 0, p999: 0, max: 0)
-
-    init(p50: UInt64, p90: UInt64, p99: UInt64, p999: UInt64, max: UInt64) {
-        (self.p50, self.p90, self.p99, self.p999, self.max) = (p50, p90, p99, p999, max)
+    var intValue: Int? { if case .int(let v) = self { v } else { nil } }
+    /// An int or a double.
+    var numberValue: Double? {
+        switch self {
+        case .int(let v): Double(v)
+        case .double(let v): v
+        default: nil
+        }
     }
-
-    init(_ histogram: Histogram<UInt64>) {
-        p50 = histogram.valueAtPercentile(50)
-        p90 = histogram.valueAtPercentile(90)
-        p99 = histogram.valueAtPercentile(99)
-        p999 = histogram.valueAtPercentile(99.9)
-        max = histogram.max
-    }
-
-    var json: JSONValue {
-        .object([
-            "p50": .int(Int(p50)), "p90": .int(Int(p90)), "p99": .int(Int(p99)),
-            "p999": .int(Int(p999)), "max": .int(Int(max)),
-        ])
-    }
+    var stringValue: String? { if case .string(let v) = self { v } else { nil } }
+    var objectValue: [String: JSONValue]? { if case .object(let v) = self { v } else { nil } }
 }
 
 /// One measured (scenario, system, threads) row of the report, as in DESIGN.md's contract.
@@ -129,29 +110,47 @@ struct Report: Codable, Sendable {
 let magpieBenchVersion = "0.1.0"
 
 /// The human table: one row per result.
-func printTable(_ results: [BenchResult]) {
-    let header = [
+func resultsTable(_ results: [BenchResult]) -> Table {
+    var table = Table(nil, [
         "scenario", "system", "threads", "ops/s", "min ops/s", "p50 ns", "p90 ns", "p99 ns", "p99.9 ns", "max ns", "hit ratio",
-    ]
-    var rows = [header]
+    ])
     for r in results {
         // Latency not measured (the RocksDB peer, a simulation): shown as "-".
         let latency = [r.latency_ns.p50, r.latency_ns.p90, r.latency_ns.p99, r.latency_ns.p999, r.latency_ns.max].map {
             r.latency_ns.max == 0 ? "-" : String($0)
         }
-        var minimum = "-"
-        if case .double(let rate) = r.extra["ops_per_sec_min"] { minimum = formatRate(rate) }
-        let system = r.extra["hot_keys"].map { key -> String in
-            if case .int(let n) = key { return "\(r.system) (\(n) keys)" }
-            return r.system
-        } ?? r.system
-        rows.append([r.scenario, system, String(r.threads), formatRate(r.ops_per_sec), minimum] + latency + [String(format: "%.4f", r.hit_ratio)])
+        let minimum = r.extra["ops_per_sec_min"]?.numberValue.map(formatRate) ?? "-"
+        let system = r.extra["hot_keys"]?.intValue.map { "\(r.system) (\($0) keys)" } ?? r.system
+        table.append([r.scenario, system, String(r.threads), formatRate(r.ops_per_sec), minimum] + latency + [String(format: "%.4f", r.hit_ratio)])
     }
-    printAligned(rows)
+    return table
 }
 
 func formatRate(_ rate: Double) -> String {
     rate >= 1e6 ? String(format: "%.2f M", rate / 1e6) : String(format: "%.0f k", rate / 1e3)
+}
+
+/// Nanoseconds, as µs from 10 µs on.
+func formatNanoseconds(_ value: Double) -> String {
+    value >= 10_000 ? String(format: "%.1f µs", value / 1000) : String(format: "%.0f ns", value)
+}
+
+/// Nanoseconds as microseconds, one decimal.
+func micros(_ ns: UInt64) -> String { String(format: "%.1f", Double(ns) / 1000) }
+
+/// Runs `executable` with `arguments` to its end: its exit status and standard output (its standard error
+/// passes through, or with `quiet` is dropped).
+func runProcess(_ executable: String, _ arguments: [String], quiet: Bool = false) throws -> (status: Int32, output: Data) {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: executable)
+    process.arguments = arguments
+    let output = Pipe()
+    process.standardOutput = output
+    if quiet { process.standardError = FileHandle.nullDevice }
+    try process.run()
+    let data = output.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    return (process.terminationStatus, data)
 }
 
 /// The process's resident set size, from /proc/self/statm.
@@ -178,20 +177,12 @@ func timerOverheadNanoseconds() -> UInt64 {
         let b = nowNanoseconds()
         samples[i] = b &- a
     }
-    samples.sort()
-    return samples[samples.count / 2]
+    return percentile(50, of: samples) ?? 0
 }
 
-/// Prints rows as a table: first two columns left-aligned, the rest right-aligned.
-func printAligned(_ rows: [[String]]) {
-    guard let header = rows.first else { return }
-    let widths = (0..<header.count).map { column in rows.map { $0[column].count }.max() ?? 0 }
-    for (n, row) in rows.enumerated() {
-        let line = row.enumerated().map { column, cell in
-            column < 2 ? cell.padding(toLength: widths[column], withPad: " ", startingAt: 0)
-                : String(repeating: " ", count: widths[column] - cell.count) + cell
-        }.joined(separator: "  ")
-        print(line)
-        if n == 0 { print(String(repeating: "-", count: line.count)) }
-    }
+/// The values in the order they first appear, each once.
+func distinct<T: Equatable>(_ values: [T]) -> [T] {
+    var seen: [T] = []
+    for value in values where !seen.contains(value) { seen.append(value) }
+    return seen
 }

@@ -78,7 +78,7 @@ enum HTMLReport {
     static func hitRatioChart(_ results: [BenchResult]) -> String {
         var series: [String: [(Double, Double)]] = [:]
         for r in results {
-            if case .string("budget_percent") = r.extra["sweep_parameter"], let x = number(r.extra["sweep_value"]) {
+            if case .string("budget_percent") = r.extra["sweep_parameter"], let x = r.extra["sweep_value"]?.numberValue {
                 series["\(r.system) (Zipf)", default: []].append((x, r.hit_ratio))
             }
         }
@@ -99,11 +99,11 @@ enum HTMLReport {
         var order: [String: [String]] = [:]
         for r in results where r.scenario.hasPrefix("replay ") && r.scenario.hasSuffix("%") {
             guard let x = Double(r.scenario.dropFirst("replay ".count).dropLast()) else { continue }
-            let trace = { if case .string(let name) = r.extra["trace"] { return name } else { return "trace" } }()
+            let trace = r.extra["trace"]?.stringValue ?? "trace"
             if !traces.contains(trace) { traces.append(trace) }
             if series[trace, default: [:]][r.system] == nil { order[trace, default: []].append(r.system) }
             guard !(series[trace]?[r.system]?.contains { $0.0 == x } ?? false) else { continue }  // a point once
-            series[trace, default: [:]][r.system, default: []].append((x, number(r.extra["miss_ratio"]) ?? 1 - r.hit_ratio))
+            series[trace, default: [:]][r.system, default: []].append((x, r.extra["miss_ratio"]?.numberValue ?? 1 - r.hit_ratio))
         }
         let html = "<h2>Miss ratio vs budget on traces</h2>\n"
         if traces.isEmpty {
@@ -127,7 +127,7 @@ enum HTMLReport {
         }
         var byShards: [String: [(Double, Double)]] = [:]
         for r in results {
-            if case .string("shards") = r.extra["sweep_parameter"], let x = number(r.extra["sweep_value"]) {
+            if case .string("shards") = r.extra["sweep_parameter"], let x = r.extra["sweep_value"]?.numberValue {
                 byShards["\(r.system), \(r.threads) thread\(r.threads == 1 ? "" : "s")", default: []].append((x, r.ops_per_sec / 1e6))
             }
         }
@@ -145,14 +145,6 @@ enum HTMLReport {
                 series: byShards.sorted { $0.key < $1.key }.map { ($0.key, $0.value.sorted { $0.0 < $1.0 }) }, logX: true)
         }
         return html
-    }
-
-    static func number(_ value: JSONValue?) -> Double? {
-        switch value {
-        case .int(let v): Double(v)
-        case .double(let v): v
-        default: nil
-        }
     }
 }
 

@@ -30,7 +30,7 @@ extension DiskScenario {
         var digests = [UInt64?](repeating: nil, count: keys)
         let system = try open(name, directory, budget: budget)
 
-        var allLatency = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+        var allLatency = latencyHistogram()
         var getLatency = allLatency
         var setLatency = allLatency
         var nanoseconds: UInt64 = 0

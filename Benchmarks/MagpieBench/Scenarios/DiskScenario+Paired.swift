@@ -63,7 +63,7 @@ extension DiskScenario {
         let participants = systems.count + 2  // the floors last
         var text = [PairedSamples](repeating: PairedSamples(), count: participants)
         var random = text
-        var all = [Histogram<UInt64>](repeating: PairedSamples.histogram(), count: participants)
+        var all = [Histogram<UInt64>](repeating: latencyHistogram(), count: participants)
         var (hits, wrong) = ([Int](repeating: 0, count: participants), [Int](repeating: 0, count: participants))
         var nanoseconds = [UInt64](repeating: 0, count: participants)
         var frameState = options.seed ^ 0x2575
@@ -172,23 +172,14 @@ extension DiskScenario {
 /// One participant's samples of one kind (raw hits, compressible hits, or floor samples): all of them,
 /// and each round's p50 (nil for a round without a sample).
 struct PairedSamples {
-    private var histogram = PairedSamples.histogram()
+    private var histogram = latencyHistogram()
     private(set) var roundMedians: [UInt64?] = []
-
-    static func histogram() -> Histogram<UInt64> {
-        Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
-    }
 
     /// Adds one round's samples (in any order).
     mutating func add(round samples: [UInt64]) {
         for sample in samples { _ = histogram.record(sample) }
-        guard !samples.isEmpty else {
-            roundMedians.append(nil)
-            return
-        }
-        let sorted = samples.sorted()
         // The lower median of an even count, as HdrHistogram's p50 reports.
-        roundMedians.append(sorted[(sorted.count - 1) / 2])
+        roundMedians.append(percentile(50, of: samples))
     }
 
     var percentiles: Percentiles { Percentiles(histogram) }

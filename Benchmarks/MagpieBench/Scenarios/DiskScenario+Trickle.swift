@@ -25,7 +25,7 @@ extension DiskScenario {
         var rows: [BenchResult] = []
         var key = 0
         for rate in options.trickleRates {
-            var latency = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+            var latency = latencyHistogram()
             let wallStart = nowNanoseconds()
             let cpuBefore = processCPUSeconds()
             let switchesBefore = contextSwitches()

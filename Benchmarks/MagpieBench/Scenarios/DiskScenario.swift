@@ -18,6 +18,15 @@ struct DiskScenario {
         try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: root) }
         var results: [BenchResult] = []
+        /// Measures each system in a directory of its own, removed afterwards.
+        func each(_ names: [String], _ what: String, _ measure: (String, String) throws -> [BenchResult]) throws {
+            for name in names {
+                progress("disk: \(what)\(name)")
+                results += try measure(name, root + "/" + name)
+                try? FileManager.default.removeItem(atPath: root + "/" + name)
+            }
+        }
+        let evicting = options.systems.filter { Self.evictionSystems.contains($0) }
         if options.workloads.contains("floor") {
             progress("disk: floors (pread, mapped copy, ZSTD_decompress, XXH3 of 4 KiB)")
             results += try DiskFloors(directory: root, samples: options.floorSamples, seed: options.seed).measure(values: values)
@@ -25,44 +34,23 @@ struct DiskScenario {
         if options.workloads.contains("plain") {
             progress("disk: zstd -1 reference ratio over the same values")
             let reference = try zstdReference(values, keys: options.keys)
-            for name in options.systems {
-                let directory = root + "/" + name
-                progress("disk: \(name)")
-                results += try measure(
-                    name, directory: directory, values: values, plan: plainPlan(name), reference: reference)
-                try? FileManager.default.removeItem(atPath: directory)
-            }
+            try each(options.systems, "") { try measure($0, directory: $1, values: values, plan: plainPlan($0), reference: reference) }
         }
         if options.workloads.contains("evict") {
-            for name in options.systems where Self.evictionSystems.contains(name) {
-                let directory = root + "/" + name
-                progress("disk: eviction-heavy, \(name)")
-                results.append(try measureEviction(name, directory: directory, values: values))
-                try? FileManager.default.removeItem(atPath: directory)
-            }
+            try each(evicting, "eviction-heavy, ") { [try measureEviction($0, directory: $1, values: values)] }
         }
         if options.workloads.contains("mixed") {
             let mixed = DiskValues(size: options.mixedMin, maxSize: options.mixedMax, seed: options.seed)
             let reference = try zstdReference(mixed, keys: options.mixedKeys)
-            for name in options.systems where Self.evictionSystems.contains(name) {
-                let directory = root + "/" + name
-                progress("disk: mixed sizes, \(name)")
-                let plan = Plan(
-                    keys: options.mixedKeys, gets: options.mixedKeys * 5, budget: options.mixedBudget, prefix: "disk-mixed")
-                results += try measure(name, directory: directory, values: mixed, plan: plan, reference: reference)
-                try? FileManager.default.removeItem(atPath: directory)
-            }
+            let plan = Plan(keys: options.mixedKeys, gets: options.mixedKeys * 5, budget: options.mixedBudget, prefix: "disk-mixed")
+            try each(evicting, "mixed sizes, ") { try measure($0, directory: $1, values: mixed, plan: plan, reference: reference) }
         }
         if options.workloads.contains("paired") {
             results += try measurePaired(root: root, values: values, progress: progress)
         }
         if options.workloads.contains("trickle") {
-            for name in ["none"] + options.systems.filter({ Self.evictionSystems.contains($0) }) {
-                let directory = root + "/" + name
-                progress("disk: stores at a trickle (\(options.trickleRates.map(String.init).joined(separator: ", ")) per s), \(name)")
-                results += try measureTrickle(name, directory: directory, values: values)
-                try? FileManager.default.removeItem(atPath: directory)
-            }
+            let rates = options.trickleRates.map(String.init).joined(separator: ", ")
+            try each(["none"] + evicting, "stores at a trickle (\(rates) per s), ") { try measureTrickle($0, directory: $1, values: values) }
         }
         return results
     }
@@ -127,7 +115,7 @@ struct DiskScenario {
         // Set phase: every key once, in order. Device writes counted from here to the close below.
         let writesBefore = ProcessIO.current()
         let cpuBefore = processCPUSeconds()
-        var setLatency = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+        var setLatency = latencyHistogram()
         var failures = 0
         var setNanoseconds: UInt64 = 0
         var storedBytes = 0
@@ -151,7 +139,7 @@ struct DiskScenario {
         let setCPU = processCPUSeconds() - cpuBefore
 
         // Get phase: uniform random keys, page-cache hot; JSON (even) and random (odd) values apart.
-        var textLatency = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+        var textLatency = latencyHistogram()
         var randomLatency = textLatency
         var allLatency = textLatency
         // Hits alone: a store that evicted part of the keys (LMDB's pages hold less than the budget's
@@ -276,12 +264,7 @@ func directoryBytes(_ path: String) -> Int {
 }
 
 /// User + system CPU seconds of the whole process (all threads), from `getrusage`.
-func processCPUSeconds() -> Double {
-    var usage = rusage()
-    getrusage(RUSAGE_SELF.rawValue, &usage)
-    let user = Double(usage.ru_utime.tv_sec) + Double(usage.ru_utime.tv_usec) / 1e6
-    return user + Double(usage.ru_stime.tv_sec) + Double(usage.ru_stime.tv_usec) / 1e6
-}
+func processCPUSeconds() -> Double { Double(cpuNanoseconds(children: false)) / 1e9 }
 
 /// The process's I/O counters from `/proc/self/io` (all its threads): `write_bytes` is what it caused to
 /// be sent to the storage layer (counted when a page cache page turns dirty), `cancelled_write_bytes`

@@ -21,11 +21,7 @@ import Magpie
 // before (the store a loader's miss makes), values of the same kind, into both tiers; the memtables are
 // written in the background as they fill. After the rows every stored key is read back and checked.
 
-struct DiskTasksBench: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(
-        commandName: "disk-tasks",
-        abstract: "Disk hits from 1, 16 and 256 async tasks: cache.async.value beside the synchronous read called in the task.")
-
+struct DiskTasksOptions: ParsableArguments {
     @Option(parsing: .upToNextOption, help: "Concurrent tasks per measurement.") var tasks: [Int] = [1, 16, 256]
     @Option(help: "Distinct keys (page-cache hot).") var keys = 20_000
     @Option(help: "Value size in bytes (half JSON-like text, half random bytes).") var valueSize = 4096
@@ -36,17 +32,6 @@ struct DiskTasksBench: AsyncParsableCommand {
     @Option(help: "Stores per store row (new keys, both tiers; a quarter of it at 1 task); 0: no store rows.") var stores = 10_000
     @Flag(help: "Every async store on an I/O thread (Configuration.inlineDiskStores = false).") var noInlineStores = false
     @Option(help: "Parent directory for the cache directory (removed afterwards).") var workDirectory: String?
-    @OptionGroup var outputOptions: OutputOptions
-
-    func run() async throws {
-        let results = try await DiskTasksScenario(options: self).run(progress: progressLine)
-        printDiskTasksSummary(results)
-        if let json = outputOptions.json {
-            try Report(date: timestamp(), machine: .current(), config: ["disk-tasks": .object(config)], results: results)
-                .write(to: json)
-            print("\nwrote \(json)")
-        }
-    }
 
     /// Every workload parameter, for the JSON report.
     var config: [String: JSONValue] {
@@ -74,7 +59,7 @@ enum AsyncRead: String, CaseIterable, ExpressibleByArgument, Sendable {
 }
 
 struct DiskTasksScenario {
-    let options: DiskTasksBench
+    let options: DiskTasksOptions
 
     func run(progress: (String) -> Void) async throws -> [BenchResult] {
         let parent = options.workDirectory ?? NSTemporaryDirectory()
@@ -187,28 +172,21 @@ struct DiskTasksScenario {
         _ system: String, tasks: Int, count: Int, check: @escaping @Sendable (Int, [UInt8]?) -> Bool,
         _ read: @escaping @Sendable (Int) async throws -> [UInt8]?
     ) async throws -> BenchResult {
-        let (tally, seconds) = await driveTasks(tasks: tasks, count: count, read, check: check)
-        guard tally.errors == 0, tally.found == count else {
-            throw BenchError("\(system), \(tasks) tasks: \(count - tally.found) of \(count) reads wrong or missing, \(tally.errors) errors")
+        let measured = await driveTasks(tasks: tasks, count: count, read, check: check)
+        guard measured.tally.errors == 0, measured.tally.found == count else {
+            throw BenchError("\(system), \(tasks) tasks: \(count - measured.tally.found) of \(count) reads wrong or missing, \(measured.tally.errors) errors")
         }
-        return BenchResult(
-            scenario: "disk-tasks", system: system, threads: tasks, operations: count, seconds: seconds,
-            ops_per_sec: Double(count) / seconds, latency_ns: Percentiles(tally.latency),
-            hit_ratio: Double(tally.found) / Double(max(1, count)),
-            extra: ["workload": .string("get"), "tasks": .int(tasks), "errors": .int(tally.errors)])
+        return taskRow("disk-tasks", system, workload: "get", tasks: tasks, count: count, measured)
     }
 }
 
-/// The table: per concurrency, the synchronous read in the task and `cache.async`, side by side.
-func printDiskTasksSummary(_ results: [BenchResult]) {
-    print("\ndisk-tasks: disk hits (entries stored disk-only) and stores of new keys (both tiers) from async tasks")
-    printAligned(diskTasksTable(results))
-}
-
-/// The disk-tasks rows as a table, a header row first: each async row's rate over the synchronous row of
-/// its concurrency and workload, and the share of its operations done on the caller's task.
-func diskTasksTable(_ results: [BenchResult]) -> [[String]] {
-    var table = [["tasks", "system", "ops/s", "p50 µs", "p99 µs", "p99.9 µs", "async / sync", "on the task"]]
+/// The disk-tasks rows as a table: per concurrency, the synchronous read in the task and `cache.async` side
+/// by side, each async row's rate over the synchronous row of its concurrency and workload, and the share
+/// of its operations done on the caller's task.
+func diskTasksTable(_ results: [BenchResult]) -> Table {
+    var table = Table(
+        "disk-tasks: disk hits (entries stored disk-only) and stores of new keys (both tiers) from async tasks",
+        ["tasks", "system", "ops/s", "p50 µs", "p99 µs", "p99.9 µs", "async / sync", "on the task"])
     var sync: [String: Double] = [:]  // "threads workload" -> the synchronous row's ops/s
     for row in results where row.scenario == "disk-tasks" {
         var (ratio, inline) = ("-", "-")
@@ -218,12 +196,12 @@ func diskTasksTable(_ results: [BenchResult]) -> [[String]] {
         } else if let base = sync[workload] {
             ratio = String(format: "%.2f ×", row.ops_per_sec / base)
         }
-        if case .int(let done) = row.extra["inline_reads"] ?? row.extra["inline_stores"] {
+        if let done = (row.extra["inline_reads"] ?? row.extra["inline_stores"])?.intValue {
             inline = String(format: "%.2f %%", 100 * Double(done) / Double(max(1, row.operations)))
         }
         table.append([
-            String(row.threads), row.system, String(format: "%.0f", row.ops_per_sec), String(format: "%.1f", Double(row.latency_ns.p50) / 1000),
-            String(format: "%.1f", Double(row.latency_ns.p99) / 1000), String(format: "%.1f", Double(row.latency_ns.p999) / 1000), ratio, inline,
+            String(row.threads), row.system, String(format: "%.0f", row.ops_per_sec), micros(row.latency_ns.p50),
+            micros(row.latency_ns.p99), micros(row.latency_ns.p999), ratio, inline,
         ])
     }
     return table

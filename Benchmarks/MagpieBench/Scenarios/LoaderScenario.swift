@@ -130,13 +130,13 @@ private final class Origin: Sendable {
 
 /// One caller's tallies, merged at the end.
 private struct CallerTally: Sendable {
-    var cached = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
-    var all = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
-    var staleAges = Histogram<UInt64>(highestTrackableValue: 600_000_000_000, numberOfSignificantValueDigits: .three)
+    var cached = latencyHistogram()
+    var all = latencyHistogram()
+    var staleAges = latencyHistogram(highest: 600_000_000_000)
     /// Latency of the calls of cached keys made during the outage.
-    var cachedOutage = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+    var cachedOutage = latencyHistogram()
     /// Latency of the calls of cached keys that returned a stale value (older than the fresh lifetime).
-    var cachedStale = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+    var cachedStale = latencyHistogram()
     var requests = 0
     var cachedRequests = 0
     var errors = 0
@@ -147,19 +147,11 @@ private struct CallerTally: Sendable {
     var wrongValues = 0
 
     mutating func merge(_ other: CallerTally) {
-        cached.add(other.cached)
-        all.add(other.all)
-        staleAges.add(other.staleAges)
-        cachedStale.add(other.cachedStale)
-        cachedOutage.add(other.cachedOutage)
-        requests += other.requests
-        cachedRequests += other.cachedRequests
-        errors += other.errors
-        outageErrors += other.outageErrors
-        outageCachedRequests += other.outageCachedRequests
-        staleServed += other.staleServed
-        beyondBound += other.beyondBound
-        wrongValues += other.wrongValues
+        for path in [\Self.cached, \.all, \.staleAges, \.cachedStale, \.cachedOutage] { self[keyPath: path].add(other[keyPath: path]) }
+        let counts: [WritableKeyPath<Self, Int>] = [
+            \.requests, \.cachedRequests, \.errors, \.outageErrors, \.outageCachedRequests, \.staleServed, \.beyondBound, \.wrongValues,
+        ]
+        for path in counts { self[keyPath: path] += other[keyPath: path] }
     }
 }
 
@@ -271,11 +263,8 @@ struct LoaderScenario {
         try await Task.sleep(for: .milliseconds(100))
         let seconds = Double(nowNanoseconds() - startMono) / 1e9
         let statistics = cache.statistics
-        let staleAges: JSONValue = .object([
-            "p50": .int(tally.staleServed == 0 ? 0 : Int(tally.staleAges.valueAtPercentile(50))),
-            "p99": .int(tally.staleServed == 0 ? 0 : Int(tally.staleAges.valueAtPercentile(99))),
-            "max": .int(tally.staleServed == 0 ? 0 : Int(tally.staleAges.max)),
-        ])
+        let ages = tally.staleServed == 0 ? .zero : Percentiles(tally.staleAges)
+        let staleAges: JSONValue = .object(["p50": .int(Int(ages.p50)), "p99": .int(Int(ages.p99)), "max": .int(Int(ages.max))])
         return BenchResult(
             scenario: "loader", system: system, threads: options.callers, operations: tally.requests, seconds: seconds,
             ops_per_sec: Double(tally.requests) / seconds, latency_ns: Percentiles(tally.cached),
@@ -301,40 +290,27 @@ struct LoaderScenario {
     }
 }
 
-/// The loader rows side by side, with the bars' inputs.
-func printLoaderSummary(_ results: [BenchResult]) {
-    guard let table = loaderTable(results) else { return }
-    print("\nloader: callers of keys already cached (loaded within the hard lifetime), the origin, the outage")
-    printAligned(table)
-}
-
-/// The loader rows as a table, a header row first; nil without loader rows.
-func loaderTable(_ results: [BenchResult]) -> [[String]]? {
+/// The loader rows side by side, with the bars' inputs; nil without loader rows.
+func loaderTable(_ results: [BenchResult]) -> Table? {
     let rows = results.filter { $0.scenario == "loader" }
     guard !rows.isEmpty else { return nil }
-    func int(_ row: BenchResult, _ key: String) -> Int {
-        if case .int(let value) = row.extra[key] { return value }
-        return 0
-    }
-    func stale(_ row: BenchResult, _ key: String) -> String {
-        guard case .object(let ages) = row.extra["stale_age_ns"], case .int(let value) = ages[key] else { return "-" }
-        return String(format: "%.0f", Double(value) / 1e6)
-    }
-    var table = [[
-        "system", "cached p50 µs", "cached p99 µs", "all p99 ms", "origin calls", "errors", "outage errors",
-        "stale served", "stale p50/p99/max ms", "beyond bound", "wrong",
-    ]]
+    func int(_ row: BenchResult, _ key: String) -> Int { row.extra[key]?.intValue ?? 0 }
+    var table = Table(
+        "loader: callers of keys already cached (loaded within the hard lifetime), the origin, the outage",
+        [
+            "system", "cached p50 µs", "cached p99 µs", "all p99 ms", "origin calls", "errors", "outage errors",
+            "stale served", "stale p50/p99/max ms", "beyond bound", "wrong",
+        ])
     for row in rows {
-        var allP99 = "-"
-        if case .object(let all) = row.extra["all_latency_ns"], case .int(let p99) = all["p99"] {
-            allP99 = String(format: "%.1f", Double(p99) / 1e6)
+        let stale = Percentiles(row.extra["stale_age_ns"]).map { ages in
+            [ages.p50, ages.p99, ages.max].map { String(format: "%.0f", Double($0) / 1e6) }.joined(separator: "/")
         }
         table.append([
-            row.system, String(format: "%.1f", Double(row.latency_ns.p50) / 1e3),
-            String(format: "%.1f", Double(row.latency_ns.p99) / 1e3), allP99, String(int(row, "origin_calls")),
-            String(int(row, "caller_errors")), "\(int(row, "outage_caller_errors")) of \(int(row, "outage_cached_requests"))",
-            String(int(row, "stale_served")), "\(stale(row, "p50"))/\(stale(row, "p99"))/\(stale(row, "max"))",
-            String(int(row, "stale_beyond_bound")), String(int(row, "wrong_values")),
+            row.system, micros(row.latency_ns.p50), micros(row.latency_ns.p99),
+            Percentiles(row.extra["all_latency_ns"]).map { String(format: "%.1f", Double($0.p99) / 1e6) } ?? "-",
+            String(int(row, "origin_calls")), String(int(row, "caller_errors")),
+            "\(int(row, "outage_caller_errors")) of \(int(row, "outage_cached_requests"))", String(int(row, "stale_served")),
+            stale ?? "-/-/-", String(int(row, "stale_beyond_bound")), String(int(row, "wrong_values")),
         ])
     }
     return table

@@ -183,14 +183,10 @@ struct MemoryScenario {
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
         let json = directory.appendingPathComponent("\(system)-\(threads).json").path
-        let child = Process()
-        child.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
-        child.arguments = options.childArguments(workload: workload, system: system, threads: threads, json: json)
-        child.standardOutput = FileHandle.nullDevice
-        try child.run()
-        child.waitUntilExit()
-        guard child.terminationStatus == 0 else {
-            throw ValidationError("child run of \(system) (\(workload.label), \(threads) thread(s)) exited with \(child.terminationStatus)")
+        let executable = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path
+        let (status, _) = try runProcess(executable, options.childArguments(workload: workload, system: system, threads: threads, json: json))
+        guard status == 0 else {
+            throw ValidationError("child run of \(system) (\(workload.label), \(threads) thread(s)) exited with \(status)")
         }
         let report = try JSONDecoder().decode(Report.self, from: Data(contentsOf: URL(fileURLWithPath: json)))
         return report.results
@@ -274,12 +270,12 @@ struct MemoryScenario {
                 resident = residentBytes()
             }
         }
-        let seconds = durations.sorted()[durations.count / 2]
+        let seconds = percentile(50, of: durations)!
 
         // Latency pass over the same sequences, every operation timed.
         let latencyCount = min(options.latencyOps ?? options.ops, sequences[0].count)
         let timed = parallel(threads) { t in loops[t].run(sequences[t].prefix(latencyCount), timing: .everyOperation) }
-        var operation = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+        var operation = latencyHistogram()
         var get = operation
         var put = operation
         for pass in timed {
@@ -309,9 +305,9 @@ struct CacheAsideLoop<System: MemorySystem>: Sendable {
         var hits = 0
         var operations = 0
         var sink: UInt64 = 0
-        var operation = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
-        var get = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
-        var put = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+        var operation = latencyHistogram()
+        var get = latencyHistogram()
+        var put = latencyHistogram()
     }
 
     let system: System

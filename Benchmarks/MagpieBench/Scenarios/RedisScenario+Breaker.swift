@@ -10,7 +10,7 @@ extension RedisScenario {
 
     /// Calls failed fast by an open breaker, timed one by one.
     private struct FastFailures {
-        var latency = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+        var latency = latencyHistogram()
         /// Calls that did not throw `circuitOpen` (another error, or a reply).
         var otherOutcomes = 0
         var elapsed: UInt64 = 0

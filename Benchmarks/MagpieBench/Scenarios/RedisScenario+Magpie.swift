@@ -51,7 +51,7 @@ extension RedisScenario {
 
     /// One caller's tallies.
     private struct CallerTally: Sendable {
-        var latency = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+        var latency = latencyHistogram()
         var commands = 0
         var misses = 0
         var errors = 0

@@ -184,34 +184,29 @@ struct RedisScenario {
             let order = round % 2 == 1 ? ["magpie-redis", "redis-benchmark"] : ["redis-benchmark", "magpie-redis"]
             for workload in RedisWorkload.all {
                 for system in order {
+                    var rows: [BenchResult] = []
                     if system == "magpie-redis" {
                         for placement in options.callers.placements {
                             progress("redis round \(round): \(workload.label), magpie-redis (\(placement.rawValue) callers), \(options.seconds) s")
-                            var row = try await measureMagpie(
-                                workload, target: target, keys: keys, value: value, round: round, placement: placement)
-                            magpieRate[workload] = row.ops_per_sec
-                            row.extra["round"] = .int(round)
-                            if case .int(let errors) = row.extra["errors"], errors > 0 {
-                                progress("redis: magpie-redis \(workload.label) had \(errors) error(s)")
-                            }
-                            results.append(row)
+                            rows.append(try await measureMagpie(
+                                workload, target: target, keys: keys, value: value, round: round, placement: placement))
+                            magpieRate[workload] = rows.last?.ops_per_sec
                         }
-                        continue
-                    }
-                    var row: BenchResult
-                    do {
+                    } else {
                         let rate = benchmarkRate[workload] ?? magpieRate[workload] ?? 10_000
                         let requests = benchmark.requests(rate: rate, seconds: options.seconds, mode: workload.mode)
                         progress("redis round \(round): \(workload.label), redis-benchmark, -n \(requests)")
-                        row = try await benchmark.run(
-                            workload, target: target, keys: options.keys, requests: requests, seconds: options.seconds)
-                        benchmarkRate[workload] = row.ops_per_sec
+                        rows.append(try await benchmark.run(
+                            workload, target: target, keys: options.keys, requests: requests, seconds: options.seconds))
+                        benchmarkRate[workload] = rows.last?.ops_per_sec
                     }
-                    row.extra["round"] = .int(round)
-                    if case .int(let errors) = row.extra["errors"], errors > 0 {
-                        progress("redis: \(system) \(workload.label) had \(errors) error(s)")
+                    for var row in rows {
+                        row.extra["round"] = .int(round)
+                        if let errors = row.extra["errors"]?.intValue, errors > 0 {
+                            progress("redis: \(system) \(workload.label) had \(errors) error(s)")
+                        }
+                        results.append(row)
                     }
-                    results.append(row)
                 }
             }
         }

@@ -1,42 +1,19 @@
 import Foundation
 
-/// The rows side by side per round, then each bar with its ratio per round and its verdict (on the
-/// median ratio over the rounds).
-func printRedisSummary(_ results: [BenchResult]) {
-    guard let tables = redisTables(results) else { return }
-    if tables.rows.count > 1 {
-        print("\nredis: magpie-redis and redis-benchmark on the same server, same workload, this run")
-        printAligned(tables.rows)
-    }
-    print("\nredis: bars (ratio = magpie-redis / redis-benchmark; verdict on the median over the rounds)")
-    printAligned(tables.bars)
-}
-
-/// The Redis rows as two tables, each with a header row: the rows side by side, and the bars; nil without
-/// Redis rows.
-func redisTables(_ results: [BenchResult]) -> (rows: [[String]], bars: [[String]])? {
-    func string(_ row: BenchResult, _ key: String) -> String {
-        if case .string(let value) = row.extra[key] { return value }
-        return ""
-    }
-    func int(_ row: BenchResult, _ key: String) -> Int? {
-        if case .int(let value) = row.extra[key] { return value }
-        return nil
-    }
+/// The Redis rows as two tables: the rows side by side per round (nil with none), then each bar with its
+/// ratio per round and its verdict (on the median ratio over the rounds); nil without Redis rows.
+func redisTables(_ results: [BenchResult]) -> (rows: Table?, bars: Table)? {
+    func string(_ row: BenchResult, _ key: String) -> String { row.extra[key]?.stringValue ?? "" }
+    func int(_ row: BenchResult, _ key: String) -> Int? { row.extra[key]?.intValue }
     func micros(_ ns: UInt64) -> String { ns == 0 ? "-" : String(format: "%.1f", Double(ns) / 1e3) }
     let rows = results.filter { $0.scenario == "redis-get" || $0.scenario == "redis-set" }
     guard !rows.isEmpty || results.contains(where: { $0.scenario == "redis-breaker" }) else { return nil }
-
-    func double(_ row: BenchResult, _ key: String) -> Double? {
-        if case .double(let value) = row.extra[key] { return value }
-        return nil
-    }
-    var table = [
+    var table = Table(
+        "redis: magpie-redis and redis-benchmark on the same server, same workload, this run",
         [
             "round", "workload", "system", "ops/s", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs", "max µs", "latency of",
             "client CPU µs/cmd", "errors",
-        ]
-    ]
+        ])
     for row in rows {
         table.append([
             String(int(row, "round") ?? 0), "\(row.scenario) \(string(row, "mode"))",
@@ -44,7 +21,7 @@ func redisTables(_ results: [BenchResult]) -> (rows: [[String]], bars: [[String]
             formatRate(row.ops_per_sec), micros(row.latency_ns.p50), micros(row.latency_ns.p90),
             micros(row.latency_ns.p99), micros(row.latency_ns.p999), micros(row.latency_ns.max),
             string(row, "mode") == "single" ? "call" : "batch of \(int(row, "pipeline_depth") ?? 0)",
-            double(row, "client_cpu_ns_per_command").map { String(format: "%.2f", $0 / 1e3) } ?? "-",
+            row.extra["client_cpu_ns_per_command"]?.numberValue.map { String(format: "%.2f", $0 / 1e3) } ?? "-",
             int(row, "errors").map(String.init) ?? "-",
         ])
     }
@@ -61,14 +38,9 @@ func redisTables(_ results: [BenchResult]) -> (rows: [[String]], bars: [[String]
             return (round, magpie, benchmark)
         }
     }
-    func median(_ values: [Double]) -> Double {
-        let sorted = values.sorted()
-        guard !sorted.isEmpty else { return .nan }
-        return sorted.count % 2 == 1
-            ? sorted[sorted.count / 2] : (sorted[sorted.count / 2 - 1] + sorted[sorted.count / 2]) / 2
-    }
-
-    var bars = [["bar", "round", "magpie-redis", "redis-benchmark", "ratio", "target", "verdict"]]
+    var bars = Table(
+        "redis: bars (ratio = magpie-redis / redis-benchmark; verdict on the median over the rounds)",
+        ["bar", "round", "magpie-redis", "redis-benchmark", "ratio", "target", "verdict"])
     /// A ratio per round, then the median's verdict (`atLeast`: the ratio must be ≥ the bar, else ≤).
     func addRatio(
         _ title: String, _ scenario: String, _ mode: String, bar: Double?, atLeast: Bool,
@@ -99,7 +71,7 @@ func redisTables(_ results: [BenchResult]) -> (rows: [[String]], bars: [[String]
     addRatio("single GET p50", "redis-get", "single", bar: 1.2, atLeast: false, p50) { micros(UInt64($0)) + " µs" }
     addRatio("pipelined SET ops/s", "redis-set", "pipelined", bar: nil, atLeast: true, rate, formatRate)
     addRatio("single SET p50", "redis-set", "single", bar: nil, atLeast: false, p50) { micros(UInt64($0)) + " µs" }
-    let cpu: (BenchResult) -> Double = { double($0, "client_cpu_ns_per_command") ?? .nan }
+    let cpu: (BenchResult) -> Double = { $0.extra["client_cpu_ns_per_command"]?.numberValue ?? .nan }
     addRatio("single GET client CPU/cmd", "redis-get", "single", bar: nil, atLeast: false, cpu) {
         String(format: "%.2f µs", $0 / 1e3)
     }
@@ -122,12 +94,10 @@ func redisTables(_ results: [BenchResult]) -> (rows: [[String]], bars: [[String]
                 format: "%.2f / %.2f / %.1f µs", Double(breaker.latency_ns.p50) / 1e3,
                 Double(breaker.latency_ns.p999) / 1e3, Double(breaker.latency_ns.max) / 1e3), "", "", "", "",
         ])
-        if case .object(let prebuilt) = breaker.extra["prebuilt_command_latency_ns"],
-            case .int(let p50) = prebuilt["p50"], case .int(let p99) = prebuilt["p99"]
-        {
+        if let prebuilt = Percentiles(breaker.extra["prebuilt_command_latency_ns"]) {
             bars.append([
                 "  send(prebuilt command) p50 / p99", "-",
-                String(format: "%.2f / %.2f µs", Double(p50) / 1e3, Double(p99) / 1e3), "", "", "", "",
+                String(format: "%.2f / %.2f µs", Double(prebuilt.p50) / 1e3, Double(prebuilt.p99) / 1e3), "", "", "", "",
             ])
         }
         bars.append([
@@ -136,5 +106,5 @@ func redisTables(_ results: [BenchResult]) -> (rows: [[String]], bars: [[String]
             "0, ≤ \(int(breaker, "background_probe_bound") ?? 0)", clean && withinProbe ? "met" : "not met",
         ])
     }
-    return (table, bars)
+    return (table.isEmpty ? nil : table, bars)
 }

@@ -1,5 +1,6 @@
 import Foundation
 import Histogram
+import Synchronization
 
 // The task driver of the async scenarios (`fleet-async`, `disk-tasks`): a fixed number of operations
 // from N concurrent tasks on Swift's global executor, the way services call an async API, each task
@@ -51,25 +52,25 @@ private func nanoseconds(since start: ContinuousClock.Instant) -> UInt64 {
 
 /// Hands out operation numbers to the tasks, one at a time.
 final class TaskCounter: Sendable {
-    private let value = NSLockedInt()
-    func take() -> Int { value.next() }
+    private let value = Atomic(0)
+    func take() -> Int { value.wrappingAdd(1, ordering: .relaxed).oldValue }
 }
 
-final class NSLockedInt: @unchecked Sendable {
-    // @unchecked Sendable invariant: `value` is read and written only with `lock` held.
-    private let lock = NSLock()
-    private var value = 0
-    func next() -> Int {
-        lock.lock()
-        defer { lock.unlock() }
-        value += 1
-        return value - 1
-    }
+/// The row of a measurement `driveTasks` made: the rate, each operation's latency, the share found, and
+/// `extra` with the workload, the tasks and the errors.
+func taskRow(
+    _ scenario: String, _ system: String, workload: String, tasks: Int, count: Int, _ measured: (tally: TaskTally, seconds: Double)
+) -> BenchResult {
+    BenchResult(
+        scenario: scenario, system: system, threads: tasks, operations: count, seconds: measured.seconds,
+        ops_per_sec: Double(count) / measured.seconds, latency_ns: Percentiles(measured.tally.latency),
+        hit_ratio: Double(measured.tally.found) / Double(max(1, count)),
+        extra: ["workload": .string(workload), "tasks": .int(tasks), "errors": .int(measured.tally.errors)])
 }
 
 /// What one task (or all of them, merged) measured.
 struct TaskTally: Sendable {
-    var latency = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+    var latency = latencyHistogram()
     var found = 0
     var errors = 0
 

@@ -107,13 +107,10 @@ struct TieredScenario {
             system.set(values.value(Int(rank)), key: names[Int(rank)])
         }
         let ranks = workload.ranks(seed: options.seed &+ 2, count: gets)
-        func histogram() -> Histogram<UInt64> {
-            Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
-        }
-        var all = histogram()
-        var memoryHits = histogram()
-        var diskHits = histogram()
-        var missCost = histogram()
+        var all = latencyHistogram()
+        var memoryHits = latencyHistogram()
+        var diskHits = latencyHistogram()
+        var missCost = latencyHistogram()
         var hits = 0
         var wrong = 0
         let writesBefore = (system as? MagpieTiered)?.cache.statistics.disk?.writes
@@ -205,7 +202,7 @@ struct TieredScenario {
             best.cache = min(best.cache, Double(b) / Double(order.count))
         }
         // Latency: the mean hit time of each batch of 64 (a clock read per hit would cost as much as the hit).
-        var tierBatches = Histogram<UInt64>(highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+        var tierBatches = latencyHistogram()
         var cacheBatches = tierBatches
         var position = 0
         while position + 64 <= order.count {
@@ -234,26 +231,22 @@ struct TieredScenario {
     }
 }
 
-/// Per-tier figures and the bars' ratios, under the table.
-func printTieredSummary(_ results: [BenchResult]) {
+/// Per-tier figures and the bars' ratios, under the table: lines, no columns.
+func tieredTable(_ results: [BenchResult]) -> Table {
+    var lines: [String] = []
     for r in results where r.scenario == "tiered" && r.system == "magpie" {
-        func number(_ key: String) -> String {
-            if case .double(let d) = r.extra[key] { return String(format: "%.3f", d) }
-            return "?"
-        }
-        func p50(_ key: String) -> String {
-            if case .object(let o) = r.extra[key], case .int(let v) = o["p50"] { return "\(v) ns" }
-            return "?"
-        }
-        print(
+        func number(_ key: String) -> String { r.extra[key]?.numberValue.map { String(format: "%.3f", $0) } ?? "?" }
+        func p50(_ key: String) -> String { Percentiles(r.extra[key]).map { "\($0.p50) ns" } ?? "?" }
+        lines.append(
             "tiered: memory hit ratio \(number("memory_hit_ratio")), disk \(number("disk_hit_ratio")); "
                 + "p50 memory hit \(p50("memory_hit_latency_ns")), promoted hit \(p50("promoted_hit_latency_ns"))")
     }
     let capped = Dictionary(results.filter { $0.scenario == "tiered-capped" }.map { ($0.system, $0.ops_per_sec) }) { a, _ in a }
     if let magpie = capped["magpie"], let urlCache = capped["URLCache"], urlCache > 0 {
-        print(String(format: "tiered-capped: magpie / URLCache ops/s = %.1f x", magpie / urlCache))
+        lines.append(String(format: "tiered-capped: magpie / URLCache ops/s = %.1f x", magpie / urlCache))
     }
-    if let r = results.first(where: { $0.scenario == "hit-cost" }), case .double(let ratio) = r.extra["cache_over_tier"] {
-        print(String(format: "hit-cost: Cache façade / memory tier = %.2f x", ratio))
+    if let ratio = results.first(where: { $0.scenario == "hit-cost" })?.extra["cache_over_tier"]?.numberValue {
+        lines.append(String(format: "hit-cost: Cache façade / memory tier = %.2f x", ratio))
     }
+    return Table(notes: lines)
 }

@@ -82,24 +82,3 @@ struct FleetOptions: ParsableArguments {
         ]
     }
 }
-
-/// `magpie-bench fleet`: N cache instances in N processes sharing one Redis.
-struct FleetBench: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(
-        commandName: "fleet",
-        abstract:
-            "Worker processes sharing a Redis: Magpie's fleet tier (loader API) against async cache-aside on Redis, a local cache + Redis + pub/sub invalidation, and uncoherent local caches, in one run (remote reads, Redis CPU, invalidation lag, stale reads; faults with --fault).")
-
-    @OptionGroup var options: FleetOptions
-    @OptionGroup var outputOptions: OutputOptions
-
-    func run() async throws {
-        let results = try await FleetScenario(options: options).run(progress: progressLine)
-        printFleetSummary(results)
-        if let json = outputOptions.json {
-            let report = Report(date: timestamp(), machine: .current(), config: ["fleet": .object(options.config)], results: results)
-            try report.write(to: json)
-            print("\nwrote \(json)")
-        }
-    }
-}

@@ -15,32 +15,15 @@ import MagpieRedis
 //   get      RedisClient GET            vs  cache.async.value of keys only Redis holds (a fresh
 //                                           instance reads each key once: every read a remote hit)
 //   hit      cache.async.value memory hits of a cache without a remote tier  vs  the same hits of
-//            the fleet cache (its local copies confirmed by the feed)
+//            the cache with a remote tier (its local copies confirmed by the feed)
 // Each row is timed over a fixed number of operations; latency per operation, from its caller.
 
-struct FleetAsyncBench: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(
-        commandName: "fleet-async",
-        abstract: "The remote tier from 1, 16 and 256 async tasks: cache.async set/get/memory hits beside RedisClient SET/GET.")
-
+struct RemoteAsyncOptions: ParsableArguments {
     @Option(parsing: .upToNextOption, help: "Concurrent tasks per measurement.") var tasks: [Int] = [1, 16, 256]
     @Option(help: "Operations per set/get row (a quarter of it at 1 task).") var operations = 40_000
     @Option(help: "Memory hits per hit row.") var hits = 400_000
     @Option(help: "Value size in bytes.") var valueSize = 100
-    @OptionGroup var outputOptions: OutputOptions
 
-    func run() async throws {
-        let results = try await FleetAsyncScenario(options: self).run(progress: progressLine)
-        printFleetAsyncSummary(results)
-        if let json = outputOptions.json {
-            try Report(date: timestamp(), machine: .current(), config: ["fleet-async": .object(config)], results: results)
-                .write(to: json)
-            print("\nwrote \(json)")
-        }
-    }
-}
-
-extension FleetAsyncBench {
     /// Every workload parameter, for the JSON report.
     var config: [String: JSONValue] {
         [
@@ -50,8 +33,8 @@ extension FleetAsyncBench {
     }
 }
 
-struct FleetAsyncScenario {
-    let options: FleetAsyncBench
+struct RemoteAsyncScenario {
+    let options: RemoteAsyncOptions
 
     func run(progress: (String) -> Void) async throws -> [BenchResult] {
         let target = try await RedisTarget.open(nil)
@@ -73,14 +56,14 @@ struct FleetAsyncScenario {
         for (round, tasks) in options.tasks.enumerated() {
             let count = tasks == 1 ? options.operations / 4 : options.operations
             let namespace = "fa\(round):"
-            // set: the plain client, then the fleet cache (its local copies kept, its store answered).
+            // set: the plain client, then the cache with a remote tier (its local copies kept, its store answered).
             progress("fleet-async: \(tasks) task(s), SET ×\(count)")
             results.append(
                 try await timed("set", system: "redis-client", tasks: tasks, count: count) { i in
                     _ = try await client.set("\(namespace)c:\(i)", value)
                     return true
                 })
-            // The pattern users build by hand (FleetPubSubSystem): SET, then PUBLISH the key, in one batch.
+            // The pattern users build by hand (FleetLocalPubSubSystem): SET, then PUBLISH the key, in one batch.
             let subscriber = client.makeSubscriber()
             let subscription = try await subscriber.subscribe(to: ["\(namespace)invalidations"])
             let listener = Task { for await _ in subscription {} }
@@ -95,7 +78,7 @@ struct FleetAsyncScenario {
                 })
             listener.cancel()
             await subscriber.close()
-            let writer = try FleetAsyncCache(target, namespace: namespace)
+            let writer = try RemoteTierCache(target, namespace: namespace)
             try await writer.confirmed()
             progress("fleet-async: \(tasks) task(s), cache.async.set ×\(count)")
             results.append(
@@ -109,7 +92,7 @@ struct FleetAsyncScenario {
                 try await timed("get", system: "redis-client", tasks: tasks, count: count) { i in
                     try await client.get("\(namespace)c:\(i)") != nil
                 })
-            let reader = try FleetAsyncCache(target, namespace: namespace)
+            let reader = try RemoteTierCache(target, namespace: namespace)
             try await reader.confirmed()
             progress("fleet-async: \(tasks) task(s), cache.async.value (remote hits) ×\(count)")
             var remote = try await timed("get", system: "magpie-fleet", tasks: tasks, count: count) { i in
@@ -117,7 +100,7 @@ struct FleetAsyncScenario {
             }
             remote.extra["remote_hits"] = .int(Int(reader.cache.statistics.remote?.hits ?? 0))
             results.append(remote)
-            // hit: memory hits of a plain cache, then of the fleet cache (the reader's kept copies).
+            // hit: memory hits of a plain cache, then of the cache with a remote tier (the reader's kept copies).
             var plainConfiguration = Cache.Configuration(memoryBudget: 64 << 20)
             plainConfiguration.metrics = nil
             let plain = try Cache(plainConfiguration)
@@ -130,11 +113,11 @@ struct FleetAsyncScenario {
                 })
             for i in 0..<hot { _ = try await reader.cache.async.value(forKey: "m:\(i)") }  // kept locally
             let before = reader.cache.statistics.remote?.hits ?? 0
-            var fleetHits = try await timed("hit", system: "magpie-fleet", tasks: tasks, count: options.hits) { i in
+            var remoteHits = try await timed("hit", system: "magpie-fleet", tasks: tasks, count: options.hits) { i in
                 try await reader.cache.async.value(forKey: "m:\(i % hot)") != nil
             }
-            fleetHits.extra["remote_hits_during"] = .int(Int((reader.cache.statistics.remote?.hits ?? 0) - before))
-            results.append(fleetHits)
+            remoteHits.extra["remote_hits_during"] = .int(Int((reader.cache.statistics.remote?.hits ?? 0) - before))
+            results.append(remoteHits)
             try plain.close()
             await writer.close()
             await reader.close()
@@ -148,17 +131,12 @@ struct FleetAsyncScenario {
     private func timed(
         _ workload: String, system: String, tasks: Int, count: Int, _ operation: @escaping @Sendable (Int) async throws -> Bool
     ) async throws -> BenchResult {
-        let (total, seconds) = await driveTasks(tasks: tasks, count: count, operation) { $1 }
-        return BenchResult(
-            scenario: "fleet-async", system: system, threads: tasks, operations: count, seconds: seconds,
-            ops_per_sec: Double(count) / seconds, latency_ns: Percentiles(total.latency),
-            hit_ratio: Double(total.found) / Double(max(1, count)),
-            extra: ["workload": .string(workload), "tasks": .int(tasks), "errors": .int(total.errors)])
+        taskRow("fleet-async", system, workload: workload, tasks: tasks, count: count, await driveTasks(tasks: tasks, count: count, operation) { $1 })
     }
 }
 
-/// One instance of the fleet cache: memory only, in front of the private server's `namespace`.
-struct FleetAsyncCache {
+/// One instance with a remote tier: memory only, in front of the private server's `namespace`.
+struct RemoteTierCache {
     let cache: Cache
     let store: RedisRemoteStore
 
@@ -185,13 +163,14 @@ struct FleetAsyncCache {
 }
 
 /// The table: per concurrency and workload, the plain alternative and Magpie side by side.
-func printFleetAsyncSummary(_ results: [BenchResult]) {
-    print("\nfleet-async: the remote tier from async tasks (one private redis-server, one run)")
-    print("workload  tasks  system             ops/s        p50 µs    p99 µs    found   ratio     × SET+PUBLISH")
+func remoteAsyncTable(_ results: [BenchResult]) -> Table {
+    var table = Table(
+        "fleet-async: the remote tier from async tasks (one private redis-server, one run)",
+        ["workload", "tasks", "system", "ops/s", "p50 µs", "p99 µs", "found", "ratio", "× SET+PUBLISH"], left: 1)
     var baseline: [String: Double] = [:]
     var pattern: [String: Double] = [:]
-    for row in results {
-        guard case .string(let workload) = row.extra["workload"] else { continue }
+    for row in results where row.scenario == "fleet-async" {
+        guard let workload = row.extra["workload"]?.stringValue else { continue }
         let key = "\(workload)/\(row.threads)"
         var (ratio, patternRatio) = ("", "")
         if row.system == "magpie-fleet", let base = baseline[key] { ratio = String(format: "%.2f ×", row.ops_per_sec / base) }
@@ -201,10 +180,11 @@ func printFleetAsyncSummary(_ results: [BenchResult]) {
         } else if row.system != "magpie-fleet" {
             baseline[key] = row.ops_per_sec
         }
-        print(
-            String(
-                format: "%-8@  %5d  %-17@  %10.0f  %9.1f %9.1f   %5.3f   %-8@  %@", workload as NSString, row.threads,
-                row.system as NSString, row.ops_per_sec, Double(row.latency_ns.p50) / 1000, Double(row.latency_ns.p99) / 1000,
-                row.hit_ratio, ratio as NSString, patternRatio as NSString))
+        table.append([
+            workload, String(row.threads), row.system, String(format: "%.0f", row.ops_per_sec), micros(row.latency_ns.p50),
+            micros(row.latency_ns.p99), String(format: "%.3f", row.hit_ratio), ratio, patternRatio,
+        ])
     }
+    table.alignments[2] = .left
+    return table
 }
