@@ -148,7 +148,7 @@ extension OwedRemovals {
             counters.replayedRemovals.add(UInt64(settled), ordering: .relaxed)
             if !pending.refused.isEmpty { pending.refused = pending.refused.filter { pending.keys[$0] != nil } }
             pending.updateHold(oldest: clock.now())
-            if settled > 0 && pending.isEmpty { journal(replacingWith: []) }
+            if settled > 0 && pending.isEmpty { rewriteJournal([]) }
         }
         if count == 0 { for waiter in drainWaiters.withLock({ waiters in defer { waiters = [] }; return waiters }) { waiter.finish() } }
     }

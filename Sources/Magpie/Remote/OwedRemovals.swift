@@ -120,7 +120,7 @@ final class OwedRemovals: Sendable {
         state.withLock { pending in
             pending.oweEverything()
             pending.updateHold(oldest: oldest)
-            journal(replacingWith: [.everything])
+            rewriteJournal([.everything])
         }
         counters.queuedRemovals.add(1, ordering: .relaxed)
         startReplay()
@@ -145,7 +145,7 @@ final class OwedRemovals: Sendable {
                     // No room for another entry: one entry says it all.
                     pending.oweEverything()
                     counters.pendingOverflows.add(1, ordering: .relaxed)
-                    self.journal(replacingWith: [.everything])
+                    rewriteJournal([.everything])
                 }
             }
         }
@@ -154,7 +154,7 @@ final class OwedRemovals: Sendable {
     }
 
     /// Rewrites the journal (the caller holds `state`'s lock); a failure is counted.
-    func journal(replacingWith entries: [OwedEntry]) {
+    func rewriteJournal(_ entries: [OwedEntry]) {
         guard let journal else { return }
         do {
             if try !journal.replace(with: entries.map(\.encoded)) {
@@ -185,9 +185,9 @@ final class OwedRemovals: Sendable {
             // Writes of an earlier run: held back from now (when this run learns of them).
             pending.updateHold(oldest: clock.now())
             if pending.all {
-                journal(replacingWith: [.everything])
+                rewriteJournal([.everything])
             } else {
-                journal(replacingWith: pending.keys.map { OwedEntry.key($0.key, version: $0.value.version) } + pending.groups.keys.map { .group($0) })
+                rewriteJournal(pending.keys.map { OwedEntry.key($0.key, version: $0.value.version) } + pending.groups.keys.map { .group($0) })
             }
             counters.restoredRemovals.add(UInt64(pending.count), ordering: .relaxed)
         }
@@ -199,7 +199,7 @@ final class OwedRemovals: Sendable {
         guard pending.keys.count + pending.groups.count > maxPendingRemovals else { return false }
         pending.oweEverything()
         counters.pendingOverflows.add(1, ordering: .relaxed)
-        journal(replacingWith: [.everything])
+        rewriteJournal([.everything])
         return true
     }
 

@@ -94,6 +94,36 @@ extension RemoteStore {
     }
 }
 
+// What the remote tier asks of its store, each written once (the tier, its tokens and its replay share them).
+extension RemoteStore {
+    /// Runs a call to the store on its executor (``RemoteStore/taskExecutor``): an async caller pays one
+    /// hop there and one back, and the store's thread does the I/O and nothing else (encoding and
+    /// checking records stays on the caller's).
+    @inline(__always) nonisolated(nonsending)
+    func onExecutor<R: Sendable>(_ body: () async throws(MagpieError) -> R) async throws(MagpieError) -> R {
+        try await withTaskExecutorPreference(taskExecutor) { () async throws(MagpieError) -> R in try await body() }
+    }
+
+    /// Replaces the token of `group` (nil: the namespace's) with a new one: every record written under
+    /// the old one is outdated.
+    func replaceToken(group: String?) async throws(MagpieError) {
+        _ = try await store(
+            RemoteRecord.tokenBytes(RemoteRecord.newToken()), forKey: group.map { RemoteKey.group($0) } ?? RemoteKey.namespaceKey,
+            expiresAt: 0, onlyIfAbsent: false)
+    }
+
+    /// Writes `key`'s (a user key) tombstone of `version`, on the store's executor: it lives `lifetime` ms
+    /// from `now`, and refuses every older write meanwhile. Whether the store took it (false: it holds a
+    /// newer write).
+    func storeTombstone(_ key: [UInt8], version: UInt64, now: Int64, lifetime: Int64) async throws(MagpieError) -> Bool {
+        let recordKey = [RemoteKey.record] + key
+        let (expiresAt, deadline) = (now.saturatingAdd(lifetime), now.saturatingAdd(lifetime / 2))
+        return try await onExecutor { [self] () async throws(MagpieError) in
+            try await storeIfNewer(RemoteRecord.tombstone(version: version), forKey: recordKey, expiresAt: expiresAt, notAfter: deadline)
+        }
+    }
+}
+
 /// How a ``Cache`` uses its remote tier.
 public struct RemoteTierOptions: Sendable {
     /// The shared store.

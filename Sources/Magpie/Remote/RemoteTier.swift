@@ -62,6 +62,12 @@ final class RemoteTier: Sendable {
         try await store.onExecutor(body)
     }
 
+    /// The synchronous form of a remote operation (a `…Blocking` method): `operation` runs on the bridge
+    /// while the caller blocks (``RemoteBridge/wait(_:_:)``), the one place the synchronous API waits.
+    func blocking<R: Sendable>(_ operation: @escaping @Sendable () async throws(MagpieError) -> R) throws(MagpieError) -> R {
+        try bridge.wait(store, operation)
+    }
+
     /// The store's partition of a user key's record.
     func partition(of key: [UInt8]) -> Int {
         min(max(0, store.partition(of: [RemoteKey.record] + key)), RemoteChanges.maximumPartitions - 1)
