@@ -310,7 +310,7 @@ struct CacheCoherentTiersTests {
         // As `token(group:create:)` does before its store; the report comes before the token is cached.
         let mine = RemoteRecord.newToken()
         coherent.remote.tokens.noteCreated(mine)
-        coherent.remote.forgetToken(group: nil)
+        coherent.remote.tokens.forget(group: nil)
         coherent.apply(report(mine))
         #expect(try a.lookup("r") == CacheHit(value: bytes("v"), tier: .memory))
         #expect(a.statistics.remote?.ownWritesFetched == 0)

@@ -130,7 +130,7 @@ public final class DiskTier: Sendable {
     let directory: CacheDirectory
     /// The budget beyond the buckets' limits (see `Disk/DiskLedger.swift`).
     let ledger: DiskLedger
-    /// The remote tier's journal of owed removals (DiskTier+Journal.swift).
+    /// The remote tier's journal of owed removals (DiskTier+JournalFile.swift).
     let journal: Locked<JournalState>
     /// Set once the directory was found removed or replaced; every call then throws its error.
     let health: TierHealth
@@ -253,7 +253,7 @@ public final class DiskTier: Sendable {
                 }
                 // Whatever the buckets do not hold is the pool (below zero if the files hold more than
                 // this budget allows: buckets then repay as they give room back).
-                // A journal of owed removals left in the directory is charged at once (DiskTier+Journal.swift).
+                // A journal of owed removals left in the directory is charged at once (DiskTier+JournalFile.swift).
                 journalSize = Self.leftJournalSize(directory)
                 journalReserved = Self.rounded(journalSize)
                 ledger.pool.give(configuration.budget - DiskLedger.manifestAllowance - held - journalReserved)

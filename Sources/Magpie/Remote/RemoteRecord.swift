@@ -5,7 +5,7 @@
 //   "k" + key         a record (below)
 //   "g" + group name  the group's token: 8 bytes, little endian, never 0
 //   "a"               the namespace's token: 8 bytes, little endian, never 0
-//   "l" + key         the key's load lease (Tiers/CoherentTiers+Lease.swift): a token, with an expiry
+//   "l" + key         the key's load lease (Tiers/RemotePolicy+Lease.swift): a token, with an expiry
 //   "h" + …           the store's own (MagpieRedis: its change-feed heartbeats); the cache ignores them
 //
 // Every value the cache writes under "k" + key is *versioned*: it starts with the 10-byte fence the
@@ -35,7 +35,7 @@
 // The checksum covers the key, so a record copied under another key is as foreign as a torn or
 // corrupt one: every such record is a miss (counted), never a value. A record is current only while
 // both tokens equal the ones stored under "a" and "g" + group: replacing a token removes every record
-// written under the old one, in one write (see Tiers/CoherentTiers.swift).
+// written under the old one, in one write (see Remote/RemoteTier.swift).
 
 enum RemoteKey {
     static let record: UInt8 = 0x6B  // "k"

@@ -229,15 +229,4 @@ final class RemoteTier: Sendable {
             owed.oweEverything()
         }
     }
-
-    // MARK: Forwarded to the parts (the names the composer uses)
-
-    func tokensCurrent(_ record: RemoteRecord, now: Int64) -> Bool { tokens.current(record, now: now) }
-    func knowsToken(_ token: UInt64, group: String?, now: Int64) -> Bool { tokens.knows(token, group: group, now: now) }
-    func forgetToken(group: String?) { tokens.forget(group: group) }
-    func owe(key: [UInt8], version: UInt64) { owed.owe(key: key, version: version) }
-    func owe(group: String) { owed.owe(group: group) }
-    func ownWritesDelivered() -> Int64 { owed.ownWritesDelivered() }
-    func stopReplay() { owed.stopReplay() }
-    func waitForReplay(upTo limit: Duration) async -> Int { await owed.waitForReplay(upTo: limit) }
 }

@@ -13,7 +13,7 @@ extension RemotePolicy {
         let remote = remote
         let inline = !local.storage.mayWait
         let changes = RemoteChanges(
-            clock: clock, delivered: { remote.ownWritesDelivered() }, wantsSequences: { remote.coherence.sequencesWanted }
+            clock: clock, delivered: { remote.owed.ownWritesDelivered() }, wantsSequences: { remote.coherence.sequencesWanted }
         ) { [weak self] change in
             guard let self else { return }
             if inline {
@@ -53,7 +53,7 @@ extension RemotePolicy {
         case .partitionsLost(let partitions):
             coherence.lose(partitions: partitions, now: clock.now())
         case .all:
-            remote.forgetToken(group: nil)
+            remote.tokens.forget(group: nil)
             coherence.raiseFloor(to: clock.now())
             coherence.restartSequences()
         case .confirmed(let instant, let total):
@@ -80,12 +80,12 @@ extension RemotePolicy {
             guard let group = String(validating: rest, as: UTF8.self) else { return }
             // A token this instance holds already (its creation, or an echo of this instance's own removal,
             // reported as a key's value), or one it created and has not cached yet, changes nothing.
-            if let token = pushed.map(RemoteRecord.token), remote.knowsToken(token, group: group, now: clock.now()) { return }
-            remote.forgetToken(group: group)
+            if let token = pushed.map(RemoteRecord.token), remote.tokens.knows(token, group: group, now: clock.now()) { return }
+            remote.tokens.forget(group: group)
             _ = try? local.removeAll(inGroup: group)
         case RemoteKey.namespace:
-            if let token = pushed.map(RemoteRecord.token), remote.knowsToken(token, group: nil, now: clock.now()) { return }
-            remote.forgetToken(group: nil)
+            if let token = pushed.map(RemoteRecord.token), remote.tokens.knows(token, group: nil, now: clock.now()) { return }
+            remote.tokens.forget(group: nil)
             remote.coherence.raiseFloor(to: clock.now())
         default:
             return  // the store's own keys
@@ -134,7 +134,7 @@ extension RemotePolicy {
     /// older, goes); false, with nothing changed, otherwise. The key's stripe is held.
     private func replace(_ key: HashedKey, with record: RemoteRecord, partition: Int) -> Bool {
         let now = clock.now()
-        guard record.tiers != .diskOnly, remote.tokensCurrent(record, now: now),
+        guard record.tiers != .diskOnly, remote.tokens.current(record, now: now),
             record.expiresAt == 0 || record.expiresAt > now
         else { return false }
         let storage = local.storage
@@ -172,7 +172,7 @@ extension RemotePolicy {
     /// background unless the caller closes them (`closingStore` false).
     func stop(closingStore: Bool) {
         applier.shutdown()
-        remote.stopReplay()
+        remote.owed.stopReplay()
         let store = remote.store
         if closingStore { Task { await store.shutdown() } }
     }
@@ -189,7 +189,7 @@ extension RemotePolicy {
     /// still owed is logged (journaled with a disk tier, lost without one).
     nonisolated(nonsending)
     func replayBeforeShutdown(upTo replayTime: Duration) async {
-        let owed = await remote.waitForReplay(upTo: replayTime)
+        let owed = await remote.owed.waitForReplay(upTo: replayTime)
         guard owed > 0 else { return }
         if local.storage.owedJournal == nil {
             runtime.logger.error("magpie: removals owed to the remote tier are lost at shutdown", metadata: ["owed": "\(owed)"])

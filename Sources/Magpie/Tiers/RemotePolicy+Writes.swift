@@ -129,13 +129,13 @@ extension RemotePolicy {
     /// A write the synchronous API could not wait for (on the store's own thread): owed, and ended.
     func owe(_ write: RemoteSend) {
         switch write.operation {
-        case .store: remote.owe(key: write.name, version: remote.versions.next())
-        case .remove(let version): remote.owe(key: write.name, version: version)
+        case .store: remote.owed.owe(key: write.name, version: remote.versions.next())
+        case .remove(let version): remote.owed.owe(key: write.name, version: version)
         }
         remote.coherence.endWrite(write.hash, began: write.began)
     }
 
-    func owe(group: String) { remote.owe(group: group) }
+    func owe(group: String) { remote.owed.owe(group: group) }
 
     // MARK: Removing many
 
