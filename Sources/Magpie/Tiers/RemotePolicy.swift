@@ -61,7 +61,7 @@ final class RemotePolicy: CoherencePolicy {
     /// cannot wait (on the store's own thread: counted and logged).
     func blocking<R: Sendable>(_ operation: String, fallback: R, _ body: @escaping @Sendable () async -> R) -> R {
         do {
-            return try remote.bridge.wait(remote.store) { () async throws(MagpieError) -> R in await body() }
+            return try remote.blocking { () async throws(MagpieError) -> R in await body() }
         } catch {
             remote.counters.errors.add(1, ordering: .relaxed)
             runtime.logger.debug("magpie: remote \(operation) not run", metadata: ["error": "\(error)"])
