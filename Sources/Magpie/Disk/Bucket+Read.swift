@@ -187,7 +187,8 @@ extension BucketState {
             else { return nil }
             verdict = .value
             var entry = Self.entry(prefix, header, payload: [])
-            entry.frameInReadScratch = frame
+            entry.compressed?.scratchStart = UInt32(truncatingIfNeeded: frame.lowerBound)
+            entry.compressed?.scratchEnd = UInt32(truncatingIfNeeded: frame.upperBound)
             return entry
         }
         if let mapping = layout.mapping, !FileIO.mayInject {
@@ -270,7 +271,7 @@ extension BucketState {
             : String(decoding: UnsafeRawBufferPointer(rebasing: prefix[header.groupOffset..<header.groupEnd]), as: UTF8.self)
         return DiskEntry(
             value: payload, expiry: header.expiry, placement: RecordHeader.metadata(of: prefix, header),
-            group: group, compressedLength: header.codec == .zstd ? header.originalLength : nil)
+            group: group, compressed: header.codec == .zstd ? CompressedFrame(originalLength: header.originalLength) : nil)
     }
 
     /// Copies `destination.count` bytes of the file from `offset`: out of the file's mapping, or with

@@ -90,7 +90,7 @@ extension BucketState {
         let keep = max(0, (target - BucketFileHeader.size) / layout.regionSize)
         guard keep < layout.slotCount else { return }
         do {
-            // What the evacuations carry forward must land below the cut.
+            // What the evacuations carry forward must be written below the cut.
             layout.allocationCeiling = keep
             defer { layout.allocationCeiling = .max }
             while let position = layout.regions.lastIndex(where: { $0.slot + $0.slots > keep }) {

@@ -33,6 +33,33 @@ import Logging
 // Why size-aware: on the eviction-heavy benchmark a 4 KiB random value costs 7 times the bytes of a
 // compressed JSON value to reinsert, for the same hit; reinserting every read entry raised the hit ratio
 // by 5 points over FIFO but the bytes written by 45 % (a Python model, docs/lab-notes/disk.md).
+//
+// The state, by role. `BucketState` is what the lock guards; it holds a part per role, each a struct with
+// its own fields (and the methods that need nothing else), the way foyer-storage gives its region manager,
+// indexer, flusher and reclaimer each their own state:
+//   layout     BucketLayout: the file (descriptor, mapping), its slots and regions oldest first, the free
+//              slots, the sequence numbers the next region and record take, and the limit the file may grow
+//              to. Its geometry (a region's start and capacity, free runs) is its own; appending, opening and
+//              reclaiming regions (Bucket+Regions.swift, Bucket+Reclaim.swift) and lending room
+//              (Bucket+Room.swift, Bucket+HugePages.swift) change it.
+//   index      BucketIndex: key tag → record, in the file or in a memtable; with `tally` (IndexTally), its
+//              live and pending bytes, kept by `insert` and `drop` only.
+//   memtables  BucketMemtables: the active and the sealing memtable, whether a thread has claimed the
+//              latter, what the sealer is owed, a failed seal's error, and a seal's write done without the
+//              lock until it is settled (Bucket+Seal.swift, Bucket+RecordWrite.swift).
+//   damage     BucketDamage: damage found and not yet healed, and the region a failed write may have left
+//              records in that no slot points at (Bucket+Heal.swift).
+//   life       BucketLife: loaded, closed; the snapshot it was loaded from and its charge, the size SIZES
+//              recorded, the header's closed length and a header huge pages took away — what the open found
+//              beside the file and what must go before the file first changes (Bucket+Recovery.swift,
+//              Bucket+Snapshot.swift).
+//   counters   BucketCounters, read by the tier's statistics.
+// The operations that cross parts (a store, a read, a seal's commit, a reclaim, a heal, a load) stay on
+// `BucketState`, each in the file of its role. Why parts and not objects of their own: one lock already
+// orders every change to a bucket, and the invariants cross the parts (an index slot points into a region
+// or a memtable; a snapshot must go before a region changes), so each part is a struct stored inline —
+// a read reaches a field at a fixed offset in the one state the lock guards, as before the split (a
+// class per part would add a pointer chase and a reference count to every read, and lock nothing more).
 
 /// What every bucket of a tier shares: one object, so that a bucket's context (and every copy of its
 /// state) holds three references, not a dozen (the open builds one per bucket).

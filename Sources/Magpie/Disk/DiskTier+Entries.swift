@@ -8,6 +8,10 @@ package enum ImmediateRead<Value> {
 }
 
 /// A value read from disk with what was stored beside it.
+///
+/// Every disk hit builds one and copies it a few times on its way out (the bucket's read, the tier, the
+/// composer), so it is kept small: 93 bytes, the copy's version included (``EntryMetadata``'s field order;
+/// the compressed frame described in 12 bytes rather than an optional length and an optional range).
 package struct DiskEntry: Sendable {
     var value: [UInt8]
     /// The disk deadline in ms since 1970, 0 for never.
@@ -16,14 +20,31 @@ package struct DiskEntry: Sendable {
     var placement: EntryMetadata
     /// The group's name, nil when it has none.
     var group: String?
-    /// As read from its record, before ``DiskTier/entry(_:)`` decompresses it: the value's length when
-    /// `value` holds its zstd frame (or `frameInReadScratch` says where it is); nil when `value` is the
-    /// value.
-    var compressedLength: Int? = nil
-    /// As read from its record: where in the reading thread's ``ReadScratch`` the verified zstd frame lies
-    /// (`value` is then empty). Valid only on that thread, until its next disk read: ``DiskTier/entry(_:)``
-    /// decompresses it right after the read, with no other read (and no suspension) in between.
-    var frameInReadScratch: Range<Int>? = nil
+    /// As read from its record, before ``DiskTier/entry(_:)`` decompresses it: the zstd frame `value` holds
+    /// (or the read scratch does); nil when `value` is the value.
+    var compressed: CompressedFrame? = nil
+}
+
+/// A verified zstd frame a disk read found, to be decompressed by ``DiskTier/entry(_:)``: the length of
+/// the value it holds, and where it lies.
+struct CompressedFrame {
+    /// The value's length (a record holds at most 4 GiB, Format/Record.swift).
+    var originalLength: UInt32
+    /// Where in the reading thread's ``ReadScratch`` the frame lies, when `scratchEnd > 0` (the entry's
+    /// `value` is then empty); else the frame is the entry's `value`. Valid only on that thread, until its
+    /// next disk read: ``DiskTier/entry(_:)`` decompresses it right after the read, with no other read
+    /// (and no suspension) in between.
+    var scratchStart: UInt32 = 0
+    var scratchEnd: UInt32 = 0
+
+    init(originalLength: Int) {
+        self.originalLength = UInt32(truncatingIfNeeded: originalLength)
+    }
+
+    /// The frame's range in the read scratch, if it lies there.
+    var inReadScratch: Range<Int>? {
+        scratchEnd > 0 ? Int(scratchStart)..<Int(scratchEnd) : nil
+    }
 }
 
 // The tier's entry points for a key hashed once by its caller (`Cache`, or the public API below):
@@ -52,9 +73,9 @@ extension DiskTier {
         if let failure { throw failure }
         // (Written out in both readers: passing the optional entry to a shared function copied it in and
         // out, value witnesses and reference counts, about 120 instructions per read.)
-        guard let originalLength = found?.compressedLength else { return found }
+        guard let frame = found?.compressed else { return found }
         var entry = found.unsafelyUnwrapped
-        return decompressFrame(&entry, originalLength: originalLength, key) ? entry : nil
+        return decompressFrame(&entry, frame, key) ? entry : nil
     }
 
     /// ``entry(_:)`` for a caller that must not wait: for the disk, or for another thread's work on the
@@ -87,28 +108,28 @@ extension DiskTier {
         }
         if let failure { throw failure }
         if !locked || blocked { return .wouldBlock }
-        guard let originalLength = found?.compressedLength else { return .done(found) }
+        guard let frame = found?.compressed else { return .done(found) }
         var entry = found.unsafelyUnwrapped
-        return .done(decompressFrame(&entry, originalLength: originalLength, key) ? entry : nil)
+        return .done(decompressFrame(&entry, frame, key) ? entry : nil)
     }
 
     /// Decompresses the zstd frame a read left in `entry` (in this thread's read scratch, or in
     /// `entry.value`) into `entry.value`. False when it does not decompress (counted and logged: its
     /// checksum matched, so the writer stored a bad frame; the read is then a miss).
-    private func decompressFrame(_ entry: inout DiskEntry, originalLength: Int, _ key: HashedKey) -> Bool {
+    private func decompressFrame(_ entry: inout DiskEntry, _ frame: CompressedFrame, _ key: HashedKey) -> Bool {
+        let originalLength = Int(frame.originalLength)
         do {
-            if let frame = entry.frameInReadScratch {
+            if let range = frame.inReadScratch {
                 // The read just verified the frame in this thread's scratch (allocated by that read), and this
                 // thread has not read since.
-                guard let scratch = ReadScratch.bytes(frame.upperBound) else { return false }
-                entry.value = try compression.decompress(UnsafeRawBufferPointer(rebasing: scratch[frame]), originalLength: originalLength)
-                entry.frameInReadScratch = nil
+                guard let scratch = ReadScratch.bytes(range.upperBound) else { return false }
+                entry.value = try compression.decompress(UnsafeRawBufferPointer(rebasing: scratch[range]), originalLength: originalLength)
             } else {
                 entry.value = try entry.value.withUnsafeBytes { raw in
                     Result { () throws(MagpieError) -> [UInt8] in try compression.decompress(raw, originalLength: originalLength) }
                 }.get()
             }
-            entry.compressedLength = nil
+            entry.compressed = nil
             return true
         } catch {
             _ = try? withBucket(for: key.hash) { $0.counters.corruptRecords += 1 }
@@ -118,7 +139,7 @@ extension DiskTier {
     }
 
     /// Stores `value` for `key` with `placement` beside it, replacing any previous value: into its bucket's
-    /// memtable (see **Writes** above). The record is written once, unsealed, where it lands.
+    /// memtable (see **Writes** above). The record is written once, unsealed, where it goes.
     package func store(
         _ value: UnsafeRawBufferPointer, for key: HashedKey, expiry: Expiry, group: String?, placement: EntryMetadata
     ) throws(MagpieError) {

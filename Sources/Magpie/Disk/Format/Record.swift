@@ -89,22 +89,24 @@ package struct RecordHeader: Equatable {
     }
 
     /// Key, group, metadata blocks and payload.
+    // (Wrapping sums: each length is at most a u32 field's, so none can overflow, and the checks cost every
+    // read of a record a few instructions each time an offset is computed.)
     package var bodyLength: Int {
-        @inline(__always) get { keyLength + groupLength + EntryMetadata.blocksLength(flags) + storedLength }
+        @inline(__always) get { keyLength &+ groupLength &+ EntryMetadata.blocksLength(flags) &+ storedLength }
     }
     /// The record's length on disk, padding included.
     package var recordLength: Int {
-        @inline(__always) get { (Self.size + bodyLength + 7) & ~7 }
+        @inline(__always) get { (Self.size &+ bodyLength &+ 7) & ~7 }
     }
     package var keyOffset: Int { Self.size }
-    package var groupOffset: Int { Self.size + keyLength }
-    package var groupEnd: Int { Self.size + keyLength + groupLength }
+    package var groupOffset: Int { Self.size &+ keyLength }
+    package var groupEnd: Int { Self.size &+ keyLength &+ groupLength }
     /// Where the metadata blocks start (``EntryMetadata``'s encoding: policy, freshness, stamp).
     package var metadataOffset: Int { groupEnd }
     /// Where the payload starts: the header, key, group and metadata before it are what the checksum
     /// covers.
     package var payloadOffset: Int {
-        @inline(__always) get { groupEnd + EntryMetadata.blocksLength(flags) }
+        @inline(__always) get { groupEnd &+ EntryMetadata.blocksLength(flags) }
     }
     /// For a tombstone or group tombstone: the sequence number below which it removes records.
     package var covers: UInt64 { UInt64(bitPattern: expiry) }
@@ -168,7 +170,7 @@ package struct RecordHeader: Equatable {
         return header
     }
 
-    /// Whole records, sealed: for tests and the fuzz harness (the tier writes records where they land, see
+    /// Whole records, sealed: for tests and the fuzz harness (the tier writes records where they go, see
     /// ``RecordDraft``).
     package static func makeRecord(
         _ header: RecordHeader, key: UnsafeRawBufferPointer, group: UnsafeRawBufferPointer,
