@@ -160,9 +160,11 @@ public final class HTTPResponseCache: Sendable {
 
     /// The origin's failure that a stored response may stand in for: a 5xx (its body when buffered, for
     /// the requests that shared the run).
-    private struct ServerError: Error {
+    private struct ServerError: Error, CustomStringConvertible {
         let response: HTTPResponse
         let body: [UInt8]?
+
+        var description: String { "the handler answered \(response.status.code)" }
     }
 
     /// Goes through Magpie's loader (one run per key for concurrent callers; a stale entry served
