@@ -102,10 +102,11 @@ public final class HTTPResponseCache: Sendable {
         // At most: the base key (a response or an index), the variant, and once more after a load
         // that answered with an index.
         for _ in 0..<4 {
-            let hit: CacheHit?
-            do { hit = try await cache.async.lookup(key) } catch { return try await handler(request) }
+            // A plain read (a memory hit costs a probe and a copy): the record itself says how fresh it is.
+            let value: [UInt8]?
+            do { value = try await cache.async.value(forKey: key) } catch { return try await handler(request) }
             var stale: (StoredResponse, Int64)?
-            if let hit, let record = StoredRecord(decoding: hit.value) {
+            if let value, let record = StoredRecord(decoding: value) {
                 switch record {
                 case .variants(let found) where key == base:
                     guard let variant = variantKey(base, found, request) else { return try await handler(request) }
@@ -116,8 +117,9 @@ public final class HTTPResponseCache: Sendable {
                     break  // an index where a response belongs: a miss
                 case .response(let stored):
                     let now = cache.configuration.clock.now()
-                    if !hit.isStale { return serve(stored, to: request, now: now) }
-                    stale = (stored, now - (hit.freshUntil ?? now))
+                    let staleness = now - (stored.storedAt + stored.lifetimes.freshFor)
+                    if staleness < 0 { return serve(stored, to: request, now: now) }
+                    stale = (stored, staleness)
                 }
             }
             if request.method == .head { return try await handler(request) }  // HEAD is stored only as GET
@@ -184,7 +186,9 @@ public final class HTTPResponseCache: Sendable {
         var origin = request
         origin.headerFields[.ifNoneMatch] = nil
         origin.headerFields[.ifModifiedSince] = nil
-        let handoff = Handoff()
+        // A request served stale at once never runs the refresh itself, even when the loader starts it
+        // before returning the stale response.
+        let handoff = Handoff(electable: !loader.staleWhileRevalidate)
         let target = Target(request: origin, key: key, base: base, index: index)
         let options = EntryOptions(memoryExpiry: .after(.zero), tiers: policy.tiers)
         let call = Task { [loader] () -> Result<[UInt8]?, any Error> in

@@ -140,9 +140,16 @@ final class Handoff: Sendable {
     }
 
     private let state = Mutex(State.waiting(nil))
+    /// Whether the load may elect the request; not when it asked for a stale response served at once
+    /// (the load is then a background refresh, whenever it starts).
+    private let electable: Bool
 
-    /// Elects the waiting request: the promise it will fulfil, or nil when it no longer waits.
+    init(electable: Bool) { self.electable = electable }
+
+    /// Elects the waiting request: the promise it will fulfil, or nil when it no longer waits (or may
+    /// not be elected).
     func elect() -> Promise? {
+        guard electable else { return nil }
         let promise = Promise()
         return settle(.elected(promise)) ? promise : nil
     }

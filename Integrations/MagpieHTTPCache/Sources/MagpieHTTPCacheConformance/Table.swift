@@ -17,6 +17,21 @@ public enum HTTPCacheConformance {
     /// Every case.
     public static let cases: [ConformanceCase] = storing + freshness + keys + conditionals + stale + invalidation + bodies
 
+    /// Cases for a middleware that refreshes in the background (one that gives `refresh:`): every
+    /// request, the one that starts the refresh included, gets the stale response at once.
+    public static let backgroundRefreshCases: [ConformanceCase] = [
+        ConformanceCase("stale-while-revalidate in the background: every request served stale at once", "5861 §3", [
+            .origin("/a", .cc("max-age=1, stale-while-revalidate=60")),
+            .send(get("/a"), body("v#1")),
+            .origin("/a", OriginReply(200, [("Cache-Control", "max-age=1, stale-while-revalidate=60")], delayMilliseconds: 300)),
+            .advance(seconds: 5),
+            .send(get("/a"), body("v#1", ["Age": "5"].pairs)),
+            .concurrent(20, get("/a"), body("v#1", ["Age": "5"].pairs)),
+            .eventually(get("/a"), body("v#2")),
+            .send(get("/a"), body("v#2", calls: 2)),
+        ])
+    ]
+
     /// RFC 9111 §3: what a shared cache may store.
     static let storing: [ConformanceCase] = [
         ConformanceCase("stores a response with max-age", "9111 §3, §4.2.1", [

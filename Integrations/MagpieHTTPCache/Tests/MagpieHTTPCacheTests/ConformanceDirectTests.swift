@@ -9,6 +9,15 @@ import Testing
 @Suite struct ConformanceDirectTests {
     @Test(arguments: HTTPCacheConformance.cases, [false, true])
     func conformance(_ testCase: ConformanceCase, backgroundRefresh: Bool) async throws {
+        try await Self.run(testCase, backgroundRefresh: backgroundRefresh)
+    }
+
+    @Test(arguments: HTTPCacheConformance.backgroundRefreshCases)
+    func backgroundRefresh(_ testCase: ConformanceCase) async throws {
+        try await Self.run(testCase, backgroundRefresh: true)
+    }
+
+    static func run(_ testCase: ConformanceCase, backgroundRefresh: Bool) async throws {
         let environment = try ConformanceEnvironment(testCase)
         defer { environment.close() }
         let failures = await environment.run { request in

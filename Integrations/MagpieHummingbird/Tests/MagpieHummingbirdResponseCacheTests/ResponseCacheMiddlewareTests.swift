@@ -34,9 +34,19 @@ import Testing
     /// Every case, with stale-while-revalidate refreshing in line (no refresher) and in the background.
     @Test(arguments: HTTPCacheConformance.cases, [false, true])
     func conformance(_ testCase: ConformanceCase, backgroundRefresh: Bool) async throws {
+        try await Self.run(testCase, backgroundRefresh: backgroundRefresh)
+    }
+
+    /// With a `Refresher`: stale responses refreshed in the background.
+    @Test(arguments: HTTPCacheConformance.backgroundRefreshCases)
+    func backgroundRefresh(_ testCase: ConformanceCase) async throws {
+        try await Self.run(testCase, backgroundRefresh: true)
+    }
+
+    static func run(_ testCase: ConformanceCase, backgroundRefresh: Bool) async throws {
         let environment = try ConformanceEnvironment(testCase)
         defer { environment.close() }
-        let application = Self.application(environment, backgroundRefresh: backgroundRefresh)
+        let application = application(environment, backgroundRefresh: backgroundRefresh)
         let failures = try await application.test(.live) { client in
             await environment.run { request in
                 var fields = HTTPFields()
