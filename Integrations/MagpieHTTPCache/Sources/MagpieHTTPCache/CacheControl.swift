@@ -90,11 +90,11 @@ public enum HTTPDate {
 
     /// `milliseconds` since 1970 as an IMF-fixdate.
     public static func format(_ milliseconds: Int64) -> String {
-        let seconds = milliseconds / 1000
+        let seconds = max(0, milliseconds) / 1000
         let days = seconds / 86_400
         let rest = seconds % 86_400
         let (year, month, day) = civilFromDays(days)
-        let weekday = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"][Int(days % 7)]
+        let weekday = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"][Int((days % 7 + 7) % 7)]
         func two(_ n: Int64) -> String { n < 10 ? "0\(n)" : "\(n)" }
         return "\(weekday), \(two(day)) \(months[Int(month - 1)]) \(year) \(two(rest / 3600)):\(two(rest / 60 % 60)):\(two(rest % 60)) GMT"
     }

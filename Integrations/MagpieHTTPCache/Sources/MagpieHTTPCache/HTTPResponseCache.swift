@@ -106,7 +106,14 @@ public final class HTTPResponseCache: Sendable {
             let value: [UInt8]?
             do { value = try await cache.async.value(forKey: key) } catch { return try await handler(request) }
             var stale: (StoredResponse, Int64)?
-            if let value, let record = StoredRecord(decoding: value) {
+            var record = value.flatMap { StoredRecord(decoding: $0) }
+            if case .variants = record, key != base { record = nil }
+            if value != nil, record == nil {
+                // Not one of our records (another writer, an older format): removed, so that the load
+                // below stores in its place instead of finding it.
+                _ = try? await cache.async.removeValue(forKey: key)
+            }
+            if let record {
                 switch record {
                 case .variants(let found) where key == base:
                     guard let variant = variantKey(base, found, request) else { return try await handler(request) }
@@ -114,11 +121,12 @@ public final class HTTPResponseCache: Sendable {
                     key = variant
                     continue
                 case .variants:
-                    break  // an index where a response belongs: a miss
+                    break  // an index where a response belongs: removed above
                 case .response(let stored):
                     let now = cache.configuration.clock.now()
-                    let staleness = now - (stored.storedAt + stored.lifetimes.freshFor)
-                    if staleness < 0 { return serve(stored, to: request, now: now) }
+                    let freshUntil = stored.storedAt.addingSaturated(stored.lifetimes.freshFor)
+                    let (staleness, overflow) = now.subtractingReportingOverflow(freshUntil)
+                    if overflow || staleness < 0 { return serve(stored, to: request, now: now) }
                     stale = (stored, staleness)
                 }
             }
@@ -180,7 +188,7 @@ public final class HTTPResponseCache: Sendable {
         if let (stored, staleness) = stale {
             loader.staleWhileRevalidate = refresh != nil && staleness < stored.lifetimes.staleWhileRevalidate
             if stored.lifetimes.staleIfError > 0 {
-                loader.failSafeMaxAge = .milliseconds(stored.lifetimes.freshFor + stored.lifetimes.staleIfError)
+                loader.failSafeMaxAge = .milliseconds(stored.lifetimes.freshFor.addingSaturated(stored.lifetimes.staleIfError))
             }
         }
         var origin = request

@@ -13,7 +13,7 @@ struct Lifetimes: Sendable, Equatable {
     var initialAge: Int64
 
     /// How long the entry is kept: fresh, then stale for as long as either stale window allows.
-    var keptFor: Int64 { freshFor + max(staleWhileRevalidate, staleIfError) }
+    var keptFor: Int64 { freshFor.addingSaturated(max(staleWhileRevalidate, staleIfError)) }
 }
 
 /// Why a response is not stored (for tests and logs).
@@ -24,6 +24,9 @@ enum Refusal: Error, Equatable {
 
 /// The storing rules of a shared cache (RFC 9111 §3) and the lifetimes of what may be stored (§4.2).
 enum StoreRules {
+    /// The longest lifetime or stale window kept (ten years, in ms): bounds the sums of lifetimes.
+    static let longest: Int64 = 10 * 366 * 86_400_000
+
     /// Statuses a cache may store (it understands them; RFC 9111 §3 (2)). 206 is left out: ranges are
     /// not cached.
     static let understood: Set<Int> = [200, 203, 204, 300, 301, 302, 303, 307, 308, 404, 405, 410, 414, 501]
@@ -66,7 +69,8 @@ enum StoreRules {
             return .failure(.noFreshness)
         }
         if let bound = policy.maximumLifetime { lifetime = min(lifetime, bound.milliseconds) }
-        let age = (response.headerFields[.age].flatMap { Int64($0.trimmingWhitespace) } ?? 0) * 1000
+        lifetime = max(0, min(lifetime, Self.longest))
+        let age = (response.headerFields[.age].flatMap { Int64($0.trimmingWhitespace.prefix(10)) } ?? 0) * 1000
 
         // Serving stale (RFC 9111 §4.2.4, RFC 5861): never after must-revalidate, proxy-revalidate or
         // s-maxage (which implies proxy-revalidate for a shared cache, §5.2.2.10).
@@ -74,6 +78,7 @@ enum StoreRules {
         let revalidateWindow = mayServeStale ? (control.seconds("stale-while-revalidate") ?? 0) * 1000 : 0
         var errorWindow = mayServeStale ? (control.seconds("stale-if-error") ?? 0) * 1000 : 0
         if mayServeStale, let failSafe = policy.failSafe { errorWindow = max(errorWindow, failSafe.milliseconds) }
+        errorWindow = max(0, min(errorWindow, Self.longest))
         let lifetimes = Lifetimes(
             freshFor: max(0, lifetime - age), staleWhileRevalidate: revalidateWindow, staleIfError: errorWindow, initialAge: age)
         guard lifetimes.keptFor > 0 else { return .failure(.noFreshness) }
@@ -96,6 +101,14 @@ enum StoreRules {
     /// Whether `method` is safe (RFC 9110 §9.2.1): everything else invalidates (RFC 9111 §4.4).
     static func isSafe(_ method: HTTPRequest.Method) -> Bool {
         method == .get || method == .head || method == .options || method == .trace
+    }
+}
+
+extension Int64 {
+    /// `self + other`, at most `Int64.max`.
+    func addingSaturated(_ other: Int64) -> Int64 {
+        let (sum, overflow) = addingReportingOverflow(other)
+        return overflow ? .max : sum
     }
 }
 

@@ -101,7 +101,10 @@ struct StoredResponse: Sendable, Equatable {
     }
 
     /// The response's current age (RFC 9111 §4.2.3), ms.
-    func age(now: Int64) -> Int64 { lifetimes.initialAge + max(0, now - storedAt) }
+    func age(now: Int64) -> Int64 {
+        let (resident, overflow) = now.subtractingReportingOverflow(storedAt)
+        return max(0, lifetimes.initialAge).addingSaturated(overflow ? 0 : max(0, resident))
+    }
 
     func field(_ name: String) -> String? {
         fields.first(where: { $0.name.lowercased() == name })?.value
