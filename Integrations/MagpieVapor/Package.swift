@@ -38,6 +38,8 @@ let package = Package(
             dependencies: [
                 "MagpieVapor",
                 .product(name: "Magpie", package: magpie),
+                // Sessions shared by two instances through a real redis-server (SessionFleetTests).
+                .product(name: "MagpieRedis", package: magpie),
                 .product(name: "MagpieHTTPCache", package: "MagpieHTTPCache"),
                 .product(name: "MagpieHTTPCacheConformance", package: "MagpieHTTPCache"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
