@@ -11,7 +11,9 @@ import Testing
 
 /// The response cache's middleware through Hummingbird: the conformance table over a live server
 /// (real HTTP requests from HummingbirdTesting's client), concurrent misses, and a body over the limit.
-@Suite struct ResponseCacheMiddlewareTests {
+/// Serialized: a live server per case, one at a time, so that the package's timing-sensitive suites
+/// (lifetimes of a second) running beside it are not starved on 2 cores.
+@Suite(.serialized) struct ResponseCacheMiddlewareTests {
     static let methods: [HTTPRequest.Method] = [.get, .head, .post, .put, .delete, .patch]
 
     /// An application whose every route answers with the case's origin, behind the middleware.
