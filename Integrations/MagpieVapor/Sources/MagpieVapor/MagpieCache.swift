@@ -52,10 +52,12 @@ extension Application.Caches.Provider {
 ///   that fails to encode fails the `set`.
 /// - It is bounded: the least useful entries are evicted when the cache's budget is reached (the memory
 ///   cache grows without bound), and expired entries are removed by the cache, not only when read.
-/// - The cache's own failures (an I/O error, a value larger than ``Magpie/Cache/largestStorableValue``,
-///   a key longer than ``Magpie/Cache/maximumKeyLength`` with its prefix) fail the future with the
-///   ``MagpieError``: in a route that throws it, Vapor's `ErrorMiddleware` answers 500, as for any
-///   non-`AbortError`.
+/// - The cache's own failures (an I/O error, a key longer than ``Magpie/Cache/maximumKeyLength`` with
+///   its prefix, a value larger than ``Magpie/Cache/largestStorableValue`` in a cache with a disk tier)
+///   fail the future with the ``MagpieError``: in a route that throws it, Vapor's `ErrorMiddleware`
+///   answers 500, as for any non-`AbortError`. A memory-only cache refuses a value larger than it keeps
+///   as it would evict it: the `set` succeeds and the key reads as absent (counted in
+///   `statistics.memory.refusals`).
 ///
 /// A handle is cheap (the cache, the shared settings and an event loop): `app.cache` makes one on every
 /// access, over the one shared Magpie cache.

@@ -16,9 +16,9 @@ final class SessionTests: XCTestCase {
     /// An application with Magpie's sessions over `cache` and four routes: `/login/:user` sets the
     /// session's user, `/whoami` reads it (or answers "anonymous"), `/touch` reads nothing of it, and
     /// `/logout` destroys the session.
-    func makeApp(_ cache: Magpie.Cache) async throws -> Application {
+    func makeApp(_ cache: Magpie.Cache, group: String? = nil) async throws -> Application {
         let app = try await Application.make(.testing)
-        app.sessions.use(.magpie(cache, lifetime: Self.lifetime, refreshAfter: Self.refresh))
+        app.sessions.use(.magpie(cache, lifetime: Self.lifetime, refreshAfter: Self.refresh, group: group))
         let routes = app.grouped(app.sessions.middleware)
         routes.get("login", ":user") { request -> String in
             request.session.data["user"] = try request.parameters.require("user")
@@ -185,6 +185,30 @@ final class SessionTests: XCTestCase {
         try await app.testable(method: .running(port: 0)).test(.GET, "/whoami", headers: cookieHeaders(cookie)) { response async in
             XCTAssertEqual(response.body.string, "ada")
         }
+        try await app.asyncShutdown()
+        try await cache.shutdown()
+    }
+
+    func testAGroupEndsEverySessionAtOnce() async throws {
+        let cache = try makeCache()
+        let app = try await makeApp(cache, group: "sessions")
+        let tester = try app.testable(method: .running(port: 0))
+        var cookies: [HTTPCookies.Value?] = []
+        for user in ["ada", "grace"] {
+            try await tester.test(.GET, "/login/\(user)") { response async in
+                cookies.append(response.headers.setCookie?["vapor-session"])
+            }
+        }
+        try await cache.async.set(Array("kept".utf8), forKey: "not-a-session")
+        let removed = try await cache.async.removeAll(inGroup: "sessions")
+        XCTAssertEqual(removed.memory, 2)
+        for cookie in cookies {
+            try await tester.test(.GET, "/whoami", headers: cookieHeaders(cookie)) { response async in
+                XCTAssertEqual(response.body.string, "anonymous")
+            }
+        }
+        let other = try await cache.async.value(forKey: "not-a-session")
+        XCTAssertNotNil(other)
         try await app.asyncShutdown()
         try await cache.shutdown()
     }
