@@ -231,10 +231,19 @@ echo
 cat "$table"
 echo "(wrk -t $THREADS -c $CONNECTIONS, $KEYS keys uniform, origin $ORIGIN_MS ms, fresh $FRESH s; healthy $DURATION s, failing $FAIL s; logs and stats in $OUT)"
 # The response cache against the loader on the same endpoint (issue #66's bars: ≥ 1.2 × the requests/s,
-# p99 no higher, no errors while the origin fails).
+# p99 no higher, no errors while the origin fails). A mode named more than once in MODES (alternating,
+# say MODES="magpie-memory magpie-responses magpie-memory magpie-responses") is summarised by its medians.
 if grep -q '^magpie-responses ' "$work/rows" && grep -q '^magpie-memory ' "$work/rows"; then
-  awk '$1 == "magpie-memory" { lr = $2; lp = $4 } $1 == "magpie-responses" { rr = $2; rp = $4; fe = $12 }
-    END { printf "response cache / loader: %.2f x the requests/s (bar 1.2), p99 %.2f ms against %.2f ms, %d errors while the origin failed\n", rr / lr, rp / 1000, lp / 1000, fe }' "$work/rows"
+  python3 - "$work/rows" <<'PY'
+import statistics, sys
+rows = [line.split() for line in open(sys.argv[1])]
+def median(mode, column): return statistics.median(float(r[column]) for r in rows if r[0] == mode)
+runs = sum(1 for r in rows if r[0] == "magpie-responses")
+errors = sum(int(r[11]) for r in rows if r[0] == "magpie-responses")
+print(f"response cache / loader ({runs} run(s), medians): {median('magpie-responses', 1) / median('magpie-memory', 1):.2f} x the "
+      f"requests/s (bar 1.2), p99 {median('magpie-responses', 3) / 1000:.2f} ms against {median('magpie-memory', 3) / 1000:.2f} ms, "
+      f"{errors} errors while the origin failed")
+PY
 fi
 if [ $smoke = 0 ]; then
   swift_version=$(swift --version 2>/dev/null | sed -n 's/.*Swift version \([0-9.]*\).*/\1/p' | head -n 1)

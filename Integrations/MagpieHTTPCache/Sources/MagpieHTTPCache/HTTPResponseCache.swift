@@ -398,13 +398,13 @@ public final class HTTPResponseCache: Sendable {
         if let condition = request.headerFields[values: .ifNoneMatch].first.map({ _ in
             request.headerFields[values: .ifNoneMatch].joined(separator: ",")
         }) {
-            guard let etag = stored.field("etag") else { return false }
+            guard let etag = stored.fields[.eTag] else { return false }
             if condition.trimmingWhitespace == "*" { return true }
             let tag = opaqueTag(etag)
             return condition.split(separator: ",").contains { opaqueTag(String($0)) == tag }
         }
         if let text = request.headerFields[.ifModifiedSince], let since = HTTPDate.parse(text) {
-            guard let modified = stored.field("last-modified").flatMap(HTTPDate.parse) ?? stored.field("date").flatMap(HTTPDate.parse)
+            guard let modified = stored.fields[.lastModified].flatMap(HTTPDate.parse) ?? stored.fields[.date].flatMap(HTTPDate.parse)
             else { return stored.storedAt / 1000 * 1000 <= since }
             return modified <= since
         }
@@ -426,6 +426,10 @@ public final class HTTPResponseCache: Sendable {
     }
 
     func key(forTarget target: String) -> String? {
+        if !target.utf8.contains(where: { $0 == UInt8(ascii: "?") || $0 == UInt8(ascii: "#") }) {
+            let key = policy.keyPrefix + target  // no query: the common case, one concatenation
+            return key.utf8.count <= Cache.maximumKeyLength ? key : nil
+        }
         var path = Substring(target)
         var query: Substring = ""
         if let mark = target.firstIndex(of: "?") {

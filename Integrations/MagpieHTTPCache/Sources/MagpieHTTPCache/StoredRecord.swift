@@ -60,13 +60,9 @@ struct StoredResponse: Sendable, Equatable {
     var lifetimes: Lifetimes
     var status: Int
     var reason: String
-    var fields: [(name: String, value: String)]
+    /// The stored fields, ready to serve (with `Age` added).
+    var fields: HTTPFields
     var body: [UInt8]
-
-    static func == (lhs: StoredResponse, rhs: StoredResponse) -> Bool {
-        lhs.storedAt == rhs.storedAt && lhs.lifetimes == rhs.lifetimes && lhs.status == rhs.status && lhs.reason == rhs.reason
-            && lhs.fields.elementsEqual(rhs.fields, by: { $0.name == $1.name && $0.value == $1.value }) && lhs.body == rhs.body
-    }
 
     /// Fields never stored: hop-by-hop ones (RFC 9111 §3.1), and the framing the framework writes anew.
     static let unstored: Set<String> = [
@@ -79,11 +75,11 @@ struct StoredResponse: Sendable, Equatable {
         self.lifetimes = lifetimes
         self.status = head.status.code
         self.reason = head.status.reasonPhrase
-        var fields: [(name: String, value: String)] = []
+        var fields = HTTPFields()
         for field in head.headerFields {
             let name = field.name.canonicalName
             if Self.unstored.contains(name) || (dropCookies && name == "set-cookie") { continue }
-            fields.append((field.name.rawName, field.value))
+            fields.append(field)
         }
         self.fields = fields
         self.body = body
@@ -91,12 +87,8 @@ struct StoredResponse: Sendable, Equatable {
 
     /// The response's head as served at `now`: the stored fields and `Age` (RFC 9111 §5.1).
     func head(now: Int64) -> HTTPResponse {
-        var fields = HTTPFields()
-        fields.reserveCapacity(self.fields.count + 1)
-        for (name, value) in self.fields {
-            if let name = HTTPField.Name(name) { fields.append(HTTPField(name: name, value: value)) }
-        }
-        fields[.age] = String(age(now: now) / 1000)
+        var fields = self.fields
+        fields.append(HTTPField(name: .age, value: String(age(now: now) / 1000)))
         return HTTPResponse(status: HTTPResponse.Status(code: status, reasonPhrase: reason), headerFields: fields)
     }
 
@@ -104,10 +96,6 @@ struct StoredResponse: Sendable, Equatable {
     func age(now: Int64) -> Int64 {
         let (resident, overflow) = now.subtractingReportingOverflow(storedAt)
         return max(0, lifetimes.initialAge).addingSaturated(overflow ? 0 : max(0, resident))
-    }
-
-    func field(_ name: String) -> String? {
-        fields.first(where: { $0.name.lowercased() == name })?.value
     }
 
     func encode(into out: inout ByteWriter) {
@@ -119,9 +107,9 @@ struct StoredResponse: Sendable, Equatable {
         out.integer(Int64(status))
         out.string(reason)
         out.integer(Int64(fields.count))
-        for (name, value) in fields {
-            out.string(name)
-            out.string(value)
+        for field in fields {
+            out.string(field.name.rawName)
+            out.string(field.value)
         }
         out.bytes.append(contentsOf: body)
     }
@@ -131,11 +119,12 @@ struct StoredResponse: Sendable, Equatable {
             let error = reader.integer(), let age = reader.integer(), let status = reader.integer(), (100...999).contains(status),
             let reason = reader.string(), let count = reader.integer(), count >= 0, count < 10_000
         else { return nil }
-        var fields: [(name: String, value: String)] = []
-        fields.reserveCapacity(Int(count))
+        var fields = HTTPFields()
+        fields.reserveCapacity(Int(count) + 1)
         for _ in 0..<count {
             guard let name = reader.string(), let value = reader.string() else { return nil }
-            fields.append((name, value))
+            guard let fieldName = HTTPField.Name(name) else { continue }
+            fields.append(HTTPField(name: fieldName, value: value))
         }
         self.storedAt = storedAt
         self.lifetimes = Lifetimes(freshFor: freshFor, staleWhileRevalidate: revalidate, staleIfError: error, initialAge: age)
