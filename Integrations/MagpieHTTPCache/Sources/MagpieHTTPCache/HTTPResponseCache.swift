@@ -61,11 +61,13 @@ public final class HTTPResponseCache: Sendable {
     ///   - request: the request's head.
     ///   - handler: runs the rest of the chain for the request it is given.
     ///   - refresh: the same, callable after this call has returned (for background refreshes); nil when
-    ///     the framework cannot offer one.
+    ///     the framework cannot offer one. Evaluated only when the cache cannot answer from a fresh entry,
+    ///     so a hit never pays for building it.
     /// - Throws: what `handler` throws, when there is no stale response to serve in its place. The cache's
     ///   own failures (a closed cache, a disk error) are never thrown: the request then goes to `handler`.
     public func respond(
-        to request: HTTPRequest, refresh: Handler? = nil, handler: (HTTPRequest) async throws -> HTTPCacheResponse
+        to request: HTTPRequest, refresh: @autoclosure () -> Handler? = nil,
+        handler: (HTTPRequest) async throws -> HTTPCacheResponse
     ) async throws -> HTTPCacheResponse {
         if request.method == .get || request.method == .head {
             guard let base = baseKey(request) else { return try await handler(request) }
@@ -95,7 +97,8 @@ public final class HTTPResponseCache: Sendable {
     // MARK: - Safe methods
 
     private func respondSafe(
-        _ request: HTTPRequest, base: String, refresh: Handler?, _ handler: (HTTPRequest) async throws -> HTTPCacheResponse
+        _ request: HTTPRequest, base: String, refresh makeRefresh: () -> Handler?,
+        _ handler: (HTTPRequest) async throws -> HTTPCacheResponse
     ) async throws -> HTTPCacheResponse {
         var key = base
         var index: VariantIndex?
@@ -133,6 +136,7 @@ public final class HTTPResponseCache: Sendable {
             if request.method == .head { return try await handler(request) }  // HEAD is stored only as GET
             // Stale within stale-while-revalidate and no background refresh possible: one request
             // refreshes (in line), the others get the stale response meanwhile.
+            let refresh = makeRefresh()
             var refreshing = false
             if let (stored, staleness) = stale, staleness < stored.lifetimes.staleWhileRevalidate, refresh == nil {
                 guard inlineRefreshes.withLock({ $0.insert(key).inserted }) else {

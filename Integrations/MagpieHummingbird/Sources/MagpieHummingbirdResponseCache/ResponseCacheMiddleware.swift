@@ -53,18 +53,7 @@ public struct ResponseCacheMiddleware<Context: RequestContext>: RouterMiddleware
     public func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         if BackgroundRefresh.running { return try await next(request, context) }
         let limit = cache.policy.maximumBodySize
-        var refresh: HTTPResponseCache.Handler?
-        if let responder = refresher?.current {
-            refresh = { head in
-                // A GET's body is empty; the request's own may be gone by the time the refresh runs.
-                let forwarded = Request(head: head, body: RequestBody(buffer: ByteBuffer()))
-                let response = try await BackgroundRefresh.$running.withValue(true) {
-                    try await responder.respond(to: forwarded, context: context)
-                }
-                return try await HTTPCacheResponse(response, collectingUpTo: limit)
-            }
-        }
-        let response = try await cache.respond(to: request.head, refresh: refresh) { head in
+        let response = try await cache.respond(to: request.head, refresh: refreshHandler(context, limit: limit)) { head in
             var forwarded = request
             if head != request.head {
                 forwarded = Request(head: head, body: request.body)
@@ -72,6 +61,19 @@ public struct ResponseCacheMiddleware<Context: RequestContext>: RouterMiddleware
             return try await HTTPCacheResponse(try await next(forwarded, context), collectingUpTo: limit)
         }
         return Response(response)
+    }
+
+    /// The router's responder as the cache's background handler (built only when the cache needs it).
+    private func refreshHandler(_ context: Context, limit: Int) -> HTTPResponseCache.Handler? {
+        guard let responder = refresher?.current else { return nil }
+        return { head in
+            // A GET's body is empty; the request's own may be gone by the time the refresh runs.
+            let forwarded = Request(head: head, body: RequestBody(buffer: ByteBuffer()))
+            let response = try await BackgroundRefresh.$running.withValue(true) {
+                try await responder.respond(to: forwarded, context: context)
+            }
+            return try await HTTPCacheResponse(response, collectingUpTo: limit)
+        }
     }
 }
 
