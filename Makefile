@@ -225,16 +225,22 @@ bench-persist: deps
 	swift build -c release --package-path Integrations/MagpieHummingbird --scratch-path $(EXAMPLE_SCRATCH) --product magpie-persist-bench
 	$(EXAMPLE_SCRATCH)/release/magpie-persist-bench
 
-# As CI runs them: the example and the integration build with no warnings in their files, the
-# integration's PersistDriver rules pass against Magpie's driver and Hummingbird's MemoryPersistDriver,
-# and a smoke load of the example (a few seconds per mode) keeps its promises (scripts/bench-service.sh
-# --smoke). These debug builds share the main package's scratch directory (.build): the modules both graphs
+# As CI runs them: the example and the integrations build with no warnings in their files, the HTTP
+# response cache's conformance table passes straight through its rules and through Hummingbird's
+# middleware (HummingbirdTesting, a live server), the integration's PersistDriver rules pass against
+# Magpie's driver and Hummingbird's MemoryPersistDriver, and a smoke load of the example (a few seconds
+# per mode, the response cache's among them) keeps its promises (scripts/bench-service.sh --smoke). These debug builds share the main package's scratch directory (.build): the modules both graphs
 # hold (Magpie, MagpieRedis, SwiftNIO, BoringSSL, ...) have the same sources and flags there, so only
 # Hummingbird's are compiled (102 s against 365 s in a scratch directory of their own, on 2 cores), and the
 # main package's own build stays up to date (checked: `swift build --build-tests` after them, 3.5 s).
 SERVICE_CHECK_SCRATCH := $(CURDIR)/.build
 service-check: deps wrk
-	@set -o pipefail; swift build --package-path Integrations/MagpieHummingbird --scratch-path $(SERVICE_CHECK_SCRATCH) --build-tests 2>&1 | tee .build-example-warnings.log
+	@# The HTTP response cache's rules first (Magpie and swift-http-types only: seconds on the shared .build),
+	@# their conformance table run straight through HTTPResponseCache.
+	@set -o pipefail; swift build --package-path Integrations/MagpieHTTPCache --scratch-path $(SERVICE_CHECK_SCRATCH) --build-tests 2>&1 | tee .build-example-warnings.log
+	swift test --package-path Integrations/MagpieHTTPCache --scratch-path $(SERVICE_CHECK_SCRATCH)
+	@# The PersistDriver and the response cache's middleware, the table again through HummingbirdTesting.
+	@set -o pipefail; swift build --package-path Integrations/MagpieHummingbird --scratch-path $(SERVICE_CHECK_SCRATCH) --build-tests 2>&1 | tee -a .build-example-warnings.log
 	swift test --package-path Integrations/MagpieHummingbird --scratch-path $(SERVICE_CHECK_SCRATCH)
 	$(SERVICE_CHECK_SCRATCH)/debug/magpie-persist-bench --gets 4000 --sets 4000 --rounds 1 >/dev/null
 	@# The example next: each change of the root package in one scratch directory re-plans the build (12 s).

@@ -15,7 +15,10 @@
 # Environment (defaults): DURATION (10), FAIL (10), CONNECTIONS (64), THREADS (2), KEYS (1000),
 # ORIGIN_MS (20), FRESH (5), MODES (every mode), CONFIGURATION (release), OUT (bench-results/service),
 # SCRATCH (.build-example: the example's build directory; `make service-check` shares .build).
-# --smoke: 2 s phases, the modes none, hummingbird-memory and magpie-memory, debug build, and checks:
+# magpie-responses is the same endpoint behind Magpie's HTTP response cache (Integrations/MagpieHTTPCache,
+# Hummingbird's ResponseCacheMiddleware) over the uncached handler: the row to read beside magpie-memory
+# (the loader) and none (uncached); the run ends with its ratios to the loader's row.
+# --smoke: 2 s phases, the modes none, hummingbird-memory, magpie-memory and magpie-responses, debug build, and checks:
 # exits non-zero when a cached mode returned errors while the origin failed, when the uncached one did
 # not, or when the service logged more than 5 lines in a failing phase.
 # A full run (not --smoke) also writes $OUT/results.json, in magpie-bench's report format (a row per mode
@@ -28,7 +31,7 @@ smoke=0
 if [ "${1:-}" = "--smoke" ]; then smoke=1; fi
 if [ $smoke = 1 ]; then
   DURATION=${DURATION:-2} FAIL=${FAIL:-3} CONFIGURATION=${CONFIGURATION:-debug}
-  MODES=${MODES:-"none hummingbird-memory magpie-memory"}
+  MODES=${MODES:-"none hummingbird-memory magpie-memory magpie-responses"}
 fi
 DURATION=${DURATION:-10}
 FAIL=${FAIL:-10}
@@ -38,7 +41,7 @@ KEYS=${KEYS:-1000}
 ORIGIN_MS=${ORIGIN_MS:-20}
 FRESH=${FRESH:-5}
 CONFIGURATION=${CONFIGURATION:-release}
-MODES=${MODES:-"none hummingbird-memory magpie-persist magpie-memory magpie-disk magpie-fleet"}
+MODES=${MODES:-"none hummingbird-memory magpie-persist magpie-memory magpie-responses magpie-disk magpie-fleet"}
 OUT=${OUT:-bench-results/service}
 export KEYS
 
@@ -227,6 +230,21 @@ done
 echo
 cat "$table"
 echo "(wrk -t $THREADS -c $CONNECTIONS, $KEYS keys uniform, origin $ORIGIN_MS ms, fresh $FRESH s; healthy $DURATION s, failing $FAIL s; logs and stats in $OUT)"
+# The response cache against the loader on the same endpoint (issue #66's bars: ≥ 1.2 × the requests/s,
+# p99 no higher, no errors while the origin fails). A mode named more than once in MODES (alternating,
+# say MODES="magpie-memory magpie-responses magpie-memory magpie-responses") is summarised by its medians.
+if grep -q '^magpie-responses ' "$work/rows" && grep -q '^magpie-memory ' "$work/rows"; then
+  python3 - "$work/rows" <<'PY'
+import statistics, sys
+rows = [line.split() for line in open(sys.argv[1])]
+def median(mode, column): return statistics.median(float(r[column]) for r in rows if r[0] == mode)
+runs = sum(1 for r in rows if r[0] == "magpie-responses")
+errors = sum(int(r[11]) for r in rows if r[0] == "magpie-responses")
+print(f"response cache / loader ({runs} run(s), medians): {median('magpie-responses', 1) / median('magpie-memory', 1):.2f} x the "
+      f"requests/s (bar 1.2), p99 {median('magpie-responses', 3) / 1000:.2f} ms against {median('magpie-memory', 3) / 1000:.2f} ms, "
+      f"{errors} errors while the origin failed")
+PY
+fi
 if [ $smoke = 0 ]; then
   swift_version=$(swift --version 2>/dev/null | sed -n 's/.*Swift version \([0-9.]*\).*/\1/p' | head -n 1)
   python3 - "$work/rows" "$OUT/results.json" "$commit" "${swift_version:-unknown}" <<PY

@@ -20,6 +20,7 @@ let package = Package(
     dependencies: [
         .package(path: "../.."),
         .package(path: "../../Integrations/MagpieHummingbird"),
+        .package(path: "../../Integrations/MagpieHTTPCache"),
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1", traits: []),
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
         .package(url: "https://github.com/apple/swift-log", from: "1.5.0"),
@@ -32,6 +33,8 @@ let package = Package(
                 .product(name: "Magpie", package: magpie),
                 .product(name: "MagpieRedis", package: magpie),
                 .product(name: "MagpieHummingbird", package: "MagpieHummingbird"),
+                .product(name: "MagpieHummingbirdResponseCache", package: "MagpieHummingbird"),
+                .product(name: "MagpieHTTPCache", package: "MagpieHTTPCache"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),

@@ -1,5 +1,6 @@
 import Hummingbird
 import Magpie
+import MagpieHTTPCache
 import Synchronization
 
 /// Serves products from the origin through one of the caching strategies the example compares.
@@ -13,6 +14,9 @@ final class Catalog: Sendable {
         /// Magpie's loader: one load per key at a time, stale values served while they refresh, the last
         /// good value while the origin fails (the cache's default entry and loader options).
         case loader(Cache)
+        /// The origin on every request that reaches the handler, its response stored whole by Magpie's
+        /// HTTP response cache (the route's middleware) with this `Cache-Control`.
+        case responses(HTTPResponseCache, cacheControl: String)
     }
 
     let mode: CacheMode
@@ -36,6 +40,11 @@ final class Catalog: Sendable {
             switch source {
             case .origin:
                 body = ByteBuffer(bytes: try await origin.product(id))
+            case .responses(_, let cacheControl):
+                let bytes = try await origin.product(id)
+                return Response(
+                    status: .ok, headers: [.contentType: "application/json", .cacheControl: cacheControl],
+                    body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
             case .persist(let driver, let expiry):
                 let key = "product:\(id)"
                 if let cached = try await driver.get(key: key, as: String.self) {

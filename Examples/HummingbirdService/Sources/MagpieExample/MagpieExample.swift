@@ -3,7 +3,9 @@ import Foundation
 import Hummingbird
 import Logging
 import Magpie
+import MagpieHTTPCache
 import MagpieHummingbird
+import MagpieHummingbirdResponseCache
 import MagpieRedis
 import ServiceLifecycle
 
@@ -18,6 +20,9 @@ enum CacheMode: String, ExpressibleByArgument, CaseIterable, Sendable {
     case magpiePersist = "magpie-persist"
     /// Magpie's loader (single flight, stale-while-revalidate, fail-safe), memory only.
     case magpieMemory = "magpie-memory"
+    /// Magpie's HTTP response cache (`ResponseCacheMiddleware`) in front of the uncached handler, memory
+    /// only: the whole response stored, served without running the handler.
+    case magpieResponses = "magpie-responses"
     /// Magpie's loader, memory and disk.
     case magpieDisk = "magpie-disk"
     /// Magpie's loader, memory and disk, and a fleet tier on Redis shared by every process started
@@ -80,11 +85,20 @@ struct MagpieExample: AsyncParsableCommand {
 
         let router = Router()
         router.get("/health") { _, _ in "ok" }
-        router.get("/products/:id") { _, context -> Response in
+        let product: @Sendable (Request, BasicRequestContext) async throws -> Response = { _, context in
             guard let id = context.parameters.get("id", as: Int.self), id >= 0 else {
                 throw HTTPError(.badRequest, message: "a product id is a non-negative integer")
             }
             return try await catalog.product(id)
+        }
+        var refresher: ResponseCacheMiddleware<BasicRequestContext>.Refresher?
+        if case .responses(let responses, _) = catalog.source {
+            // Whole responses cached by HTTP's rules: the handler says how long (Cache-Control); a stale
+            // one is refreshed in the background by the router's responder (the refresher).
+            refresher = ResponseCacheMiddleware<BasicRequestContext>.Refresher()
+            router.group("/products").add(middleware: ResponseCacheMiddleware(responses, refresher: refresher)).get(":id", use: product)
+        } else {
+            router.get("/products/:id", use: product)
         }
         router.post("/admin/origin") { request, _ -> Response in
             let asked = request.uri.queryParameters.get("fail", as: Double.self) ?? 0
@@ -96,6 +110,8 @@ struct MagpieExample: AsyncParsableCommand {
         router.get("/admin/stats") { _, _ -> Response in
             json(catalog.stats())
         }
+
+        refresher?.use(router.buildResponder())  // after every route is added
 
         var services: [any Service] = []
         if let cache = catalog.cache { services.append(cache) }  // shut down (flushed, closed) with the app
@@ -146,6 +162,11 @@ struct MagpieExample: AsyncParsableCommand {
         case .magpieMemory:
             let cache = try Cache(configuration(directory: nil))
             return Catalog(mode: self.cache, origin: origin, source: .loader(cache), cache: cache)
+        case .magpieResponses:
+            let cache = try Cache(configuration(directory: nil))
+            let responses = HTTPResponseCache(cache: cache, policy: HTTPResponseCachePolicy(tiers: .memoryOnly))
+            let control = "max-age=\(freshSeconds), stale-while-revalidate=3600, stale-if-error=3600"
+            return Catalog(mode: self.cache, origin: origin, source: .responses(responses, cacheControl: control), cache: cache)
         case .magpieDisk:
             let cache = try Cache(configuration(directory: cacheDirectory()))
             return Catalog(mode: self.cache, origin: origin, source: .loader(cache), cache: cache)
