@@ -243,6 +243,11 @@ service-check: deps wrk
 	@set -o pipefail; swift build --package-path Integrations/MagpieHummingbird --scratch-path $(SERVICE_CHECK_SCRATCH) --build-tests 2>&1 | tee -a .build-example-warnings.log
 	swift test --package-path Integrations/MagpieHummingbird --scratch-path $(SERVICE_CHECK_SCRATCH)
 	$(SERVICE_CHECK_SCRATCH)/debug/magpie-persist-bench --gets 4000 --sets 4000 --rounds 1 >/dev/null
+	@# Vapor: its Cache and session drivers (beside Vapor's memory cache), the response cache's table through
+	@# Vapor's middleware, sessions shared by two instances over a redis-server; then the Vapor example.
+	@set -o pipefail; swift build --package-path Integrations/MagpieVapor --scratch-path $(SERVICE_CHECK_SCRATCH) --build-tests 2>&1 | tee -a .build-example-warnings.log
+	swift test --package-path Integrations/MagpieVapor --scratch-path $(SERVICE_CHECK_SCRATCH) --skip-build
+	@set -o pipefail; swift build --package-path Examples/VaporService --scratch-path $(SERVICE_CHECK_SCRATCH) 2>&1 | tee -a .build-example-warnings.log
 	@# The example next: each change of the root package in one scratch directory re-plans the build (12 s).
 	@set -o pipefail; swift build --package-path Examples/HummingbirdService --scratch-path $(SERVICE_CHECK_SCRATCH) 2>&1 | tee -a .build-example-warnings.log
 	@if grep -E "^$(CURDIR)/(Examples|Integrations)/.*warning:" .build-example-warnings.log; then \
