@@ -229,8 +229,8 @@ bench-persist: deps
 # As CI runs them: the example and the integrations build with no warnings in their files, the HTTP
 # response cache's conformance table passes straight through its rules and through Hummingbird's
 # middleware (HummingbirdTesting, a live server), the integration's PersistDriver rules pass against
-# Magpie's driver and Hummingbird's MemoryPersistDriver, and a smoke load of the example (a few seconds
-# per mode, the response cache's among them) keeps its promises (scripts/bench-service.sh --smoke). These debug builds share the main package's scratch directory (.build): the modules both graphs
+# Magpie's driver and Hummingbird's MemoryPersistDriver, and a smoke load of the examples (a few seconds
+# per mode, Hummingbird's and Vapor's, the response caches' among them) keeps its promises (scripts/bench-service.sh --smoke). These debug builds share the main package's scratch directory (.build): the modules both graphs
 # hold (Magpie, MagpieRedis, SwiftNIO, BoringSSL, ...) have the same sources and flags there, so only
 # Hummingbird's are compiled (102 s against 365 s in a scratch directory of their own, on 2 cores), and the
 # main package's own build stays up to date (checked: `swift build --build-tests` after them, 3.5 s).

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The example service (Examples/HummingbirdService) under a real HTTP load: wrk against each caching
-# mode in one run, with the origin healthy and then failing. `make bench-service` runs it; `make
+# The example services under a real HTTP load: wrk against each caching mode in one run, with the origin
+# healthy and then failing. One product endpoint (Examples/Catalog: the origin, the product, the
+# strategies) on Hummingbird (Examples/HummingbirdService) and on Vapor (Examples/VaporService, the modes
+# named vapor-*); each handler renders the product as JSON. `make bench-service` runs it; `make
 # service-check` (part of `make test`) runs the short smoke form and checks its promises.
 #
 # For each mode: start the service (its log to a file), warm every key, then
@@ -17,8 +19,12 @@
 # SCRATCH (.build-example: the example's build directory; `make service-check` shares .build).
 # magpie-responses is the same endpoint behind Magpie's HTTP response cache (Integrations/MagpieHTTPCache,
 # Hummingbird's ResponseCacheMiddleware) over the uncached handler: the row to read beside magpie-memory
-# (the loader) and none (uncached); the run ends with its ratios to the loader's row.
-# --smoke: 2 s phases, the modes none, hummingbird-memory, magpie-memory and magpie-responses, debug build, and checks:
+# (the loader) and none (uncached); the run ends with its ratios to the loader's row. The Vapor modes:
+# vapor-none, vapor-memory (Vapor's memory cache through app.cache, get then set), vapor-magpie-cache
+# (the same handler over app.caches.use(.magpie(...))), vapor-magpie-memory (the loader) and
+# vapor-magpie-responses (MagpieResponseCacheMiddleware).
+# --smoke: 2 s phases, the modes none, hummingbird-memory, magpie-memory, magpie-responses, vapor-none,
+# vapor-magpie-memory and vapor-magpie-responses, debug build, and checks:
 # exits non-zero when a cached mode returned errors while the origin failed, when the uncached one did
 # not, or when the service logged more than 5 lines in a failing phase.
 # A full run (not --smoke) also writes $OUT/results.json, in magpie-bench's report format (a row per mode
@@ -31,7 +37,7 @@ smoke=0
 if [ "${1:-}" = "--smoke" ]; then smoke=1; fi
 if [ $smoke = 1 ]; then
   DURATION=${DURATION:-2} FAIL=${FAIL:-3} CONFIGURATION=${CONFIGURATION:-debug}
-  MODES=${MODES:-"none hummingbird-memory magpie-memory magpie-responses"}
+  MODES=${MODES:-"none hummingbird-memory magpie-memory magpie-responses vapor-none vapor-magpie-memory vapor-magpie-responses"}
 fi
 DURATION=${DURATION:-10}
 FAIL=${FAIL:-10}
@@ -41,7 +47,7 @@ KEYS=${KEYS:-1000}
 ORIGIN_MS=${ORIGIN_MS:-20}
 FRESH=${FRESH:-5}
 CONFIGURATION=${CONFIGURATION:-release}
-MODES=${MODES:-"none hummingbird-memory magpie-persist magpie-memory magpie-responses magpie-disk magpie-fleet"}
+MODES=${MODES:-"none hummingbird-memory magpie-persist magpie-memory magpie-responses magpie-disk magpie-fleet vapor-none vapor-memory vapor-magpie-cache vapor-magpie-memory vapor-magpie-responses"}
 OUT=${OUT:-bench-results/service}
 export KEYS
 
@@ -57,6 +63,10 @@ if [ -n "$commit" ] && [ -n "$(git status --porcelain --untracked-files=no -- . 
 scratch=${SCRATCH:-.build-example}
 swift build -c "$CONFIGURATION" --package-path Examples/HummingbirdService --scratch-path "$scratch" --product magpie-example
 bin="$(cd "$scratch" && pwd)/$CONFIGURATION/magpie-example"
+if [[ " $MODES " == *" vapor-"* ]]; then
+  swift build -c "$CONFIGURATION" --package-path Examples/VaporService --scratch-path "$scratch" --product magpie-vapor-example
+fi
+vapor_bin="$(cd "$scratch" && pwd)/$CONFIGURATION/magpie-vapor-example"
 mkdir -p "$OUT"
 rm -f "$OUT"/*.log "$OUT"/*-stats.json "$OUT"/service.md
 work=$(mktemp -d -t magpie-service.XXXXXX)
@@ -80,6 +90,26 @@ start_service() {
   for _ in $(seq 1 200); do
     port=$(sed -n 's/^magpie-example: .* listening on .*:\([0-9]*\)$/\1/p' "$log" | head -n 1)
     if [ -n "$port" ]; then return 0; fi
+    if ! kill -0 "${pids[-1]}" 2>/dev/null; then echo "error: $name exited"; cat "$log"; exit 1; fi
+    sleep 0.05
+  done
+  echo "error: $name did not start"; cat "$log"; exit 1
+}
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# start_vapor NAME MODE: starts the Vapor example (production environment: notice and above logged) with
+# the catalog's MODE on a free port, waits until /health answers; sets $port.
+start_vapor() {
+  local name=$1 mode=$2
+  local log="$OUT/$name.log"
+  port=$(free_port)
+  mkdir -p "$work/$name"
+  MAGPIE_EXAMPLE_CACHE="$mode" MAGPIE_EXAMPLE_ORIGIN_MS="$ORIGIN_MS" MAGPIE_EXAMPLE_FRESH_SECONDS="$FRESH" \
+    MAGPIE_VAPOR_DIR="$work/$name" "$vapor_bin" serve --env production --hostname 127.0.0.1 --port "$port" >"$log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 1 400); do
+    if curl -sf --noproxy "*" "http://127.0.0.1:$port/health" >/dev/null 2>&1; then return 0; fi
     if ! kill -0 "${pids[-1]}" 2>/dev/null; then echo "error: $name exited"; cat "$log"; exit 1; fi
     sleep 0.05
   done
@@ -129,7 +159,7 @@ ms() { awk -v us="$1" 'BEGIN { printf "%.2f", us / 1000 }'; }
 redis_pid=""
 start_redis() {
   command -v redis-server >/dev/null || { echo "error: redis-server is missing"; exit 1; }
-  redis_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  redis_port=$(free_port)
   mkdir -p "$work/redis"
   redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work/redis" --daemonize no \
     >"$work/redis/log" 2>&1 &
@@ -150,7 +180,7 @@ origin, cache = stats["origin"], stats.get("cache")
 problems = []
 if origin["failures"] == 0:
     problems.append("the origin never failed: the failing phase tested nothing")
-if cache is not None and stats["mode"] != "magpie-persist":
+if cache is not None and stats.get("through_loader"):
     loads = cache["loader_runs"] - cache.get("shared_loads", 0)
     if loads != origin["calls"]:
         problems.append(f"loader runs {cache['loader_runs']} - shared loads {cache.get('shared_loads', 0)} != origin calls {origin['calls']}")
@@ -180,6 +210,10 @@ for mode in $MODES; do
         start_service "$mode-$instance" --cache "$mode" --directory "$work/fleet-$instance" --redis "redis://127.0.0.1:$redis_port"
         ports+=("$port"); logs+=("$OUT/$mode-$instance.log")
       done ;;
+    vapor-memory)
+      start_vapor "$mode" vapor-memory; ports+=("$port"); logs+=("$OUT/$mode.log") ;;
+    vapor-*)
+      start_vapor "$mode" "${mode#vapor-}"; ports+=("$port"); logs+=("$OUT/$mode.log") ;;
     magpie-disk)
       mkdir -p "$work/disk"
       start_service "$mode" --cache "$mode" --directory "$work/disk"; ports+=("$port"); logs+=("$OUT/$mode.log") ;;
@@ -190,7 +224,7 @@ for mode in $MODES; do
 
   counters_ok=1
   calls() { local sum=0; for p in "${ports[@]}"; do sum=$((sum + $(origin_calls "$p"))); done; echo $sum; }
-  loglines() { cat "${logs[@]}" | grep -v -c '^magpie-example: .* listening on' || true; }
+  loglines() { cat "${logs[@]}" | grep -v -c -e '^magpie-example: .* listening on' -e 'Server started on' || true; }
 
   before=$(calls)
   read -r rps p50 p99 p999 errors <<<"$(load "$DURATION" "$CONNECTIONS" "${ports[@]}")"
@@ -217,8 +251,8 @@ for mode in $MODES; do
 
   if [ $smoke = 1 ]; then
     case $mode in
-      none) [ "$ferrors" -gt 0 ] || { echo "check failed: the uncached service returned no errors while the origin failed"; status=1; } ;;
-      magpie-*) [ "$ferrors" -eq 0 ] || { echo "check failed: $mode returned $ferrors errors for cached keys while the origin failed"; status=1; } ;;
+      none|vapor-none) [ "$ferrors" -gt 0 ] || { echo "check failed: the uncached service returned no errors while the origin failed"; status=1; } ;;
+      magpie-*|vapor-magpie-*) [ "$ferrors" -eq 0 ] || { echo "check failed: $mode returned $ferrors errors for cached keys while the origin failed"; status=1; } ;;
     esac
     [ "$lines" -le 5 ] || { echo "check failed: $mode logged $lines lines while the origin failed"; cat "${logs[@]}"; status=1; }
     [ "$errors" -eq 0 ] || { echo "check failed: $mode returned $errors errors with the origin healthy"; status=1; }
@@ -233,18 +267,19 @@ echo "(wrk -t $THREADS -c $CONNECTIONS, $KEYS keys uniform, origin $ORIGIN_MS ms
 # The response cache against the loader on the same endpoint (issue #66's bars: ≥ 1.2 × the requests/s,
 # p99 no higher, no errors while the origin fails). A mode named more than once in MODES (alternating,
 # say MODES="magpie-memory magpie-responses magpie-memory magpie-responses") is summarised by its medians.
-if grep -q '^magpie-responses ' "$work/rows" && grep -q '^magpie-memory ' "$work/rows"; then
-  python3 - "$work/rows" <<'PY'
+python3 - "$work/rows" <<'PY'
 import statistics, sys
 rows = [line.split() for line in open(sys.argv[1])]
 def median(mode, column): return statistics.median(float(r[column]) for r in rows if r[0] == mode)
-runs = sum(1 for r in rows if r[0] == "magpie-responses")
-errors = sum(int(r[11]) for r in rows if r[0] == "magpie-responses")
-print(f"response cache / loader ({runs} run(s), medians): {median('magpie-responses', 1) / median('magpie-memory', 1):.2f} x the "
-      f"requests/s (bar 1.2), p99 {median('magpie-responses', 3) / 1000:.2f} ms against {median('magpie-memory', 3) / 1000:.2f} ms, "
-      f"{errors} errors while the origin failed")
+for framework, prefix in (("Hummingbird", ""), ("Vapor", "vapor-")):
+    responses, loader = prefix + "magpie-responses", prefix + "magpie-memory"
+    runs = sum(1 for r in rows if r[0] == responses)
+    if runs == 0 or not any(r[0] == loader for r in rows): continue
+    errors = sum(int(r[11]) for r in rows if r[0] == responses)
+    print(f"{framework}: response cache / loader ({runs} run(s), medians): {median(responses, 1) / median(loader, 1):.2f} x the "
+          f"requests/s (bar 1.2), p99 {median(responses, 3) / 1000:.2f} ms against {median(loader, 3) / 1000:.2f} ms, "
+          f"{errors} errors while the origin failed")
 PY
-fi
 if [ $smoke = 0 ]; then
   swift_version=$(swift --version 2>/dev/null | sed -n 's/.*Swift version \([0-9.]*\).*/\1/p' | head -n 1)
   python3 - "$work/rows" "$OUT/results.json" "$commit" "${swift_version:-unknown}" <<PY

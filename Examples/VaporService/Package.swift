@@ -20,6 +20,7 @@ let package = Package(
         .package(path: "../.."),
         .package(path: "../../Integrations/MagpieVapor"),
         .package(path: "../../Integrations/MagpieHTTPCache"),
+        .package(path: "../Catalog"),
         .package(url: "https://github.com/vapor/vapor", from: "4.122.3"),
     ],
     targets: [
@@ -29,6 +30,7 @@ let package = Package(
                 .product(name: "Magpie", package: magpie),
                 .product(name: "MagpieVapor", package: "MagpieVapor"),
                 .product(name: "MagpieHTTPCache", package: "MagpieHTTPCache"),
+                .product(name: "ExampleCatalog", package: "Catalog"),
                 .product(name: "Vapor", package: "vapor"),
             ]
         )

@@ -125,21 +125,36 @@ extension BenchmarksPage {
                 failing.map { ms($0.latency_ns.p99) } ?? "-", int(failing, "errors"), int(failing, "log_lines"),
             ])
         }
-        var what = "The example service (`Examples/HummingbirdService`) under wrk, origin healthy, then failing"
+        var what = "The example services under wrk, origin healthy, then failing"
         if case .object(let config) = service.config["service"] {
             let n = { (key: String) in config[key]?.intValue.map(String.init) ?? "-" }
             what =
-                "The example service (`Examples/HummingbirdService`) under wrk: \(n("connections")) connections, \(n("keys")) keys read "
-                + "uniformly, an origin of \(n("origin_ms")) ms a call and values fresh for \(n("fresh_seconds")) s; \(n("duration_seconds")) s "
-                + "healthy, then \(n("fail_seconds")) s with the origin failing"
+                "The example services under wrk: \(n("connections")) connections, \(n("keys")) keys read uniformly, an origin of "
+                + "\(n("origin_ms")) ms a call and products fresh for \(n("fresh_seconds")) s; \(n("duration_seconds")) s healthy, "
+                + "then \(n("fail_seconds")) s with the origin failing"
+        }
+        // The response cache beside the loader on the same endpoint, per framework.
+        var ratios: [String] = []
+        for (framework, prefix) in [("Hummingbird", ""), ("Vapor", "vapor-")] {
+            guard let responses = healthy.first(where: { $0.system == prefix + "magpie-responses" }),
+                let loader = healthy.first(where: { $0.system == prefix + "magpie-memory" }), loader.ops_per_sec > 0
+            else { continue }
+            ratios.append(
+                String(
+                    format: "- %@: the response cache %.2f × the loader's requests/s, p99 %@ against %@ ms", framework,
+                    responses.ops_per_sec / loader.ops_per_sec, ms(responses.latency_ns.p99), ms(loader.latency_ns.p99)))
         }
         return section(
             "A service under load", service, command: command(service, "service") ?? "make bench-service",
             what + """
-                . Modes: no cache, Hummingbird's `MemoryPersistDriver`, Magpie as Hummingbird's persist driver, and \
-                Magpie's loader with memory only, memory and disk, and the remote tier (two processes, one Redis). Errors \
-                are non-2xx responses and socket errors; log lines are what the service logged while its origin failed.
-                """, [table.markdown])
+                . One product endpoint (`Examples/Catalog`) on Hummingbird (`Examples/HummingbirdService`) and on Vapor \
+                (`Examples/VaporService`, the `vapor-` rows); each handler renders the product as JSON. Modes: no cache; the \
+                framework's own memory cache used get-then-set (Hummingbird's `MemoryPersistDriver`, Vapor's `app.cache`); \
+                Magpie behind that same interface (`magpie-persist`, `vapor-magpie-cache`); Magpie's loader with memory only, \
+                memory and disk, and the remote tier (two processes, one Redis); and Magpie's HTTP response cache in front of \
+                the uncached handler (`magpie-responses`: the rendered response kept whole). Errors are non-2xx responses \
+                and socket errors; log lines are what the service logged while its origin failed.
+                """, [table.markdown] + (ratios.isEmpty ? [] : [ratios.joined(separator: "\n") + "\n"]))
     }
 
     static func curves(_ report: Report) -> String {

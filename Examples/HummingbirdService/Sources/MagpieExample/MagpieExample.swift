@@ -1,4 +1,5 @@
 import ArgumentParser
+import ExampleCatalog
 import Foundation
 import Hummingbird
 import Logging
@@ -82,17 +83,18 @@ struct MagpieExample: AsyncParsableCommand {
         let logger = Logger(label: "magpie-example")
         let origin = Origin(latency: .milliseconds(originLatencyMs))
         let catalog = try makeCatalog(origin: origin, logger: logger)
+        let products = catalog.products
 
         let router = Router()
         router.get("/health") { _, _ in "ok" }
-        let product: @Sendable (Request, BasicRequestContext) async throws -> Response = { _, context in
+        let product: @Sendable (Request, BasicRequestContext) async throws -> Response = { request, context in
             guard let id = context.parameters.get("id", as: Int.self), id >= 0 else {
                 throw HTTPError(.badRequest, message: "a product id is a non-negative integer")
             }
-            return try await catalog.product(id)
+            return try await catalog.product(id, request: request, context: context)
         }
         var refresher: ResponseCacheMiddleware<BasicRequestContext>.Refresher?
-        if case .responses(let responses, _) = catalog.source {
+        if let responses = catalog.responses?.cache {
             // Whole responses cached by HTTP's rules: the handler says how long (Cache-Control); a stale
             // one is refreshed in the background by the router's responder (the refresher).
             refresher = ResponseCacheMiddleware<BasicRequestContext>.Refresher()
@@ -108,20 +110,20 @@ struct MagpieExample: AsyncParsableCommand {
             return json(["failing": origin.isFailing ? 1 : 0, "seconds": seconds])
         }
         router.get("/admin/stats") { _, _ -> Response in
-            json(catalog.stats())
+            json(products.stats())
         }
 
         refresher?.use(router.buildResponder())  // after every route is added
 
         var services: [any Service] = []
-        if let cache = catalog.cache { services.append(cache) }  // shut down (flushed, closed) with the app
+        if let cache = products.cache { services.append(cache) }  // shut down (flushed, closed) with the app
         let app = Application(
             router: router,
             configuration: .init(address: .hostname(host, port: port), serverName: "magpie-example"),
             services: services,
             onServerRunning: { channel in
                 // One line for scripts to wait on: the port actually bound.
-                let line = "magpie-example: \(catalog.mode.rawValue) listening on \(host):\(channel.localAddress?.port ?? port)\n"
+                let line = "magpie-example: \(products.mode) listening on \(host):\(channel.localAddress?.port ?? port)\n"
                 FileHandle.standardError.write(Data(line.utf8))
             },
             logger: logger
@@ -131,16 +133,9 @@ struct MagpieExample: AsyncParsableCommand {
 
     func makeCatalog(origin: Origin, logger: Logger) throws -> Catalog {
         let fresh = Duration.seconds(freshSeconds)
-        func configuration(directory: String?) throws -> Cache.Configuration {
-            var configuration = Cache.Configuration(directory: directory, memoryBudget: 256 << 20, diskBudget: 1 << 30)
+        func configuration(directory: String?) -> Cache.Configuration {
+            var configuration = Products.configuration(directory: directory, fresh: fresh, logInterval: .seconds(logIntervalSeconds))
             configuration.logger = Logger(label: "magpie")
-            configuration.logInterval = .seconds(logIntervalSeconds)
-            // A product is fresh for `fresh`; after that it is served stale while one background load
-            // refreshes it, and, while the origin fails, for up to an hour (fail-safe).
-            configuration.defaultOptions = .fresh(for: fresh, staleUntil: .after(.seconds(3600)))
-            configuration.defaultLoaderOptions = LoaderOptions(
-                staleWhileRevalidate: true, eagerRefresh: 0.8, failSafeMaxAge: .seconds(3600),
-                failSafeThrottle: .seconds(5), softTimeout: .milliseconds(200), hardTimeout: .seconds(2))
             return configuration
         }
         func cacheDirectory() throws -> String {
@@ -149,33 +144,36 @@ struct MagpieExample: AsyncParsableCommand {
             try FileManager.default.createDirectory(atPath: made, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
             return made
         }
+        func catalog(_ source: Products.Source, cache: Cache? = nil, responses: HTTPResponseCache? = nil) -> Catalog {
+            Catalog(
+                products: Products(mode: self.cache.rawValue, origin: origin, source: source, cache: cache),
+                responses: responses.map { ($0, Products.cacheControl(fresh: fresh)) })
+        }
         switch cache {
         case .none:
-            return Catalog(mode: cache, origin: origin, source: .origin)
+            return catalog(.origin)
         case .hummingbirdMemory:
-            return Catalog(mode: cache, origin: origin, source: .persist(MemoryPersistDriver(), expiry: fresh))
+            return catalog(.store(PersistProducts(driver: MemoryPersistDriver()), expiry: fresh))
         case .magpiePersist:
             let cache = try Cache(configuration(directory: nil))
-            return Catalog(
-                mode: self.cache, origin: origin,
-                source: .persist(MagpiePersistDriver(cache: cache, keyPrefix: "", tiers: .memoryOnly), expiry: fresh), cache: cache)
+            let driver = MagpiePersistDriver(cache: cache, keyPrefix: "", tiers: .memoryOnly)
+            return catalog(.store(PersistProducts(driver: driver), expiry: fresh), cache: cache)
         case .magpieMemory:
             let cache = try Cache(configuration(directory: nil))
-            return Catalog(mode: self.cache, origin: origin, source: .loader(cache), cache: cache)
+            return catalog(.loader(cache.typed(Product.self)), cache: cache)
         case .magpieResponses:
             let cache = try Cache(configuration(directory: nil))
             let responses = HTTPResponseCache(cache: cache, policy: HTTPResponseCachePolicy(tiers: .memoryOnly))
-            let control = "max-age=\(freshSeconds), stale-while-revalidate=3600, stale-if-error=3600"
-            return Catalog(mode: self.cache, origin: origin, source: .responses(responses, cacheControl: control), cache: cache)
+            return catalog(.origin, cache: cache, responses: responses)
         case .magpieDisk:
             let cache = try Cache(configuration(directory: cacheDirectory()))
-            return Catalog(mode: self.cache, origin: origin, source: .loader(cache), cache: cache)
+            return catalog(.loader(cache.typed(Product.self)), cache: cache)
         case .magpieFleet:
-            var options = try configuration(directory: cacheDirectory())
+            var options = configuration(directory: try cacheDirectory())
             let store = try RedisRemoteStore(.init(url: redis, namespace: namespace))
             options.remote = RemoteTierOptions(store: store)
             let cache = try Cache(options)
-            return Catalog(mode: self.cache, origin: origin, source: .loader(cache), cache: cache)
+            return catalog(.loader(cache.typed(Product.self)), cache: cache)
         }
     }
 }

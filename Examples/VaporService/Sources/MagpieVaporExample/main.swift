@@ -1,3 +1,4 @@
+import ExampleCatalog
 import Foundation
 import Magpie
 import MagpieHTTPCache
@@ -54,6 +55,10 @@ app.grouped(MagpieResponseCacheMiddleware(responses)).get("report") { _ async th
         status: .ok, headers: ["Cache-Control": "max-age=10, stale-while-revalidate=60, stale-if-error=600"],
         body: .init(string: "report built at \(Date())\n"))
 }
+
+// The product catalog of the Hummingbird example (Examples/Catalog) on Vapor, for `make bench-service`'s
+// Vapor rows: GET /products/ID through the strategy $MAGPIE_EXAMPLE_CACHE names (ProductRoutes.swift).
+try ProductRoutes(app: app, environment: ProcessInfo.processInfo.environment).register()
 
 do {
     try await app.execute()
