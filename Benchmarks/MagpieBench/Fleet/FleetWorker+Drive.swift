@@ -6,7 +6,8 @@ import MagpieRedis
 // the system under test (FleetSystem.swift); a miss goes to the "origin" (the shared table's newest
 // version, after `origin-us` of simulated work) and fills the system. Every read is checked against
 // the shared truth. These are the thread callers (`--tasks 0`, the systems' blocking forms); the task
-// callers are in FleetWorker+Tasks.swift.
+// callers are in FleetWorker+Tasks.swift. Each call to the system runs with its kind in
+// `FleetRoundTrips.cause`, which the Redis round trips it causes are counted by (FleetRoundTrips.swift).
 
 extension FleetInstance {
     /// Runs the workload from the warm-up until `end` on this thread (`--tasks 0`); only what happens
@@ -33,16 +34,17 @@ extension FleetInstance {
     /// A set (a new version, written through) or a removal (a new version in the origin, the cached
     /// value removed), with the key's lock held.
     private func change(_ key: Int, removal: Bool, tally: FleetTally) {
-        table.lock(key)
-        defer { table.unlock(key) }
+        if !keyLocks.lockBlocking(key) { FleetShared.abandon(key) }
+        defer { keyLocks.unlockBlocking(key) }
         let version = table.nextVersion(key)
         let began = monotonicNanoseconds()
         do {
             if removal {
-                try system.removeBlocking(Self.name(key))
+                try FleetRoundTrips.$cause.withValue(.removal) { try system.removeBlocking(Self.name(key)) }
                 tally.removes += 1
             } else {
-                try system.setBlocking(Self.name(key), value(key, version: version))
+                let value = value(key, version: version)
+                try FleetRoundTrips.$cause.withValue(.set) { try system.setBlocking(Self.name(key), value) }
                 tally.writes += 1
             }
         } catch {
@@ -58,7 +60,8 @@ extension FleetInstance {
         let started = monotonicNanoseconds()
         tally.reads += 1
         do {
-            judgeRead(key, try system.readBlocking(Self.name(key), key: key), started: started, tally: tally)
+            let read = try FleetRoundTrips.$cause.withValue(.read) { try system.readBlocking(Self.name(key), key: key) }
+            judgeRead(key, read, started: started, tally: tally)
         } catch {
             tally.recordCallerError(table)
         }

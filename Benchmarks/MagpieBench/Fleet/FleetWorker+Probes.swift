@@ -102,8 +102,10 @@ extension FleetInstance {
     }
 
     /// Prints the worker's figures (one JSON object) for the parent: the callers' tally, the system's
-    /// remote reads within the measured window (`remote`), its origin calls, its own counters.
-    func report(_ tally: FleetTally, remote: FleetRemoteReads) {
+    /// remote reads, the process's CPU time and Redis round trips within the measured window (`window`),
+    /// its origin calls, its own counters.
+    func report(_ tally: FleetTally, window: (remote: FleetRemoteReads, report: [String: JSONValue])) {
+        let remote = window.remote
         var line: [String: JSONValue] = [
             "reads": .int(tally.reads), "writes": .int(tally.writes), "removes": .int(tally.removes),
             "memory_hits": .int(tally.memoryHits), "disk_hits": .int(tally.diskHits),
@@ -125,6 +127,8 @@ extension FleetInstance {
             ?? (system is FleetLocalPubSubSystem ? options.dropMessages : 0)
         line["drop_messages_applied"] = .double(dropped)
         line.merge(tally.windows.json) { mine, _ in mine }
+        line.merge(window.report) { mine, _ in mine }
+        line["key_lock_waits"] = .int(keyLocks.sharedWaits)
         line.merge(system.report()) { mine, _ in mine }
         print(String(decoding: (try? JSONEncoder().encode(line)) ?? Data(), as: UTF8.self))
     }
