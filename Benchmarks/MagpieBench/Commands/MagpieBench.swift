@@ -89,7 +89,7 @@ struct Suite: AsyncParsableCommand {
         // warm-up (`magpie-bench fleet`: 10 s after 3 s; `--fault` for the outage run); 16 async caller
         // tasks per worker only (`magpie-bench fleet` runs 1, 16 and 256). The no-change and removals-only
         // mixes for Magpie and cache-aside only (the × aside ratio; `fleet` runs every system in every
-        // mix): four runs more, about 22 s.
+        // mix): four runs more, about 23 s.
         try await run(
             FleetOptions.self,
             [

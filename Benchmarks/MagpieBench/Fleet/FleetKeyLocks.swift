@@ -73,7 +73,7 @@ final class FleetKeyLocks: Sendable {
     func unlockBlocking(_ key: Int) { table.keyLock(key).unlock() }
 
     /// How often a caller found the shared word taken (by another process, or for a thread caller by
-    /// another thread) and waited in FUTEX_WAIT.
+    /// another thread) and waited in FUTEX_WAIT, since the worker started.
     var sharedWaits: Int { waits.load(ordering: .relaxed) }
 
     private func acquireTurn(_ key: Int) async {

@@ -30,7 +30,9 @@ extension FleetScenario {
         let readCount = max(1, sums["reads", default: 0])
         let seconds = Double(options.seconds)
         var extra: [String: JSONValue] = [:]
-        let roundTrips = FleetRoundTrips.Cause.allCases.flatMap { ["redis_round_trips_\($0)", "redis_commands_\($0)"] }
+        let roundTrips = FleetRoundTrips.Cause.allCases.flatMap {
+            ["redis_operations_\($0)", "redis_round_trips_\($0)", "redis_commands_\($0)"]
+        }
         for key in [
             "reads", "writes", "removes", "origin_calls", "caller_errors", "wrong_values", "remote_errors",
             "invalidations",
@@ -121,16 +123,17 @@ extension FleetScenario {
     }
 
     /// What the window's operations cost: the worker processes' CPU time per operation (and with the
-    /// private server's, the total), and Redis round trips (and commands) per set, removal and read as
-    /// the workers' clients counted them by cause (FleetRoundTrips.swift), with the background's per second.
+    /// private server's, the total), and Redis round trips (and commands) per set, removal and read (each
+    /// measured call, failed ones included) as the workers' clients counted them by cause
+    /// (FleetRoundTrips.swift), with the background's per second.
     private func costs(_ sums: [String: Int], operations: Int, seconds: Double, into extra: inout [String: JSONValue]) {
         if operations > 0, let cpu = sums["cpu_ns"] {
             let workers = Double(cpu) / 1e3 / Double(operations)
             extra["worker_cpu_us_per_op"] = .double(workers)
             if let redis = extra["redis_cpu_us_per_op"]?.numberValue { extra["cpu_us_per_op"] = .double(workers + redis) }
         }
-        for (cause, count) in [("set", "writes"), ("removal", "removes"), ("read", "reads")] {
-            guard let operations = sums[count], operations > 0 else { continue }
+        for cause in ["set", "removal", "read"] {
+            guard let operations = sums["redis_operations_\(cause)"], operations > 0 else { continue }
             if let trips = sums["redis_round_trips_\(cause)"] {
                 extra["redis_round_trips_per_\(cause)"] = .double(Double(trips) / Double(operations))
             }

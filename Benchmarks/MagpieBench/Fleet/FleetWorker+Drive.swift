@@ -6,7 +6,7 @@ import MagpieRedis
 // the system under test (FleetSystem.swift); a miss goes to the "origin" (the shared table's newest
 // version, after `origin-us` of simulated work) and fills the system. Every read is checked against
 // the shared truth. These are the thread callers (`--tasks 0`, the systems' blocking forms); the task
-// callers are in FleetWorker+Tasks.swift. Each call to the system runs with its kind in
+// callers are in FleetWorker+Tasks.swift. Each measured call to the system runs with its kind in
 // `FleetRoundTrips.cause`, which the Redis round trips it causes are counted by (FleetRoundTrips.swift).
 
 extension FleetInstance {
@@ -14,7 +14,7 @@ extension FleetInstance {
     /// from `start` on is counted.
     func drive(thread: Int, from start: Int64, until end: Int64, tally: FleetTally) {
         let local = FleetTally()
-        let warmup = FleetTally()
+        let warmup = FleetTally(measured: false)
         var operations = FleetOperations(self, seed: UInt64(options.index * 1000 + thread))
         while true {
             let now = monotonicNanoseconds()
@@ -40,11 +40,11 @@ extension FleetInstance {
         let began = monotonicNanoseconds()
         do {
             if removal {
-                try FleetRoundTrips.$cause.withValue(.removal) { try system.removeBlocking(Self.name(key)) }
+                try FleetRoundTrips.runBlocking(.removal, measured: tally.measured) { try system.removeBlocking(Self.name(key)) }
                 tally.removes += 1
             } else {
                 let value = value(key, version: version)
-                try FleetRoundTrips.$cause.withValue(.set) { try system.setBlocking(Self.name(key), value) }
+                try FleetRoundTrips.runBlocking(.set, measured: tally.measured) { try system.setBlocking(Self.name(key), value) }
                 tally.writes += 1
             }
         } catch {
@@ -60,7 +60,7 @@ extension FleetInstance {
         let started = monotonicNanoseconds()
         tally.reads += 1
         do {
-            let read = try FleetRoundTrips.$cause.withValue(.read) { try system.readBlocking(Self.name(key), key: key) }
+            let read = try FleetRoundTrips.runBlocking(.read, measured: tally.measured) { try system.readBlocking(Self.name(key), key: key) }
             judgeRead(key, read, started: started, tally: tally)
         } catch {
             tally.recordCallerError(table)

@@ -27,7 +27,7 @@ extension FleetInstance {
 
     private func driveTask(_ task: Int, from start: Int64, until end: Int64, tally: FleetTally) async {
         let local = FleetTally()
-        let warmup = FleetTally()
+        let warmup = FleetTally(measured: false)
         var operations = FleetOperations(self, seed: UInt64(options.index * 100_000 + task))
         var count = 0
         while true {
@@ -62,11 +62,11 @@ extension FleetInstance {
         let began = monotonicNanoseconds()
         do {
             if removal {
-                try await FleetRoundTrips.$cause.withValue(.removal) { try await system.remove(Self.name(key)) }
+                try await FleetRoundTrips.run(.removal, measured: tally.measured) { try await system.remove(Self.name(key)) }
                 tally.removes += 1
             } else {
                 let value = value(key, version: version)
-                try await FleetRoundTrips.$cause.withValue(.set) { try await system.set(Self.name(key), value) }
+                try await FleetRoundTrips.run(.set, measured: tally.measured) { try await system.set(Self.name(key), value) }
                 tally.writes += 1
             }
         } catch {
@@ -83,7 +83,7 @@ extension FleetInstance {
         let started = monotonicNanoseconds()
         tally.reads += 1
         do {
-            let read = try await FleetRoundTrips.$cause.withValue(.read) { try await system.read(Self.name(key), key: key) }
+            let read = try await FleetRoundTrips.run(.read, measured: tally.measured) { try await system.read(Self.name(key), key: key) }
             judgeRead(key, read, started: started, tally: tally)
         } catch {
             tally.recordCallerError(table)

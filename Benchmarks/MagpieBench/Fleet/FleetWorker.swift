@@ -102,13 +102,15 @@ struct FleetWorker: ParsableCommand {
         }
         let atEnd = FleetWindowSample(instance.system)
         done.wait()
-        instance.report(tally, window: atEnd - (atStart ?? atEnd))
+        // The round trips once every caller has ended: the measured operations' are all in by then.
+        let roundTrips = FleetRoundTrips.report(from: (atStart ?? atEnd).roundTrips, to: FleetRoundTrips.shared.snapshot())
+        instance.report(tally, window: atEnd - (atStart ?? atEnd), roundTrips: roundTrips)
     }
 }
 
 /// What a worker counts at the measured window's start and end: the system's remote reads, the
 /// process's CPU time (every thread: the callers, the system's clients and event loops, the driver's
-/// own bookkeeping), and its Redis round trips by cause.
+/// own bookkeeping), and (at the start) its Redis round trips by cause.
 struct FleetWindowSample {
     var remote: FleetRemoteReads
     /// CPU time, ns.
@@ -121,11 +123,9 @@ struct FleetWindowSample {
         roundTrips = FleetRoundTrips.shared.snapshot()
     }
 
-    /// The window's figures for the worker's report.
-    static func - (end: FleetWindowSample, start: FleetWindowSample) -> (remote: FleetRemoteReads, report: [String: JSONValue]) {
-        var report = FleetRoundTrips.report(from: start.roundTrips, to: end.roundTrips)
-        report["cpu_ns"] = .int(Int(end.cpu - start.cpu))
-        return (end.remote - start.remote, report)
+    /// The window's remote reads and CPU time.
+    static func - (end: FleetWindowSample, start: FleetWindowSample) -> (remote: FleetRemoteReads, cpu: UInt64) {
+        (end.remote - start.remote, end.cpu - start.cpu)
     }
 }
 
@@ -142,8 +142,14 @@ extension FleetWorker {
 
 /// What one worker's callers saw.
 final class FleetTally: @unchecked Sendable {
-    // @unchecked Sendable invariant: every field is read and written with `lock` held.
+    // @unchecked Sendable invariant: every field is read and written with `lock` held (`measured` never changes).
     let lock = NSLock()
+    /// Whether it tallies the measured window's operations (not the warm-up's): their Redis round trips
+    /// are counted by kind (FleetRoundTrips.swift).
+    let measured: Bool
+
+    init(measured: Bool = true) { self.measured = measured }
+
     var reads = 0, writes = 0, removes = 0
     var memoryHits = 0, diskHits = 0, remoteHits = 0, originCalls = 0
     var callerErrors = 0, staleBeyondBound = 0, resurrected = 0, wrongValues = 0
