@@ -143,3 +143,12 @@ enum FleetMix: String, CaseIterable, ExpressibleByArgument, Sendable {
         FleetMix(of: row).label(removeShare: row.extra["remove_share"]?.numberValue ?? 0)
     }
 }
+
+extension BenchResult {
+    /// The system, and for a fleet row of another mix than the default its mix (report.html and
+    /// `compare` name rows by it: the rows of one system and tasks value differ by their mix).
+    var labeledSystem: String {
+        guard extra["mix"] != nil, FleetMix(of: self) != .standard else { return system }
+        return "\(system), \(FleetMix.label(of: self))"
+    }
+}

@@ -289,12 +289,3 @@ enum SVGChart {
         return frame(title, svg + legend(series.map(\.0)))
     }
 }
-
-extension BenchResult {
-    /// The system, and for a fleet row of another mix than the default its mix: the rows of one system
-    /// and tasks value differ by it.
-    var labeledSystem: String {
-        guard extra["mix"] != nil, FleetMix(of: self) != .standard else { return system }
-        return "\(system), \(FleetMix.label(of: self))"
-    }
-}
