@@ -142,6 +142,7 @@ struct BenchMarkdownTests {
             Self.tableRow(page, "Fleet: 4 processes on one Redis, 16 tasks each, 3 % of requests change a key, all removals (ops/s)"))
         #expect(removals.contains("| 30 k | cache-aside on Redis 10 k | 3.00 × its rate |"))
         // The fleet section's rows name their mix, each ratio within it.
+        #expect(page.contains("change a key in the default mix"))
         #expect(try #require(Self.tableRow(page, "magpie-fleet | 16 | removals only (3 %) | 30 k | 3.00 |")) != "")
         #expect(try #require(Self.tableRow(page, "magpie-fleet | 16 | default | 60 k | 1.50 |")) != "")
         let service = try #require(Self.tableRow(page, "A Hummingbird service"))

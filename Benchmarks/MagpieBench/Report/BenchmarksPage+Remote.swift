@@ -71,6 +71,9 @@ extension BenchmarksPage {
                 config["workers"]?.intValue.map(String.init) ?? "Several",
                 config["zipf"]?.numberValue.map { String(format: "%g", $0) } ?? "-",
                 config["keys"]?.intValue.map(String.init) ?? "-", 100 * changes)
+            if fleet.contains(where: { FleetMix(of: $0) != .standard }) {
+                workload += " in the default mix (the mix column: no changes, or as many changes, all removals)"
+            }
         }
         return section(
             "A fleet on the remote tier", report, command: command(report, "fleet"),
