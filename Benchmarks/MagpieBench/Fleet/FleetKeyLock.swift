@@ -3,7 +3,7 @@ import Synchronization
 
 // A key's lock in the fleet's shared table (FleetShared.swift), handed from one worker process to the
 // next by the kernel: the three-state futex mutex of Ulrich Drepper's "Futexes Are Tricky" (its
-// "mutex2"). A waiter sleeps in FUTEX_WAIT and the holder's release wakes it, so the benchmark adds no
+// "Mutex, Take 3"). A waiter sleeps in FUTEX_WAIT and the holder's release wakes it, so the benchmark adds no
 // polling interval to a contended write: the time a waiter loses is the system's write it waits for
 // and one wake-up, the same in every system measured.
 //
