@@ -101,11 +101,18 @@ let package = Package(
             ],
             path: "Sources/MagpieRedis"
         ),
+        // futex(2) wait and wake for `magpie-bench fleet`'s cross-process key lock (Swift cannot call the
+        // variadic syscall(2)): the benchmark's alone, never the library's.
+        .target(
+            name: "CFleetFutex",
+            path: "Benchmarks/CFleetFutex"
+        ),
         .executableTarget(
             name: "MagpieBench",
             dependencies: [
-                "Magpie", "MagpieRedis", "MagpieTestSupport", "CRocksDB", "CLMDB", "CSQLite", "CZstd", "CXXHash",
+                "Magpie", "MagpieRedis", "MagpieTestSupport", "CRocksDB", "CLMDB", "CSQLite", "CZstd", "CXXHash", "CFleetFutex",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -192,7 +199,7 @@ let package = Package(
 //          runs, whose suites use neither SwiftNIO nor the benchmarks (the full graph under their flags,
 //          BoringSSL's 406 C files among them, took 440 s on 2 cores, against 144 s for this subset)
 //   tsan   everything but the benchmarks and their tests (MagpieBench, MagpieOpCount, MagpieCLITests, the
-//          disk peers' C libraries): CI's Thread Sanitizer run, whose suites use none of them
+//          disk peers' C libraries, the fleet's futex wrappers): CI's Thread Sanitizer run, whose suites use none of them
 switch Context.environment["MAGPIE_CI_SUBSET"] {
 case "core":
     let kept: Set<String> = [
@@ -206,7 +213,9 @@ case "core":
         return !["swift-log", "swift-metrics", "swift-service-lifecycle"].contains { location.hasSuffix($0) }
     }
 case "tsan":
-    let dropped: Set<String> = ["MagpieBench", "MagpieOpCount", "MagpieCLITests", "CRocksDB", "CLMDB", "CSQLite"]
+    let dropped: Set<String> = [
+        "MagpieBench", "MagpieOpCount", "MagpieCLITests", "CRocksDB", "CLMDB", "CSQLite", "CFleetFutex",
+    ]
     package.targets.removeAll { dropped.contains($0.name) }
     package.products.removeAll { ["magpie-bench", "magpie-opcount"].contains($0.name) }
     package.dependencies.removeAll { dependency in

@@ -1,11 +1,12 @@
 import Foundation
+import MagpieTestSupport
 import Synchronization
 import Testing
 
 @testable import MagpieBench
 
-/// The fleet benchmark's parts that need no Redis: the Redis counters it reads, the hand-built
-/// pattern's local map, the per-process single flight.
+/// The fleet benchmark's parts that need no Redis: the Redis counters it reads, the round trips'
+/// attribution, the hand-built pattern's local map, the per-process single flight.
 @Suite("magpie-bench fleet: parts")
 struct BenchFleetPartsTests {
     static let info = """
@@ -50,6 +51,33 @@ struct BenchFleetPartsTests {
         let cacheAside = window.extra(system: "redis-cache-aside", stores: 10, operations: 1000)
         #expect(cacheAside["redis_store_usec"] == .int(0))  // no set or del in this window
         #expect(cacheAside["redis_store_commands"] == .array([.string("set"), .string("del")]))
+    }
+
+    @Test("round trips count as the operation's whose task sent them: its own, a task it started, a thread caller's blocking task")
+    func roundTripsByCause() async throws {
+        // What a client's pool does per round trip (the metrics backend calls this), here by hand:
+        // `FleetRoundTrips.shared` is the process's, touched by no other test in this process.
+        let counter = FleetRoundTrips.shared
+        let before = counter.snapshot()
+        await FleetRoundTrips.run(.set, measured: true) {
+            counter.count(commands: 1)
+            await Task { counter.count(commands: 2) }.value  // a task the operation started
+        }
+        await FleetRoundTrips.run(.removal, measured: false) { counter.count(commands: 1) }  // the warm-up's
+        counter.count(commands: 1)  // no operation's: background
+        try await offloaded {
+            // A thread caller: the system's blocking form runs the call as a task (FleetInstance.blocking).
+            try FleetRoundTrips.runBlocking(.read, measured: true) { try FleetInstance.blocking { counter.count(commands: 3) } }
+        }
+        let line = FleetRoundTrips.report(from: before, to: counter.snapshot())
+        #expect(line["redis_operations_set"] == .int(1))
+        #expect(line["redis_round_trips_set"] == .int(2) && line["redis_commands_set"] == .int(3))
+        #expect(line["redis_operations_removal"] == .int(0) && line["redis_round_trips_removal"] == .int(0))
+        #expect(line["redis_operations_read"] == .int(1) && line["redis_round_trips_read"] == .int(1))
+        #expect(line["redis_commands_read"] == .int(3))
+        #expect(line["redis_round_trips_background"] == .int(1))
+        #expect(line["redis_round_trips_warmup"] == nil)
+        #expect(counter.snapshot()[.warmup]?.roundTrips == (before[.warmup]?.roundTrips ?? 0) + 1)
     }
 
     @Test("the local map stays within its budget (CLOCK eviction keeps referenced entries) and drops what it is told")

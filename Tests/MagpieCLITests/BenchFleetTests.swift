@@ -37,7 +37,7 @@ struct BenchFleetTests {
     func coherentAcrossProcesses() async throws {
         let rows = try await run([
             "--seconds", "3", "--warmup-seconds", "1", "--keys", "500", "--single-flight-callers", "25", "--probe-interval-us", "5000",
-            "--tasks", "1", "16",
+            "--tasks", "1", "16", "--mixes", "default",
         ])
         // A row per tasks value and system, each from that many async tasks per worker.
         #expect(rows.count == 2 * 4 + 1)
@@ -118,12 +118,56 @@ struct BenchFleetTests {
         #expect(singleExtra["caller_errors"] as? Int == 0)
     }
 
+    @Test("a row per mix (default, no changes, removals only); each row's CPU per operation and Redis round trips per change",
+          .enabled(if: RedisTools.isInstalled, "redis-server is not installed (make deps installs it)"))
+    func mixesAndCosts() async throws {
+        let rows = try await run([
+            "--seconds", "2", "--warmup-seconds", "1", "--keys", "500", "--single-flight-callers", "0", "--tasks", "16",
+            "--systems", "magpie-fleet", "redis-cache-aside", "--mixes", "default", "none", "removals",
+        ])
+        #expect(rows.count == 3 * 2)
+        func extra(_ system: String, _ mix: String) throws -> [String: Any] {
+            let row = try #require(rows.first { ($0["extra"] as? [String: Any])?["mix"] as? String == mix && $0["system"] as? String == system })
+            return try #require(row["extra"] as? [String: Any])
+        }
+        for system in ["magpie-fleet", "redis-cache-aside"] {
+            for mix in ["default", "none", "removals"] {
+                let row = try extra(system, mix)
+                #expect(row["wrong_values"] as? Int == 0 && row["caller_errors"] as? Int == 0)
+                // CPU per operation: the workers' (getrusage over the window) and the private server's.
+                #expect((row["worker_cpu_us_per_op"] as? Double ?? 0) > 0)
+                #expect((row["redis_cpu_us_per_op"] as? Double ?? 0) > 0)
+                // Every read reaches Redis in cache-aside; a read of a Magpie row counts its round trips too.
+                #expect(row["redis_round_trips_per_read"] as? Double != nil)
+            }
+            let none = try extra(system, "none")
+            #expect(none["writes"] as? Int == 0 && none["removes"] as? Int == 0)
+            #expect(none["redis_operations_set"] as? Int == 0 && none["redis_operations_removal"] as? Int == 0)
+            #expect(none["redis_round_trips_per_set"] == nil && none["redis_round_trips_per_removal"] == nil)
+            let removals = try extra(system, "removals")
+            #expect(removals["writes"] as? Int == 0 && (removals["removes"] as? Int ?? 0) > 0)
+            #expect(removals["set_share"] as? Double == 0 && removals["remove_share"] as? Double == 0.03)
+            // A removal reaches Redis: at least one round trip each, counted as the removal's (the task-local
+            // cause reaches the system's client).
+            #expect((removals["redis_round_trips_per_removal"] as? Double ?? 0) >= 0.95)
+            let standard = try extra(system, "default")
+            #expect((standard["redis_round_trips_per_set"] as? Double ?? 0) >= 0.95)
+        }
+        // Cache-aside's are known exactly: a removal is one DEL, a set one SET, a read a GET and, on a miss,
+        // a SET (each measured call's, counted whenever it returns).
+        let aside = try extra("redis-cache-aside", "default")
+        #expect(aside["redis_round_trips_per_set"] as? Double == 1)
+        #expect(try extra("redis-cache-aside", "removals")["redis_round_trips_per_removal"] as? Double == 1)
+        let asideReads = try #require(aside["redis_round_trips_per_read"] as? Double)
+        #expect(asideReads > 0.95 && asideReads < 1.5)
+    }
+
     @Test("the hand-built pattern's failure modes are counted: dropped messages serve stale reads, its own echo sends reads to Redis",
           .enabled(if: RedisTools.isInstalled, "redis-server is not installed (make deps installs it)"))
     func pubsubFailureModes() async throws {
         let rows = try await run([
             "--seconds", "3", "--warmup-seconds", "1", "--keys", "500", "--single-flight-callers", "0", "--tasks", "16",
-            "--systems", "local-pubsub", "--drop-messages", "0.5", "--pubsub-echo",
+            "--systems", "local-pubsub", "--drop-messages", "0.5", "--pubsub-echo", "--mixes", "default",
         ])
         let pubsub = try #require(row(rows, "local-pubsub", tasks: 16))
         let extra = try #require(pubsub["extra"] as? [String: Any])

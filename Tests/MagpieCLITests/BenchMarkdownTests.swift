@@ -54,6 +54,9 @@ struct BenchMarkdownTests {
                 extra: #"{"miss_ratio": 0.6534, "trace": "t.bin"}"#),
             row("replay 20%", "LIRS", ops: 0, hit: 1 - 0.6413, extra: #"{"miss_ratio": 0.6413, "trace": "t.bin"}"#),
             row("replay 20%", "S3-FIFO", ops: 0, hit: 1 - 0.6755, extra: #"{"miss_ratio": 0.6755, "trace": "t.bin"}"#),
+            // The removals-only mix's rows first: each Magpie row is compared with cache-aside's of its own mix.
+            row("fleet", "magpie-fleet", threads: 16, ops: 30e3, extra: #"{"tasks": 16, "mix": "removals", "set_share": 0, "remove_share": 0.03}"#),
+            row("fleet", "redis-cache-aside", threads: 16, ops: 10e3, extra: #"{"tasks": 16, "mix": "removals", "set_share": 0, "remove_share": 0.03}"#),
             row("fleet", "magpie-fleet", threads: 16, ops: 60e3, extra: #"{"tasks": 16}"#),
             row("fleet", "redis-cache-aside", threads: 16, ops: 40e3, extra: #"{"tasks": 16}"#),
         ], commit: "abc1234", date: "20261206T023512Z",
@@ -133,8 +136,15 @@ struct BenchMarkdownTests {
         #expect(replay.contains("LIRS 0.8220, LIRS 0.6413"))  // Belady's 0.80 is not a policy a cache can run
         #expect(replay.contains("lower or equal at 1 of 2 budgets; 20 % higher by 1.21 points"))
         let fleet = try #require(
-            Self.tableRow(page, "Fleet: 4 processes on one Redis, 16 tasks each, 3 % of requests change a key"))
+            Self.tableRow(page, "Fleet: 4 processes on one Redis, 16 tasks each, 3 % of requests change a key (ops/s)"))
         #expect(fleet.contains("| 60 k | cache-aside on Redis 40 k | 1.50 × its rate |"))
+        let removals = try #require(
+            Self.tableRow(page, "Fleet: 4 processes on one Redis, 16 tasks each, 3 % of requests change a key, all removals (ops/s)"))
+        #expect(removals.contains("| 30 k | cache-aside on Redis 10 k | 3.00 × its rate |"))
+        // The fleet section's rows name their mix, each ratio within it.
+        #expect(page.contains("change a key in the default mix"))
+        #expect(try #require(Self.tableRow(page, "magpie-fleet | 16 | removals only (3 %) | 30 k | 3.00 |")) != "")
+        #expect(try #require(Self.tableRow(page, "magpie-fleet | 16 | default | 60 k | 1.50 |")) != "")
         let service = try #require(Self.tableRow(page, "A Hummingbird service"))
         #expect(service.contains("1.20 × its rate") && service.contains("2026-12-06, `def5678`"))
 

@@ -38,6 +38,11 @@ struct BenchReportTests {
             Self.row("memory", "magpie", threads: 2, ops: 7e6, p50: 160, hit: 0.78),
             Self.row("memory", #"NSCache <&> \"quoted\""#, threads: 1, ops: 1e5, p50: 9000, hit: 0.7),
             Self.row("disk-get", "magpie", ops: 1.5e5, p50: 5000, hit: 1),
+            // A fleet system in two mixes: its rows and chart groups name the mix that is not the default.
+            Self.row("fleet", "magpie-fleet", threads: 64, ops: 5e4, p50: 900, hit: 0.9, extra: #"{"tasks": 16, "mix": "default"}"#),
+            Self.row(
+                "fleet", "magpie-fleet", threads: 64, ops: 2e4, p50: 900, hit: 0.8,
+                extra: #"{"tasks": 16, "mix": "removals", "set_share": 0, "remove_share": 0.03}"#),
             Self.row("memory", "magpie", ops: 3e6, p50: 140, hit: 0.52, extra: #"{"sweep_parameter": "budget_percent", "sweep_value": 1}"#),
             Self.row("memory", "magpie", ops: 3e6, p50: 140, hit: 0.80, extra: #"{"sweep_parameter": "budget_percent", "sweep_value": 10}"#),
             Self.row("memory", "magpie", ops: 2e6, p50: 140, hit: 0.78, extra: #"{"sweep_parameter": "shards", "sweep_value": 1}"#),
@@ -55,14 +60,16 @@ struct BenchReportTests {
         let counter = Counter()
         parser.delegate = counter
         #expect(parser.parse(), "report.html is not well-formed: \(String(describing: parser.parserError))")
-        // Latency: memory and disk-get (2 charts); hit ratio vs budget (1); threads and shards (2).
-        #expect(counter.elements["svg"] == 5)
+        // Latency: memory, disk-get and fleet (3 charts); hit ratio vs budget (1); threads and shards (2).
+        #expect(counter.elements["svg"] == 6)
         // Lines: the budget curve (1), ops/s vs threads per system (magpie, NSCache: 2), vs shards (1).
         #expect(counter.elements["polyline"] == 4)
         #expect(counter.text.contains("NSCache <&> \"quoted\""))  // escaped in the page, intact once parsed
         #expect(counter.text.contains("hit ratio vs budget"))
         #expect(counter.text.contains("M ops/s vs shard count"))
-        #expect(counter.elements["tr"] == 1 + 4)  // header + the four rows that are not sweep points
+        #expect(counter.elements["tr"] == 1 + 6)  // header + the six rows that are not sweep points
+        #expect(counter.text.contains("magpie-fleet, removals only (3 %)"))
+        #expect(!counter.text.contains("magpie-fleet, default"))
     }
 
     final class DashCounter: NSObject, XMLParserDelegate {

@@ -81,9 +81,9 @@ struct Compare: ParsableCommand {
                     worse.append(String(format: "%@ %.1f%@ worse", m.rawValue, change, m == .hit_ratio ? " pts" : " %"))
                 }
             }
-            if !worse.isEmpty { regressions.append("\(x.scenario) \(x.system) \(x.threads)t: " + worse.joined(separator: ", ")) }
+            if !worse.isEmpty { regressions.append("\(x.scenario) \(x.labeledSystem) \(x.threads)t: " + worse.joined(separator: ", ")) }
             rows.append([
-                x.scenario, x.system, String(x.threads), formatRate(x.ops_per_sec), formatRate(y.ops_per_sec),
+                x.scenario, x.labeledSystem, String(x.threads), formatRate(x.ops_per_sec), formatRate(y.ops_per_sec),
                 x.ops_per_sec > 0 ? String(format: "%.2f", y.ops_per_sec / x.ops_per_sec) : "-",
                 String(x.latency_ns.p50), String(y.latency_ns.p50), String(x.latency_ns.p99), String(y.latency_ns.p99),
                 String(format: "%.4f", x.hit_ratio), String(format: "%.4f", y.hit_ratio), worse.isEmpty ? "ok" : "REGRESSED",
@@ -113,14 +113,15 @@ struct Compare: ParsableCommand {
         }
     }
 
-    /// Rows by "scenario | system | threads", the n-th repeat of a key suffixed " #n".
+    /// Rows by "scenario | system | threads", the n-th repeat of a key suffixed " #n" (a fleet row of
+    /// another mix than the default names it beside the system: `BenchResult.labeledSystem`).
     func keyed(_ results: [BenchResult]) -> [String: BenchResult] {
         var out: [String: BenchResult] = [:]
         var seen: [String: Int] = [:]
         for r in results {
             if let scenario, !r.scenario.contains(scenario) { continue }
             if let system, !r.system.contains(system) { continue }
-            let base = "\(r.scenario) | \(r.system) | \(r.threads)"
+            let base = "\(r.scenario) | \(r.labeledSystem) | \(r.threads)"
             let n = seen[base, default: 0]
             seen[base] = n + 1
             out[n == 0 ? base : "\(base) #\(n + 1)"] = r

@@ -17,6 +17,16 @@ struct FleetOptions: ParsableArguments {
     @Option(help: "Share of operations that are sets (a new version, written through).") var setShare = 0.02
     @Option(help: "Share of operations that are removals (a new version in the origin, the cached value removed).")
     var removeShare = 0.01
+    @Option(
+        parsing: .upToNextOption,
+        help: """
+            Operation mixes, a row per mix, tasks value and system: default (--set-share sets, --remove-share \
+            removals), none (no changes), removals (removals only, --set-share + --remove-share of the operations). \
+            Default: all three; with --fault, default only.
+            """)
+    var mixes: [FleetMix] = []
+    @Option(parsing: .upToNextOption, help: "Systems the mixes other than default run (default: every one of --systems).")
+    var mixSystems: [String] = []
     @Option(help: "Simulated origin work per miss, µs.") var originUs = 100
     @Option(help: "Magpie's maxDisconnectedStaleness, ms: the documented bound stale reads are judged against.")
     var boundMs = 1000
@@ -62,6 +72,26 @@ struct FleetOptions: ParsableArguments {
         guard ownWriteProbeMs >= 0 else { throw ValidationError("--own-write-probe-ms: 0 or more") }
         let known = Set(["magpie-fleet", "redis-cache-aside", "local-pubsub", "local-uncoherent"])
         for s in systems where !known.contains(s) { throw ValidationError("unknown system \(s); known: \(known.sorted())") }
+        guard Set(mixes).count == mixes.count else { throw ValidationError("--mixes: each once") }
+        for s in mixSystems where !systems.contains(s) { throw ValidationError("--mix-systems: \(s) is not in --systems") }
+    }
+
+    /// The mixes run: `--mixes`, else all of them (the default mix alone with `--fault`: its timeline is
+    /// about coherence through faults, which the default mix's sets and removals both exercise).
+    var runMixes: [FleetMix] { !mixes.isEmpty ? mixes : fault ? [.standard] : FleetMix.allCases }
+
+    /// The systems a mix runs: every one for the default mix, `--mix-systems` (if given) for the others.
+    func systems(for mix: FleetMix) -> [String] {
+        mix == .standard || mixSystems.isEmpty ? systems : systems.filter(mixSystems.contains)
+    }
+
+    /// The shares of sets and removals of a mix's operations.
+    func shares(of mix: FleetMix) -> (set: Double, remove: Double) {
+        switch mix {
+        case .standard: (setShare, removeShare)
+        case .noChanges: (0, 0)
+        case .removalsOnly: (0, setShare + removeShare)
+        }
     }
 
     var probes: Int { max(1, seconds * 1_000_000 / max(1, probeIntervalUs)) }
@@ -79,6 +109,46 @@ struct FleetOptions: ParsableArguments {
             "server": .string(url.map(RedisBenchOptions.redacted) ?? (fault ? "private redis-server (appendonly yes, appendfsync always)" : "private redis-server (no persistence)")),
             "systems": .array(systems.map { .string($0) }), "drop_messages": .double(droppedMessages),
             "pubsub_echo": .bool(pubsubEcho), "own_write_probe_ms": .int(ownWriteProbeMs),
+            "mixes": .array(runMixes.map { .string($0.rawValue) }), "mix_systems": .array(mixSystems.map { .string($0) }),
         ]
+    }
+}
+
+/// An operation mix of `magpie-bench fleet` (`--mixes`): which share of the operations change a key.
+/// Without changes, every system is as fast as its reads; with removals only, every change drops the
+/// key in every instance (no new value to keep), the case a fleet cache pays the most for.
+enum FleetMix: String, CaseIterable, ExpressibleByArgument, Sendable {
+    /// `--set-share` sets and `--remove-share` removals.
+    case standard = "default"
+    case noChanges = "none"
+    /// Removals only, as many as the default mix's changes.
+    case removalsOnly = "removals"
+
+    /// The mix of a result row (rows written before there were mixes are the default mix's).
+    init(of row: BenchResult) {
+        self = row.extra["mix"]?.stringValue.flatMap(FleetMix.init(rawValue:)) ?? .standard
+    }
+
+    /// Its label in tables: "default", "no changes", "removals only (3 %)".
+    func label(removeShare: Double) -> String {
+        switch self {
+        case .standard: "default"
+        case .noChanges: "no changes"
+        case .removalsOnly: String(format: "removals only (%g %%)", 100 * removeShare)
+        }
+    }
+
+    /// A row's label, from the shares it carries.
+    static func label(of row: BenchResult) -> String {
+        FleetMix(of: row).label(removeShare: row.extra["remove_share"]?.numberValue ?? 0)
+    }
+}
+
+extension BenchResult {
+    /// The system, and for a fleet row of another mix than the default its mix (report.html and
+    /// `compare` name rows by it: the rows of one system and tasks value differ by their mix).
+    var labeledSystem: String {
+        guard extra["mix"] != nil, FleetMix(of: self) != .standard else { return system }
+        return "\(system), \(FleetMix.label(of: self))"
     }
 }

@@ -6,7 +6,7 @@ import Foundation
 extension FleetScenario {
     func aggregate(
         _ system: String, outputs: [[String: JSONValue]], table: FleetShared, faults: FaultTimeline, tasks: Int,
-        redis: FleetRedisStats?
+        mix: FleetMix = .standard, redis: FleetRedisStats?
     ) -> BenchResult {
         var sums: [String: Int] = [:]
         var doubles: [String: Double] = [:]
@@ -30,6 +30,9 @@ extension FleetScenario {
         let readCount = max(1, sums["reads", default: 0])
         let seconds = Double(options.seconds)
         var extra: [String: JSONValue] = [:]
+        let roundTrips = FleetRoundTrips.Cause.allCases.flatMap {
+            ["redis_operations_\($0)", "redis_round_trips_\($0)", "redis_commands_\($0)"]
+        }
         for key in [
             "reads", "writes", "removes", "origin_calls", "caller_errors", "wrong_values", "remote_errors",
             "invalidations",
@@ -39,7 +42,8 @@ extension FleetScenario {
             "shared_loads",
             "own_write_probes", "own_write_probes_not_local", "own_write_probes_in_faults", "messages_received",
             "own_messages_skipped", "messages_dropped", "subscription_losses", "local_entries", "probe_writes",
-        ] {
+            "key_lock_waits", "cpu_ns",
+        ] + roundTrips {
             if let v = sums[key] { extra[key] = .int(v) }
         }
         extra["drop_messages_applied"] = .double(doubles["drop_messages_applied"] ?? 0)
@@ -64,6 +68,10 @@ extension FleetScenario {
         }
         extra["operation_latency_ns"] = all.percentiles.json
         extra["tasks"] = .int(tasks)
+        let shares = options.shares(of: mix)
+        extra["mix"] = .string(mix.rawValue)
+        extra["set_share"] = .double(shares.set)
+        extra["remove_share"] = .double(shares.remove)
         // Stores (sets) and removals: their rate and latency from the callers.
         let stores = histograms["store_latency"] ?? LogHistogram()
         let removals = histograms["remove_latency"] ?? LogHistogram()
@@ -103,12 +111,39 @@ extension FleetScenario {
                 sums["writes", default: 0] + sums["removes", default: 0] + sums["origin_calls", default: 0]
                 + sums["probe_writes", default: 0]
             extra.merge(redis.extra(system: system, stores: written, operations: operations)) { $1 }
+            // Another server's CPU is its other clients' too: only a private one's is the system's.
+            if options.url != nil { extra["redis_cpu_us_per_op"] = nil }
         }
+        costs(sums, operations: operations, seconds: seconds, into: &extra)
         return BenchResult(
             scenario: scenario, system: system, threads: options.workers * (tasks > 0 ? tasks : options.threads),
             operations: operations,
             seconds: seconds, ops_per_sec: Double(operations) / seconds, latency_ns: reads.percentiles,
             hit_ratio: 1 - Double(sums["origin_calls", default: 0]) / Double(readCount), extra: extra)
+    }
+
+    /// What the window's operations cost: the worker processes' CPU time per operation (and with the
+    /// private server's, the total), and Redis round trips (and commands) per set, removal and read (each
+    /// measured call, failed ones included) as the workers' clients counted them by cause
+    /// (FleetRoundTrips.swift), with the background's per second.
+    private func costs(_ sums: [String: Int], operations: Int, seconds: Double, into extra: inout [String: JSONValue]) {
+        if operations > 0, let cpu = sums["cpu_ns"] {
+            let workers = Double(cpu) / 1e3 / Double(operations)
+            extra["worker_cpu_us_per_op"] = .double(workers)
+            if let redis = extra["redis_cpu_us_per_op"]?.numberValue { extra["cpu_us_per_op"] = .double(workers + redis) }
+        }
+        for cause in ["set", "removal", "read"] {
+            guard let operations = sums["redis_operations_\(cause)"], operations > 0 else { continue }
+            if let trips = sums["redis_round_trips_\(cause)"] {
+                extra["redis_round_trips_per_\(cause)"] = .double(Double(trips) / Double(operations))
+            }
+            if let commands = sums["redis_commands_\(cause)"] {
+                extra["redis_commands_per_\(cause)"] = .double(Double(commands) / Double(operations))
+            }
+        }
+        if let background = sums["redis_round_trips_background"] {
+            extra["redis_background_round_trips_per_sec"] = .double(Double(background) / seconds)
+        }
     }
 
     /// Stale and resurrected reads and caller errors, per fault window (each from the fault's start to

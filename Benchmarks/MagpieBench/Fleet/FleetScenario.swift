@@ -29,13 +29,19 @@ struct FleetScenario {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: directory) }
         var results: [BenchResult] = []
-        // Per concurrency, every system (the ratio of Magpie to cache-aside is within a tasks value).
+        // Per concurrency and mix, every system (the ratio of Magpie to cache-aside is within a tasks value
+        // and a mix).
         for tasks in options.tasks {
-            for system in options.systems {
-                try await flush(url)
-                let callers = tasks > 0 ? "\(tasks) async tasks" : "\(options.threads) threads"
-                progress("fleet: \(system), \(options.workers) workers × \(callers), \(options.seconds) s\(options.fault ? ", with faults" : "")")
-                results.append(try await measure(system, url: url, server: server, directory: directory, tasks: tasks))
+            for mix in options.runMixes {
+                for system in options.systems(for: mix) {
+                    try await flush(url)
+                    let callers = tasks > 0 ? "\(tasks) async tasks" : "\(options.threads) threads"
+                    let shares = options.shares(of: mix)
+                    progress(
+                        "fleet: \(system), \(options.workers) workers × \(callers), \(mix.label(removeShare: shares.remove)), "
+                            + "\(options.seconds) s\(options.fault ? ", with faults" : "")")
+                    results.append(try await measure(system, url: url, server: server, directory: directory, tasks: tasks, mix: mix))
+                }
             }
         }
         if options.systems.contains("magpie-fleet"), options.singleFlightCallers > 0 {
@@ -64,12 +70,15 @@ struct FleetScenario {
         }
     }
 
-    private func arguments(_ system: String, url: String, shared: String, index: Int, namespace: String, tasks: Int = 0) -> [String] {
-        [
+    private func arguments(
+        _ system: String, url: String, shared: String, index: Int, namespace: String, tasks: Int = 0, mix: FleetMix = .standard
+    ) -> [String] {
+        let shares = options.shares(of: mix)
+        return [
             "fleet-worker", "--system", system, "--url", url, "--shared", shared, "--index", "\(index)",
             "--workers", "\(options.workers)", "--keys", "\(options.keys)", "--probes", "\(options.probes)",
             "--threads", "\(options.threads)", "--value-size", "\(options.valueSize)", "--zipf", "\(options.zipf)",
-            "--set-share", "\(options.setShare)", "--remove-share", "\(options.removeShare)", "--bound-ms", "\(options.boundMs)",
+            "--set-share", "\(shares.set)", "--remove-share", "\(shares.remove)", "--bound-ms", "\(options.boundMs)",
             "--origin-us", "\(options.originUs)", "--probe-interval-us", "\(options.probeIntervalUs)", "--namespace", namespace,
             "--tasks", "\(tasks)", "--drop-messages", "\(options.droppedMessages)", "--own-write-probe-ms", "\(options.ownWriteProbeMs)",
         ] + (options.pubsubEcho ? ["--pubsub-echo"] : [])
@@ -92,13 +101,13 @@ struct FleetScenario {
         return processes
     }
 
-    private func measure(_ system: String, url: String, server: RedisServerProcess?, directory: String, tasks: Int) async throws
-        -> BenchResult
-    {
+    private func measure(
+        _ system: String, url: String, server: RedisServerProcess?, directory: String, tasks: Int, mix: FleetMix
+    ) async throws -> BenchResult {
         let path = "\(directory)/\(system).shared"
         let table = try FleetShared(path: path, keys: options.keys, probes: options.probes, workers: options.workers, create: true)
         let processes = try spawn(
-            { arguments(system, url: url, shared: path, index: $0, namespace: "bench:\(system):", tasks: tasks) }, table: table,
+            { arguments(system, url: url, shared: path, index: $0, namespace: "bench:\(system):", tasks: tasks, mix: mix) }, table: table,
             directory: directory)
         let warmup = monotonicNanoseconds() + 200_000_000
         let start = warmup + Int64(options.warmupSeconds * 1e9)
@@ -124,7 +133,7 @@ struct FleetScenario {
         await sampler.close()
         let deadline = start + duration + 60_000_000_000
         let outputs = try await onOwnThread { try processes.map { try $0.finish(deadline: deadline) } }
-        return aggregate(system, outputs: outputs, table: table, faults: faults, tasks: tasks, redis: redis)
+        return aggregate(system, outputs: outputs, table: table, faults: faults, tasks: tasks, mix: mix, redis: redis)
     }
 
     private func singleFlight(url: String, directory: String) async throws -> BenchResult {

@@ -5,15 +5,16 @@ import Synchronization
 /// The memory the fleet benchmark's processes share (a file each maps): the ground truth of every key,
 /// the invalidation-lag probes, and the run's control words.
 ///
-/// Layout (8-byte words, all atomics; the file starts zeroed, a valid state for every word):
+/// Layout (8-byte words, all atomics but the keys' locks, FleetKeyLock.swift's futex words; the file
+/// starts zeroed, a valid state for every word):
 ///   control   16 words: 0 workers ready, 1 the measurement's start (ns), 2 its end, 3 stop, 4 loader
 ///             runs (single flight), 5 the warm-up's start (0 = not yet; written last), 6 and 7 when the
 ///             fault run SIGSTOPped Redis and when it resumed it, 8 and 9 when it killed Redis and when
 ///             the restarted server was up, 10 when it killed the subscriber connections (0 = not yet)
 ///   status    16 words per worker: 0 the last instant its change feed was seen confirmed
-///   keys      8 words per key: 0 lock, 1 the newest version taken (the origin's), 2 latest version
-///             returned, 3 latest returned at,
-///             4 latest was a removal, 5 previous version, 6 previous returned at, 7 the record's
+///   keys      8 words per key: 0 lock (a 32-bit futex word in its first 4 bytes, FleetKeyLock.swift),
+///             1 the newest version taken (the origin's), 2 latest version returned, 3 latest returned
+///             at, 4 latest was a removal, 5 previous version, 6 previous returned at, 7 the record's
 ///             sequence (odd while a write changes words 2-6: a reader retries, see `truth`)
 ///   probes    (1 + workers) words per probe: 0 the write returned at, 1 + w dropped on worker w
 ///
@@ -26,7 +27,8 @@ import Synchronization
 /// Instants are CLOCK_MONOTONIC nanoseconds: one clock for every process on the machine.
 final class FleetShared: @unchecked Sendable {
     // @unchecked Sendable invariant: `base` maps `size` bytes shared with the other processes for the
-    // object's lifetime; every access goes through atomics on 8-byte aligned words.
+    // object's lifetime; every access goes through atomics on 8-byte aligned words (a key's lock: its
+    // futex word, FleetKeyLock.swift).
     let keys: Int
     let probes: Int
     let workers: Int
@@ -136,21 +138,8 @@ final class FleetShared: @unchecked Sendable {
     /// holder keeps it for one write (a command timeout at most) and the origin's work, never seconds.
     static let lockPatience: Int64 = 30_000_000_000
 
-    /// Takes the key's lock, blocking this thread (the thread callers, `--tasks 0`; never a thread of
-    /// Swift's cooperative pool: the async callers use `tryLock` and suspend between tries).
-    func lock(_ key: Int) {
-        let word = cell(keyWord(key, 0))
-        var spins = 0
-        var deadline: Int64 = 0
-        while !word.pointee.compareExchange(expected: 0, desired: 1, ordering: .acquiring).exchanged {
-            // A holder waits for a round trip: yield a little, then sleep, so waiters do not take the
-            // CPU the holder's I/O threads and Redis need.
-            spins += 1
-            if spins < 16 { sched_yield() } else { usleep(20) }
-            if spins == 16 { deadline = monotonicNanoseconds() + Self.lockPatience }
-            if spins & 1023 == 0, monotonicNanoseconds() > deadline { Self.abandon(key) }
-        }
-    }
+    /// The key's lock (FleetKeyLock.swift): a futex word in the first half of the key's word 0.
+    func keyLock(_ key: Int) -> FleetKeyLock { FleetKeyLock(address: base + 8 * keyWord(key, 0)) }
 
     /// Ends the worker when a key's lock was not free for `lockPatience` (its holder died or hangs): the
     /// parent reports the failed worker with its log instead of waiting forever.
@@ -159,13 +148,6 @@ final class FleetShared: @unchecked Sendable {
         FileHandle.standardError.write(Data("fleet worker: key \(key)'s lock not free for \(seconds) s\n".utf8))
         exit(3)
     }
-
-    /// Takes the key's lock if it is free (the async callers, which wait by suspending, not spinning).
-    func tryLock(_ key: Int) -> Bool {
-        cell(keyWord(key, 0)).pointee.compareExchange(expected: 0, desired: 1, ordering: .acquiring).exchanged
-    }
-
-    func unlock(_ key: Int) { cell(keyWord(key, 0)).pointee.store(0, ordering: .releasing) }
 
     /// A new version of `key` (the caller holds its lock).
     func nextVersion(_ key: Int) -> Int64 { add(keyWord(key, 1), 1) + 1 }

@@ -10,23 +10,25 @@ func fleetTables(_ results: [BenchResult]) -> [Table] {
     // With faults, a system whose calls fail fast while Redis is down counts those failures as operations:
     // its ops/s is no throughput, and no ratio is shown.
     let faulted = rows[0].scenario == "fleet-fault"
-    /// Magpie's row's ops/s over `baseline`'s at the same tasks value; "-" for the other rows.
+    /// Magpie's row's ops/s over `baseline`'s at the same tasks value and mix; "-" for the other rows.
     func ratio(_ row: BenchResult, to baseline: String) -> String {
         guard !faulted, row.system == "magpie-fleet",
-            let base = rows.first(where: { $0.system == baseline && $0.extra["tasks"] == row.extra["tasks"] }), base.ops_per_sec > 0
+            let base = rows.first(where: {
+                $0.system == baseline && $0.extra["tasks"] == row.extra["tasks"] && FleetMix(of: $0) == FleetMix(of: row)
+            }), base.ops_per_sec > 0
         else { return "-" }
         return String(format: "%.2f", row.ops_per_sec / base.ops_per_sec)
     }
     var reads = Table(
         "Fleet (\(rows[0].scenario)): ops/s summed over the workers; reads timed from the caller; remote share: reads that went to Redis",
         [
-            "system", "tasks", "ops/s", "× aside", "× pubsub", "read p50 µs", "p99 µs", "p99.9 µs", "remote share",
+            "system", "tasks", "mix", "ops/s", "× aside", "× pubsub", "read p50 µs", "p99 µs", "p99.9 µs", "remote share",
             "hit ratio", "origin calls", "stale > bound", "resurrected", "caller errors",
         ])
     for row in rows {
         let x = FleetRowView(row)
         reads.append([
-            row.system, x.tasksText, String(format: "%.0f", row.ops_per_sec), ratio(row, to: "redis-cache-aside"),
+            row.system, x.tasksText, x.mix, String(format: "%.0f", row.ops_per_sec), ratio(row, to: "redis-cache-aside"),
             ratio(row, to: "local-pubsub"), micros(row.latency_ns.p50), micros(row.latency_ns.p99), micros(row.latency_ns.p999),
             x.double("remote_share", "%.3f"), String(format: "%.3f", row.hit_ratio), x.int("origin_calls"),
             x.int("stale_reads_beyond_bound"), x.int("resurrected_removals"), x.int("caller_errors"),
@@ -35,7 +37,7 @@ func fleetTables(_ results: [BenchResult]) -> [Table] {
     var stores = Table(
         "Stores (sets) from the caller; Redis: its commandstats and CPU over the measured window (a store: a set, removal, fill or probe write)",
         [
-            "system", "tasks", "stores/s", "store p50/p99/p99.9 µs", "Redis µs/store", "summed", "Redis CPU µs/op",
+            "system", "tasks", "mix", "stores/s", "store p50/p99/p99.9 µs", "Redis µs/store", "summed", "Redis CPU µs/op",
             "own writes read remotely", "lag p50/p99/p999 ms", "recovery s",
         ])
     for row in rows {
@@ -49,7 +51,7 @@ func fleetTables(_ results: [BenchResult]) -> [Table] {
             own = "\(remote) of \(probes)"
         }
         stores.append([
-            row.system, x.tasksText, x.double("stores_per_sec", "%.0f"),
+            row.system, x.tasksText, x.mix, x.double("stores_per_sec", "%.0f"),
             x.percentiles("store_latency_ns", [\.p50, \.p99, \.p999]),
             x.double("redis_store_usec_per_store", "%.1f"), commands.isEmpty ? "-" : commands,
             x.double("redis_cpu_us_per_op", "%.2f"),
@@ -59,18 +61,36 @@ func fleetTables(_ results: [BenchResult]) -> [Table] {
     let shown = FleetRedisStats.shownCommands
     var commands = Table(
         "Redis per command over the window: µs per call (calls/s); a script's inner commands are also counted under their own names",
-        ["system", "tasks"] + shown)
+        ["system", "tasks", "mix"] + shown)
     for row in rows {
         guard let table = row.extra["redis_commands"]?.objectValue else { continue }
         commands.append(
-            [row.system, FleetRowView(row).tasksText]
+            [row.system, FleetRowView(row).tasksText, FleetRowView(row).mix]
                 + shown.map { name in
                     let command = table[name]?.objectValue
                     guard let calls = command?["calls"]?.intValue, let per = command?["usec_per_call"]?.numberValue else { return "-" }
                     return String(format: "%.1f (%.0f/s)", per, Double(calls) / max(row.seconds, 1e-9))
                 })
     }
-    var tables = [reads, stores]
+    var costs = Table(
+        """
+        What an operation costs: CPU µs per operation of the worker processes (getrusage over the window: the system's \
+        threads and the driver's) and of the private Redis; Redis round trips per set, removal and read as the workers' \
+        clients counted them (commands where a round trip carried more), and the systems' own background round trips
+        """,
+        [
+            "system", "tasks", "mix", "workers CPU µs/op", "Redis CPU µs/op", "round trips/set", "round trips/removal",
+            "round trips/read", "background round trips/s", "key lock waits",
+        ])
+    for row in rows {
+        let x = FleetRowView(row)
+        costs.append([
+            row.system, x.tasksText, x.mix, x.double("worker_cpu_us_per_op", "%.2f"), x.double("redis_cpu_us_per_op", "%.2f"),
+            x.roundTrips("set"), x.roundTrips("removal"), x.roundTrips("read"),
+            x.double("redis_background_round_trips_per_sec", "%.0f"), x.int("key_lock_waits"),
+        ])
+    }
+    var tables = [reads, stores, costs]
     if !commands.isEmpty { tables.append(commands) }
 
     let paused = rows.filter { $0.extra["pause_seconds"] != nil }
@@ -82,13 +102,13 @@ func fleetTables(_ results: [BenchResult]) -> [Table] {
             overlapped the pause, beside those while Redis ran (killed excluded), p50/p99/max µs
             """,
             [
-                "system", "tasks", "reads running", "reads paused", "hits running", "hits paused", "stores running",
+                "system", "tasks", "mix", "reads running", "reads paused", "hits running", "hits paused", "stores running",
                 "stores paused",
             ])
         for row in paused {
             let x = FleetRowView(row)
             pauses.append([
-                row.system, x.tasksText, x.percentiles("read_latency_running_ns"),
+                row.system, x.tasksText, x.mix, x.percentiles("read_latency_running_ns"),
                 x.percentiles("read_latency_paused_ns"),
                 x.percentiles("hit_latency_running_ns"), x.percentiles("hit_latency_paused_ns"),
                 x.percentiles("store_latency_running_ns"), x.percentiles("store_latency_paused_ns"),
@@ -102,12 +122,12 @@ func fleetTables(_ results: [BenchResult]) -> [Table] {
         let kinds = FaultTimeline.Kind.allCases.map(\.rawValue) + ["outside"]
         var table = Table(
             "Faults: stale reads past the bound / resurrected / caller errors, per window (a fault's start to 2 s after its end)",
-            ["system", "tasks", "drops applied", "subscribers killed"] + kinds)
+            ["system", "tasks", "mix", "drops applied", "subscribers killed"] + kinds)
         for row in windowed {
             let x = FleetRowView(row)
             guard let windows = row.extra["fault_windows"]?.objectValue else { continue }
             table.append(
-                [row.system, x.tasksText, x.double("drop_messages_applied", "%.3f"), x.int("pubsub_clients_killed")]
+                [row.system, x.tasksText, x.mix, x.double("drop_messages_applied", "%.3f"), x.int("pubsub_clients_killed")]
                     + kinds.map { kind in
                         guard let window = windows[kind]?.objectValue else { return "-" }
                         return ["stale_beyond_bound", "resurrected", "caller_errors"].map { window[$0]?.intValue.map(String.init) ?? "-" }
@@ -132,6 +152,15 @@ private struct FleetRowView {
 
     var tasks: Int { row.extra["tasks"]?.intValue ?? 0 }
     var tasksText: String { tasks > 0 ? "\(tasks)" : "threads" }
+    var mix: String { FleetMix.label(of: row) }
+
+    /// Round trips per operation of a kind (`set`, `removal`, `read`), with the commands when more.
+    func roundTrips(_ kind: String) -> String {
+        guard let trips = row.extra["redis_round_trips_per_\(kind)"]?.numberValue else { return "-" }
+        let text = String(format: "%.2f", trips)
+        guard let commands = row.extra["redis_commands_per_\(kind)"]?.numberValue, commands > trips + 0.005 else { return text }
+        return text + String(format: " (%.2f commands)", commands)
+    }
 
     func int(_ key: String) -> String { row.extra[key]?.intValue.map(String.init) ?? "-" }
 

@@ -6,14 +6,15 @@ import MagpieRedis
 // the system under test (FleetSystem.swift); a miss goes to the "origin" (the shared table's newest
 // version, after `origin-us` of simulated work) and fills the system. Every read is checked against
 // the shared truth. These are the thread callers (`--tasks 0`, the systems' blocking forms); the task
-// callers are in FleetWorker+Tasks.swift.
+// callers are in FleetWorker+Tasks.swift. Each measured call to the system runs with its kind in
+// `FleetRoundTrips.cause`, which the Redis round trips it causes are counted by (FleetRoundTrips.swift).
 
 extension FleetInstance {
     /// Runs the workload from the warm-up until `end` on this thread (`--tasks 0`); only what happens
     /// from `start` on is counted.
     func drive(thread: Int, from start: Int64, until end: Int64, tally: FleetTally) {
         let local = FleetTally()
-        let warmup = FleetTally()
+        let warmup = FleetTally(measured: false)
         var operations = FleetOperations(self, seed: UInt64(options.index * 1000 + thread))
         while true {
             let now = monotonicNanoseconds()
@@ -33,16 +34,17 @@ extension FleetInstance {
     /// A set (a new version, written through) or a removal (a new version in the origin, the cached
     /// value removed), with the key's lock held.
     private func change(_ key: Int, removal: Bool, tally: FleetTally) {
-        table.lock(key)
-        defer { table.unlock(key) }
+        if !keyLocks.lockBlocking(key) { FleetShared.abandon(key) }
+        defer { keyLocks.unlockBlocking(key) }
         let version = table.nextVersion(key)
         let began = monotonicNanoseconds()
         do {
             if removal {
-                try system.removeBlocking(Self.name(key))
+                try FleetRoundTrips.runBlocking(.removal, measured: tally.measured) { try system.removeBlocking(Self.name(key)) }
                 tally.removes += 1
             } else {
-                try system.setBlocking(Self.name(key), value(key, version: version))
+                let value = value(key, version: version)
+                try FleetRoundTrips.runBlocking(.set, measured: tally.measured) { try system.setBlocking(Self.name(key), value) }
                 tally.writes += 1
             }
         } catch {
@@ -58,7 +60,8 @@ extension FleetInstance {
         let started = monotonicNanoseconds()
         tally.reads += 1
         do {
-            judgeRead(key, try system.readBlocking(Self.name(key), key: key), started: started, tally: tally)
+            let read = try FleetRoundTrips.runBlocking(.read, measured: tally.measured) { try system.readBlocking(Self.name(key), key: key) }
+            judgeRead(key, read, started: started, tally: tally)
         } catch {
             tally.recordCallerError(table)
         }

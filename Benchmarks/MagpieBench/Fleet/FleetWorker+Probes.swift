@@ -102,8 +102,10 @@ extension FleetInstance {
     }
 
     /// Prints the worker's figures (one JSON object) for the parent: the callers' tally, the system's
-    /// remote reads within the measured window (`remote`), its origin calls, its own counters.
-    func report(_ tally: FleetTally, remote: FleetRemoteReads) {
+    /// remote reads and the process's CPU time within the measured window (`window`), its Redis round
+    /// trips (`roundTrips`, FleetRoundTrips.swift), its origin calls, its own counters.
+    func report(_ tally: FleetTally, window: (remote: FleetRemoteReads, cpu: UInt64), roundTrips: [String: JSONValue]) {
+        let remote = window.remote
         var line: [String: JSONValue] = [
             "reads": .int(tally.reads), "writes": .int(tally.writes), "removes": .int(tally.removes),
             "memory_hits": .int(tally.memoryHits), "disk_hits": .int(tally.diskHits),
@@ -125,6 +127,9 @@ extension FleetInstance {
             ?? (system is FleetLocalPubSubSystem ? options.dropMessages : 0)
         line["drop_messages_applied"] = .double(dropped)
         line.merge(tally.windows.json) { mine, _ in mine }
+        line["cpu_ns"] = .int(Int(window.cpu))
+        line.merge(roundTrips) { mine, _ in mine }
+        line["key_lock_waits"] = .int(keyLocks.sharedWaits)  // the warm-up's too: a count of the driver's, not a rate
         line.merge(system.report()) { mine, _ in mine }
         print(String(decoding: (try? JSONEncoder().encode(line)) ?? Data(), as: UTF8.self))
     }

@@ -36,6 +36,8 @@ struct FleetWorker: ParsableCommand {
     @Option var ownWriteProbeMs: Int = 20
 
     func run() throws {
+        // Before any Redis client exists: their round trips are counted from here on (FleetRoundTrips.swift).
+        FleetRoundTrips.bootstrap()
         let table = try FleetShared(path: shared, keys: keys, probes: probes, workers: workers, create: false)
         let instance = try FleetInstance(self, table: table)
         defer { instance.close() }
@@ -72,31 +74,58 @@ struct FleetWorker: ParsableCommand {
         if instance.coherent {
             done.enter()
             Task {
-                await instance.probe(from: start, until: end)
+                await FleetRoundTrips.$cause.withValue(.probe) { await instance.probe(from: start, until: end) }
                 done.leave()
             }
             if ownWriteProbeMs > 0 {
                 done.enter()
                 let interval = ownWriteProbeMs
                 Task {
-                    await instance.probeOwnWrites(every: interval, from: start, until: end, tally: tally)
+                    await FleetRoundTrips.$cause.withValue(.probe) {
+                        await instance.probeOwnWrites(every: interval, from: start, until: end, tally: tally)
+                    }
                     done.leave()
                 }
             }
         }
-        // The feed's health, for the parent's recovery time; the remote reads at the measurement's start
-        // (this thread wakes for it: the callers count the reads that start from then on).
-        var remoteAtStart: FleetRemoteReads? = nil
-        while monotonicNanoseconds() < end {
+        // The feed's health, for the parent's recovery time; the remote reads, this process's CPU time and
+        // its Redis round trips at the measurement's start and end (this thread wakes for both: the
+        // callers count the operations that start from then on, and stop at the end).
+        var atStart: FleetWindowSample? = nil
+        while true {
             let now = monotonicNanoseconds()
-            if remoteAtStart == nil, now >= start { remoteAtStart = instance.system.remoteReads() }
+            if atStart == nil, now >= start { atStart = FleetWindowSample(instance.system) }
+            if now >= end { break }
             if instance.system.feedHealthy == true { table.store(table.statusWord(worker: index), now) }
-            let untilStart = remoteAtStart == nil ? start - now : Int64.max
-            usleep(UInt32(max(0, min(10_000_000, untilStart) / 1_000)))
+            let next = atStart == nil ? start : end
+            usleep(UInt32(max(0, min(10_000_000, next - now) / 1_000)))
         }
+        let atEnd = FleetWindowSample(instance.system)
         done.wait()
-        let remote = instance.system.remoteReads() - (remoteAtStart ?? FleetRemoteReads(total: 0))
-        instance.report(tally, remote: remote)
+        // The round trips once every caller has ended: the measured operations' are all in by then.
+        let roundTrips = FleetRoundTrips.report(from: (atStart ?? atEnd).roundTrips, to: FleetRoundTrips.shared.snapshot())
+        instance.report(tally, window: atEnd - (atStart ?? atEnd), roundTrips: roundTrips)
+    }
+}
+
+/// What a worker counts at the measured window's start and end: the system's remote reads, the
+/// process's CPU time (every thread: the callers, the system's clients and event loops, the driver's
+/// own bookkeeping), and (at the start) its Redis round trips by cause.
+struct FleetWindowSample {
+    var remote: FleetRemoteReads
+    /// CPU time, ns.
+    var cpu: UInt64
+    var roundTrips: FleetRoundTrips.Snapshot
+
+    init(_ system: any FleetSystem) {
+        remote = system.remoteReads()
+        cpu = cpuNanoseconds(children: false)
+        roundTrips = FleetRoundTrips.shared.snapshot()
+    }
+
+    /// The window's remote reads and CPU time.
+    static func - (end: FleetWindowSample, start: FleetWindowSample) -> (remote: FleetRemoteReads, cpu: UInt64) {
+        (end.remote - start.remote, end.cpu - start.cpu)
     }
 }
 
@@ -113,8 +142,14 @@ extension FleetWorker {
 
 /// What one worker's callers saw.
 final class FleetTally: @unchecked Sendable {
-    // @unchecked Sendable invariant: every field is read and written with `lock` held.
+    // @unchecked Sendable invariant: every field is read and written with `lock` held (`measured` never changes).
     let lock = NSLock()
+    /// Whether it tallies the measured window's operations (not the warm-up's): their Redis round trips
+    /// are counted by kind (FleetRoundTrips.swift).
+    let measured: Bool
+
+    init(measured: Bool = true) { self.measured = measured }
+
     var reads = 0, writes = 0, removes = 0
     var memoryHits = 0, diskHits = 0, remoteHits = 0, originCalls = 0
     var callerErrors = 0, staleBeyondBound = 0, resurrected = 0, wrongValues = 0
@@ -231,8 +266,8 @@ final class FleetInstance: @unchecked Sendable {
     let table: FleetShared
     let system: any FleetSystem
     let origin: FleetOrigin
-    /// The async callers' turns at each key (FleetWorker+Tasks.swift).
-    let keyLocks = FleetKeyLocks()
+    /// The callers' key locks (FleetKeyLocks.swift).
+    let keyLocks: FleetKeyLocks
     /// The system is kept coherent (magpie-fleet, local-pubsub): lag and own-write probes.
     let coherent: Bool
     let workload: ZipfWorkload
@@ -247,6 +282,7 @@ final class FleetInstance: @unchecked Sendable {
     init(_ options: FleetWorker, table: FleetShared) throws {
         self.options = options
         self.table = table
+        keyLocks = FleetKeyLocks(table: table)
         workload = ZipfWorkload(keyCount: options.keys, alpha: options.zipf)
         boundNs = Int64(options.boundMs) * 1_000_000
         let origin = FleetOrigin(table: table, originUs: options.originUs, valueSize: options.valueSize)

@@ -25,26 +25,32 @@ extension BenchmarksPage {
         }
         guard !fleet.isEmpty else { return "" }
         func int(_ r: BenchResult, _ key: String) -> String { r.extra[key]?.intValue.map(String.init) ?? "-" }
-        var aside: [Int: Double] = [:]
-        for r in fleet where r.system == "redis-cache-aside" {
-            aside[r.extra["tasks"]?.intValue ?? 0] = r.ops_per_sec
+        struct Run: Hashable {
+            var tasks: Int
+            var mix: FleetMix
         }
+        func run(_ r: BenchResult) -> Run { Run(tasks: r.extra["tasks"]?.intValue ?? 0, mix: FleetMix(of: r)) }
+        var aside: [Run: Double] = [:]
+        for r in fleet where r.system == "redis-cache-aside" { aside[run(r)] = r.ops_per_sec }
         var table = Table(nil, [
-            "system", "tasks", "ops/s", "× cache-aside", "read p50 / p99 µs", "hit ratio", "lag p50 / p99 / p99.9 ms",
-            "stale past the bound", "caller errors",
+            "system", "tasks", "mix", "ops/s", "× cache-aside", "read p50 / p99 µs", "hit ratio", "lag p50 / p99 / p99.9 ms",
+            "CPU µs/op (workers + Redis)", "round trips per set / removal", "stale past the bound", "caller errors",
         ])
         for r in fleet {
-            let tasks = r.extra["tasks"]?.intValue ?? 0
+            let tasks = run(r).tasks
             let lag = Percentiles(r.extra["invalidation_lag_ns"]).map {
                 String(format: "%.2f / %.2f / %.2f", Double($0.p50) / 1e6, Double($0.p99) / 1e6, Double($0.p999) / 1e6)
             } ?? "-"
             let ratio =
                 r.system == "magpie-fleet"
-                ? aside[tasks].map { String(format: "%.2f", r.ops_per_sec / $0) } ?? "-" : "-"
+                ? aside[run(r)].map { String(format: "%.2f", r.ops_per_sec / $0) } ?? "-" : "-"
+            func number(_ key: String) -> String { r.extra[key]?.numberValue.map { String(format: "%.2f", $0) } ?? "-" }
             table.append([
-                r.system, tasks > 0 ? String(tasks) : "threads", formatRate(r.ops_per_sec), ratio,
+                r.system, tasks > 0 ? String(tasks) : "threads", FleetMix.label(of: r), formatRate(r.ops_per_sec), ratio,
                 String(format: "%.1f / %.1f", Double(r.latency_ns.p50) / 1000, Double(r.latency_ns.p99) / 1000),
-                String(format: "%.3f", r.hit_ratio), lag, int(r, "stale_reads_beyond_bound"), int(r, "caller_errors"),
+                String(format: "%.3f", r.hit_ratio), lag, "\(number("worker_cpu_us_per_op")) + \(number("redis_cpu_us_per_op"))",
+                "\(number("redis_round_trips_per_set")) / \(number("redis_round_trips_per_removal"))",
+                int(r, "stale_reads_beyond_bound"), int(r, "caller_errors"),
             ])
         }
         var notes = ""
@@ -65,6 +71,9 @@ extension BenchmarksPage {
                 config["workers"]?.intValue.map(String.init) ?? "Several",
                 config["zipf"]?.numberValue.map { String(format: "%g", $0) } ?? "-",
                 config["keys"]?.intValue.map(String.init) ?? "-", 100 * changes)
+            if fleet.contains(where: { FleetMix(of: $0) != .standard }) {
+                workload += " in the default mix (the mix column: no changes, or as many changes, all removals)"
+            }
         }
         return section(
             "A fleet on the remote tier", report, command: command(report, "fleet"),

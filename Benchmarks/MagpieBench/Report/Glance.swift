@@ -112,22 +112,28 @@ enum Glance {
             }
         }
 
-        // The fleet: every tasks value the run measured, Magpie's remote tier beside cache-aside on Redis.
+        // The fleet: every tasks value and mix the run measured, Magpie's remote tier beside cache-aside on Redis.
         for magpie in results where magpie.scenario == "fleet" && magpie.system == "magpie-fleet" {
             guard
                 let aside = results.first(where: {
                     $0.scenario == "fleet" && $0.system == "redis-cache-aside"
-                        && $0.extra["tasks"] == magpie.extra["tasks"]
+                        && $0.extra["tasks"] == magpie.extra["tasks"] && FleetMix(of: $0) == FleetMix(of: magpie)
                 }), aside.ops_per_sec > 0
             else { continue }
             let tasks = magpie.extra["tasks"]?.intValue.map { "\($0) tasks each" } ?? "threads"
             var workload = ""
             if case .object(let fleet) = suite.config["fleet"] {
                 let workers = fleet["workers"]?.intValue.map { "\($0) processes" } ?? "processes"
+                // The row's own shares (rows written before there were mixes: the run's).
+                let (sets, removals) = (
+                    magpie.extra["set_share"]?.numberValue ?? fleet["set_share"]?.numberValue ?? 0,
+                    magpie.extra["remove_share"]?.numberValue ?? fleet["remove_share"]?.numberValue ?? 0
+                )
                 let changes =
-                    (fleet["set_share"]?.numberValue ?? 0) + (fleet["remove_share"]?.numberValue ?? 0)
-                workload = String(
-                    format: "%@ on one Redis, %@, %.0f %% of requests change a key", workers, tasks, 100 * changes)
+                    sets + removals == 0
+                    ? "no request changes a key"
+                    : String(format: "%.0f %% of requests change a key%@", 100 * (sets + removals), sets == 0 ? ", all removals" : "")
+                workload = "\(workers) on one Redis, \(tasks), \(changes)"
             }
             add(
                 "Fleet: \(workload.isEmpty ? tasks : workload) (ops/s)", formatRate(magpie.ops_per_sec),

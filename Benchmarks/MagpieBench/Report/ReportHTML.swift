@@ -43,7 +43,7 @@ enum HTMLReport {
         var html = "<h2>Summary (the sweep's points are in the charts)</h2>\n<table><tr><th>scenario</th><th>system</th><th>threads</th><th>ops/s</th>"
         html += "<th>p50 ns</th><th>p99 ns</th><th>hit ratio</th></tr>\n"
         for r in results where r.extra["sweep_parameter"] == nil {
-            html += "<tr><td>\(escape(r.scenario))</td><td>\(escape(r.system))</td><td>\(r.threads)</td>"
+            html += "<tr><td>\(escape(r.scenario))</td><td>\(escape(r.labeledSystem))</td><td>\(r.threads)</td>"
             html += "<td>\(formatRate(r.ops_per_sec))</td><td>\(r.latency_ns.p50)</td><td>\(r.latency_ns.p99)</td>"
             html += "<td>\(String(format: "%.4f", r.hit_ratio))</td></tr>\n"
         }
@@ -68,7 +68,7 @@ enum HTMLReport {
             let series = [("p50", \Percentiles.p50), ("p90", \Percentiles.p90), ("p99", \Percentiles.p99), ("p99.9", \Percentiles.p999)]
             html += SVGChart.bars(
                 title: "\(scenario), \(minimum) thread\(minimum == 1 ? "" : "s"): latency (ns, log scale)",
-                groups: chosen.map(\.system), series: series.map { name, path in (name, chosen.map { Double($0.latency_ns[keyPath: path]) }) },
+                groups: chosen.map(\.labeledSystem), series: series.map { name, path in (name, chosen.map { Double($0.latency_ns[keyPath: path]) }) },
                 logScale: true)
         }
         return html
