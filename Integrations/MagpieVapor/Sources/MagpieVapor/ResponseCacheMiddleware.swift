@@ -58,21 +58,10 @@ public struct MagpieResponseCacheMiddleware: AsyncMiddleware {
 
     public func respond(to request: Request, chainingTo next: any AsyncResponder) async throws -> Response {
         let head = Self.httpRequest(request)
-        var refresh: HTTPResponseCache.Handler? = nil
-        if backgroundRefresh {
-            refresh = { origin in
-                // The request has been answered by now: a copy of it runs the chain again, its body
-                // empty (only GET requests are refreshed).
-                let copy = Request(
-                    application: request.application, method: request.method, url: request.url, version: request.version,
-                    headers: Self.headers(origin.headerFields), collectedBody: nil, remoteAddress: request.remoteAddress,
-                    logger: request.logger, on: request.eventLoop)
-                copy.parameters = request.parameters
-                copy.route = request.route
-                return try await Self.run(next, copy)
-            }
-        }
-        let response = try await responseCache.respond(to: head, refresh: refresh) { origin in
+        // The refresh is built only past a fresh hit (an autoclosure): a hit allocates no closure for it.
+        let response = try await responseCache.respond(
+            to: head, refresh: backgroundRefresh ? Self.refresh(request, chainingTo: next) : nil
+        ) { origin in
             request.headers = Self.headers(origin.headerFields)
             return try await Self.run(next, request)
         }
@@ -80,6 +69,20 @@ public struct MagpieResponseCacheMiddleware: AsyncMiddleware {
             return original
         }
         return Self.response(response)
+    }
+
+    /// The background refresh of `request`'s entry: the request has been answered by then, so a copy of
+    /// it runs the chain again, its body empty (only GET requests are refreshed).
+    static func refresh(_ request: Request, chainingTo next: any AsyncResponder) -> HTTPResponseCache.Handler {
+        { origin in
+            let copy = Request(
+                application: request.application, method: request.method, url: request.url, version: request.version,
+                headers: headers(origin.headerFields), collectedBody: nil, remoteAddress: request.remoteAddress,
+                logger: request.logger, on: request.eventLoop)
+            copy.parameters = request.parameters
+            copy.route = request.route
+            return try await run(next, copy)
+        }
     }
 
     /// Runs the rest of the chain, an `AbortError` below 500 turned into Vapor's error response.
