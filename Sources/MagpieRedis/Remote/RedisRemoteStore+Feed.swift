@@ -238,7 +238,7 @@ extension RedisRemoteStore {
         let offset = state.withLock { $0.serverClock.estimate }
         let watermark: RedisArgument = offset.map { .integer(changes.ownWritesDelivered() + $0.offset - $0.uncertainty) } ?? .string("-")
         let readSequences = cluster == nil && changes.sequencesWanted
-        var sent: [(master: RedisEndpoint, number: UInt64, arguments: [RedisArgument])] = []
+        var sent: [(master: RedisEndpoint, number: UInt64, arguments: [RedisArgument], flagged: Bool)] = []
         var commands: [RedisCommand] = []
         if readSequences { commands.append(RedisCommand("HGETALL", [.bytes(prefix + Self.sequenceStem)], keyIndices: [0])) }
         for master in masters {
@@ -265,8 +265,11 @@ extension RedisRemoteStore {
                 .string(instance), watermark, 0, .integer(8 * interval), .integer(3 * interval), .integer(max(60_000, 100 * interval)),
                 .bytes(channel), .bytes(message), .string(cluster == nil ? "1" : "0"),
             ]
-            sent.append((master, number, arguments))
-            commands.append(RedisCommand("EVALSHA", [.string(RedisRemoteScript.heartbeatSHA)] + arguments, keyIndices: [2, 3, 4, 5]))
+            // Flagged `allow-oom` where the server takes it: a full server still confirms the feed.
+            let flagged = serverAllowsOOMFlag(forKey: keys[0])
+            sent.append((master, number, arguments, flagged))
+            let sha = flagged ? RedisRemoteScript.heartbeatAllowingOOMSHA : RedisRemoteScript.heartbeatSHA
+            commands.append(RedisCommand("EVALSHA", [.string(sha)] + arguments, keyIndices: [2, 3, 4, 5]))
         }
         guard !sent.isEmpty, let replies = try? await sender.send(batch: commands) else { return }
         let receivedAt = now()
@@ -293,10 +296,20 @@ extension RedisRemoteStore {
             var answer = try? reply.get()
             var answeredAt = receivedAt
             if case .failure(let error) = reply, error.serverError?.kind == .noScript {
-                // The server does not know the script yet (restarted, a new node): sent once in full.
-                answer = try? await sender.send(
-                    RedisCommand("EVAL", [.string(RedisRemoteScript.heartbeat)] + sent[index].arguments, keyIndices: [2, 3, 4, 5]))
+                // The server does not know the script yet (restarted, a new node): sent once in full (as it
+                // is, if the server cannot compile the flag after all).
+                let script = sent[index].flagged ? RedisRemoteScript.heartbeatAllowingOOM : RedisRemoteScript.heartbeat
+                do {
+                    answer = try await sender.send(RedisCommand("EVAL", [.string(script)] + sent[index].arguments, keyIndices: [2, 3, 4, 5]))
+                } catch let error as RedisError where sent[index].flagged && Self.cannotCompileFlag(error) {
+                    answer = try? await sender.send(
+                        RedisCommand("EVAL", [.string(RedisRemoteScript.heartbeat)] + sent[index].arguments, keyIndices: [2, 3, 4, 5]))
+                } catch {
+                    if (error as? RedisError)?.serverError?.kind == .outOfMemory { noteRefusedForMemory() }
+                }
                 answeredAt = now()
+            } else if case .failure(let error) = reply, error.serverError?.kind == .outOfMemory {
+                noteRefusedForMemory()  // a server before Redis 7, full: the feed's confirmations stop
             }
             guard let answer, let (low, serverNow) = Self.heartbeatAnswer(answer) else { continue }
             state.withLock { $0.serverClock.add(serverNow: serverNow, sentAt: batchSentAt, receivedAt: answeredAt) }

@@ -15,6 +15,17 @@ import NIOPosix
 // Sent as EVALSHA with the script's SHA-1 (below, checked against the server's own `SCRIPT LOAD` by the
 // tests); a server that does not know it yet (restarted, a new cluster node, a flushed script cache)
 // answers NOSCRIPT, and the script then goes once as EVAL, which also caches it there.
+//
+// A full Redis. Over `maxmemory` with nothing it may evict (a small `maxmemory`, a `volatile-*` policy
+// with no volatile keys left, or `noeviction`), Redis refuses every write that may use memory with `OOM`,
+// and a script's first such write fails the script. Refused, the bookkeeping would stop with the values:
+// the heartbeat (confirmations freeze, every local copy lapses after the staleness bound), the tokens
+// (every record judged outdated), the tombstones (a failed write's older value stays, owed, replayed
+// into the same refusal). So on Redis 7 and later (the shebang line; Redis 6 cannot compile it, and gets
+// the scripts as they were: `serverAllowsOOMFlag`) the writes that free memory or keep a few bytes run
+// flagged `allow-oom`: the heartbeat, a removal and a tombstone (which replaces a value), a lease's
+// release, and a token's replacement (8 bytes). A value's write is what `maxmemory` is for:
+// it stays refused, and the cache then stores the key's tombstone instead (RemoteTier.write).
 
 enum RedisRemoteScript {
     /// A write and its change message: `KEYS[1]` the key, `KEYS[2]` its slot's sequence counter.
@@ -68,6 +79,9 @@ enum RedisRemoteScript {
         return 1
         """
     static let changeSHA = "cd1334cf2691a93c10e9c4c7eef6671bd5d01780"
+    /// ``change`` flagged `allow-oom` (Redis 7 and later): for every kind but a value's store.
+    static let changeAllowingOOM = allowOOMLine + change
+    static let changeAllowingOOMSHA = "c1181b1c9adc319245df5d075158b016872d555b"
 
     /// Heartbeat with the fleet's delivery watermark, on one master (every key with the same hash tag):
     /// `KEYS[1]` the sequence counters (a single server's hash, whose total it reads), `KEYS[2]` the
@@ -106,11 +120,34 @@ enum RedisRemoteScript {
         return {low[2] or '-', tostring(now)}
         """
     static let heartbeatSHA = "900cf4661d921ea3b35811e198ad69650189b271"
+    /// ``heartbeat`` flagged `allow-oom` (Redis 7 and later).
+    static let heartbeatAllowingOOM = allowOOMLine + heartbeat
+    static let heartbeatAllowingOOMSHA = "8f8f458b2a308520a3692580011b2c1e1adf64be"
+
+    /// The shebang line that lets a script run, and write, while the server is over `maxmemory`
+    /// (Redis 7 and later; an earlier server cannot compile it).
+    static let allowOOMLine = "#!lua flags=allow-oom\n"
 }
 
 extension RedisRemoteStore {
-    /// Runs a script: EVALSHA, then EVAL when the server does not know it.
-    func evaluate(_ script: String, sha: String, keys: [[UInt8]], _ arguments: [RedisArgument]) async throws -> RESPValue {
+    /// Runs a script: EVALSHA, then EVAL when the server does not know it. With `flagged` (the script's
+    /// `allow-oom` form: a script that frees memory or keeps a few bytes) on a server that takes the flag,
+    /// that form; if the server cannot compile it after all (a connection to an older server than the
+    /// newest one), the script as it is, once.
+    func evaluate(
+        _ script: String, sha: String, flagged: (script: String, sha: String)? = nil, keys: [[UInt8]], _ arguments: [RedisArgument]
+    ) async throws -> RESPValue {
+        if let flagged, let first = keys.first, serverAllowsOOMFlag(forKey: first) {
+            do {
+                return try await run(flagged.script, sha: flagged.sha, keys: keys, arguments)
+            } catch let error as RedisError where Self.cannotCompileFlag(error) {
+                return try await run(script, sha: sha, keys: keys, arguments)
+            }
+        }
+        return try await run(script, sha: sha, keys: keys, arguments)
+    }
+
+    private func run(_ script: String, sha: String, keys: [[UInt8]], _ arguments: [RedisArgument]) async throws -> RESPValue {
         let keyArguments = keys.map { RedisArgument.bytes($0) }
         let indices = Array(2..<(2 + keys.count))
         let evalsha = RedisCommand("EVALSHA", [.string(sha), .integer(Int64(keys.count))] + keyArguments + arguments, keyIndices: indices)
@@ -120,6 +157,24 @@ extension RedisRemoteStore {
             return try await sender.send(
                 RedisCommand("EVAL", [.string(script), .integer(Int64(keys.count))] + keyArguments + arguments, keyIndices: indices))
         }
+    }
+
+    /// Whether the server that holds `key` (a full key) takes scripts flagged `allow-oom`: Redis (or
+    /// Valkey) 7 and later, by the `HELLO` of its newest connection. Unknown (no connection yet): no.
+    func serverAllowsOOMFlag(forKey key: [UInt8]) -> Bool {
+        let major: Int?
+        if let cluster {
+            major = cluster.serverMajorVersion(owning: RedisHashSlot.slot(of: key))
+        } else {
+            major = single?.serverMajorVersion
+        }
+        return (major ?? 0) >= 7
+    }
+
+    /// Whether `error` says the server cannot compile a shebang line (Redis 6: a syntax error at `#`).
+    static func cannotCompileFlag(_ error: RedisError) -> Bool {
+        guard let server = error.serverError, server.kind == .generic else { return false }
+        return server.message.contains("compiling script") || server.message.contains("shebang")
     }
 
     /// The kinds of ``RedisRemoteScript/change``.
@@ -139,14 +194,28 @@ extension RedisRemoteStore {
         let partition = Int(partition(of: key))
         let message = ChangeMessageFormat.head(
             kind: kind == .fenced ? .versioned : .plain, origin: origin, version: version, partition: partition, key: key)
+        let flagged = Self.mayWriteWhenFull(kind, value: value)
         let reply = try await evaluate(
-            RedisRemoteScript.change, sha: RedisRemoteScript.changeSHA, keys: [prefix + key, sequenceKey(partition)],
+            RedisRemoteScript.change, sha: RedisRemoteScript.changeSHA,
+            flagged: flagged ? (RedisRemoteScript.changeAllowingOOM, RedisRemoteScript.changeAllowingOOMSHA) : nil,
+            keys: [prefix + key, sequenceKey(partition)],
             [
                 .string(kind.rawValue), .bytes(value), .integer(lifetime), .integer(max(0, deadline)), .bytes(channel), .bytes(message),
                 .string(cluster == nil ? String(partition) : ""), .string(pushing ? "1" : "0"),
             ])
         guard case .integer(let outcome) = reply else { throw RedisError(.unexpectedReply, "a change script answered \(reply)") }
         return outcome == 1
+    }
+
+    /// Whether a change of this kind runs even when the server is out of memory (on Redis 7 and later):
+    /// every kind but a value's store. A removal frees memory; a tombstone (the fence and "MT", the
+    /// cache's layout: RemoteRecord.swift) replaces a value; a plain store replaces a token (8 bytes;
+    /// the cache's only plain writes through this script). Taken even when full, they keep the
+    /// fence, the tokens and the owed removals working; a value stays refused, and the cache writes its
+    /// tombstone instead.
+    static func mayWriteWhenFull(_ kind: ChangeKind, value: [UInt8]) -> Bool {
+        guard kind == .fenced else { return true }
+        return value.count == 12 && value[10] == UInt8(ascii: "M") && value[11] == UInt8(ascii: "T")
     }
 
     /// The sequence counter of `partition`: a single server's hash, or in a cluster the slot's own key.
@@ -172,7 +241,7 @@ extension RedisRemoteStore {
         do {
             return try await change(.fenced, key, value: value, lifetime: lifetime, deadline: notAfter, version: version, pushing: pushing)
         } catch {
-            throw Self.unavailable(error)
+            throw failure(error)
         }
     }
 
@@ -180,7 +249,7 @@ extension RedisRemoteStore {
         do {
             return try await change(.removalIfEqual, key, value: value)
         } catch {
-            throw Self.unavailable(error)
+            throw failure(error)
         }
     }
 

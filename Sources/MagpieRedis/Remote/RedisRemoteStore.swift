@@ -97,6 +97,26 @@ public final class RedisRemoteStore: RemoteStore {
         var serverClock = ClockOffset()
         var sequence: UInt64 = 0
         var shutDown = false
+        /// The commands Redis refused for lack of memory, for the log.
+        var refusedForMemory = RefusalLog()
+    }
+
+    /// A failure that repeats, logged at most once per ``interval`` with how many there were.
+    struct RefusalLog {
+        static let interval: Int64 = 10_000
+        private var count = 0
+        private var lastLogged: Int64? = nil
+
+        /// One more; the count to log now (nil: not yet).
+        mutating func note(now: Int64) -> Int? {
+            count += 1
+            if let lastLogged, now - lastLogged < Self.interval { return nil }
+            defer {
+                count = 0
+                lastLogged = now
+            }
+            return count
+        }
     }
 
     /// The server's clock against this instance's, from the heartbeats' round trips (as NTP does): each
@@ -240,7 +260,7 @@ public final class RedisRemoteStore: RemoteStore {
             let replies = try await sender.send(batch: keys.map { .get(prefix + $0) })
             return try replies.map { reply throws -> [UInt8]? in try Self.bytes(reply.get()) }
         } catch {
-            throw Self.unavailable(error)
+            throw failure(error)
         }
     }
 
@@ -267,7 +287,7 @@ public final class RedisRemoteStore: RemoteStore {
             default: throw RedisError(.unexpectedReply, "SET answered \(reply)")
             }
         } catch {
-            throw Self.unavailable(error)
+            throw failure(error)
         }
     }
 
@@ -275,7 +295,7 @@ public final class RedisRemoteStore: RemoteStore {
         do {
             for key in keys { _ = try await change(.removal, key) }
         } catch {
-            throw Self.unavailable(error)
+            throw failure(error)
         }
     }
 
@@ -335,8 +355,31 @@ public final class RedisRemoteStore: RemoteStore {
 
     static func unavailable(_ error: any Error) -> MagpieError {
         if let error = error as? MagpieError { return error }
-        // The server answered with an error reply: reachable, and refusing.
-        if let error = error as? RedisError, error.serverError != nil { return MagpieError(.remoteRefused, "\(error)") }
+        if let error = error as? RedisError, let server = error.serverError {
+            // Over maxmemory with nothing to evict: reachable, and refusing writes that take memory.
+            if server.kind == .outOfMemory { return MagpieError(.remoteFull, "\(error)") }
+            // The server answered with an error reply: reachable, and refusing.
+            return MagpieError(.remoteRefused, "\(error)")
+        }
         return MagpieError(.remoteUnavailable, "\(error)")
+    }
+
+    /// A call's failure as the cache sees it (``unavailable(_:)``), with a refusal for lack of memory
+    /// noted (``noteRefusedForMemory()``).
+    func failure(_ error: any Error) -> MagpieError {
+        let failure = Self.unavailable(error)
+        if failure.code == .remoteFull { noteRefusedForMemory() }
+        return failure
+    }
+
+    /// Counts a command the server refused for lack of memory (`OOM`), and says so in the log once per
+    /// ``RefusalLog/interval`` with how many there were since (a full server refuses thousands a second:
+    /// the log is for people; the cache's `oomRefusals` counts every one it made).
+    func noteRefusedForMemory() {
+        let now = now()
+        guard let count = state.withLock({ $0.refusedForMemory.note(now: now) }) else { return }
+        logger.warning(
+            "magpie: Redis refuses writes for lack of memory (OOM: over maxmemory, with nothing its policy may evict); values are not stored",
+            metadata: ["refused since the last such log": "\(count)", "namespace": "\(configuration.namespace)"])
     }
 }

@@ -1,0 +1,78 @@
+import Glibc
+@testable import Magpie
+import MagpieTestSupport
+import Testing
+
+@testable import MagpieRedis
+
+/// A fleet on a Redis that is full (over `maxmemory`, refusing writes with `OOM`) or that lost its keys
+/// (evicted): the bookkeeping goes on, and nothing stale is served.
+@Suite("Fleet: a Redis that is full or evicts", .serialized, .timeLimit(.minutes(2)))
+struct FleetFullRedisTests {
+    @Test("the server's major version, from HELLO's version string")
+    func majorVersion() {
+        #expect(RedisNodePool.majorVersion("7.0.15") == 7)
+        #expect(RedisNodePool.majorVersion("6.2.14") == 6)
+        #expect(RedisNodePool.majorVersion("8.0.0") == 8)
+        #expect(RedisNodePool.majorVersion("") == nil)
+        #expect(RedisNodePool.majorVersion("unstable") == nil)
+    }
+
+    @Test("only a value's store stays subject to OOM: removals, tombstones and tokens run allow-oom")
+    func writesWhenFull() {
+        #expect(!RedisRemoteStore.mayWriteWhenFull(.fenced, value: Array("MV12345678MR and the rest".utf8)))
+        #expect(RedisRemoteStore.mayWriteWhenFull(.fenced, value: RemoteRecord.tombstone(version: 7)))
+        for kind in [RedisRemoteStore.ChangeKind.plain, .removal, .removalIfEqual] {
+            #expect(RedisRemoteStore.mayWriteWhenFull(kind, value: []))
+        }
+    }
+
+    @Test("a full Redis: confirmations go on, copies stay servable, a refused value leaves its tombstone and nothing owed")
+    func fullRedis() async throws {
+        try await withRedisServer { server in
+            try await offloaded {
+                let bound = Duration.seconds(2)
+                let (a, _) = try fleetCache(port: server.port, bound: bound)
+                let (b, _) = try fleetCache(port: server.port, bound: bound)
+                defer { try? a.close(); try? b.close() }
+                try waitConfirmed(a)
+                try waitConfirmed(b)
+                try a.set(Array("v1".utf8), forKey: "shared")
+                try a.set(Array("w1".utf8), forKey: "other")
+                for key in ["shared", "other"] {
+                    _ = try b.value(forKey: key)
+                    try #require(try pollUntil { try b.lookup(key)?.tier == .memory } != nil)
+                }
+                // Full: every write that takes memory is refused from now on (the default policy, noeviction).
+                #expect(try server.cli("CONFIG", "SET", "maxmemory", "1") == "OK")
+                #expect(throws: RedisHarnessError.self) { try server.cli("SET", "probe", "x") }  // OOM
+
+                // The heartbeats go on: b's copies stay servable from memory for 3 × the bound.
+                let confirmations = b.statistics.remote?.confirmations ?? 0
+                let until = ContinuousClock.now + bound * 3
+                while ContinuousClock.now < until {
+                    #expect(try b.lookup("shared")?.tier == .memory)
+                    usleep(100_000)
+                }
+                let stats = try #require(b.statistics.remote)
+                #expect(stats.confirmations > confirmations + 10)
+                #expect(stats.unconfirmedMilliseconds < 2_000)
+
+                // A value refused for lack of memory: its tombstone replaces v1 in the store, and its
+                // message drops b's copy well within the bound; nothing is owed.
+                let written = ContinuousClock.now
+                try a.set(Array("v2".utf8), forKey: "shared")
+                let dropped = try pollUntil(timeout: bound) { try b.value(forKey: "shared") == nil }
+                #expect(dropped != nil, "b still served v1 \(ContinuousClock.now - written) after a's write")
+                #expect((a.statistics.remote?.oomRefusals ?? 0) >= 1)
+                #expect(try removedInStore(server, "fleet:kshared"))
+                // A removal is taken, full as the store is.
+                try a.removeValue(forKey: "other")
+                #expect(try pollUntil(timeout: bound) { try b.value(forKey: "other") == nil } != nil)
+                #expect(try removedInStore(server, "fleet:kother"))
+                #expect(pollUntil(timeout: bound) { a.statistics.remote?.owedRemovals == 0 && b.statistics.remote?.owedRemovals == 0 } != nil)
+                #expect(a.statistics.remote?.queuedRemovals == 0)
+            }
+        }
+    }
+}
