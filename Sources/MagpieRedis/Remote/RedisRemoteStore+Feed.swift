@@ -300,16 +300,17 @@ extension RedisRemoteStore {
                 // is, if the server cannot compile the flag after all).
                 let script = sent[index].flagged ? RedisRemoteScript.heartbeatAllowingOOM : RedisRemoteScript.heartbeat
                 do {
-                    answer = try await sender.send(RedisCommand("EVAL", [.string(script)] + sent[index].arguments, keyIndices: [2, 3, 4, 5]))
+                    answer = try await sender.send(
+                        RedisCommand("EVAL", [.string(script)] + sent[index].arguments, keyIndices: [2, 3, 4, 5]))
                 } catch let error as RedisError where sent[index].flagged && Self.cannotCompileFlag(error) {
                     answer = try? await sender.send(
                         RedisCommand("EVAL", [.string(RedisRemoteScript.heartbeat)] + sent[index].arguments, keyIndices: [2, 3, 4, 5]))
                 } catch {
-                    if (error as? RedisError)?.serverError?.kind == .outOfMemory { noteRefusedForMemory() }
+                    if (error as? RedisError)?.serverError?.kind == .outOfMemory { _ = failure(error) }
                 }
                 answeredAt = now()
             } else if case .failure(let error) = reply, error.serverError?.kind == .outOfMemory {
-                noteRefusedForMemory()  // a server before Redis 7, full: the feed's confirmations stop
+                _ = failure(error)  // logged: a server before Redis 7, full (the feed's confirmations stop)
             }
             guard let answer, let (low, serverNow) = Self.heartbeatAnswer(answer) else { continue }
             state.withLock { $0.serverClock.add(serverNow: serverNow, sentAt: batchSentAt, receivedAt: answeredAt) }

@@ -82,6 +82,9 @@ public final class RedisRemoteStore: RemoteStore {
     let executor: RedisEventLoopExecutor
     let logger: Logger
     let state = RedisLock(State())
+    /// Commands Redis refused for lack of memory: a full server refuses thousands a second, so the log
+    /// says it once per 10 s with how many (the cache's `oomRefusals` counts every one it made).
+    let refusedForMemory: RepeatedLog
 
     struct State {
         var changes: RemoteChanges?
@@ -97,26 +100,6 @@ public final class RedisRemoteStore: RemoteStore {
         var serverClock = ClockOffset()
         var sequence: UInt64 = 0
         var shutDown = false
-        /// The commands Redis refused for lack of memory, for the log.
-        var refusedForMemory = RefusalLog()
-    }
-
-    /// A failure that repeats, logged at most once per ``interval`` with how many there were.
-    struct RefusalLog {
-        static let interval: Int64 = 10_000
-        private var count = 0
-        private var lastLogged: Int64? = nil
-
-        /// One more; the count to log now (nil: not yet).
-        mutating func note(now: Int64) -> Int? {
-            count += 1
-            if let lastLogged, now - lastLogged < Self.interval { return nil }
-            defer {
-                count = 0
-                lastLogged = now
-            }
-            return count
-        }
     }
 
     /// The server's clock against this instance's, from the heartbeats' round trips (as NTP does): each
@@ -248,6 +231,10 @@ public final class RedisRemoteStore: RemoteStore {
         channel = prefix + Self.channelStem
         executor = RedisEventLoopExecutor(loop)
         self.logger = logger
+        refusedForMemory = RepeatedLog(
+            logger, level: .warning,
+            "magpie: Redis refuses writes for lack of memory (OOM: over maxmemory, with nothing its policy may evict)",
+            interval: .seconds(10))
     }
 
     // MARK: RemoteStore
@@ -330,6 +317,7 @@ public final class RedisRemoteStore: RemoteStore {
             return (state.supervisor, state.subscription)
         }
         supervisor?.cancel()
+        refusedForMemory.flush()
         await leaveWatermarkLists()
         await subscription?.close()
         if let single { await single.shutdown() }
@@ -364,22 +352,13 @@ public final class RedisRemoteStore: RemoteStore {
         return MagpieError(.remoteUnavailable, "\(error)")
     }
 
-    /// A call's failure as the cache sees it (``unavailable(_:)``), with a refusal for lack of memory
-    /// noted (``noteRefusedForMemory()``).
+    /// A call's failure as the cache sees it (``unavailable(_:)``), a refusal for lack of memory logged
+    /// (``refusedForMemory``).
     func failure(_ error: any Error) -> MagpieError {
         let failure = Self.unavailable(error)
-        if failure.code == .remoteFull { noteRefusedForMemory() }
+        if failure.code == .remoteFull {
+            refusedForMemory.record(error: failure.message, metadata: ["namespace": "\(configuration.namespace)"])
+        }
         return failure
-    }
-
-    /// Counts a command the server refused for lack of memory (`OOM`), and says so in the log once per
-    /// ``RefusalLog/interval`` with how many there were since (a full server refuses thousands a second:
-    /// the log is for people; the cache's `oomRefusals` counts every one it made).
-    func noteRefusedForMemory() {
-        let now = now()
-        guard let count = state.withLock({ $0.refusedForMemory.note(now: now) }) else { return }
-        logger.warning(
-            "magpie: Redis refuses writes for lack of memory (OOM: over maxmemory, with nothing its policy may evict); values are not stored",
-            metadata: ["refused since the last such log": "\(count)", "namespace": "\(configuration.namespace)"])
     }
 }
