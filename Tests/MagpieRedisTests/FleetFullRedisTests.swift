@@ -22,7 +22,7 @@ struct FleetFullRedisTests {
     func writesWhenFull() {
         #expect(!RedisRemoteStore.mayWriteWhenFull(.fenced, value: Array("MV12345678MR and the rest".utf8)))
         #expect(RedisRemoteStore.mayWriteWhenFull(.fenced, value: RemoteRecord.tombstone(version: 7)))
-        for kind in [RedisRemoteStore.ChangeKind.plain, .removal, .removalIfEqual] {
+        for kind in [RedisRemoteStore.ChangeKind.plain, .created, .removal, .removalIfEqual] {
             #expect(RedisRemoteStore.mayWriteWhenFull(kind, value: []))
         }
     }
@@ -72,6 +72,59 @@ struct FleetFullRedisTests {
                 #expect(try removedInStore(server, "fleet:kother"))
                 #expect(pollUntil(timeout: bound) { a.statistics.remote?.owedRemovals == 0 && b.statistics.remote?.owedRemovals == 0 } != nil)
                 #expect(a.statistics.remote?.queuedRemovals == 0)
+            }
+        }
+    }
+
+    @Test("a namespace token evicted and created anew by one instance: the others follow its message, nothing older comes back")
+    func tokenCreatedAnew() async throws {
+        try await withRedisServer { server in
+            try await offloaded {
+                let (a, b) = try confirmedPair(port: server.port)
+                defer { try? a.close(); try? b.close() }
+                try storeAndKeep(a, "before", "old")
+                #expect(text(try b.value(forKey: "before")) == "old")  // b reads (and caches) the token too
+                // Redis evicts the token; an instance that holds none (a new one) writes, and so creates another.
+                #expect(try server.cli("DEL", "fleet:a") == "1")
+                let (c, _) = try fleetCache(port: server.port)
+                defer { try? c.close() }
+                try waitConfirmed(c)
+                try c.set(Array("new".utf8), forKey: "after")
+                try settle(a)
+                try settle(b)
+                // One message later every instance judges the records by the new token.
+                #expect(text(try b.value(forKey: "after")) == "new")
+                #expect(text(try a.value(forKey: "after")) == "new")
+                try b.set(Array("from b".utf8), forKey: "later")
+                try settle(c)
+                #expect(text(try c.value(forKey: "later")) == "from b")
+                // What was written under the evicted token is gone for every instance, local copies too.
+                for cache in [a, b, c] { #expect(try cache.value(forKey: "before") == nil) }
+            }
+        }
+    }
+
+    @Test("on a full Redis a token is still created and announced; the value is refused, its tombstone taken")
+    func tokenCreatedWhenFull() async throws {
+        try await withRedisServer { server in
+            try await offloaded {
+                let (a, b) = try confirmedPair(port: server.port)
+                defer { try? a.close(); try? b.close() }
+                try storeAndKeep(a, "before", "old")
+                #expect(text(try b.value(forKey: "before")) == "old")
+                #expect(try server.cli("CONFIG", "SET", "maxmemory", "1") == "OK")
+                #expect(try server.cli("DEL", "fleet:a") == "1")
+                let (c, _) = try fleetCache(port: server.port)
+                defer { try? c.close() }
+                try waitConfirmed(c)
+                try c.set(Array("new".utf8), forKey: "after")
+                #expect(try server.cli("STRLEN", "fleet:a") == "8")
+                try settle(a)
+                try settle(b)
+                for cache in [a, b, c] { #expect(try cache.value(forKey: "before") == nil) }
+                #expect((c.statistics.remote?.oomRefusals ?? 0) >= 1)
+                #expect(try removedInStore(server, "fleet:kafter"))
+                #expect(c.statistics.remote?.owedRemovals == 0)
             }
         }
     }

@@ -32,6 +32,13 @@ public protocol RemoteStore: AnyObject, Sendable {
 
     /// Stores `value` for `key`, expiring at `expiresAt` (ms since 1970; 0: never). With `onlyIfAbsent`
     /// only when the key has no value. Returns whether it stored.
+    ///
+    /// A store that created a namespace or group token this way (`onlyIfAbsent`, a key "a" or "g" + name)
+    /// should publish its change message, with the token as its value, as for a token replaced: the
+    /// token the key had before (evicted, say) is gone with every record written under it, and an
+    /// instance that still holds it forgets it and its local copies of those records, instead of judging
+    /// every record written under the new token outdated (a fleet split between two tokens). Taking a
+    /// lease publishes nothing.
     func store(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, onlyIfAbsent: Bool) async throws(MagpieError)
         -> Bool
 

@@ -24,14 +24,15 @@ import NIOPosix
 // into the same refusal). So on Redis 7 and later (the shebang line; Redis 6 cannot compile it, and gets
 // the scripts as they were: `serverAllowsOOMFlag`) the writes that free memory or keep a few bytes run
 // flagged `allow-oom`: the heartbeat, a removal and a tombstone (which replaces a value), a lease's
-// release, and a token's replacement (8 bytes). A value's write is what `maxmemory` is for:
+// release, and a token's creation or replacement (8 bytes). A value's write is what `maxmemory` is for:
 // it stays refused, and the cache then stores the key's tombstone instead (RemoteTier.write).
 
 enum RedisRemoteScript {
     /// A write and its change message: `KEYS[1]` the key, `KEYS[2]` its slot's sequence counter.
     /// `ARGV[1]` the kind: "F" a fenced store (a versioned value: "MV" + 8-byte big-endian version + …,
     /// stored only over an absent, unversioned or older one, and only before the deadline), "S" a plain
-    /// store, "D" a removal, "E" a removal only while the key holds `ARGV[2]`. `ARGV[2]` the value;
+    /// store, "N" a plain store only where the key has no value, "D" a removal, "E" a removal only while
+    /// the key holds `ARGV[2]`. `ARGV[2]` the value;
     /// `ARGV[3]` its lifetime in ms ("0": none); `ARGV[4]` the deadline, ms since 1970 by the server's
     /// clock ("0": none); `ARGV[5]` the channel; `ARGV[6]` the message's head; `ARGV[7]` the slot's field
     /// in the sequence hash ("": `KEYS[2]` is the slot's own counter); `ARGV[8]` "1" to append the value.
@@ -60,6 +61,10 @@ enum RedisRemoteScript {
         end
         if kind == 'F' or kind == 'S' then
           if ARGV[3] == '0' then redis.call('SET', KEYS[1], value) else redis.call('SET', KEYS[1], value, 'PX', ARGV[3]) end
+        elseif kind == 'N' then
+          local set
+          if ARGV[3] == '0' then set = redis.call('SET', KEYS[1], value, 'NX') else set = redis.call('SET', KEYS[1], value, 'PX', ARGV[3], 'NX') end
+          if not set then return 0 end
         elseif kind == 'D' then
           if redis.call('DEL', KEYS[1]) == 0 then return 0 end
         else
@@ -78,10 +83,10 @@ enum RedisRemoteScript {
         redis.call('PUBLISH', ARGV[5], ARGV[6] .. sequence .. ':' .. body)
         return 1
         """
-    static let changeSHA = "cd1334cf2691a93c10e9c4c7eef6671bd5d01780"
+    static let changeSHA = "c030dfbaf01a0514e3471551e3719ce09e8f91ab"
     /// ``change`` flagged `allow-oom` (Redis 7 and later): for every kind but a value's store.
     static let changeAllowingOOM = allowOOMLine + change
-    static let changeAllowingOOMSHA = "c1181b1c9adc319245df5d075158b016872d555b"
+    static let changeAllowingOOMSHA = "e47d39e8cdc02ccaec4659d27d579b2860fc1b61"
 
     /// Heartbeat with the fleet's delivery watermark, on one master (every key with the same hash tag):
     /// `KEYS[1]` the sequence counters (a single server's hash, whose total it reads), `KEYS[2]` the
@@ -181,12 +186,14 @@ extension RedisRemoteStore {
     enum ChangeKind: String {
         case fenced = "F"
         case plain = "S"
+        case created = "N"
         case removal = "D"
         case removalIfEqual = "E"
     }
 
     /// Makes a write of the logical key `key` and publishes its change message: whether it wrote (false:
-    /// an older version, a key already absent, another value, or a deadline passed).
+    /// an older version, a key already absent or already holding a value, another value, or a deadline
+    /// passed).
     func change(
         _ kind: ChangeKind, _ key: [UInt8], value: [UInt8] = [], lifetime: Int64 = 0, deadline: Int64 = 0, version: UInt64 = 0,
         pushing: Bool = false
@@ -209,8 +216,8 @@ extension RedisRemoteStore {
 
     /// Whether a change of this kind runs even when the server is out of memory (on Redis 7 and later):
     /// every kind but a value's store. A removal frees memory; a tombstone (the fence and "MT", the
-    /// cache's layout: RemoteRecord.swift) replaces a value; a plain store replaces a token (8 bytes;
-    /// the cache's only plain writes through this script). Taken even when full, they keep the
+    /// cache's layout: RemoteRecord.swift) replaces a value; a plain store or a creation writes a token
+    /// (8 bytes; the cache's only plain writes through this script). Taken even when full, they keep the
     /// fence, the tokens and the owed removals working; a value stays refused, and the cache writes its
     /// tombstone instead.
     static func mayWriteWhenFull(_ kind: ChangeKind, value: [UInt8]) -> Bool {

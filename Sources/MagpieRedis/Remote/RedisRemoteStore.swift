@@ -263,9 +263,15 @@ public final class RedisRemoteStore: RemoteStore {
             }
         }
         do {
-            // A conditional store (a lease taken, a token created where there was none) changes nothing a
-            // cache holds: a plain SET, no message.
             guard onlyIfAbsent else { return try await change(.plain, key, value: value, lifetime: lifetime) }
+            // A token created where there was none: announced, with the token, as a replaced one is. The
+            // key may have lost its token to an eviction (every record under it outdated): an instance
+            // that still holds the old one forgets it, and its copies of those records, where it would
+            // otherwise judge every record written under the new token outdated (the fleet split in two).
+            if key.first == Self.namespaceTag || key.first == Self.groupTag {
+                return try await change(.created, key, value: value, lifetime: lifetime, pushing: true)
+            }
+            // A lease taken changes nothing a cache holds: a plain SET, no message.
             let reply = try await sender.send(
                 .set(prefix + key, value, expiration: lifetime > 0 ? .milliseconds(lifetime) : nil, condition: .ifNotExists))
             switch reply {
@@ -361,4 +367,8 @@ public final class RedisRemoteStore: RemoteStore {
         }
         return failure
     }
+
+    /// The logical keys' tags of the tokens (the cache's layout: "a" the namespace's, "g" + name a group's).
+    static let namespaceTag = UInt8(ascii: "a")
+    static let groupTag = UInt8(ascii: "g")
 }
