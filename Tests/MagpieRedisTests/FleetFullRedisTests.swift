@@ -128,4 +128,44 @@ struct FleetFullRedisTests {
             }
         }
     }
+
+    @Test("the sequence counters evicted: numbering restarts without dropping copies, and a message lost after it is found")
+    func sequencesEvicted() async throws {
+        try await withRedisServer { server in
+            try await offloaded {
+                let (a, b) = try confirmedPair(port: server.port)
+                // c discards every change message: only the heartbeats' totals, and the checks they call
+                // for, tell it what changed.
+                var dropping = RedisRemoteStore.Configuration(
+                    redis: testConfiguration(port: server.port) { $0.commandTimeout = .seconds(2) }, namespace: "fleet:",
+                    heartbeatInterval: .milliseconds(20))
+                dropping.dropChangeMessages = 1
+                var configuration = Cache.Configuration(directory: nil, memoryBudget: 8 << 20, diskBudget: 64 << 20)
+                configuration.metrics = nil
+                configuration.remote = RemoteTierOptions(store: try RedisRemoteStore(dropping), maxDisconnectedStaleness: .seconds(5))
+                let c = try Cache(configuration)
+                defer { try? a.close(); try? b.close(); try? c.close() }
+                try waitConfirmed(c)
+                try a.set(Array("v1".utf8), forKey: "k")
+                try a.set(Array("x1".utf8), forKey: "x")
+                try settle(c)  // c's numbers have caught up with the writes (by a check: it saw no message)
+                for (cache, key) in [(b, "k"), (b, "x"), (c, "k")] {
+                    try #require(try pollUntil { _ = try cache.value(forKey: key); return try cache.lookup(key)?.tier == .memory } != nil)
+                }
+                let losses = b.statistics.remote?.partitionLosses ?? 0
+                try settle(c)
+                // Redis evicts the counters; the next write makes them anew, numbered from 1 again.
+                #expect(try server.cli("DEL", "fleet:h~s") == "1")
+                try a.set(Array("v2".utf8), forKey: "k")
+                // c lost that write's message: the new total, read against numbering from 0, finds it.
+                #expect(try pollUntil(timeout: .seconds(3)) { text(try c.value(forKey: "k")) == "v2" } != nil)
+                // b took the restart for what it is: no gap, no copy dropped but the written key's.
+                try settle(b)
+                #expect(text(try b.value(forKey: "k")) == "v2")
+                #expect(try b.lookup("x")?.tier == .memory)
+                #expect(b.statistics.remote?.partitionLosses == losses)
+            }
+        }
+    }
 }
+

@@ -253,6 +253,14 @@ public final class RemoteChanges: Sendable {
         sink(.sequences(numbers))
     }
 
+    /// The store's sequence numbers restarted from 0 in every partition (its counters were lost, and made
+    /// anew), and the message or confirmation reported next is the first of the new numbering: the cache
+    /// counts from 0 again (a first number above 1 is a gap), where it would otherwise take every number
+    /// up to the old ones for a repeat and miss the gaps among them. Drops no copy.
+    public func sequencesRestarted() {
+        sink(.sequencesRestarted)
+    }
+
     /// Whether the cache found its messages fall short of a total the store reported
     /// (``confirm(through:total:)``): the store then reads and reports every partition's number
     /// (``sequences(_:)``), which finds the partitions that missed messages.
@@ -307,6 +315,7 @@ public final class RemoteChanges: Sendable {
 enum RemoteChange: Sendable {
     case changed(RemoteChangeMessage)
     case sequences([Int: UInt64])
+    case sequencesRestarted
     case partitionsLost([Int])
     case keys([[UInt8]])
     case all

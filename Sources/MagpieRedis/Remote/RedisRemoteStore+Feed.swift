@@ -72,6 +72,7 @@ extension RedisRemoteStore {
             let changes = state.withLock { state -> RemoteChanges? in
                 guard !state.shutDown, state.subscription == nil else { return nil }
                 state.subscription = subscription
+                state.epoch = nil
                 return state.changes
             }
             guard let changes else {
@@ -111,23 +112,41 @@ extension RedisRemoteStore {
         switch event {
         case .message(let message):
             switch ChangeMessageFormat.parse(Array(message.payload.readableBytesView)) {
-            case .change(let origin, let version, let partition, let key, let sequence, let value):
+            case .change(let origin, let version, let partition, let key, let sequence, let epoch, let value):
                 let dropping = configuration.dropChangeMessages
                 if dropping > 0 && Double.random(in: 0..<1) < dropping { return }
+                noteEpoch(epoch, changes: changes)
                 changes.changed(
                     RemoteChangeMessage(
                         key: key, version: version, own: origin.elementsEqual(self.origin), partition: partition, sequence: sequence,
                         value: value))
-            case .heartbeat(let from, let number, let total):
-                if from == instance { heartbeatSeen(number, total: total, changes: changes) }
+            case .heartbeat(let from, let number, let total, let epoch):
+                guard from == instance else { return }
+                noteEpoch(epoch, changes: changes)
+                heartbeatSeen(number, total: total, changes: changes)
             case nil:
                 break  // not a message of ours
             }
         case .lost:
             break  // confirmations stop; the cache's bound runs from the last one
         case .restored:
+            state.withLock { $0.epoch = nil }  // numbering continues from where the next check says
             changes.invalidateAll()  // what was published while the subscription was down was never received
         }
+    }
+
+    /// A message came with the sequence hash's `epoch` (nil: none): one that differs from the last seen
+    /// means Redis lost the hash (evicted) and made it anew, so its numbers restarted from 0 and this
+    /// message is among the first of them (the epoch is read in the script that numbers the message).
+    /// The cache is told before the message, and counts from 0 again: it would otherwise take every
+    /// number below the old ones for a repeat, and miss the messages lost among them.
+    private func noteEpoch(_ epoch: UInt64?, changes: RemoteChanges) {
+        guard let epoch else { return }
+        let restarted = state.withLock { state -> Bool in
+            defer { state.epoch = epoch }
+            return state.epoch.map { $0 != epoch } ?? false
+        }
+        if restarted { changes.sequencesRestarted() }
     }
 
     /// Keys under the namespace changed, by a cache or by another program (or expired, or were evicted):

@@ -36,7 +36,10 @@ enum RedisRemoteScript {
     /// `ARGV[3]` its lifetime in ms ("0": none); `ARGV[4]` the deadline, ms since 1970 by the server's
     /// clock ("0": none); `ARGV[5]` the channel; `ARGV[6]` the message's head; `ARGV[7]` the slot's field
     /// in the sequence hash ("": `KEYS[2]` is the slot's own counter); `ARGV[8]` "1" to append the value.
-    /// Publishes `head .. sequence .. ":" .. value-or-nothing`. Returns 1 when it wrote, 0 when it did not
+    /// Publishes `head .. sequence .. ":" .. value-or-nothing`, with the hash's epoch after the sequence
+    /// (`@` and the digits) on a single server. The epoch (field "e": the server's clock in µs when the
+    /// hash was made) is set when the hash is made, and so changes when Redis lost it (evicted) and the
+    /// numbering restarts: receivers tell a restart from repeats. Returns 1 when it wrote, 0 when it did not
     /// (an older version, a key already absent, another value), -1 when the deadline has passed.
     ///
     /// Versions are compared as numbers (the top 48 bits, exact in Lua's doubles, then the low 16),
@@ -72,21 +75,27 @@ enum RedisRemoteScript {
           redis.call('DEL', KEYS[1])
         end
         local sequence
+        local epoch = ''
         if ARGV[7] == '' then
           sequence = redis.call('INCR', KEYS[2])
         else
+          if redis.call('EXISTS', KEYS[2]) == 0 then
+            local t = redis.call('TIME')
+            redis.call('HSET', KEYS[2], 'e', t[1] .. string.format('%06d', tonumber(t[2])))
+          end
           sequence = redis.call('HINCRBY', KEYS[2], ARGV[7], 1)
           redis.call('HINCRBY', KEYS[2], 't', 1)
+          epoch = '@' .. (redis.call('HGET', KEYS[2], 'e') or '')
         end
         local body = ''
         if ARGV[8] == '1' then body = value end
-        redis.call('PUBLISH', ARGV[5], ARGV[6] .. sequence .. ':' .. body)
+        redis.call('PUBLISH', ARGV[5], ARGV[6] .. sequence .. epoch .. ':' .. body)
         return 1
         """
-    static let changeSHA = "c030dfbaf01a0514e3471551e3719ce09e8f91ab"
+    static let changeSHA = "2ea932e188526404dccb4822f4e4f7d1ce235edd"
     /// ``change`` flagged `allow-oom` (Redis 7 and later): for every kind but a value's store.
     static let changeAllowingOOM = allowOOMLine + change
-    static let changeAllowingOOMSHA = "e47d39e8cdc02ccaec4659d27d579b2860fc1b61"
+    static let changeAllowingOOMSHA = "cc8cc012840cd15249aec0ab58462d299726066c"
 
     /// Heartbeat with the fleet's delivery watermark, on one master (every key with the same hash tag):
     /// `KEYS[1]` the sequence counters (a single server's hash, whose total it reads), `KEYS[2]` the
@@ -97,7 +106,8 @@ enum RedisRemoteScript {
     /// a gap between two runs that means the server (or every instance) was stopped (ms): everyone is then
     /// heard of anew, so that nobody is dropped for a silence the server imposed, `ARGV[6]` the
     /// bookkeeping's lifetime (ms), `ARGV[7]` the channel, `ARGV[8]` the heartbeat's message, `ARGV[9]`
-    /// "1" to append the total of the sequence counters (`:` and the number) to it. Publishes the
+    /// "1" to append the total of the sequence counters and their epoch (`:`, the number, `:`, the epoch
+    /// or nothing) to it. Publishes the
     /// heartbeat; returns the least watermark of the instances still waited for ("-": none) and the
     /// server's clock (ms), both as strings.
     static let heartbeat = """
@@ -119,15 +129,17 @@ enum RedisRemoteScript {
         redis.call('PEXPIRE', KEYS[2], ARGV[6])
         redis.call('PEXPIRE', KEYS[3], ARGV[6])
         local message = ARGV[8]
-        if ARGV[9] == '1' then message = message .. ':' .. (redis.call('HGET', KEYS[1], 't') or '0') end
+        if ARGV[9] == '1' then
+          message = message .. ':' .. (redis.call('HGET', KEYS[1], 't') or '0') .. ':' .. (redis.call('HGET', KEYS[1], 'e') or '')
+        end
         redis.call('PUBLISH', ARGV[7], message)
         local low = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
         return {low[2] or '-', tostring(now)}
         """
-    static let heartbeatSHA = "900cf4661d921ea3b35811e198ad69650189b271"
+    static let heartbeatSHA = "0b3320d34dc26968e315d0b4f1ad6cf529a6ccfc"
     /// ``heartbeat`` flagged `allow-oom` (Redis 7 and later).
     static let heartbeatAllowingOOM = allowOOMLine + heartbeat
-    static let heartbeatAllowingOOMSHA = "8f8f458b2a308520a3692580011b2c1e1adf64be"
+    static let heartbeatAllowingOOMSHA = "70087f212a20ead6464b54c3774c449db2cff6ab"
 
     /// The shebang line that lets a script run, and write, while the server is over `maxmemory`
     /// (Redis 7 and later; an earlier server cannot compile it).
@@ -274,9 +286,11 @@ enum RemoteChangeFence {
 /// A change message as the scripts publish it:
 ///
 ///     "MC"  kind (1 byte: "W" a versioned write, "P" a plain one)  origin (8)  version (u64 BE)
-///     partition (u16 LE)  key length (u16 LE)  key  sequence (decimal)  ":"  value (pushed; else none)
+///     partition (u16 LE)  key length (u16 LE)  key  sequence (decimal)  ["@" epoch (decimal)]  ":"
+///     value (pushed; else none)
 ///
-/// and a heartbeat: `"MCH" instance ":" number [":" total]`.
+/// and a heartbeat: `"MCH" instance ":" number [":" total ":" epoch]` (the epoch may be empty: no
+/// sequence hash). The epoch is the sequence hash's (RedisRemoteScript.change), on a single server only.
 enum ChangeMessageFormat {
     enum Kind: UInt8 {
         case versioned = 0x57  // "W"
@@ -299,11 +313,12 @@ enum ChangeMessageFormat {
         return bytes
     }
 
-    /// A published message, read back: a change, or a heartbeat (instance, number, total), or nil for
-    /// anything else.
+    /// A published message, read back: a change, or a heartbeat (instance, number, total, epoch), or nil
+    /// for anything else. An epoch of nil: none given.
     enum Parsed {
-        case change(origin: ArraySlice<UInt8>, version: UInt64, partition: Int, key: [UInt8], sequence: UInt64, value: [UInt8]?)
-        case heartbeat(instance: Substring, number: UInt64, total: UInt64?)
+        case change(
+            origin: ArraySlice<UInt8>, version: UInt64, partition: Int, key: [UInt8], sequence: UInt64, epoch: UInt64?, value: [UInt8]?)
+        case heartbeat(instance: Substring, number: UInt64, total: UInt64?, epoch: UInt64?)
     }
 
     static func parse(_ bytes: [UInt8]) -> Parsed? {
@@ -311,7 +326,9 @@ enum ChangeMessageFormat {
         if bytes[2] == Kind.heartbeat.rawValue {
             let fields = String(decoding: bytes[3...], as: UTF8.self).split(separator: ":", omittingEmptySubsequences: false)
             guard fields.count >= 2, let number = UInt64(fields[1]) else { return nil }
-            return .heartbeat(instance: fields[0], number: number, total: fields.count > 2 ? UInt64(fields[2]) : nil)
+            return .heartbeat(
+                instance: fields[0], number: number, total: fields.count > 2 ? UInt64(fields[2]) : nil,
+                epoch: fields.count > 3 ? UInt64(fields[3]) : nil)
         }
         guard bytes.count >= headLength, bytes[2] == Kind.versioned.rawValue || bytes[2] == Kind.plain.rawValue else { return nil }
         let version = bytes[11..<19].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
@@ -319,16 +336,30 @@ enum ChangeMessageFormat {
         let keyLength = Int(bytes[21]) | Int(bytes[22]) << 8
         let keyEnd = headLength + keyLength
         guard keyEnd < bytes.count, let colon = bytes[keyEnd...].firstIndex(of: 0x3A), colon > keyEnd else { return nil }
-        var sequence: UInt64 = 0
-        for digit in bytes[keyEnd..<colon] {
-            guard digit >= 0x30, digit <= 0x39 else { return nil }
-            let (times, overflow) = sequence.multipliedReportingOverflow(by: 10)
-            guard !overflow else { return nil }
-            sequence = times + UInt64(digit - 0x30)
+        let at = bytes[keyEnd..<colon].firstIndex(of: 0x40)  // "@"
+        guard let sequence = decimal(bytes[keyEnd..<(at ?? colon)]) else { return nil }
+        var epoch: UInt64? = nil
+        if let at, at + 1 < colon {
+            guard let number = decimal(bytes[(at + 1)..<colon]) else { return nil }
+            epoch = number
         }
         let value = colon + 1 < bytes.count ? Array(bytes[(colon + 1)...]) : nil
         return .change(
             origin: bytes[3..<11], version: version, partition: partition, key: Array(bytes[headLength..<keyEnd]), sequence: sequence,
-            value: value)
+            epoch: epoch, value: value)
+    }
+
+    /// The number `digits` spell in decimal; nil for anything else, or past `UInt64.max`.
+    private static func decimal(_ digits: ArraySlice<UInt8>) -> UInt64? {
+        var number: UInt64 = 0
+        for digit in digits {
+            guard digit >= 0x30, digit <= 0x39 else { return nil }
+            let (times, overflow) = number.multipliedReportingOverflow(by: 10)
+            guard !overflow else { return nil }
+            let (sum, carried) = times.addingReportingOverflow(UInt64(digit - 0x30))
+            guard !carried else { return nil }
+            number = sum
+        }
+        return number
     }
 }

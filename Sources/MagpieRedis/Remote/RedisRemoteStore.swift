@@ -99,6 +99,8 @@ public final class RedisRemoteStore: RemoteStore {
         /// How far the server's clock is ahead of the cache's (the watermarks are kept by the server's).
         var serverClock = ClockOffset()
         var sequence: UInt64 = 0
+        /// The epoch of the sequence hash the latest message carried (RedisRemoteScript.change).
+        var epoch: UInt64? = nil
         var shutDown = false
     }
 
