@@ -65,6 +65,7 @@ struct FleetFullRedisTests {
                 let dropped = try pollUntil(timeout: bound) { try b.value(forKey: "shared") == nil }
                 #expect(dropped != nil, "b still served v1 \(ContinuousClock.now - written) after a's write")
                 #expect((a.statistics.remote?.oomRefusals ?? 0) >= 1)
+                #expect((a.statistics.remote?.errors ?? 0) >= (a.statistics.remote?.oomRefusals ?? 0))
                 #expect(try removedInStore(server, "fleet:kshared"))
                 // A removal is taken, full as the store is.
                 try a.removeValue(forKey: "other")

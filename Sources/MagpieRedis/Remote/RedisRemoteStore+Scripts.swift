@@ -9,8 +9,9 @@ import NIOPosix
 // in one step on the server: nothing can come between them, and a write that did not happen publishes
 // nothing. The message goes to the namespace's channel (`<namespace>h~c`; in a cluster, PUBLISH reaches
 // every node's subscribers over the cluster bus, in order from each node), numbered in its partition
-// (the key's hash slot): a counter in `<namespace>h~s` (one hash: a field per slot and the total "t")
-// or, in a cluster, one counter per slot (`<namespace>h~s{tag}`, the tag putting it in the key's slot).
+// (the key's hash slot): a counter in `<namespace>h~s` (one hash: a field per slot, the total "t" and
+// the epoch "e") or, in a cluster, one counter per slot (`<namespace>h~s{tag}`, the tag putting it in the
+// key's slot).
 //
 // Sent as EVALSHA with the script's SHA-1 (below, checked against the server's own `SCRIPT LOAD` by the
 // tests); a server that does not know it yet (restarted, a new cluster node, a flushed script cache)
