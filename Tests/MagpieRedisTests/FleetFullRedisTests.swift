@@ -27,6 +27,41 @@ struct FleetFullRedisTests {
         }
     }
 
+    @Test(
+        "the server's version picks the scripts: 6 gets them as they were, 7 flagged allow-oom, one that cannot compile the flag the plain",
+        arguments: [("6.2.14", false, false), ("7.0.15", true, false), ("7.0.15", true, true)])
+    func scriptsByVersion(version: String, flagged: Bool, compileFails: Bool) async throws {
+        let sent = RedisLock<[String]>([])
+        try await withFakeRedisServer(handler: { command, reply in
+            switch command.first {
+            case "HELLO":
+                reply.send("%2\r\n+server\r\n+redis\r\n+version\r\n+\(version)\r\n")
+            case "EVALSHA":
+                sent.withLock { $0.append(command[1]) }
+                let unknown = compileFails && command[1] == RedisRemoteScript.changeAllowingOOMSHA
+                reply.send(unknown ? "-NOSCRIPT No matching script. Please use EVAL.\r\n" : ":1\r\n")
+            case "EVAL":
+                sent.withLock { $0.append(command[1].hasPrefix("#!lua") ? "EVAL flagged" : "EVAL") }
+                reply.send("-ERR Error compiling script (new function): user_script:1: unexpected symbol near '#'\r\n")
+            default:
+                reply.send("+OK\r\n")
+            }
+        }) { server in
+            let store = try RedisRemoteStore(.init(redis: testConfiguration(port: server.port), namespace: "v:"))
+            // The version comes with a connection's HELLO (before the first, the scripts go unflagged).
+            for _ in 0..<200 where store.single?.serverMajorVersion == nil { try await Task.sleep(for: .milliseconds(10)) }
+            try await store.remove(keys: [Array("kx".utf8)])
+            await store.shutdown()
+            let expected =
+                !flagged
+                ? [RedisRemoteScript.changeSHA]
+                : compileFails
+                    ? [RedisRemoteScript.changeAllowingOOMSHA, "EVAL flagged", RedisRemoteScript.changeSHA]
+                    : [RedisRemoteScript.changeAllowingOOMSHA]
+            #expect(sent.withLock { $0 } == expected)
+        }
+    }
+
     @Test("a full Redis: confirmations go on, copies stay servable, a refused value leaves its tombstone and nothing owed")
     func fullRedis() async throws {
         try await withRedisServer { server in
