@@ -66,7 +66,7 @@ struct FleetFullRedisTests {
     func fullRedis() async throws {
         try await withRedisServer { server in
             try await offloaded {
-                let bound = Duration.seconds(2)
+                let bound = Duration.seconds(3)  // the heartbeats must not lag past it on a loaded machine
                 let (a, _) = try fleetCache(port: server.port, bound: bound)
                 let (b, _) = try fleetCache(port: server.port, bound: bound)
                 defer { try? a.close(); try? b.close() }
@@ -91,7 +91,7 @@ struct FleetFullRedisTests {
                 }
                 let stats = try #require(b.statistics.remote)
                 #expect(stats.confirmations > confirmations + 10)
-                #expect(stats.unconfirmedMilliseconds < 2_000)
+                #expect(stats.unconfirmedMilliseconds < 3_000)
 
                 // A value refused for lack of memory: its tombstone replaces v1 in the store, and its
                 // message drops b's copy well within the bound; nothing is owed.
