@@ -21,9 +21,10 @@ extension OwedRemovals {
 
     /// Replays until nothing is owed: looks every 20 ms while the store fails fast (so the replay
     /// follows the store's return closely: until it lands, other instances may read what the store
-    /// holds), backs off after a failed attempt (20 ms doubling to 250 ms; to 2 s while the store answers
-    /// with refusals, a full Redis before version 7 say, each pass then opening with one removal alone:
-    /// a refusal repeated as fast as it comes back is a storm of commands that change nothing).
+    /// holds), backs off after a failed attempt (20 ms doubling to 250 ms). While the store answers with
+    /// refusals (a full Redis before version 7, say), each pass opens with one removal alone and stops at
+    /// a refusal: a few commands a second, where sending every owed removal again on each pass would be a
+    /// storm of commands that change nothing.
     private func replay() async {
         var delay = Duration.milliseconds(20)
         var refused = false
@@ -49,7 +50,7 @@ extension OwedRemovals {
                 let code = MagpieError.code(of: error)
                 refused = code == .remoteRefused || code == .remoteFull
                 try? await Task.sleep(for: delay)
-                delay = min(delay * 2, refused ? .seconds(2) : .milliseconds(250))
+                delay = min(delay * 2, .milliseconds(250))
             }
         }
     }
