@@ -10,7 +10,7 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
         private enum Kind: Sendable, Hashable {
             case keyTooLong, valueTooLarge, invalidConfiguration, compressionFailed, decompressionFailed
             case directoryLocked, directoryUnusable, directoryUnsafe, directoryReplaced, manifestMismatch, noSpace, ioFailure, closed
-            case encodingFailed, decodingFailed, loadTimedOut, remoteUnavailable, remoteRefused
+            case encodingFailed, decodingFailed, loadTimedOut, remoteUnavailable, remoteRefused, remoteFull
         }
 
         private let kind: Kind
@@ -68,6 +68,10 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
         /// not hold back the fleet's delivery watermark (``RemoteChanges/ownWritesDelivered()``): the
         /// store is reachable, and every instance reads the same error.
         public static let remoteRefused = Code(.remoteRefused)
+        /// The remote tier refused a write for lack of memory (Redis: `OOM`, over `maxmemory` with nothing
+        /// its policy may evict). Treated as ``remoteRefused``; the cache counts it in
+        /// ``RemoteTierStatistics/oomRefusals`` and stores the key's tombstone instead of a refused value.
+        public static let remoteFull = Code(.remoteFull)
 
         /// The code's name, e.g. `ioFailure`.
         public var description: String {
@@ -90,12 +94,16 @@ public struct MagpieError: Error, Sendable, Hashable, CustomStringConvertible {
             case .loadTimedOut: "loadTimedOut"
             case .remoteUnavailable: "remoteUnavailable"
             case .remoteRefused: "remoteRefused"
+            case .remoteFull: "remoteFull"
             }
         }
     }
 
     /// What kind of failure this is.
     public var code: Code
+
+    /// The code of `error` if it is a ``MagpieError``.
+    static func code(of error: any Error) -> Code? { (error as? MagpieError)?.code }
     /// A human-readable explanation.
     public var message: String
     /// The `errno` of the failed system call, if a system call failed.

@@ -80,6 +80,9 @@ public final class RedisClient: RedisCommandSender {
     /// Whether the server's circuit breaker is open (calls fail fast).
     public var isBreakerOpen: Bool { pool.isBreakerOpen }
 
+    /// The server's major version, from the newest connection's `HELLO` (nil before the first connection).
+    var serverMajorVersion: Int? { pool.serverMajorVersion }
+
     /// Opens a dedicated connection for subscriptions and invalidations (see ``RedisSubscriber``).
     public func makeSubscriber() -> RedisSubscriber {
         RedisSubscriber(endpoint: pool.endpoint, configuration: configuration, sslContext: sslContext,

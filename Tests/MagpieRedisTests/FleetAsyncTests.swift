@@ -245,6 +245,8 @@ struct FleetAsyncTests {
             // The scripts' SHA-1 are the server's own.
             #expect(try server.cli("SCRIPT", "LOAD", RedisRemoteScript.change) == RedisRemoteScript.changeSHA)
             #expect(try server.cli("SCRIPT", "LOAD", RedisRemoteScript.heartbeat) == RedisRemoteScript.heartbeatSHA)
+            #expect(try server.cli("SCRIPT", "LOAD", RedisRemoteScript.changeAllowingOOM) == RedisRemoteScript.changeAllowingOOMSHA)
+            #expect(try server.cli("SCRIPT", "LOAD", RedisRemoteScript.heartbeatAllowingOOM) == RedisRemoteScript.heartbeatAllowingOOMSHA)
             _ = try server.cli("SCRIPT", "FLUSH")  // the next call finds NOSCRIPT and sends the script
             let key = Array("kfenced".utf8)
             let now = RemoteChangesClock.now()

@@ -61,6 +61,10 @@ final class Coherence: Sendable {
         var last = [UInt64](repeating: 0, count: RemoteChanges.maximumPartitions)
         var sum: UInt64 = 0
         var wanted = false
+        /// Whether every partition's numbering is known to start at 0 (the store's numbers restarted, and
+        /// this is the first of them seen): a first number above 1 then means some were missed, where
+        /// after the feed's own start the first number seen only says where it continues.
+        var fromZero = false
         /// Confirmations withheld because their total was short (oldest first): each is taken once a
         /// check has brought the numbers up to its total (every message before it then seen, or its
         /// partition's copies dropped).
@@ -77,7 +81,7 @@ final class Coherence: Sendable {
         /// Takes in partition `p`'s number `n`; whether numbers before it were missed.
         mutating func take(_ p: Int, _ n: UInt64) -> Bool {
             guard n > last[p] else { return false }
-            let missed = last[p] != 0 && n > last[p] + 1
+            let missed = (last[p] != 0 || fromZero) && n > last[p] + 1
             sum += n - last[p]
             last[p] = n
             return missed
@@ -211,6 +215,17 @@ final class Coherence: Sendable {
     /// check that follows drops the copies of every partition whose messages were not all seen since.
     func restartSequences() {
         sequences.withLock { $0 = Sequences() }
+    }
+
+    /// The store's numbering restarted at 0 (its counters were lost, evicted, and made anew), and nothing
+    /// of the new numbering was reported yet: every partition counts from 0 again, and its first number
+    /// seen above 1 is a gap; the numbers read later (``check(_:now:)``) and the totals count from 0 too.
+    /// No copy is dropped for it.
+    func restartSequencesFromZero() {
+        sequences.withLock { sequences in
+            sequences = Sequences()
+            sequences.fromZero = true
+        }
     }
 
     /// Whether a check of the partitions' numbers is wanted.

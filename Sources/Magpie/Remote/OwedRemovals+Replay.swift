@@ -21,9 +21,13 @@ extension OwedRemovals {
 
     /// Replays until nothing is owed: looks every 20 ms while the store fails fast (so the replay
     /// follows the store's return closely: until it lands, other instances may read what the store
-    /// holds), backs off after a failed attempt (20 ms doubling to 250 ms).
+    /// holds), backs off after a failed attempt (20 ms doubling to 250 ms). While the store answers with
+    /// refusals (a full Redis before version 7, say), each pass opens with one removal alone and stops at
+    /// a refusal: a few commands a second, where sending every owed removal again on each pass would be a
+    /// storm of commands that change nothing.
     private func replay() async {
         var delay = Duration.milliseconds(20)
+        var refused = false
         while !Task.isCancelled {
             let owed = state.withLock { pending -> PendingRemovals? in
                 if pending.isEmpty {
@@ -38,10 +42,13 @@ extension OwedRemovals {
                 continue
             }
             do {
-                try await send(owed)
+                try await send(owed, probing: refused)
                 delay = .milliseconds(20)
+                refused = false
             } catch {
                 counters.errors.add(1, ordering: .relaxed)
+                let code = MagpieError.code(of: error)
+                refused = code == .remoteRefused || code == .remoteFull
                 try? await Task.sleep(for: delay)
                 delay = min(delay * 2, .milliseconds(250))
             }
@@ -50,7 +57,8 @@ extension OwedRemovals {
 
     /// Sends what `owed` holds, settling each removal as soon as the store took it, so that one that
     /// fails keeps only itself (and what was not tried yet) owed; throws at the first failed step.
-    private func send(_ owed: PendingRemovals) async throws(MagpieError) {
+    /// `probing` (the last pass was refused): one key's tombstone first, the rest only once it is taken.
+    private func send(_ owed: PendingRemovals, probing: Bool) async throws(MagpieError) {
         if owed.all {
             tokens.drop(group: nil)
             try await store.replaceToken(group: nil)
@@ -75,7 +83,7 @@ extension OwedRemovals {
         // delivery watermark waits for this instance), settled 64 at a time as they land, so that a
         // failure keeps owed only what it did not take. Each tombstone is taken (true), refused by the
         // store (false: it answered with an error), or not answered (nil: the store is unreachable, and
-        // the rest waits for the next pass).
+        // the rest waits for the next pass). After a refusal nothing more is launched in this pass.
         let keys = Array(owed.keys)
         var anyRefused = false
         var unanswered = false
@@ -92,15 +100,26 @@ extension OwedRemovals {
                         _ = try await store.storeTombstone(key, version: owedKey.version, now: clock.now(), lifetime: tombstoneLifetime)
                         return (index, true)
                     } catch {
-                        return (index, (error as? MagpieError)?.code == .remoteRefused ? false : nil)
+                        let code = MagpieError.code(of: error)
+                        if code == .remoteFull { counters.oomRefusals.add(1, ordering: .relaxed) }
+                        return (index, code == .remoteRefused || code == .remoteFull ? false : nil)
                     }
                 }
             }
-            for _ in 0..<min(256, keys.count) { launch() }
+            var window = probing ? 1 : 256
+            var refusedNow = false
+            for _ in 0..<min(window, keys.count) { launch() }
             for await outcome in group {
                 landed.append(outcome)
                 if outcome.1 == nil { unanswered = true }
-                if !unanswered { launch() }
+                if outcome.1 == false { refusedNow = true }
+                if !unanswered && !refusedNow {
+                    launch()
+                    if window < 256 {
+                        for _ in window..<256 { launch() }
+                        window = 256
+                    }
+                }
                 if landed.count >= 64 {
                     anyRefused = settle(landed, of: keys) || anyRefused
                     landed.removeAll(keepingCapacity: true)

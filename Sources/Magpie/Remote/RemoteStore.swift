@@ -32,6 +32,13 @@ public protocol RemoteStore: AnyObject, Sendable {
 
     /// Stores `value` for `key`, expiring at `expiresAt` (ms since 1970; 0: never). With `onlyIfAbsent`
     /// only when the key has no value. Returns whether it stored.
+    ///
+    /// A store that created a namespace or group token this way (`onlyIfAbsent`, a key "a" or "g" + name)
+    /// should publish its change message, with the token as its value, as for a token replaced: the
+    /// token the key had before (evicted, say) is gone with every record written under it, and an
+    /// instance that still holds it forgets it and its local copies of those records, instead of judging
+    /// every record written under the new token outdated (a fleet split between two tokens). Taking a
+    /// lease publishes nothing.
     func store(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, onlyIfAbsent: Bool) async throws(MagpieError)
         -> Bool
 
@@ -246,6 +253,14 @@ public final class RemoteChanges: Sendable {
         sink(.sequences(numbers))
     }
 
+    /// The store's sequence numbers restarted from 0 in every partition (its counters were lost, and made
+    /// anew), and the message or confirmation reported next is the first of the new numbering: the cache
+    /// counts from 0 again (a first number above 1 is a gap), where it would otherwise take every number
+    /// up to the old ones for a repeat and miss the gaps among them. Drops no copy.
+    public func sequencesRestarted() {
+        sink(.sequencesRestarted)
+    }
+
     /// Whether the cache found its messages fall short of a total the store reported
     /// (``confirm(through:total:)``): the store then reads and reports every partition's number
     /// (``sequences(_:)``), which finds the partitions that missed messages.
@@ -300,6 +315,7 @@ public final class RemoteChanges: Sendable {
 enum RemoteChange: Sendable {
     case changed(RemoteChangeMessage)
     case sequences([Int: UInt64])
+    case sequencesRestarted
     case partitionsLost([Int])
     case keys([[UInt8]])
     case all

@@ -182,10 +182,35 @@ final class RemoteTier: Sendable {
                 return false
             }
         } catch {
-            counters.errors.add(1, ordering: .relaxed)
-            owed.owe(key: key, version: versions.next())
+            if counters.failed(error) {
+                await replaceRefused(key)
+            } else {
+                owed.owe(key: key, version: versions.next())
+            }
         }
         return true
+    }
+
+    /// A write of `key` the store refused for lack of memory: the key's tombstone at once, over the older
+    /// value the store may hold, so that its change message drops every other instance's copy now and
+    /// the store serves nothing stale. A tombstone takes less memory than the value it replaces, and a
+    /// store that is full takes it (MagpieRedis on Redis 7 and later: its removals run `allow-oom`), so
+    /// nothing is owed: an owed removal would hold the fleet's delivery watermark back (every instance's
+    /// reads withheld past the bound) and, replayed into the same refusal, repeat the refused command
+    /// without end. Owed only when the tombstone fails too (a server before Redis 7, or down): the replay
+    /// is paced then (OwedRemovals+Replay.swift).
+    private func replaceRefused(_ key: [UInt8]) async {
+        let version = versions.next()
+        do {
+            if try await store.storeTombstone(key, version: version, now: clock.now(), lifetime: settings.tombstoneLifetime) {
+                counters.removals.add(1, ordering: .relaxed)
+            } else {
+                counters.fenced.add(1, ordering: .relaxed)  // a newer write holds the key: nothing older stays
+            }
+        } catch {
+            counters.failed(error)
+            owed.owe(key: key, version: version)
+        }
     }
 
     /// Removes `key` (a user key) from the store as of `version`: a tombstone that refuses every older
@@ -198,7 +223,7 @@ final class RemoteTier: Sendable {
                 counters.fenced.add(1, ordering: .relaxed)
             }
         } catch {
-            counters.errors.add(1, ordering: .relaxed)
+            counters.failed(error)
             owed.owe(key: key, version: version)
         }
     }
@@ -213,7 +238,7 @@ final class RemoteTier: Sendable {
             try await onStore { [store] () async throws(MagpieError) in try await store.replaceToken(group: group) }
             counters.removals.add(1, ordering: .relaxed)
         } catch {
-            counters.errors.add(1, ordering: .relaxed)
+            counters.failed(error)
             owed.owe(group: group)
         }
     }
@@ -225,7 +250,7 @@ final class RemoteTier: Sendable {
             try await onStore { [store] () async throws(MagpieError) in try await store.replaceToken(group: nil) }
             counters.removals.add(1, ordering: .relaxed)
         } catch {
-            counters.errors.add(1, ordering: .relaxed)
+            counters.failed(error)
             owed.oweEverything()
         }
     }

@@ -15,6 +15,11 @@ public struct RemoteTierStatistics: Sendable, Hashable {
     /// Failed calls to the store (down, breaker open, timed out): each a miss or an owed removal, never
     /// a caller's error.
     public var errors: UInt64 = 0
+    /// Of ``errors``: calls the store refused for lack of memory (``MagpieError/Code/remoteFull``; Redis
+    /// over `maxmemory` with nothing its policy may evict). A value refused so is replaced by its
+    /// tombstone, so that no instance serves the older one (`MagpieRedis`: "When Redis is full or
+    /// evicts its keys").
+    public var oomRefusals: UInt64 = 0
     /// Records written.
     public var stores: UInt64 = 0
     /// Removals (keys, groups, everything) the store took.
@@ -106,6 +111,7 @@ final class RemoteCounters: Sendable {
     let hits = Atomic<UInt64>(0)
     let misses = Atomic<UInt64>(0)
     let errors = Atomic<UInt64>(0)
+    let oomRefusals = Atomic<UInt64>(0)
     let corrupt = Atomic<UInt64>(0)
     let outdated = Atomic<UInt64>(0)
     let stores = Atomic<UInt64>(0)
@@ -129,6 +135,16 @@ final class RemoteCounters: Sendable {
     let unserved = Atomic<UInt64>(0)
     let readHits = Atomic<UInt64>(0)
     let readMisses = Atomic<UInt64>(0)
+
+    /// A failed call to the store: counted in `errors`, and in `oomRefusals` when refused for lack of
+    /// memory; whether it was.
+    @discardableResult
+    func failed(_ error: any Error) -> Bool {
+        errors.add(1, ordering: .relaxed)
+        guard MagpieError.code(of: error) == .remoteFull else { return false }
+        oomRefusals.add(1, ordering: .relaxed)
+        return true
+    }
 }
 
 extension RemoteTier {
@@ -139,6 +155,7 @@ extension RemoteTier {
         s.outdated = counters.outdated.load(ordering: .relaxed)
         s.corrupt = counters.corrupt.load(ordering: .relaxed)
         s.errors = counters.errors.load(ordering: .relaxed)
+        s.oomRefusals = counters.oomRefusals.load(ordering: .relaxed)
         s.stores = counters.stores.load(ordering: .relaxed)
         s.removals = counters.removals.load(ordering: .relaxed)
         s.queuedRemovals = counters.queuedRemovals.load(ordering: .relaxed)

@@ -84,6 +84,7 @@ extension RemoteTierStatistics: TierMetrics {
     var counters: [(String, UInt64)] {
         [
             ("hits", hits), ("misses", misses), ("outdated", outdated), ("corrupt_records", corrupt), ("errors", errors),
+            ("oom_refusals", oomRefusals),
             ("writes", stores), ("removals", removals), ("invalidations", invalidations), ("epoch_bumps", epochBumps),
             ("queued_removals", queuedRemovals), ("replayed_removals", replayedRemovals), ("leases", leasesAcquired),
             ("shared_loads", sharedLoads),

@@ -50,6 +50,8 @@ extension RemotePolicy {
             for key in keys { applyChanged(key, version: 0, pushed: nil) }
         case .sequences(let numbers):
             coherence.check(numbers, now: clock.now())
+        case .sequencesRestarted:
+            coherence.restartSequencesFromZero()
         case .partitionsLost(let partitions):
             coherence.lose(partitions: partitions, now: clock.now())
         case .all:

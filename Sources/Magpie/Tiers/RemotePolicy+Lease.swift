@@ -62,7 +62,7 @@ extension RemotePolicy {
                 try await store.store(token, forKey: key, expiresAt: expiresAt, onlyIfAbsent: true)
             }
         } catch {
-            remote.counters.errors.add(1, ordering: .relaxed)
+            remote.counters.failed(error)
             return .load(token: nil)
         }
         guard acquired else { return nil }
@@ -94,7 +94,7 @@ extension RemotePolicy {
         do {
             _ = try await remote.onStore { () async throws(MagpieError) in try await remote.store.remove(key, ifValue: token) }
         } catch {
-            remote.counters.errors.add(1, ordering: .relaxed)  // it expires on its own
+            remote.counters.failed(error)  // it expires on its own
         }
     }
 

@@ -215,6 +215,12 @@ public final class RedisClusterClient: RedisCommandSender {
         throw RedisError(.connectFailed, "no cluster node is known")
     }
 
+    /// The major version of the node that owns `slot`, from its newest connection's `HELLO` (nil: no
+    /// map or no connection yet).
+    func serverMajorVersion(owning slot: UInt16) -> Int? {
+        (try? route(slot))?.serverMajorVersion
+    }
+
     /// The hot path: one lock, one array read.
     func route(_ slot: UInt16?) throws(RedisError) -> RedisNodePool? {
         try routing.withLock { routing throws(RedisError) -> RedisNodePool? in

@@ -97,6 +97,17 @@ final class RedisNodePool: Sendable {
     /// Live connections now.
     var connectionCount: Int { state.withLock { $0.connections.count } }
 
+    /// The major version of the server behind the newest live connection, as its `HELLO` told it (nil
+    /// before the first connection, or for a version that does not start with a number).
+    var serverMajorVersion: Int? {
+        state.withLock { $0.connections.last?.connection.serverVersion }.flatMap(Self.majorVersion)
+    }
+
+    /// The major version in a server's version string (`"7.0.15"`: 7); nil when it does not start with one.
+    static func majorVersion(_ version: String) -> Int? {
+        Int(version.prefix { $0 != "." })
+    }
+
     // MARK: Calls
 
     /// Sends one command. A command that was never written because its connection had just been retired

@@ -72,6 +72,7 @@ extension RedisRemoteStore {
             let changes = state.withLock { state -> RemoteChanges? in
                 guard !state.shutDown, state.subscription == nil else { return nil }
                 state.subscription = subscription
+                state.epoch = nil
                 return state.changes
             }
             guard let changes else {
@@ -111,23 +112,41 @@ extension RedisRemoteStore {
         switch event {
         case .message(let message):
             switch ChangeMessageFormat.parse(Array(message.payload.readableBytesView)) {
-            case .change(let origin, let version, let partition, let key, let sequence, let value):
+            case .change(let origin, let version, let partition, let key, let sequence, let epoch, let value):
                 let dropping = configuration.dropChangeMessages
                 if dropping > 0 && Double.random(in: 0..<1) < dropping { return }
+                noteEpoch(epoch, changes: changes)
                 changes.changed(
                     RemoteChangeMessage(
                         key: key, version: version, own: origin.elementsEqual(self.origin), partition: partition, sequence: sequence,
                         value: value))
-            case .heartbeat(let from, let number, let total):
-                if from == instance { heartbeatSeen(number, total: total, changes: changes) }
+            case .heartbeat(let from, let number, let total, let epoch):
+                guard from == instance else { return }
+                noteEpoch(epoch, changes: changes)
+                heartbeatSeen(number, total: total, changes: changes)
             case nil:
                 break  // not a message of ours
             }
         case .lost:
             break  // confirmations stop; the cache's bound runs from the last one
         case .restored:
+            state.withLock { $0.epoch = nil }  // numbering continues from where the next check says
             changes.invalidateAll()  // what was published while the subscription was down was never received
         }
+    }
+
+    /// A message came with the sequence hash's `epoch` (nil: none): one that differs from the last seen
+    /// means Redis lost the hash (evicted) and made it anew, so its numbers restarted from 0 and this
+    /// message is among the first of them (the epoch is read in the script that numbers the message).
+    /// The cache is told before the message, and counts from 0 again: it would otherwise take every
+    /// number below the old ones for a repeat, and miss the messages lost among them.
+    private func noteEpoch(_ epoch: UInt64?, changes: RemoteChanges) {
+        guard let epoch else { return }
+        let restarted = state.withLock { state -> Bool in
+            defer { state.epoch = epoch }
+            return state.epoch.map { $0 != epoch } ?? false
+        }
+        if restarted { changes.sequencesRestarted() }
     }
 
     /// Keys under the namespace changed, by a cache or by another program (or expired, or were evicted):
@@ -238,7 +257,7 @@ extension RedisRemoteStore {
         let offset = state.withLock { $0.serverClock.estimate }
         let watermark: RedisArgument = offset.map { .integer(changes.ownWritesDelivered() + $0.offset - $0.uncertainty) } ?? .string("-")
         let readSequences = cluster == nil && changes.sequencesWanted
-        var sent: [(master: RedisEndpoint, number: UInt64, arguments: [RedisArgument])] = []
+        var sent: [(master: RedisEndpoint, number: UInt64, arguments: [RedisArgument], flagged: Bool)] = []
         var commands: [RedisCommand] = []
         if readSequences { commands.append(RedisCommand("HGETALL", [.bytes(prefix + Self.sequenceStem)], keyIndices: [0])) }
         for master in masters {
@@ -265,8 +284,11 @@ extension RedisRemoteStore {
                 .string(instance), watermark, 0, .integer(8 * interval), .integer(3 * interval), .integer(max(60_000, 100 * interval)),
                 .bytes(channel), .bytes(message), .string(cluster == nil ? "1" : "0"),
             ]
-            sent.append((master, number, arguments))
-            commands.append(RedisCommand("EVALSHA", [.string(RedisRemoteScript.heartbeatSHA)] + arguments, keyIndices: [2, 3, 4, 5]))
+            // Flagged `allow-oom` where the server takes it: a full server still confirms the feed.
+            let flagged = serverAllowsOOMFlag(forKey: keys[0])
+            sent.append((master, number, arguments, flagged))
+            let sha = flagged ? RedisRemoteScript.heartbeatAllowingOOMSHA : RedisRemoteScript.heartbeatSHA
+            commands.append(RedisCommand("EVALSHA", [.string(sha)] + arguments, keyIndices: [2, 3, 4, 5]))
         }
         guard !sent.isEmpty, let replies = try? await sender.send(batch: commands) else { return }
         let receivedAt = now()
@@ -293,10 +315,21 @@ extension RedisRemoteStore {
             var answer = try? reply.get()
             var answeredAt = receivedAt
             if case .failure(let error) = reply, error.serverError?.kind == .noScript {
-                // The server does not know the script yet (restarted, a new node): sent once in full.
-                answer = try? await sender.send(
-                    RedisCommand("EVAL", [.string(RedisRemoteScript.heartbeat)] + sent[index].arguments, keyIndices: [2, 3, 4, 5]))
+                // The server does not know the script yet (restarted, a new node): sent once in full (as it
+                // is, if the server cannot compile the flag after all).
+                let script = sent[index].flagged ? RedisRemoteScript.heartbeatAllowingOOM : RedisRemoteScript.heartbeat
+                do {
+                    answer = try await sender.send(
+                        RedisCommand("EVAL", [.string(script)] + sent[index].arguments, keyIndices: [2, 3, 4, 5]))
+                } catch let error as RedisError where sent[index].flagged && Self.cannotCompileFlag(error) {
+                    answer = try? await sender.send(
+                        RedisCommand("EVAL", [.string(RedisRemoteScript.heartbeat)] + sent[index].arguments, keyIndices: [2, 3, 4, 5]))
+                } catch {
+                    if (error as? RedisError)?.serverError?.kind == .outOfMemory { _ = failure(error) }
+                }
                 answeredAt = now()
+            } else if case .failure(let error) = reply, error.serverError?.kind == .outOfMemory {
+                _ = failure(error)  // logged: a server before Redis 7, full (the feed's confirmations stop)
             }
             guard let answer, let (low, serverNow) = Self.heartbeatAnswer(answer) else { continue }
             state.withLock { $0.serverClock.add(serverNow: serverNow, sentAt: batchSentAt, receivedAt: answeredAt) }

@@ -9,22 +9,38 @@ import NIOPosix
 // in one step on the server: nothing can come between them, and a write that did not happen publishes
 // nothing. The message goes to the namespace's channel (`<namespace>h~c`; in a cluster, PUBLISH reaches
 // every node's subscribers over the cluster bus, in order from each node), numbered in its partition
-// (the key's hash slot): a counter in `<namespace>h~s` (one hash: a field per slot and the total "t")
-// or, in a cluster, one counter per slot (`<namespace>h~s{tag}`, the tag putting it in the key's slot).
+// (the key's hash slot): a counter in `<namespace>h~s` (one hash: a field per slot, the total "t" and
+// the epoch "e") or, in a cluster, one counter per slot (`<namespace>h~s{tag}`, the tag putting it in the
+// key's slot).
 //
 // Sent as EVALSHA with the script's SHA-1 (below, checked against the server's own `SCRIPT LOAD` by the
 // tests); a server that does not know it yet (restarted, a new cluster node, a flushed script cache)
 // answers NOSCRIPT, and the script then goes once as EVAL, which also caches it there.
+//
+// A full Redis. Over `maxmemory` with nothing it may evict (a small `maxmemory`, a `volatile-*` policy
+// with no volatile keys left, or `noeviction`), Redis refuses every write that may use memory with `OOM`,
+// and a script's first such write fails the script. Refused, the bookkeeping would stop with the values:
+// the heartbeat (confirmations freeze, every local copy lapses after the staleness bound), the tokens
+// (every record judged outdated), the tombstones (a failed write's older value stays, owed, replayed
+// into the same refusal). So on Redis 7 and later (the shebang line; Redis 6 cannot compile it, and gets
+// the scripts as they were: `serverAllowsOOMFlag`) the writes that free memory or keep a few bytes run
+// flagged `allow-oom`: the heartbeat, a removal and a tombstone (which replaces a value), a lease's
+// release, and a token's creation or replacement (8 bytes). A value's write is what `maxmemory` is for:
+// it stays refused, and the cache then stores the key's tombstone instead (RemoteTier.write).
 
 enum RedisRemoteScript {
     /// A write and its change message: `KEYS[1]` the key, `KEYS[2]` its slot's sequence counter.
     /// `ARGV[1]` the kind: "F" a fenced store (a versioned value: "MV" + 8-byte big-endian version + …,
     /// stored only over an absent, unversioned or older one, and only before the deadline), "S" a plain
-    /// store, "D" a removal, "E" a removal only while the key holds `ARGV[2]`. `ARGV[2]` the value;
+    /// store, "N" a plain store only where the key has no value, "D" a removal, "E" a removal only while
+    /// the key holds `ARGV[2]`. `ARGV[2]` the value;
     /// `ARGV[3]` its lifetime in ms ("0": none); `ARGV[4]` the deadline, ms since 1970 by the server's
     /// clock ("0": none); `ARGV[5]` the channel; `ARGV[6]` the message's head; `ARGV[7]` the slot's field
     /// in the sequence hash ("": `KEYS[2]` is the slot's own counter); `ARGV[8]` "1" to append the value.
-    /// Publishes `head .. sequence .. ":" .. value-or-nothing`. Returns 1 when it wrote, 0 when it did not
+    /// Publishes `head .. sequence .. ":" .. value-or-nothing`, with the hash's epoch after the sequence
+    /// (`@` and the digits) on a single server. The epoch (field "e": the server's clock in µs when the
+    /// hash was made) is set when the hash is made, and so changes when Redis lost it (evicted) and the
+    /// numbering restarts: receivers tell a restart from repeats. Returns 1 when it wrote, 0 when it did not
     /// (an older version, a key already absent, another value), -1 when the deadline has passed.
     ///
     /// Versions are compared as numbers (the top 48 bits, exact in Lua's doubles, then the low 16),
@@ -49,6 +65,10 @@ enum RedisRemoteScript {
         end
         if kind == 'F' or kind == 'S' then
           if ARGV[3] == '0' then redis.call('SET', KEYS[1], value) else redis.call('SET', KEYS[1], value, 'PX', ARGV[3]) end
+        elseif kind == 'N' then
+          local set
+          if ARGV[3] == '0' then set = redis.call('SET', KEYS[1], value, 'NX') else set = redis.call('SET', KEYS[1], value, 'PX', ARGV[3], 'NX') end
+          if not set then return 0 end
         elseif kind == 'D' then
           if redis.call('DEL', KEYS[1]) == 0 then return 0 end
         else
@@ -56,18 +76,27 @@ enum RedisRemoteScript {
           redis.call('DEL', KEYS[1])
         end
         local sequence
+        local epoch = ''
         if ARGV[7] == '' then
           sequence = redis.call('INCR', KEYS[2])
         else
+          if redis.call('EXISTS', KEYS[2]) == 0 then
+            local t = redis.call('TIME')
+            redis.call('HSET', KEYS[2], 'e', t[1] .. string.format('%06d', tonumber(t[2])))
+          end
           sequence = redis.call('HINCRBY', KEYS[2], ARGV[7], 1)
           redis.call('HINCRBY', KEYS[2], 't', 1)
+          epoch = '@' .. (redis.call('HGET', KEYS[2], 'e') or '')
         end
         local body = ''
         if ARGV[8] == '1' then body = value end
-        redis.call('PUBLISH', ARGV[5], ARGV[6] .. sequence .. ':' .. body)
+        redis.call('PUBLISH', ARGV[5], ARGV[6] .. sequence .. epoch .. ':' .. body)
         return 1
         """
-    static let changeSHA = "cd1334cf2691a93c10e9c4c7eef6671bd5d01780"
+    static let changeSHA = "2ea932e188526404dccb4822f4e4f7d1ce235edd"
+    /// ``change`` flagged `allow-oom` (Redis 7 and later): for every kind but a value's store.
+    static let changeAllowingOOM = allowOOMLine + change
+    static let changeAllowingOOMSHA = "cc8cc012840cd15249aec0ab58462d299726066c"
 
     /// Heartbeat with the fleet's delivery watermark, on one master (every key with the same hash tag):
     /// `KEYS[1]` the sequence counters (a single server's hash, whose total it reads), `KEYS[2]` the
@@ -78,7 +107,8 @@ enum RedisRemoteScript {
     /// a gap between two runs that means the server (or every instance) was stopped (ms): everyone is then
     /// heard of anew, so that nobody is dropped for a silence the server imposed, `ARGV[6]` the
     /// bookkeeping's lifetime (ms), `ARGV[7]` the channel, `ARGV[8]` the heartbeat's message, `ARGV[9]`
-    /// "1" to append the total of the sequence counters (`:` and the number) to it. Publishes the
+    /// "1" to append the total of the sequence counters and their epoch (`:`, the number, `:`, the epoch
+    /// or nothing) to it. Publishes the
     /// heartbeat; returns the least watermark of the instances still waited for ("-": none) and the
     /// server's clock (ms), both as strings.
     static let heartbeat = """
@@ -100,17 +130,42 @@ enum RedisRemoteScript {
         redis.call('PEXPIRE', KEYS[2], ARGV[6])
         redis.call('PEXPIRE', KEYS[3], ARGV[6])
         local message = ARGV[8]
-        if ARGV[9] == '1' then message = message .. ':' .. (redis.call('HGET', KEYS[1], 't') or '0') end
+        if ARGV[9] == '1' then
+          message = message .. ':' .. (redis.call('HGET', KEYS[1], 't') or '0') .. ':' .. (redis.call('HGET', KEYS[1], 'e') or '')
+        end
         redis.call('PUBLISH', ARGV[7], message)
         local low = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
         return {low[2] or '-', tostring(now)}
         """
-    static let heartbeatSHA = "900cf4661d921ea3b35811e198ad69650189b271"
+    static let heartbeatSHA = "0b3320d34dc26968e315d0b4f1ad6cf529a6ccfc"
+    /// ``heartbeat`` flagged `allow-oom` (Redis 7 and later).
+    static let heartbeatAllowingOOM = allowOOMLine + heartbeat
+    static let heartbeatAllowingOOMSHA = "70087f212a20ead6464b54c3774c449db2cff6ab"
+
+    /// The shebang line that lets a script run, and write, while the server is over `maxmemory`
+    /// (Redis 7 and later; an earlier server cannot compile it).
+    static let allowOOMLine = "#!lua flags=allow-oom\n"
 }
 
 extension RedisRemoteStore {
-    /// Runs a script: EVALSHA, then EVAL when the server does not know it.
-    func evaluate(_ script: String, sha: String, keys: [[UInt8]], _ arguments: [RedisArgument]) async throws -> RESPValue {
+    /// Runs a script: EVALSHA, then EVAL when the server does not know it. With `flagged` (the script's
+    /// `allow-oom` form: a script that frees memory or keeps a few bytes) on a server that takes the flag,
+    /// that form; if the server cannot compile it after all (a connection to an older server than the
+    /// newest one), the script as it is, once.
+    func evaluate(
+        _ script: String, sha: String, flagged: (script: String, sha: String)? = nil, keys: [[UInt8]], _ arguments: [RedisArgument]
+    ) async throws -> RESPValue {
+        if let flagged, let first = keys.first, serverAllowsOOMFlag(forKey: first) {
+            do {
+                return try await run(flagged.script, sha: flagged.sha, keys: keys, arguments)
+            } catch let error as RedisError where Self.cannotCompileFlag(error) {
+                return try await run(script, sha: sha, keys: keys, arguments)
+            }
+        }
+        return try await run(script, sha: sha, keys: keys, arguments)
+    }
+
+    private func run(_ script: String, sha: String, keys: [[UInt8]], _ arguments: [RedisArgument]) async throws -> RESPValue {
         let keyArguments = keys.map { RedisArgument.bytes($0) }
         let indices = Array(2..<(2 + keys.count))
         let evalsha = RedisCommand("EVALSHA", [.string(sha), .integer(Int64(keys.count))] + keyArguments + arguments, keyIndices: indices)
@@ -122,16 +177,36 @@ extension RedisRemoteStore {
         }
     }
 
+    /// Whether the server that holds `key` (a full key) takes scripts flagged `allow-oom`: Redis (or
+    /// Valkey) 7 and later, by the `HELLO` of its newest connection. Unknown (no connection yet): no.
+    func serverAllowsOOMFlag(forKey key: [UInt8]) -> Bool {
+        let major: Int?
+        if let cluster {
+            major = cluster.serverMajorVersion(owning: RedisHashSlot.slot(of: key))
+        } else {
+            major = single?.serverMajorVersion
+        }
+        return (major ?? 0) >= 7
+    }
+
+    /// Whether `error` says the server cannot compile a shebang line (Redis 6: a syntax error at `#`).
+    static func cannotCompileFlag(_ error: RedisError) -> Bool {
+        guard let server = error.serverError, server.kind == .generic else { return false }
+        return server.message.contains("compiling script") || server.message.contains("shebang")
+    }
+
     /// The kinds of ``RedisRemoteScript/change``.
     enum ChangeKind: String {
         case fenced = "F"
         case plain = "S"
+        case created = "N"
         case removal = "D"
         case removalIfEqual = "E"
     }
 
     /// Makes a write of the logical key `key` and publishes its change message: whether it wrote (false:
-    /// an older version, a key already absent, another value, or a deadline passed).
+    /// an older version, a key already absent or already holding a value, another value, or a deadline
+    /// passed).
     func change(
         _ kind: ChangeKind, _ key: [UInt8], value: [UInt8] = [], lifetime: Int64 = 0, deadline: Int64 = 0, version: UInt64 = 0,
         pushing: Bool = false
@@ -139,14 +214,28 @@ extension RedisRemoteStore {
         let partition = Int(partition(of: key))
         let message = ChangeMessageFormat.head(
             kind: kind == .fenced ? .versioned : .plain, origin: origin, version: version, partition: partition, key: key)
+        let flagged = Self.mayWriteWhenFull(kind, value: value)
         let reply = try await evaluate(
-            RedisRemoteScript.change, sha: RedisRemoteScript.changeSHA, keys: [prefix + key, sequenceKey(partition)],
+            RedisRemoteScript.change, sha: RedisRemoteScript.changeSHA,
+            flagged: flagged ? (RedisRemoteScript.changeAllowingOOM, RedisRemoteScript.changeAllowingOOMSHA) : nil,
+            keys: [prefix + key, sequenceKey(partition)],
             [
                 .string(kind.rawValue), .bytes(value), .integer(lifetime), .integer(max(0, deadline)), .bytes(channel), .bytes(message),
                 .string(cluster == nil ? String(partition) : ""), .string(pushing ? "1" : "0"),
             ])
         guard case .integer(let outcome) = reply else { throw RedisError(.unexpectedReply, "a change script answered \(reply)") }
         return outcome == 1
+    }
+
+    /// Whether a change of this kind runs even when the server is out of memory (on Redis 7 and later):
+    /// every kind but a value's store. A removal frees memory; a tombstone (the fence and "MT", the
+    /// cache's layout: RemoteRecord.swift) replaces a value; a plain store or a creation writes a token
+    /// (8 bytes; the cache's only plain writes through this script). Taken even when full, they keep the
+    /// fence, the tokens and the owed removals working; a value stays refused, and the cache writes its
+    /// tombstone instead.
+    static func mayWriteWhenFull(_ kind: ChangeKind, value: [UInt8]) -> Bool {
+        guard kind == .fenced else { return true }
+        return value.count == 12 && value[10] == UInt8(ascii: "M") && value[11] == UInt8(ascii: "T")
     }
 
     /// The sequence counter of `partition`: a single server's hash, or in a cluster the slot's own key.
@@ -172,7 +261,7 @@ extension RedisRemoteStore {
         do {
             return try await change(.fenced, key, value: value, lifetime: lifetime, deadline: notAfter, version: version, pushing: pushing)
         } catch {
-            throw Self.unavailable(error)
+            throw failure(error)
         }
     }
 
@@ -180,7 +269,7 @@ extension RedisRemoteStore {
         do {
             return try await change(.removalIfEqual, key, value: value)
         } catch {
-            throw Self.unavailable(error)
+            throw failure(error)
         }
     }
 
@@ -198,9 +287,11 @@ enum RemoteChangeFence {
 /// A change message as the scripts publish it:
 ///
 ///     "MC"  kind (1 byte: "W" a versioned write, "P" a plain one)  origin (8)  version (u64 BE)
-///     partition (u16 LE)  key length (u16 LE)  key  sequence (decimal)  ":"  value (pushed; else none)
+///     partition (u16 LE)  key length (u16 LE)  key  sequence (decimal)  ["@" epoch (decimal)]  ":"
+///     value (pushed; else none)
 ///
-/// and a heartbeat: `"MCH" instance ":" number [":" total]`.
+/// and a heartbeat: `"MCH" instance ":" number [":" total ":" epoch]` (the epoch may be empty: no
+/// sequence hash). The epoch is the sequence hash's (RedisRemoteScript.change), on a single server only.
 enum ChangeMessageFormat {
     enum Kind: UInt8 {
         case versioned = 0x57  // "W"
@@ -223,11 +314,12 @@ enum ChangeMessageFormat {
         return bytes
     }
 
-    /// A published message, read back: a change, or a heartbeat (instance, number, total), or nil for
-    /// anything else.
+    /// A published message, read back: a change, or a heartbeat (instance, number, total, epoch), or nil
+    /// for anything else. An epoch of nil: none given.
     enum Parsed {
-        case change(origin: ArraySlice<UInt8>, version: UInt64, partition: Int, key: [UInt8], sequence: UInt64, value: [UInt8]?)
-        case heartbeat(instance: Substring, number: UInt64, total: UInt64?)
+        case change(
+            origin: ArraySlice<UInt8>, version: UInt64, partition: Int, key: [UInt8], sequence: UInt64, epoch: UInt64?, value: [UInt8]?)
+        case heartbeat(instance: Substring, number: UInt64, total: UInt64?, epoch: UInt64?)
     }
 
     static func parse(_ bytes: [UInt8]) -> Parsed? {
@@ -235,7 +327,9 @@ enum ChangeMessageFormat {
         if bytes[2] == Kind.heartbeat.rawValue {
             let fields = String(decoding: bytes[3...], as: UTF8.self).split(separator: ":", omittingEmptySubsequences: false)
             guard fields.count >= 2, let number = UInt64(fields[1]) else { return nil }
-            return .heartbeat(instance: fields[0], number: number, total: fields.count > 2 ? UInt64(fields[2]) : nil)
+            return .heartbeat(
+                instance: fields[0], number: number, total: fields.count > 2 ? UInt64(fields[2]) : nil,
+                epoch: fields.count > 3 ? UInt64(fields[3]) : nil)
         }
         guard bytes.count >= headLength, bytes[2] == Kind.versioned.rawValue || bytes[2] == Kind.plain.rawValue else { return nil }
         let version = bytes[11..<19].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
@@ -243,16 +337,30 @@ enum ChangeMessageFormat {
         let keyLength = Int(bytes[21]) | Int(bytes[22]) << 8
         let keyEnd = headLength + keyLength
         guard keyEnd < bytes.count, let colon = bytes[keyEnd...].firstIndex(of: 0x3A), colon > keyEnd else { return nil }
-        var sequence: UInt64 = 0
-        for digit in bytes[keyEnd..<colon] {
-            guard digit >= 0x30, digit <= 0x39 else { return nil }
-            let (times, overflow) = sequence.multipliedReportingOverflow(by: 10)
-            guard !overflow else { return nil }
-            sequence = times + UInt64(digit - 0x30)
+        let at = bytes[keyEnd..<colon].firstIndex(of: 0x40)  // "@"
+        guard let sequence = decimal(bytes[keyEnd..<(at ?? colon)]) else { return nil }
+        var epoch: UInt64? = nil
+        if let at, at + 1 < colon {
+            guard let number = decimal(bytes[(at + 1)..<colon]) else { return nil }
+            epoch = number
         }
         let value = colon + 1 < bytes.count ? Array(bytes[(colon + 1)...]) : nil
         return .change(
             origin: bytes[3..<11], version: version, partition: partition, key: Array(bytes[headLength..<keyEnd]), sequence: sequence,
-            value: value)
+            epoch: epoch, value: value)
+    }
+
+    /// The number `digits` spell in decimal; nil for anything else, or past `UInt64.max`.
+    private static func decimal(_ digits: ArraySlice<UInt8>) -> UInt64? {
+        var number: UInt64 = 0
+        for digit in digits {
+            guard digit >= 0x30, digit <= 0x39 else { return nil }
+            let (times, overflow) = number.multipliedReportingOverflow(by: 10)
+            guard !overflow else { return nil }
+            let (sum, carried) = times.addingReportingOverflow(UInt64(digit - 0x30))
+            guard !carried else { return nil }
+            number = sum
+        }
+        return number
     }
 }

@@ -82,6 +82,9 @@ public final class RedisRemoteStore: RemoteStore {
     let executor: RedisEventLoopExecutor
     let logger: Logger
     let state = RedisLock(State())
+    /// Commands Redis refused for lack of memory: a full server refuses thousands a second, so the log
+    /// says it once per 10 s with how many (the cache's `oomRefusals` counts every one it made).
+    let refusedForMemory: RepeatedLog
 
     struct State {
         var changes: RemoteChanges?
@@ -96,6 +99,8 @@ public final class RedisRemoteStore: RemoteStore {
         /// How far the server's clock is ahead of the cache's (the watermarks are kept by the server's).
         var serverClock = ClockOffset()
         var sequence: UInt64 = 0
+        /// The epoch of the sequence hash the latest message carried (RedisRemoteScript.change).
+        var epoch: UInt64? = nil
         var shutDown = false
     }
 
@@ -228,6 +233,10 @@ public final class RedisRemoteStore: RemoteStore {
         channel = prefix + Self.channelStem
         executor = RedisEventLoopExecutor(loop)
         self.logger = logger
+        refusedForMemory = RepeatedLog(
+            logger, level: .warning,
+            "magpie: Redis refuses writes for lack of memory (OOM: over maxmemory, with nothing its policy may evict)",
+            interval: .seconds(10))
     }
 
     // MARK: RemoteStore
@@ -240,7 +249,7 @@ public final class RedisRemoteStore: RemoteStore {
             let replies = try await sender.send(batch: keys.map { .get(prefix + $0) })
             return try replies.map { reply throws -> [UInt8]? in try Self.bytes(reply.get()) }
         } catch {
-            throw Self.unavailable(error)
+            throw failure(error)
         }
     }
 
@@ -256,9 +265,15 @@ public final class RedisRemoteStore: RemoteStore {
             }
         }
         do {
-            // A conditional store (a lease taken, a token created where there was none) changes nothing a
-            // cache holds: a plain SET, no message.
             guard onlyIfAbsent else { return try await change(.plain, key, value: value, lifetime: lifetime) }
+            // A token created where there was none: announced, with the token, as a replaced one is. The
+            // key may have lost its token to an eviction (every record under it outdated): an instance
+            // that still holds the old one forgets it, and its copies of those records, where it would
+            // otherwise judge every record written under the new token outdated (the fleet split in two).
+            if key.first == Self.namespaceTag || key.first == Self.groupTag {
+                return try await change(.created, key, value: value, lifetime: lifetime, pushing: true)
+            }
+            // A lease taken changes nothing a cache holds: a plain SET, no message.
             let reply = try await sender.send(
                 .set(prefix + key, value, expiration: lifetime > 0 ? .milliseconds(lifetime) : nil, condition: .ifNotExists))
             switch reply {
@@ -267,7 +282,7 @@ public final class RedisRemoteStore: RemoteStore {
             default: throw RedisError(.unexpectedReply, "SET answered \(reply)")
             }
         } catch {
-            throw Self.unavailable(error)
+            throw failure(error)
         }
     }
 
@@ -275,7 +290,7 @@ public final class RedisRemoteStore: RemoteStore {
         do {
             for key in keys { _ = try await change(.removal, key) }
         } catch {
-            throw Self.unavailable(error)
+            throw failure(error)
         }
     }
 
@@ -310,6 +325,7 @@ public final class RedisRemoteStore: RemoteStore {
             return (state.supervisor, state.subscription)
         }
         supervisor?.cancel()
+        refusedForMemory.flush()
         await leaveWatermarkLists()
         await subscription?.close()
         if let single { await single.shutdown() }
@@ -335,8 +351,26 @@ public final class RedisRemoteStore: RemoteStore {
 
     static func unavailable(_ error: any Error) -> MagpieError {
         if let error = error as? MagpieError { return error }
-        // The server answered with an error reply: reachable, and refusing.
-        if let error = error as? RedisError, error.serverError != nil { return MagpieError(.remoteRefused, "\(error)") }
+        if let error = error as? RedisError, let server = error.serverError {
+            // Over maxmemory with nothing to evict: reachable, and refusing writes that take memory.
+            if server.kind == .outOfMemory { return MagpieError(.remoteFull, "\(error)") }
+            // The server answered with an error reply: reachable, and refusing.
+            return MagpieError(.remoteRefused, "\(error)")
+        }
         return MagpieError(.remoteUnavailable, "\(error)")
     }
+
+    /// A call's failure as the cache sees it (``unavailable(_:)``), a refusal for lack of memory logged
+    /// (``refusedForMemory``).
+    func failure(_ error: any Error) -> MagpieError {
+        let failure = Self.unavailable(error)
+        if failure.code == .remoteFull {
+            refusedForMemory.record(error: failure.message, metadata: ["namespace": "\(configuration.namespace)"])
+        }
+        return failure
+    }
+
+    /// The logical keys' tags of the tokens (the cache's layout: "a" the namespace's, "g" + name a group's).
+    static let namespaceTag = UInt8(ascii: "a")
+    static let groupTag = UInt8(ascii: "g")
 }
