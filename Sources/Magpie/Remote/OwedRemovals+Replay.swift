@@ -21,13 +21,15 @@ extension OwedRemovals {
 
     /// Replays until nothing is owed: looks every 20 ms while the store fails fast (so the replay
     /// follows the store's return closely: until it lands, other instances may read what the store
-    /// holds), backs off after a failed attempt (20 ms doubling to 250 ms). While the store answers with
-    /// refusals (a full Redis before version 7, say), each pass opens with one removal alone and stops at
-    /// a refusal: a few commands a second, where sending every owed removal again on each pass would be a
-    /// storm of commands that change nothing.
+    /// holds), backs off after a failed attempt (20 ms doubling to 250 ms). While the store is full (a
+    /// full Redis before version 7, say), each pass opens with one removal alone and stops at the next
+    /// refusal for lack of memory: a few commands a second, where sending every owed removal again on
+    /// each pass would be a storm of commands that change nothing. A removal refused for itself (its
+    /// key holds what the script cannot replace) paces nothing: it stays owed alone, and the others are
+    /// sent as before.
     private func replay() async {
         var delay = Duration.milliseconds(20)
-        var refused = false
+        var full = false
         while !Task.isCancelled {
             let owed = state.withLock { pending -> PendingRemovals? in
                 if pending.isEmpty {
@@ -42,13 +44,12 @@ extension OwedRemovals {
                 continue
             }
             do {
-                try await send(owed, probing: refused)
+                try await send(owed, probing: full)
                 delay = .milliseconds(20)
-                refused = false
+                full = false
             } catch {
                 counters.errors.add(1, ordering: .relaxed)
-                let code = MagpieError.code(of: error)
-                refused = code == .remoteRefused || code == .remoteFull
+                full = MagpieError.code(of: error) == .remoteFull
                 try? await Task.sleep(for: delay)
                 delay = min(delay * 2, .milliseconds(250))
             }
@@ -57,7 +58,8 @@ extension OwedRemovals {
 
     /// Sends what `owed` holds, settling each removal as soon as the store took it, so that one that
     /// fails keeps only itself (and what was not tried yet) owed; throws at the first failed step.
-    /// `probing` (the last pass was refused): one key's tombstone first, the rest only once it is taken.
+    /// `probing` (the last pass found the store full): one key's tombstone first, the rest only once it
+    /// is taken.
     private func send(_ owed: PendingRemovals, probing: Bool) async throws(MagpieError) {
         if owed.all {
             tokens.drop(group: nil)
@@ -83,11 +85,13 @@ extension OwedRemovals {
         // delivery watermark waits for this instance), settled 64 at a time as they land, so that a
         // failure keeps owed only what it did not take. Each tombstone is taken (true), refused by the
         // store (false: it answered with an error), or not answered (nil: the store is unreachable, and
-        // the rest waits for the next pass). After a refusal nothing more is launched in this pass.
+        // the rest waits for the next pass). After a refusal for lack of memory nothing more is launched
+        // in this pass; a key's own refusal stops nothing.
         let keys = Array(owed.keys)
         var anyRefused = false
         var unanswered = false
-        await withTaskGroup(of: (Int, Bool?).self) { group in
+        var full = false
+        await withTaskGroup(of: (Int, Bool?, full: Bool).self) { group in
             var next = 0
             var landed: [(Int, Bool?)] = []
             func launch() {
@@ -98,22 +102,21 @@ extension OwedRemovals {
                 group.addTask { [self] in
                     do {
                         _ = try await store.storeTombstone(key, version: owedKey.version, now: clock.now(), lifetime: tombstoneLifetime)
-                        return (index, true)
+                        return (index, true, false)
                     } catch {
                         let code = MagpieError.code(of: error)
                         if code == .remoteFull { counters.oomRefusals.add(1, ordering: .relaxed) }
-                        return (index, code == .remoteRefused || code == .remoteFull ? false : nil)
+                        return (index, code == .remoteRefused || code == .remoteFull ? false : nil, code == .remoteFull)
                     }
                 }
             }
             var window = probing ? 1 : 256
-            var refusedNow = false
             for _ in 0..<min(window, keys.count) { launch() }
             for await outcome in group {
-                landed.append(outcome)
+                landed.append((outcome.0, outcome.1))
                 if outcome.1 == nil { unanswered = true }
-                if outcome.1 == false { refusedNow = true }
-                if !unanswered && !refusedNow {
+                if outcome.full { full = true }
+                if !unanswered && !full {
                     launch()
                     if window < 256 {
                         for _ in window..<256 { launch() }
@@ -128,6 +131,7 @@ extension OwedRemovals {
             anyRefused = settle(landed, of: keys) || anyRefused
         }
         if unanswered { throw MagpieError(.remoteUnavailable, "an owed removal was not taken") }
+        if full { throw MagpieError(.remoteFull, "the store is full: an owed removal was refused") }
         if anyRefused { throw MagpieError(.remoteRefused, "the store refused an owed removal") }
     }
 
