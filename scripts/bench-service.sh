@@ -61,10 +61,13 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || true)
 if [ -n "$commit" ] && [ -n "$(git status --porcelain --untracked-files=no -- . ':(exclude)*.md' ':(exclude)docs' 2>/dev/null)" ]; then commit="$commit+changes"; fi
 
 scratch=${SCRATCH:-.build-example}
-swift build -c "$CONFIGURATION" --package-path Examples/HummingbirdService --scratch-path "$scratch" --product magpie-example
+# Each example package is built whole (one executable each), never with --product: in a scratch directory
+# another root package used last, SwiftPM looks a product up in that package's build description and fails
+# ("No target named 'magpie-vapor-example-…' in build description"); a build without it plans anew.
+swift build -c "$CONFIGURATION" --package-path Examples/HummingbirdService --scratch-path "$scratch"
 bin="$(cd "$scratch" && pwd)/$CONFIGURATION/magpie-example"
 if [[ " $MODES " == *" vapor-"* ]]; then
-  swift build -c "$CONFIGURATION" --package-path Examples/VaporService --scratch-path "$scratch" --product magpie-vapor-example
+  swift build -c "$CONFIGURATION" --package-path Examples/VaporService --scratch-path "$scratch"
 fi
 vapor_bin="$(cd "$scratch" && pwd)/$CONFIGURATION/magpie-vapor-example"
 mkdir -p "$OUT"
