@@ -110,6 +110,10 @@ final class FleetMagpieSystem: FleetSystem {
             "fenced": .int(Int(remote.fenced)),
             "leases": .int(Int(remote.leasesAcquired)), "lease_waits": .int(Int(remote.leaseWaits)),
             "shared_loads": .int(Int(remote.sharedLoads)),
+            "copies_dropped": .int(Int(remote.copiesDropped)), "pushes_applied": .int(Int(remote.pushesApplied)),
+            "own_messages": .int(Int(remote.ownMessages)), "stale_messages": .int(Int(remote.staleMessages)),
+            "sequence_gaps": .int(Int(remote.sequenceGaps)), "partition_losses": .int(Int(remote.partitionLosses)),
+            "short_partitions": .int(Int(remote.shortPartitions)),
         ]
     }
 

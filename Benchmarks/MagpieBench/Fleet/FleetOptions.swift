@@ -10,7 +10,8 @@ struct FleetOptions: ParsableArguments {
     @Option(parsing: .upToNextOption, help: "Async caller tasks per worker, a row per value and system (0: the --threads caller threads).")
     var tasks = [1, 16, 256]
     @Option(help: "Seconds per system, measured.") var seconds = 10
-    @Option(help: "Seconds of the same workload before the measurement (not counted): caches fill.") var warmupSeconds = 3.0
+    @Option(help: "Seconds of the same workload before the measurement (not counted), after every worker read each key once (the caches filled).")
+    var warmupSeconds = 3.0
     @Option(help: "Distinct keys (Zipf ranks).") var keys = 20_000
     @Option(help: "Zipf exponent of the reads.") var zipf = 0.99
     @Option(help: "Value size in bytes.") var valueSize = 256
