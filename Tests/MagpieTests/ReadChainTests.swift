@@ -118,4 +118,46 @@ struct ReadChainTests {
         // Every local copy was this instance's own write: none needed the store.
         #expect(coherent.statistics.remote?.readHits == 0)
     }
+
+    @Test("the loader's first probe serves a servable copy with no round trip, and hands one past the floor to the remote tier, read and counted once", arguments: [false, true])
+    func loaderProbeJudgesCopies(async: Bool) async throws {
+        let server = InMemoryRemoteServer()
+        defer { server.stop() }
+        let (cache, _) = try inMemoryFleetCache(server, commandTimeout: .seconds(10))
+        defer { try? cache.close() }
+        #expect(await settled(cache))
+        let loads = SharedCount()
+        let value = bytes("v1")
+        func load() async throws -> [UInt8] {
+            if async {
+                return try await cache.value(forKey: "k") { loads.add(); return value }
+            }
+            return try cache.loadValue(forKey: "k") { loads.add(); return value }
+        }
+        #expect(try await load() == value)  // a miss: the store has nothing, the loader runs
+        #expect(loads.value == 1)
+        let remote = try #require(cache.statistics.remote)
+        let memory = cache.statistics.memory
+        for _ in 0..<50 { #expect(try await load() == value) }
+        var now = cache.statistics
+        #expect(now.remote?.readHits == remote.readHits && now.remote?.readMisses == remote.readMisses)  // no round trip
+        #expect(now.memory.hits == memory.hits + 50 && now.freshHits >= 50 && now.remote?.unservedCopies == remote.unservedCopies)
+        #expect(loads.value == 1)
+
+        // Every copy stamped until now is a miss: the next call asks the store (which holds the loaded
+        // value) once, judging memory's copy once, and keeps the fetched value.
+        let coherence = try #require(cache.composition.coherence)
+        try await Task.sleep(for: .milliseconds(2))
+        coherence.raiseFloor(to: cache.configuration.clock.now())
+        try await Task.sleep(for: .milliseconds(2))
+        #expect(try await load() == value)
+        now = cache.statistics
+        #expect(now.remote?.readHits == remote.readHits + 1)
+        #expect(now.remote?.unservedCopies == remote.unservedCopies + 1)
+        #expect(now.memory.hits == memory.hits + 51)  // the probe's read; the walk did not read memory again
+        #expect(loads.value == 1)
+        // Kept: served from memory again.
+        #expect(try await load() == value)
+        #expect(cache.statistics.remote?.readHits == remote.readHits + 1 && loads.value == 1)
+    }
 }

@@ -56,7 +56,7 @@ public struct AsyncCache: Sendable {
         // The key is hashed once, here; the hash travels with a copy of its bytes past memory.
         let (value, hash) = try cache.withHashedKey(key) { key throws(MagpieError) in (cache.memoryValue(key), key.hash) }
         if let value { return value }
-        guard let (entry, _) = try await cache.composition.read(Array(key), hash: hash, .value, memoryChecked: true),
+        guard let (entry, _) = try await cache.composition.read(Array(key), hash: hash, .value, memory: .nothing),
             !entry.freshness.negative
         else { return nil }
         return entry.value

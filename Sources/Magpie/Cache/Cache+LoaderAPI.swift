@@ -119,9 +119,14 @@ extension Cache {
         withBytes(key) { bytes -> LoaderProbe in
             guard bytes.count <= Self.maximumKeyLength, !runtime.closed.load(ordering: .relaxed) else { return .refused }
             let key = HashedKey(bytes, hasher: hasher)
-            // A cache with a remote tier judges its local copies (stamped) in the full protocol.
-            guard !composition.judgesCopies else { return .unprobed(key.hash) }
             guard let entry = memory.entry(key) else { return .missed(key.hash) }
+            // A cache with a remote tier serves a copy from here only while its coherence stamp is
+            // servable: a few loads of atomics beside the clock (Remote/Coherence.swift). A copy it may
+            // not serve goes to the full protocol, which asks the remote tier (and keeps this copy as the
+            // unverified fallback) without reading memory again.
+            if let coherence = composition.coherence, !coherence.servable(stamp: entry.stamp, now: runtime.clock.now()) {
+                return .unserved(entry, key.hash)
+            }
             guard acceptsAbsence || !entry.freshness.negative else { return .found(entry, key.hash) }
             let freshness = entry.freshness
             if freshness.freshUntil == 0 {
@@ -161,8 +166,10 @@ enum LoaderProbe: Sendable {
     case found(StoredEntry, UInt64)
     /// Not in memory; the key's hash.
     case missed(UInt64)
-    /// Not probed (a cache with a remote tier); the key's hash.
-    case unprobed(UInt64)
+    /// A copy in memory that the remote tier's coherence policy may not serve (past its bound, or older
+    /// than a loss of messages), and the key's hash: the full protocol asks the remote tier, with this
+    /// copy as the unverified fallback.
+    case unserved(StoredEntry, UInt64)
     /// The key is too long or the cache closed: the full protocol throws the error.
     case refused
 
@@ -170,14 +177,18 @@ enum LoaderProbe: Sendable {
     var found: (StoredEntry?, UInt64?) {
         switch self {
         case .found(let entry, let hash): (entry, hash)
-        case .missed(let hash), .unprobed(let hash): (nil, hash)
+        case .missed(let hash), .unserved(_, let hash): (nil, hash)
         case .served, .refused: (nil, nil)
         }
     }
 
-    /// Whether the probe read memory and found nothing there.
-    var memoryChecked: Bool {
-        if case .missed = self { return true }
-        return false
+    /// What the probe's read of memory left for the full protocol's first walk: nothing at all
+    /// (`.nothing`), a copy the policy may not serve, or nil (the walk reads memory itself).
+    var memory: MemorySeen? {
+        switch self {
+        case .missed: .nothing
+        case .unserved(let entry, _): .unserved(entry)
+        default: nil
+        }
     }
 }

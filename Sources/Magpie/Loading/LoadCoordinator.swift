@@ -140,16 +140,16 @@ final class LoadCoordinator: Sendable {
         _ probe: LoaderProbe
     ) async throws -> [UInt8]? {
         let (call, firstEntry, probedMemory) = try makeCall(name, options, loader, work, acceptsAbsence: acceptsAbsence, probe)
-        var (first, memoryChecked) = (firstEntry, probedMemory)
+        var (first, memory) = (firstEntry, probedMemory)
         while true {
-            defer { memoryChecked = false }  // later rounds read again
+            defer { memory = nil }  // later rounds read again
             let entry: StoredEntry?
             if let found = first.take() {
                 entry = found
-            } else if memoryChecked && !composition.readsPastMemory {
+            } else if case .nothing? = memory, !composition.readsPastMemory {
                 entry = nil
             } else {
-                entry = try await composition.read(call.name, hash: call.hash, .entry, memoryChecked: memoryChecked, unverifiedFallback: true)?.0
+                entry = try await composition.read(call.name, hash: call.hash, .entry, memory: memory, unverifiedFallback: true)?.0
             }
             let fallback: StoredEntry?
             switch judge(entry, call) {
@@ -169,11 +169,12 @@ final class LoadCoordinator: Sendable {
         _ probe: LoaderProbe
     ) throws -> [UInt8]? {
         let (call, firstEntry, probedMemory) = try makeCall(name, options, loader, work, acceptsAbsence: acceptsAbsence, probe)
-        var (first, memoryChecked) = (firstEntry, probedMemory)
+        var (first, memory) = (firstEntry, probedMemory)
         while true {
-            defer { memoryChecked = false }  // later rounds read again
+            defer { memory = nil }  // later rounds read again
+            let walkMemory = memory
             let entry = try first.take() ?? runtime.withKey(call.name, hash: call.hash) { key throws(MagpieError) -> StoredEntry? in
-                try composition.read(key, .entry, memoryChecked: memoryChecked, unverifiedFallback: true)?.0
+                try composition.read(key, .entry, memory: walkMemory, unverifiedFallback: true)?.0
             }
             let fallback: StoredEntry?
             switch judge(entry, call) {
@@ -187,18 +188,18 @@ final class LoadCoordinator: Sendable {
         }
     }
 
-    /// The call, with what its first probe found: the entry to judge first, and whether memory was
-    /// read and found nothing.
+    /// The call, with what its first probe found: the entry to judge first, and what the first walk
+    /// need not read of memory again.
     private func makeCall(
         _ name: [UInt8], _ options: EntryOptions?, _ loader: LoaderOptions?, _ work: LoadWork, acceptsAbsence: Bool,
         _ probe: LoaderProbe
-    ) throws(MagpieError) -> (LoaderCall, StoredEntry?, Bool) {
+    ) throws(MagpieError) -> (LoaderCall, StoredEntry?, MemorySeen?) {
         // No hash: the probe refused the key (too long, or the cache closed).
         guard case (let first, let hash?) = probe.found else { throw runtime.refusal(keyLength: name.count) }
         let call = LoaderCall(
             name: name, hash: hash, options: options ?? defaultOptions, loader: loader ?? defaultLoaderOptions, work: work,
             acceptsAbsence: acceptsAbsence)
-        return (call, first, probe.memoryChecked)
+        return (call, first, probe.memory)
     }
 
     /// What to do with `entry` (see the top of this file); counts the hit it serves and starts the

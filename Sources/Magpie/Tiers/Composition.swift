@@ -109,6 +109,15 @@ final class LocalOnly: CoherencePolicy {
     var statistics: RemoteTierStatistics? { nil }
 }
 
+/// What a read's caller learned of memory before the walk (the loader API's first probe, the plain
+/// read's memory hit).
+enum MemorySeen: Sendable {
+    /// Nothing memory may serve (with the loader API's unverified fallback: nothing at all).
+    case nothing
+    /// A copy the policy may not serve: judged again (and counted) by the walk, never read again.
+    case unserved(StoredEntry)
+}
+
 /// What the local tiers hold of a key, judged by the policy.
 enum LocalCopy: Sendable {
     /// A copy that may be served.
@@ -124,11 +133,15 @@ struct Composition: Sendable {
     let policy: any CoherencePolicy
     /// `policy.judgesCopies`, read by the memory hit without a witness call.
     @usableFromInline let judgesCopies: Bool
+    /// The remote tier's coherence state, for the loader API's first probe (a direct call where the
+    /// policy's would be a witness).
+    let coherence: Coherence?
 
     init(local: LocalTiers, remote: RemoteTierOptions?, hasher: KeyHash) {
         self.local = local
         policy = remote.map { RemotePolicy(local: local, options: $0, hasher: hasher) } ?? LocalOnly(local)
         judgesCopies = policy.judgesCopies
+        coherence = (policy as? RemotePolicy)?.remote.coherence
     }
 
     /// The remote tier's half of the chain, for the tests and the fleet tooling that inspect it.
@@ -169,24 +182,33 @@ struct Composition: Sendable {
         return .done(found.flatMap { judge(StoredEntry($0), .disk, want, unverifiedFallback: unverifiedFallback) } ?? .ask(unverified: nil))
     }
 
-    /// The local copy of `key` (memory unless `memoryChecked`, then the storage tier).
-    private func localCopy(_ key: HashedKey, _ want: ReadWant, memoryChecked: Bool, unverifiedFallback: Bool, wait: ReadWait)
+    /// The walk's memory step when the caller read memory already (`memory`), else a read of it.
+    private func memoryStep(_ key: HashedKey, _ want: ReadWant, _ memory: MemorySeen?, unverifiedFallback: Bool) -> LocalCopy? {
+        switch memory {
+        case nil: memoryCopy(key, want, unverifiedFallback: unverifiedFallback)
+        case .nothing: nil
+        case .unserved(let entry): judge(entry, .memory, want, unverifiedFallback: unverifiedFallback)
+        }
+    }
+
+    /// The local copy of `key` (memory unless the caller read it: `memory`, then the storage tier).
+    private func localCopy(_ key: HashedKey, _ want: ReadWant, memory: MemorySeen?, unverifiedFallback: Bool, wait: ReadWait)
         throws(MagpieError) -> ImmediateRead<LocalCopy>
     {
-        if !memoryChecked || unverifiedFallback, let copy = memoryCopy(key, want, unverifiedFallback: unverifiedFallback) { return .done(copy) }
+        if let copy = memoryStep(key, want, memory, unverifiedFallback: unverifiedFallback) { return .done(copy) }
         return try storageCopy(key, want, unverifiedFallback: unverifiedFallback, wait: wait)
     }
 
     /// The miss source's answer when no local copy may be served (never for `contains`).
     private func tierOf(_ fetched: StoredEntry?) -> (StoredEntry, CacheHit.Tier)? { fetched.map { ($0, .remote) } }
 
-    /// `want` of `key`, and the tier that answered, from the synchronous API. `memoryChecked`: memory was
-    /// read and found nothing servable. `unverifiedFallback` (the loader API): a local copy past its
-    /// staleness bound comes marked unverified when the miss source has nothing.
-    func read(_ key: HashedKey, _ want: ReadWant, memoryChecked: Bool = false, unverifiedFallback: Bool = false) throws(MagpieError)
+    /// `want` of `key`, and the tier that answered, from the synchronous API. `memory`: what the caller's
+    /// own read of memory found (nil: it did not read it). `unverifiedFallback` (the loader API): a local
+    /// copy past its staleness bound comes marked unverified when the miss source has nothing.
+    func read(_ key: HashedKey, _ want: ReadWant, memory: MemorySeen? = nil, unverifiedFallback: Bool = false) throws(MagpieError)
         -> (StoredEntry, CacheHit.Tier)?
     {
-        switch try localCopy(key, want, memoryChecked: memoryChecked, unverifiedFallback: unverifiedFallback, wait: .block).waited() {
+        switch try localCopy(key, want, memory: memory, unverifiedFallback: unverifiedFallback, wait: .block).waited() {
         case .serve(let entry, let tier): return (entry, tier)
         case .ask(let unverified):
             guard want != .contains, judgesCopies else { return unverified }
@@ -195,16 +217,18 @@ struct Composition: Sendable {
         }
     }
 
-    /// ``read(_:_:memoryChecked:unverifiedFallback:)`` for the async API: memory on the caller's task (a
-    /// memory hit never hops), the storage tier there too when it cannot wait (else on an I/O thread), the
-    /// miss source awaited.
+    /// ``read(_:_:memory:unverifiedFallback:)`` for the async API: memory on the caller's task (a memory
+    /// hit never hops), the storage tier there too when it cannot wait (else on an I/O thread), the miss
+    /// source awaited.
     nonisolated(nonsending)
-    func read(_ name: [UInt8], hash: UInt64, _ want: ReadWant, memoryChecked: Bool = false, unverifiedFallback: Bool = false)
+    func read(_ name: [UInt8], hash: UInt64, _ want: ReadWant, memory: MemorySeen? = nil, unverifiedFallback: Bool = false)
         async throws -> (StoredEntry, CacheHit.Tier)?
     {
         var copy: LocalCopy? = nil
-        if !memoryChecked || unverifiedFallback {
-            copy = try runtime.withKey(name, hash: hash) { key in memoryCopy(key, want, unverifiedFallback: unverifiedFallback) }
+        switch memory {
+        case nil: copy = try runtime.withKey(name, hash: hash) { key in memoryCopy(key, want, unverifiedFallback: unverifiedFallback) }
+        case .nothing: break
+        case .unserved(let entry): copy = judge(entry, .memory, want, unverifiedFallback: unverifiedFallback)
         }
         if case .none = copy {
             copy = try await local.immediateOrHop(name, hash: hash, inline: runtime.inlineReads) { [self] key, wait throws(MagpieError) in
@@ -225,7 +249,7 @@ struct Composition: Sendable {
     @usableFromInline
     func valuePastMemory(_ key: HashedKey) throws(MagpieError) -> [UInt8]? {
         guard judgesCopies else { return try local.valueInStorage(key) }
-        guard let (entry, _) = try read(key, .value, memoryChecked: true), !entry.freshness.negative else { return nil }
+        guard let (entry, _) = try read(key, .value, memory: .nothing), !entry.freshness.negative else { return nil }
         return entry.value
     }
 
