@@ -141,11 +141,13 @@ struct Composition: Sendable {
         self.local = local
         policy = remote.map { RemotePolicy(local: local, options: $0, hasher: hasher) } ?? LocalOnly(local)
         judgesCopies = policy.judgesCopies
-        coherence = (policy as? RemotePolicy)?.remote.coherence
+        coherent = policy as? RemotePolicy
+        coherence = coherent?.remote.coherence
     }
 
-    /// The remote tier's half of the chain, for the tests and the fleet tooling that inspect it.
-    var coherent: RemotePolicy? { policy as? RemotePolicy }
+    /// The remote tier's half of the chain (nil without one): called directly on the memory hit (no
+    /// witness), and inspected by the tests and the fleet tooling.
+    let coherent: RemotePolicy?
     var runtime: Runtime { local.runtime }
 
     // MARK: The walk
@@ -257,7 +259,8 @@ struct Composition: Sendable {
     /// of a cache whose copies are judged.
     @usableFromInline
     func withServableMemoryValue<R>(_ key: HashedKey, _ body: (UnsafeRawBufferPointer) -> R) -> R? {
-        local.withServableValue(key, policy, body)
+        guard let coherent else { return local.withServableValue(key, policy, body) }
+        return local.withServableValue(key, coherent, body)
     }
 
     /// Whether a read that found nothing in memory reads further (a storage tier or a miss source).

@@ -72,9 +72,11 @@ final class LocalTiers: Sendable {
         }
     }
 
-    /// Runs `body` over a copy of `key` in memory that `policy` lets serve, in place (no lock).
+    /// Runs `body` over a copy of `key` in memory that `policy` lets serve, in place (no lock). Generic
+    /// over the policy: a call with the remote tier's own (a final class) judges the stamp without a
+    /// witness call.
     @inline(__always)
-    func withServableValue<R>(_ key: HashedKey, _ policy: any CoherencePolicy, _ body: (UnsafeRawBufferPointer) -> R) -> R? {
+    func withServableValue<R, Policy: CoherencePolicy>(_ key: HashedKey, _ policy: Policy, _ body: (UnsafeRawBufferPointer) -> R) -> R? {
         let now = runtime.clock.now()
         let found = memory.withStampedValue(key) { stamp, bytes -> R? in policy.servable(stamp: stamp, now: now) ? body(bytes) : nil }
         if case .some(.none) = found { policy.noteUnserved() }  // a copy, not servable
