@@ -16,8 +16,7 @@ struct ReadmeExampleTests {
     // README-QUICKSTART-BEGIN
     // The quick start of README.md and of the DocC article "Getting started", line for line.
     func quickStart(directory: String) async throws -> ([UInt8]?, [UInt8]?, [UInt8]) {
-        // Memory only, 64 MiB.
-        let memory = try Cache(Cache.Configuration(memoryBudget: 64 << 20))
+        let memory = try Cache(Cache.Configuration(memoryBudget: 64 << 20))  // memory only, 64 MiB
         memory["greeting"] = Array("hello, magpie".utf8)
         let greeting = memory["greeting"]  // [UInt8]?, nil once evicted
 
