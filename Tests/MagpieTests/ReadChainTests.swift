@@ -146,7 +146,9 @@ struct ReadChainTests {
 
         // Every copy stamped until now is a miss: the next call asks the store (which holds the loaded
         // value) once, judging memory's copy once, and keeps the fetched value.
-        let coherence = try #require(cache.composition.coherence)
+        // (Stamps are in milliseconds, and a copy is servable only when stamped after the floor: the floor
+        // goes above the loaded copy's stamp, and the fetch below starts after the floor.)
+        let coherence = try #require(cache.composition.coherent?.remote.coherence)
         try await Task.sleep(for: .milliseconds(2))
         coherence.raiseFloor(to: cache.configuration.clock.now())
         try await Task.sleep(for: .milliseconds(2))

@@ -124,7 +124,7 @@ extension Cache {
             // servable: a few loads of atomics beside the clock (Remote/Coherence.swift). A copy it may
             // not serve goes to the full protocol, which asks the remote tier (and keeps this copy as the
             // unverified fallback) without reading memory again.
-            if let coherence = composition.coherence, !coherence.servable(stamp: entry.stamp, now: runtime.clock.now()) {
+            if let coherent = composition.coherent, !coherent.servable(stamp: entry.stamp, now: runtime.clock.now()) {
                 return .unserved(entry, key.hash)
             }
             guard acceptsAbsence || !entry.freshness.negative else { return .found(entry, key.hash) }

@@ -133,20 +133,16 @@ struct Composition: Sendable {
     let policy: any CoherencePolicy
     /// `policy.judgesCopies`, read by the memory hit without a witness call.
     @usableFromInline let judgesCopies: Bool
-    /// The remote tier's coherence state, for the loader API's first probe (a direct call where the
-    /// policy's would be a witness).
-    let coherence: Coherence?
 
     init(local: LocalTiers, remote: RemoteTierOptions?, hasher: KeyHash) {
         self.local = local
         policy = remote.map { RemotePolicy(local: local, options: $0, hasher: hasher) } ?? LocalOnly(local)
         judgesCopies = policy.judgesCopies
         coherent = policy as? RemotePolicy
-        coherence = coherent?.remote.coherence
     }
 
-    /// The remote tier's half of the chain (nil without one): called directly on the memory hit (no
-    /// witness), and inspected by the tests and the fleet tooling.
+    /// The remote tier's half of the chain (nil without one): called directly where a hit judges a copy
+    /// (no witness), and inspected by the tests and the fleet tooling.
     let coherent: RemotePolicy?
     var runtime: Runtime { local.runtime }
 
@@ -226,12 +222,7 @@ struct Composition: Sendable {
     func read(_ name: [UInt8], hash: UInt64, _ want: ReadWant, memory: MemorySeen? = nil, unverifiedFallback: Bool = false)
         async throws -> (StoredEntry, CacheHit.Tier)?
     {
-        var copy: LocalCopy? = nil
-        switch memory {
-        case nil: copy = try runtime.withKey(name, hash: hash) { key in memoryCopy(key, want, unverifiedFallback: unverifiedFallback) }
-        case .nothing: break
-        case .unserved(let entry): copy = judge(entry, .memory, want, unverifiedFallback: unverifiedFallback)
-        }
+        var copy = try runtime.withKey(name, hash: hash) { key in memoryStep(key, want, memory, unverifiedFallback: unverifiedFallback) }
         if case .none = copy {
             copy = try await local.immediateOrHop(name, hash: hash, inline: runtime.inlineReads) { [self] key, wait throws(MagpieError) in
                 try storageCopy(key, want, unverifiedFallback: unverifiedFallback, wait: wait)
@@ -259,7 +250,8 @@ struct Composition: Sendable {
     /// of a cache whose copies are judged.
     @usableFromInline
     func withServableMemoryValue<R>(_ key: HashedKey, _ body: (UnsafeRawBufferPointer) -> R) -> R? {
-        guard let coherent else { return local.withServableValue(key, policy, body) }
+        // Without a remote tier every copy may be served.
+        guard let coherent else { return local.memory.withValue(key, body) }
         return local.withServableValue(key, coherent, body)
     }
 
