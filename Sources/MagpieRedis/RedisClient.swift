@@ -80,6 +80,10 @@ public final class RedisClient: RedisCommandSender {
     /// Whether the server's circuit breaker is open (calls fail fast).
     public var isBreakerOpen: Bool { pool.isBreakerOpen }
 
+    /// Whether calls fail at once now, without touching the network: the breaker is open, or the server
+    /// answered `LOADING` within ``RedisConfiguration/Breaker/loadingHold``.
+    public var failsFast: Bool { pool.failsFast }
+
     /// The server's major version, from the newest connection's `HELLO` (nil before the first connection).
     var serverMajorVersion: Int? { pool.serverMajorVersion }
 

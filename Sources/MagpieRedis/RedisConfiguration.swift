@@ -80,8 +80,15 @@ public struct RedisConfiguration: Sendable {
     /// every call to the node fails at once with ``RedisError/Code/circuitOpen``, without touching the
     /// network. Meanwhile the pool keeps trying to reconnect on the backoff schedule; the first connection
     /// that completes its handshake closes the breaker.
+    ///
+    /// A node that answers `LOADING` (reading its data set back after a restart) is reachable but serves
+    /// nothing: for ``loadingHold`` after each such reply every call to it fails at once with the same
+    /// `LOADING` error, without touching the network, and then one call probes it again. (The server
+    /// interleaves its clients' commands with the load: clients that keep sending slow the load down.)
     public struct Breaker: Sendable, Hashable {
         public var failureThreshold: Int = 3
+        /// How long calls fail at once after the node answered `LOADING` (zero: never held).
+        public var loadingHold: Duration = .milliseconds(100)
         public init() {}
     }
 
@@ -202,6 +209,9 @@ public struct RedisConfiguration: Sendable {
         guard reconnect.initial > .zero, reconnect.maximum >= reconnect.initial, reconnect.multiplier >= 1,
               reconnect.multiplier.isFinite, reconnect.jitter >= 0, reconnect.jitter <= 1 else {
             throw RedisError(.invalidConfiguration, "reconnect: need 0 < initial ≤ maximum, a finite multiplier ≥ 1, 0 ≤ jitter ≤ 1")
+        }
+        guard breaker.loadingHold >= .zero else {
+            throw RedisError(.invalidConfiguration, "breaker.loadingHold must not be negative")
         }
         guard breaker.failureThreshold >= 1 else {
             throw RedisError(.invalidConfiguration, "breaker.failureThreshold must be at least 1")

@@ -99,6 +99,64 @@ struct RedisFaultTests {
         }
     }
 
+    @Test("a server loading its data set: one LOADING reply holds calls for loadingHold without touching the network, then one probes; no hold sends every call")
+    func loadingHold() async throws {
+        // 4,000 keys read back at 1 ms each (`key-load-delay`, a real server's own setting): about 4 s
+        // of LOADING, with the server answering its clients between every kilobyte it reads.
+        try await withRedisServer(.init(extraConfig: ["key-load-delay 1000", "loading-process-events-interval-bytes 1024"])) { server in
+            let setup = try RedisClient(testConfiguration(port: server.port))
+            for start in stride(from: 0, to: 4000, by: 500) {
+                _ = try await setup.send(batch: (start..<start + 500).map { RedisCommand.set("k\($0)", Array("value \($0)".utf8)) })
+            }
+            #expect(try await setup.send(RedisCommand("SAVE")).string == "OK")
+            await setup.shutdown()
+            try await offloaded { try server.restart() }
+
+            // Held for longer than the load: after the first LOADING reply nothing more is sent.
+            let held = try RedisClient(testConfiguration(port: server.port) { $0.breaker.loadingHold = .seconds(30) })
+            defer { Task { await held.shutdown() } }
+            // No hold: every call goes to the server.
+            let unheld = try RedisClient(testConfiguration(port: server.port) { $0.breaker.loadingHold = .zero })
+            defer { Task { await unheld.shutdown() } }
+            func isLoading(_ client: RedisClient) async -> Bool {
+                do {
+                    _ = try await client.send(.ping)
+                    return false
+                } catch {
+                    return (error as? RedisError)?.serverError?.kind == .loading
+                }
+            }
+            #expect(await isLoading(held))
+            #expect(held.failsFast && !held.isBreakerOpen)
+            let sent = held.statistics.commands
+            for _ in 0..<50 { #expect(await isLoading(held)) }
+            #expect(held.statistics.commands == sent)
+            #expect(held.statistics.loadingRejections == 50)
+            for _ in 0..<50 { #expect(await isLoading(unheld)) }
+            #expect(unheld.statistics.loadingRejections == 0)
+            #expect(unheld.statistics.commands >= 50)
+
+            // A short hold: calls fail at once between probes, and the first probe after the load is
+            // answered.
+            let probing = try RedisClient(testConfiguration(port: server.port) { $0.breaker.loadingHold = .milliseconds(50) })
+            defer { Task { await probing.shutdown() } }
+            let began = ContinuousClock.now
+            var calls = 0
+            while await isLoading(probing) {
+                calls += 1
+                #expect(ContinuousClock.now - began < .seconds(20))
+                try await Task.sleep(for: .milliseconds(1))
+            }
+            let elapsed = ContinuousClock.now - began
+            let probes = Double(probing.statistics.commands)
+            // At most one probe per hold (and a few more for the scheduling of this loop's sleeps).
+            #expect(probes <= elapsed / .milliseconds(50) + 3, "\(probes) probes in \(elapsed)")
+            #expect(probing.statistics.loadingRejections > 0)
+            #expect(!probing.failsFast)
+            #expect(try await probing.send(.get("k1")).string == "value 1")
+        }
+    }
+
     @Test("a paused server (SIGSTOP): deadlines fire, the breaker opens; resumed, it closes and late replies are never delivered")
     func pauseAndResume() async throws {
         try await withRedisServer { server in

@@ -48,6 +48,9 @@ public struct RedisClientStatistics: Sendable, Hashable {
     public var timeouts: UInt64 = 0
     /// Calls failed at once by an open breaker.
     public var breakerRejections: UInt64 = 0
+    /// Calls failed at once with `LOADING` while the server said it was loading its data set
+    /// (``RedisConfiguration/Breaker/loadingHold``).
+    public var loadingRejections: UInt64 = 0
     /// Connections opened after the first (reconnections).
     public var reconnects: UInt64 = 0
     /// Connection attempts that failed (refused, timed out, handshake failed).
@@ -69,6 +72,7 @@ final class RedisCounters: Sendable {
     let commands = Atomic<UInt64>(0)
     let timeouts = Atomic<UInt64>(0)
     let breakerRejections = Atomic<UInt64>(0)
+    let loadingRejections = Atomic<UInt64>(0)
     let reconnects = Atomic<UInt64>(0)
     let connectFailures = Atomic<UInt64>(0)
     let breakerOpenings = Atomic<UInt64>(0)
@@ -82,6 +86,7 @@ final class RedisCounters: Sendable {
         s.commands = commands.load(ordering: .relaxed)
         s.timeouts = timeouts.load(ordering: .relaxed)
         s.breakerRejections = breakerRejections.load(ordering: .relaxed)
+        s.loadingRejections = loadingRejections.load(ordering: .relaxed)
         s.reconnects = reconnects.load(ordering: .relaxed)
         s.connectFailures = connectFailures.load(ordering: .relaxed)
         s.breakerOpenings = breakerOpenings.load(ordering: .relaxed)

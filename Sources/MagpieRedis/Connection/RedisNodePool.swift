@@ -25,6 +25,14 @@ final class RedisNodePool: Sendable {
     /// on the success path otherwise), so only failures with no success between them open the breaker.
     private let failuresPending = Atomic<Bool>(false)
     private let circuitOpenError: RedisError
+    /// While the node answers `LOADING` (it is reading its data set back, after a restart): the uptime
+    /// instant (ns; 0: not loading) until which every call fails at once with the server's own `LOADING`
+    /// error, without touching the network (``RedisConfiguration/Breaker/loadingHold``). A server that
+    /// is loading interleaves its clients' commands with the load, so a fleet that keeps sending while
+    /// it fails slows the very load it waits for. The first call after the instant goes to the server
+    /// (the probe) and its `LOADING` reply holds calls again; nothing else clears it early.
+    private let loadingUntil = Atomic<UInt64>(0)
+    private let loadingError: RedisError
     let state = RedisLock(State())
     /// Called on the event loop for every push frame of a pooled connection (nil: pushes are dropped).
     private let onPush: (@Sendable (RESPValue) -> Void)?
@@ -74,6 +82,9 @@ final class RedisNodePool: Sendable {
         self.counters = counters
         self.onPush = onPush
         self.circuitOpenError = RedisError(.circuitOpen, "the node's circuit breaker is open", endpoint: endpoint)
+        self.loadingError = RedisError.server(
+            RedisServerError("LOADING Redis is loading the dataset in memory (held by the client after the server said so)"),
+            endpoint: endpoint)
     }
 
     /// Opens the minimum connections (in the background) and starts the health check.
@@ -93,6 +104,26 @@ final class RedisNodePool: Sendable {
 
     /// Whether the breaker is open now.
     var isBreakerOpen: Bool { breakerIsOpen.load(ordering: .relaxed) }
+
+    /// Whether calls fail at once now: the breaker is open, or the node said it is loading and the hold
+    /// has not passed.
+    var failsFast: Bool { isBreakerOpen || loadingHeld(now: NIODeadline.now().uptimeNanoseconds) }
+
+    /// Whether the loading hold covers `now` (clears a hold that has passed).
+    private func loadingHeld(now: UInt64) -> Bool {
+        let until = loadingUntil.load(ordering: .relaxed)
+        guard until != 0 else { return false }
+        if now < until { return true }
+        _ = loadingUntil.compareExchange(expected: until, desired: 0, ordering: .relaxed)
+        return false
+    }
+
+    /// The server answered `LOADING`: calls are held for ``RedisConfiguration/Breaker/loadingHold``.
+    private func noteLoading() {
+        let hold = configuration.breaker.loadingHold
+        guard hold > .zero else { return }
+        loadingUntil.store(NIODeadline.now().uptimeNanoseconds + UInt64(TimeAmount(hold).nanoseconds), ordering: .relaxed)
+    }
 
     /// Live connections now.
     var connectionCount: Int { state.withLock { $0.connections.count } }
@@ -126,6 +157,7 @@ final class RedisNodePool: Sendable {
                 resends += 1
             } catch let error as RedisError {
                 failed(error, start: start, count: 1)
+                if error.serverError?.kind == .loading { noteLoading() }
                 throw error
             }
         }
@@ -142,6 +174,7 @@ final class RedisNodePool: Sendable {
             do {
                 let values = try await connection.sendRaw(batch: commands.map(\.encoded), timeout: configuration.commandTimeout, reserved: true)
                 finished(start: start, count: commands.count)
+                if values.contains(where: Self.isLoadingReply) { noteLoading() }
                 return values
             } catch let error as RedisError where error.notSent && resends < 2 {
                 resends += 1
@@ -149,6 +182,13 @@ final class RedisNodePool: Sendable {
                 failed(error, start: start, count: commands.count)
                 throw error
             }
+        }
+    }
+
+    private static func isLoadingReply(_ value: RESPValue) -> Bool {
+        switch value {
+        case .simpleError(let message), .bulkError(let message): message.hasPrefix("LOADING")
+        default: false
         }
     }
 
@@ -181,6 +221,11 @@ final class RedisNodePool: Sendable {
     nonisolated(nonsending)
     func connection(reserving: Bool = false) async throws -> RedisConnection {
         if breakerIsOpen.load(ordering: .relaxed) { throw rejected() }
+        if loadingUntil.load(ordering: .relaxed) != 0, loadingHeld(now: NIODeadline.now().uptimeNanoseconds) {
+            counters.loadingRejections.add(1, ordering: .relaxed)
+            metrics.serverErrors.increment()
+            throw loadingError
+        }
         enum Decision {
             case use(RedisConnection, grow: Bool)
             case wait(start: Bool)

@@ -302,7 +302,7 @@ public final class RedisRemoteStore: RemoteStore {
 
     public var taskExecutor: (any TaskExecutor)? { executor }
 
-    public var failsFast: Bool { single?.isBreakerOpen ?? false }
+    public var failsFast: Bool { single?.failsFast ?? false }
 
     public func startReporting(to changes: RemoteChanges) {
         state.withLock { state in
@@ -354,6 +354,8 @@ public final class RedisRemoteStore: RemoteStore {
         if let error = error as? RedisError, let server = error.serverError {
             // Over maxmemory with nothing to evict: reachable, and refusing writes that take memory.
             if server.kind == .outOfMemory { return MagpieError(.remoteFull, "\(error)") }
+            // Reading its data set back after a restart: reachable, and serving nothing yet.
+            if server.kind == .loading { return MagpieError(.remoteUnavailable, "\(error)") }
             // The server answered with an error reply: reachable, and refusing.
             return MagpieError(.remoteRefused, "\(error)")
         }
