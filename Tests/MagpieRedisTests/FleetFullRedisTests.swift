@@ -18,6 +18,15 @@ struct FleetFullRedisTests {
         #expect(RedisNodePool.majorVersion("unstable") == nil)
     }
 
+    @Test("a server loading its data set is unavailable to the cache, not refusing: its owed removals keep holding the watermark")
+    func loadingIsUnavailable() {
+        func code(_ reply: String) -> MagpieError.Code { RedisRemoteStore.unavailable(RedisError.server(RedisServerError(reply))).code }
+        #expect(code("LOADING Redis is loading the dataset in memory") == .remoteUnavailable)
+        #expect(code("OOM command not allowed when used memory > 'maxmemory'.") == .remoteFull)
+        #expect(code("ERR value is not an integer or out of range") == .remoteRefused)
+        #expect(RedisRemoteStore.unavailable(RedisError(.timedOut, "no reply")).code == .remoteUnavailable)
+    }
+
     @Test("only a value's store stays subject to OOM: removals, tombstones and tokens run allow-oom")
     func writesWhenFull() {
         #expect(!RedisRemoteStore.mayWriteWhenFull(.fenced, value: Array("MV12345678MR and the rest".utf8)))
