@@ -168,7 +168,7 @@ final class FleetLocalPubSubSystem: FleetSystem {
 
     func remoteReads() -> FleetRemoteReads { FleetRemoteReads(total: counters.gets.load(ordering: .relaxed)) }
 
-    var feedHealthy: Bool? { counters.connected.load(ordering: .acquiring) }
+    var feedHealth: FleetFeedHealth? { FleetFeedHealth(confirmed: counters.connected.load(ordering: .acquiring), delivered: true) }
 
     func report() -> [String: JSONValue] {
         [

@@ -90,12 +90,20 @@ final class FleetMagpieSystem: FleetSystem {
         return FleetRemoteReads(total: hits + misses, hits: hits, misses: misses, unserved: Int(remote.unservedCopies))
     }
 
-    var feedHealthy: Bool? {
+    var feedHealth: FleetFeedHealth? {
         // Coherent: the feed confirmed (a heartbeat every 100 ms), and every instance's owed writes
         // landed (the fleet's watermark runs 100-250 ms behind while all is well: each instance
         // publishes its own with its heartbeat).
         guard let remote = cache.statistics.remote else { return nil }
-        return remote.unconfirmedMilliseconds < 200 && remote.undeliveredMilliseconds < 350
+        return FleetFeedHealth(confirmed: remote.unconfirmedMilliseconds < 200, delivered: remote.undeliveredMilliseconds < 350)
+    }
+
+    func traceLine() -> String? {
+        guard let r = cache.statistics.remote else { return nil }
+        return "unconfirmed \(r.unconfirmedMilliseconds) ms, undelivered \(r.undeliveredMilliseconds) ms, fails fast \(r.failsFast), "
+            + "owed \(r.owedRemovals), replayed \(r.replayedRemovals), errors \(r.errors), remote reads \(r.readHits)/\(r.readMisses), "
+            + "confirmations \(r.confirmations), gaps \(r.sequenceGaps), partition losses \(r.partitionLosses), "
+            + "short partitions \(r.shortPartitions), invalidations \(r.invalidations)"
     }
 
     func report() -> [String: JSONValue] {

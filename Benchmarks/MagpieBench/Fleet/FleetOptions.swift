@@ -9,7 +9,10 @@ struct FleetOptions: ParsableArguments {
     @Option(help: "Caller threads per worker (with --tasks 0).") var threads = 2
     @Option(parsing: .upToNextOption, help: "Async caller tasks per worker, a row per value and system (0: the --threads caller threads).")
     var tasks = [1, 16, 256]
-    @Option(help: "Seconds per system, measured.") var seconds = 10
+    @Option(name: .customLong("seconds"), help: "Seconds per system, measured (default 10; 15 with --fault, its least).")
+    var secondsOption: Int?
+    /// `--seconds`, else 10, or 15 with `--fault` (the least its timeline takes).
+    var seconds: Int { secondsOption ?? (fault ? 15 : 10) }
     @Option(help: "Seconds of the same workload before the measurement (not counted), after every worker read each key once (the caches filled).")
     var warmupSeconds = 3.0
     @Option(help: "Distinct keys (Zipf ranks).") var keys = 20_000
@@ -36,9 +39,11 @@ struct FleetOptions: ParsableArguments {
     @Option(help: "A Redis URL to use instead of a private redis-server (not with --fault).") var url: String?
     @Flag(
         help: """
-            Faults in each system's run: every subscriber connection killed (CLIENT KILL TYPE pubsub) at 10 %, Redis \
-            killed at 30 % (2 s down, then restarted), paused at 65 % (1.5 s, SIGSTOP), and --drop-messages \
-            (default 0.01 here) of the change messages dropped throughout; stale reads per fault window.
+            Faults in each system's run: every subscriber connection killed (CLIENT KILL TYPE pubsub) at 6 %, Redis \
+            killed at 20 % (2 s down, then restarted), paused at 50 % (1.5 s, SIGSTOP), evicting at 75 % (a maxmemory \
+            small enough to evict, allkeys-lru, 1.5 s), and --drop-messages (default 0.01 here) of the change \
+            messages dropped throughout; stale reads per fault window. FLEET_FAULT=pubsub|kill|pause|evict runs \
+            one alone; FLEET_TRACE=1 keeps the workers' logs, with each one's state every 50 ms and every stale read.
             """)
     var fault = false
     @Option(
@@ -61,13 +66,14 @@ struct FleetOptions: ParsableArguments {
         guard !tasks.isEmpty, tasks.allSatisfy({ $0 >= 0 && $0 <= 4096 }) else { throw ValidationError("--tasks: 0…4096 each") }
         guard setShare >= 0, removeShare >= 0, setShare + removeShare <= 1 else { throw ValidationError("bad shares") }
         if fault && url != nil { throw ValidationError("--fault needs the private redis-server (it kills and pauses it)") }
-        // The fault timeline: the subscriber connections killed at 10 % of the run, Redis killed at 30 % for
-        // 2 s, paused at 65 % for 1.5 s; from 10 s on,
-        // the run has the 2 s the recovery bar allows after the pause (the workers report their feeds only
-        // until its end: a shorter run reports a slower recovery as none).
-        if fault && seconds < 10 {
+        // The fault timeline (FleetScenario+Faults.swift): the subscriber connections killed at 6 % of the
+        // run, Redis killed at 20 % for 2 s, paused at 50 % for 1.5 s, evicting at 75 % for 1.5 s; from 15 s
+        // on, each window's 2 s of grace ends before the next begins, and the run has the 2 s the recovery
+        // bar allows after the last (the workers report their feeds only until its end: a shorter run
+        // reports a slower recovery as none).
+        if fault && seconds < 15 {
             throw ValidationError(
-                "--fault needs --seconds ≥ 10 (subscribers killed at 10 %, Redis killed at 30 % for 2 s, paused at 65 % for 1.5 s, then 2 s)")
+                "--fault needs --seconds ≥ 15 (subscribers killed at 6 %, Redis killed at 20 % for 2 s, paused at 50 % for 1.5 s, evicting at 75 % for 1.5 s, then 2 s)")
         }
         if let dropMessages, !(0...1).contains(dropMessages) { throw ValidationError("--drop-messages: a fraction, 0…1") }
         guard ownWriteProbeMs >= 0 else { throw ValidationError("--own-write-probe-ms: 0 or more") }

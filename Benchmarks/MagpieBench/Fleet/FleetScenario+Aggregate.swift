@@ -174,13 +174,21 @@ extension FleetScenario {
             var object = tallies(window.kind.rawValue)
             object["began_s"] = .double(Double(window.began - first) / 1e9)
             object["seconds"] = .double(Double(window.ended - window.began) / 1e9)
-            object["recovery_seconds"] = .double(window.recovery)
+            object["recovery_seconds"] = .double(window.recovery.healthy)
+            object["recovery_confirmed_seconds"] = .double(window.recovery.confirmed)
+            object["recovery_delivered_seconds"] = .double(window.recovery.delivered)
+            if let loading = window.loading { object["loading_seconds"] = .double(loading) }
+            if window.kind == .redisEvicting {
+                if let evicted = faults.keysEvicted { object["keys_evicted"] = .int(evicted) }
+                if let limit = faults.evictingLimit { object["maxmemory_bytes"] = .int(limit) }
+            }
             windows[window.kind.rawValue] = .object(object)
         }
         windows["outside"] = .object(tallies("outside"))
         extra["fault_windows"] = .object(windows)
         extra["fault_grace_seconds"] = .double(Double(FaultTimeline.grace) / 1e9)
         if let clients = faults.pubsubClientsKilled { extra["pubsub_clients_killed"] = .int(clients) }
+        if let evicted = faults.keysEvicted { extra["keys_evicted"] = .int(evicted) }
         // The pause window's and the subscriber kill's tallies, also flat.
         if let pause = faults.windows.first(where: { $0.kind == .redisPaused }) {
             extra["pause_seconds"] = .double(Double(pause.ended - pause.began) / 1e9)

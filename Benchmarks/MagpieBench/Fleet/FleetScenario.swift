@@ -27,7 +27,10 @@ struct FleetScenario {
         defer { if let server { server.stop() } }
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("magpie-fleet-\(getpid())").path
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: directory) }
+        // FLEET_TRACE (FleetWorker.swift): the workers' logs, with their traces, are kept there.
+        let keep = ProcessInfo.processInfo.environment["FLEET_TRACE"] != nil
+        if keep { progress("fleet: FLEET_TRACE set, the workers' logs stay in \(directory)") }
+        defer { if !keep { try? FileManager.default.removeItem(atPath: directory) } }
         var results: [BenchResult] = []
         // Per concurrency and mix, every system (the ratio of Magpie to cache-aside is within a tasks value
         // and a mix).

@@ -10,8 +10,10 @@ import Synchronization
 ///   control   16 words: 0 workers ready, 1 the measurement's start (ns), 2 its end, 3 stop, 4 loader
 ///             runs (single flight), 5 the warm-up's start (0 = not yet; written last), 6 and 7 when the
 ///             fault run SIGSTOPped Redis and when it resumed it, 8 and 9 when it killed Redis and when
-///             the restarted server was up, 10 when it killed the subscriber connections (0 = not yet)
-///   status    16 words per worker: 0 the last instant its change feed was seen confirmed
+///             the restarted server was up, 10 when it killed the subscriber connections, 11 and 12 when
+///             it set Redis's `maxmemory` small enough to evict and when it set it back (0 = not yet)
+///   status    16 words per worker: the last instant its change feed was seen 0 healthy (both of the
+///             next), 1 confirmed, 2 delivered (`FleetFeedHealth`)
 ///   keys      8 words per key: 0 lock (a 32-bit futex word in its first 4 bytes, FleetKeyLock.swift),
 ///             1 the newest version taken (the origin's), 2 latest version returned, 3 latest returned
 ///             at, 4 latest was a removal, 5 previous version, 6 previous returned at, 7 the record's
@@ -83,6 +85,9 @@ final class FleetShared: @unchecked Sendable {
     var downEndedWord: Int { 9 }
     /// When the fault run killed every subscriber connection (`CLIENT KILL TYPE pubsub`); 0 = not (yet).
     var pubsubKilledWord: Int { 10 }
+    /// When the fault run made Redis evict (a small `maxmemory`) and when it set it back; 0 = not (yet).
+    var evictBeganWord: Int { 11 }
+    var evictEndedWord: Int { 12 }
 
     /// Whether `from...to` overlaps the window the words `began` and `ended` mark (one that has begun
     /// and not yet ended reaches to now).
@@ -124,6 +129,7 @@ final class FleetShared: @unchecked Sendable {
         if covers(killed, killed) { windows.insert(.subscribersKilled) }
         if covers(load(downBeganWord), load(downEndedWord)) { windows.insert(.redisKilled) }
         if covers(load(pauseBeganWord), load(pauseEndedWord)) { windows.insert(.redisPaused) }
+        if covers(load(evictBeganWord), load(evictEndedWord)) { windows.insert(.redisEvicting) }
         return windows
     }
 
@@ -268,6 +274,8 @@ struct FaultWindows: OptionSet {
     static let subscribersKilled = FaultWindows(rawValue: 1)
     static let redisKilled = FaultWindows(rawValue: 2)
     static let redisPaused = FaultWindows(rawValue: 4)
+    /// Redis running but evicting: not an outage (its stale reads count in `stale_reads_beyond_bound`).
+    static let redisEvicting = FaultWindows(rawValue: 8)
     /// Redis killed or paused: what `stale_reads_beyond_bound` leaves out.
     static let outage: FaultWindows = [.redisKilled, .redisPaused]
 }

@@ -122,12 +122,15 @@ func fleetTables(_ results: [BenchResult]) -> [Table] {
         let kinds = FaultTimeline.Kind.allCases.map(\.rawValue) + ["outside"]
         var table = Table(
             "Faults: stale reads past the bound / resurrected / caller errors, per window (a fault's start to 2 s after its end)",
-            ["system", "tasks", "mix", "drops applied", "subscribers killed"] + kinds)
+            ["system", "tasks", "mix", "drops applied", "subscribers killed", "keys evicted"] + kinds)
         for row in windowed {
             let x = FleetRowView(row)
             guard let windows = row.extra["fault_windows"]?.objectValue else { continue }
             table.append(
-                [row.system, x.tasksText, x.mix, x.double("drop_messages_applied", "%.3f"), x.int("pubsub_clients_killed")]
+                [
+                    row.system, x.tasksText, x.mix, x.double("drop_messages_applied", "%.3f"), x.int("pubsub_clients_killed"),
+                    x.int("keys_evicted"),
+                ]
                     + kinds.map { kind in
                         guard let window = windows[kind]?.objectValue else { return "-" }
                         return ["stale_beyond_bound", "resurrected", "caller_errors"].map { window[$0]?.intValue.map(String.init) ?? "-" }

@@ -58,11 +58,13 @@ protocol FleetSystem: AnyObject, Sendable {
     /// Reads that went to Redis since the system was made (its own GETs, or the cache's remote reads),
     /// and, for Magpie, the split that `cache.statistics.remote` gives.
     func remoteReads() -> FleetRemoteReads
-    /// Whether the system's invalidation feed is up and current (for the fault run's recovery time);
-    /// nil for a system without one.
-    var feedHealthy: Bool? { get }
+    /// Whether the system's invalidation feed is up and current (for the fault run's recovery time), and
+    /// which part of it is not; nil for a system without one.
+    var feedHealth: FleetFeedHealth? { get }
     /// What the worker reports beside its tally (counters of the system's own).
     func report() -> [String: JSONValue]
+    /// One line of the system's state for `FLEET_TRACE` (nil: nothing to say).
+    func traceLine() -> String?
     /// Closes the system's connections.
     func close() async
 }
@@ -80,9 +82,10 @@ extension FleetSystem {
         try FleetInstance.blocking { try await self.remove(name) }
     }
 
-    var feedHealthy: Bool? { nil }
+    var feedHealth: FleetFeedHealth? { nil }
     func answersLocally(_ name: String) async -> Bool? { nil }
     func report() -> [String: JSONValue] { [:] }
+    func traceLine() -> String? { nil }
 }
 
 /// Reads that went to Redis (cumulative counts).
@@ -161,4 +164,13 @@ enum FleetValue {
         else { return nil }
         return (key, version)
     }
+}
+
+/// A system's invalidation feed: confirmed (its messages are known to arrive: the hand-built pattern's
+/// subscriber connected, Magpie's heartbeat seen within 200 ms) and delivered (every instance's writes
+/// landed: Magpie's fleet watermark within 350 ms; the pattern has none to wait for).
+struct FleetFeedHealth {
+    var confirmed: Bool
+    var delivered: Bool
+    var healthy: Bool { confirmed && delivered }
 }

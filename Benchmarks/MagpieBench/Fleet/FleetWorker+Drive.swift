@@ -95,7 +95,7 @@ extension FleetInstance {
             tally.wrongValues += 1
             return
         }
-        judge(key, version: version, readStarted: started, remote: read.source == .remote, tally: tally)
+        judge(key, version: version, readStarted: started, source: read.source, tally: tally)
     }
 
     /// A read of `version` that started at `readStarted` is stale beyond the bound when a newer version
@@ -103,13 +103,22 @@ extension FleetInstance {
     /// is known exactly when it is the latest or the one before; older ones replaced it no later than
     /// the previous write returned, so this never over-counts). A read whose key's record stayed mid-write
     /// through every attempt to read it whole is not judged (rare: its writer was descheduled midway).
-    private func judge(_ key: Int, version: Int64, readStarted: Int64, remote: Bool, tally: FleetTally) {
+    private func judge(_ key: Int, version: Int64, readStarted: Int64, source: FleetSource, tally: FleetTally) {
         guard let truth = table.truth(key), version < truth.latest else { return }
         let replacedAt = version == truth.previous ? truth.latestAt : truth.previousAt
         guard replacedAt > 0, replacedAt < readStarted - boundNs else { return }
         tally.staleBeyondBound += 1
-        if remote { tally.staleFromRemote += 1 }
+        if source == .remote { tally.staleFromRemote += 1 }
         let windows = table.faultWindows(at: readStarted)
+        if FleetInstance.tracing {
+            // Instants in ms from the measurement's start, as the trace lines (FleetWorker.swift).
+            let start = table.load(table.startWord)
+            func ms(_ instant: Int64) -> Int64 { (instant - start) / 1_000_000 }
+            let line = "stale read: key \(key) version \(version) from \(source) at \(ms(readStarted)) ms (windows \(windows.rawValue)); "
+                + "latest \(truth.latest)\(truth.removal ? " (removal)" : "") returned at \(ms(truth.latestAt)) ms, "
+                + "previous \(truth.previous) at \(ms(truth.previousAt)) ms\n"
+            FileHandle.standardError.write(Data(line.utf8))
+        }
         tally.windows.count(.stale, windows)
         // The value was removed (the latest change is a removal) long enough ago: served again.
         if truth.removal && truth.latestAt < readStarted - boundNs {

@@ -93,11 +93,23 @@ struct FleetWorker: ParsableCommand {
         // its Redis round trips at the measurement's start and end (this thread wakes for both: the
         // callers count the operations that start from then on, and stop at the end).
         var atStart: FleetWindowSample? = nil
+        // FLEET_TRACE: the system's state every 50 ms in the worker's log (kept, FleetScenario.swift).
+        let trace = FleetInstance.tracing
+        var lastTrace: Int64 = 0
         while true {
             let now = monotonicNanoseconds()
             if atStart == nil, now >= start { atStart = FleetWindowSample(instance.system) }
             if now >= end { break }
-            if instance.system.feedHealthy == true { table.store(table.statusWord(worker: index), now) }
+            if trace, now - lastTrace >= 50_000_000, let line = instance.system.traceLine() {
+                lastTrace = now
+                FileHandle.standardError.write(Data("trace \((now - start) / 1_000_000) ms \(line)\n".utf8))
+            }
+            if let health = instance.system.feedHealth {
+                let status = table.statusWord(worker: index)
+                if health.healthy { table.store(status, now) }
+                if health.confirmed { table.store(status + 1, now) }
+                if health.delivered { table.store(status + 2, now) }
+            }
             let next = atStart == nil ? start : end
             usleep(UInt32(max(0, min(10_000_000, next - now) / 1_000)))
         }
@@ -233,7 +245,7 @@ final class FleetTally: @unchecked Sendable {
 struct FleetWindowTally {
     enum Kind: Int, CaseIterable { case stale, resurrected, errors }
     /// The JSON names of the slots: each fault's window, outside them all, and Redis killed or paused.
-    static let slots = ["pubsub_killed", "redis_killed", "redis_paused", "outside", "outage"]
+    static let slots = ["pubsub_killed", "redis_killed", "redis_paused", "outside", "outage", "redis_evicting"]
     /// counts[kind][slot]
     var counts = [[Int]](repeating: [Int](repeating: 0, count: slots.count), count: Kind.allCases.count)
 
@@ -243,6 +255,7 @@ struct FleetWindowTally {
         if windows.contains(.redisPaused) { counts[kind.rawValue][2] += 1 }
         if windows.isEmpty { counts[kind.rawValue][3] += 1 }
         if !windows.isDisjoint(with: .outage) { counts[kind.rawValue][4] += 1 }
+        if windows.contains(.redisEvicting) { counts[kind.rawValue][5] += 1 }
     }
 
     mutating func merge(_ other: FleetWindowTally) {
@@ -261,6 +274,10 @@ struct FleetWindowTally {
 
 /// A worker's system and what its callers share: the table, the origin, the key locks.
 final class FleetInstance: @unchecked Sendable {
+    /// `FLEET_TRACE` is set: the worker writes the system's state every 50 ms and each stale read it
+    /// judged to its log (kept, FleetScenario.swift).
+    static let tracing = ProcessInfo.processInfo.environment["FLEET_TRACE"] != nil
+
     // @unchecked Sendable invariant: every stored property is set in `init` and never changes; `options`
     // is a value read only, the others are thread safe.
     let options: FleetWorker
