@@ -4,6 +4,9 @@ import Synchronization
 // as soon as the store answers again, and settles each removal the store took.
 
 extension OwedRemovals {
+    /// Tombstones sent together in a replay (one batch, one round trip).
+    static let replayBatch = 256
+
     /// Starts the replay loop unless it runs.
     func startReplay() {
         replayTask.withLock { task in
@@ -81,54 +84,43 @@ extension OwedRemovals {
             }
         }
         // Each key's tombstone carries its removal's version: a write made since, by anyone, still wins.
-        // Up to 256 in flight (each is one round trip of its own; until the last lands, the fleet's
-        // delivery watermark waits for this instance), settled 64 at a time as they land, so that a
-        // failure keeps owed only what it did not take. Each tombstone is taken (true), refused by the
-        // store (false: it answered with an error), or not answered (nil: the store is unreachable, and
-        // the rest waits for the next pass). After a refusal for lack of memory nothing more is launched
-        // in this pass; a key's own refusal stops nothing.
+        // Sent in batches of `replayBatch` (MagpieRedis: one pipelined flush, each tombstone its own
+        // script and change message; until the last lands, the fleet's delivery watermark waits for this
+        // instance), each settled as it returns, so that a failure keeps owed only what it did not take.
+        // Each tombstone is taken (true: stored, or fenced by a newer write, which wins anyway), refused
+        // by the store (false: it answered with an error), or not answered (nil: the store is
+        // unreachable, and the rest waits for the next pass). After a refusal for lack of memory nothing
+        // more is sent in this pass; a key's own refusal stops nothing. `probing`: one key first.
         let keys = Array(owed.keys)
         var anyRefused = false
         var unanswered = false
         var full = false
-        await withTaskGroup(of: (Int, Bool?, full: Bool).self) { group in
-            var next = 0
+        var next = 0
+        var size = probing ? 1 : Self.replayBatch
+        while next < keys.count && !unanswered && !full {
+            let batch = keys[next..<min(next + size, keys.count)]
+            let outcomes = await store.storeTombstones(
+                batch.map { (key: $0.0, version: $0.1.version) }, now: clock.now(), lifetime: tombstoneLifetime)
             var landed: [(Int, Bool?)] = []
-            func launch() {
-                guard next < keys.count else { return }
-                let index = next
-                let (key, owedKey) = keys[index]
-                next += 1
-                group.addTask { [self] in
-                    do {
-                        _ = try await store.storeTombstone(key, version: owedKey.version, now: clock.now(), lifetime: tombstoneLifetime)
-                        return (index, true, false)
-                    } catch {
-                        let code = MagpieError.code(of: error)
-                        if code == .remoteFull { counters.oomRefusals.add(1, ordering: .relaxed) }
-                        return (index, code == .remoteRefused || code == .remoteFull ? false : nil, code == .remoteFull)
+            landed.reserveCapacity(outcomes.count)
+            for (offset, outcome) in outcomes.enumerated() {
+                switch outcome {
+                case .success:
+                    landed.append((next + offset, true))
+                case .failure(let error):
+                    let code = error.code
+                    if code == .remoteFull {
+                        counters.oomRefusals.add(1, ordering: .relaxed)
+                        full = true
                     }
-                }
-            }
-            var window = probing ? 1 : 256
-            for _ in 0..<min(window, keys.count) { launch() }
-            for await outcome in group {
-                landed.append((outcome.0, outcome.1))
-                if outcome.1 == nil { unanswered = true }
-                if outcome.full { full = true }
-                if !unanswered && !full {
-                    launch()
-                    if window < 256 {
-                        for _ in window..<256 { launch() }
-                        window = 256
-                    }
-                }
-                if landed.count >= 64 {
-                    anyRefused = settle(landed, of: keys) || anyRefused
-                    landed.removeAll(keepingCapacity: true)
+                    let refused = code == .remoteRefused || code == .remoteFull
+                    if !refused { unanswered = true }
+                    landed.append((next + offset, refused ? false : nil))
                 }
             }
             anyRefused = settle(landed, of: keys) || anyRefused
+            next += batch.count
+            size = Self.replayBatch
         }
         if unanswered { throw MagpieError(.remoteUnavailable, "an owed removal was not taken") }
         if full { throw MagpieError(.remoteFull, "the store is full: an owed removal was refused") }

@@ -58,6 +58,14 @@ public protocol RemoteStore: AnyObject, Sendable {
     func storeIfNewer(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, notAfter: Int64, pushing: Bool) async throws(MagpieError)
         -> Bool
 
+    /// Each of `writes` as ``storeIfNewer(_:forKey:expiresAt:notAfter:pushing:)`` makes it (publishing no
+    /// value), sent together where the store can (MagpieRedis: one pipelined flush per node, each write
+    /// still its own script and change message): each write's outcome in order, whether it stored or the
+    /// error of that write alone. A write the store refused (a newer version, a passed deadline) is no
+    /// error and stops none of the others; a batch cut short (the connection lost) fails each write it
+    /// did not answer. The default sends them one at a time.
+    func storeIfNewer(batch writes: [RemoteVersionedWrite]) async -> [Result<Bool, MagpieError>]
+
     /// How many partitions the store's keys fall into (at most ``RemoteChanges/maximumPartitions``); each has
     /// its own sequence of change messages.
     var partitionCount: Int { get }
@@ -92,7 +100,33 @@ public protocol RemoteStore: AnyObject, Sendable {
     func shutdown() async
 }
 
+/// One write of ``RemoteStore/storeIfNewer(batch:)``: a versioned value (`"MV"` and its version) for a key,
+/// expiring at `expiresAt` and not stored once the store's clock is past `notAfter`.
+public struct RemoteVersionedWrite: Sendable {
+    public var value: [UInt8]
+    public var key: [UInt8]
+    public var expiresAt: Int64
+    public var notAfter: Int64
+
+    public init(value: [UInt8], key: [UInt8], expiresAt: Int64, notAfter: Int64) {
+        (self.value, self.key, self.expiresAt, self.notAfter) = (value, key, expiresAt, notAfter)
+    }
+}
+
 extension RemoteStore {
+    public func storeIfNewer(batch writes: [RemoteVersionedWrite]) async -> [Result<Bool, MagpieError>] {
+        var outcomes: [Result<Bool, MagpieError>] = []
+        outcomes.reserveCapacity(writes.count)
+        for write in writes {
+            do {
+                outcomes.append(.success(try await storeIfNewer(write.value, forKey: write.key, expiresAt: write.expiresAt, notAfter: write.notAfter)))
+            } catch {
+                outcomes.append(.failure(error))
+            }
+        }
+        return outcomes
+    }
+
     /// ``storeIfNewer(_:forKey:expiresAt:notAfter:pushing:)`` publishing no value.
     public func storeIfNewer(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, notAfter: Int64) async throws(MagpieError)
         -> Bool
@@ -123,11 +157,25 @@ extension RemoteStore {
     /// from `now`, and refuses every older write meanwhile. Whether the store took it (false: it holds a
     /// newer write).
     func storeTombstone(_ key: [UInt8], version: UInt64, now: Int64, lifetime: Int64) async throws(MagpieError) -> Bool {
-        let recordKey = [RemoteKey.record] + key
-        let (expiresAt, deadline) = (now.saturatingAdd(lifetime), now.saturatingAdd(lifetime / 2))
+        let write = Self.tombstone(key, version: version, now: now, lifetime: lifetime)
         return try await onExecutor { [self] () async throws(MagpieError) in
-            try await storeIfNewer(RemoteRecord.tombstone(version: version), forKey: recordKey, expiresAt: expiresAt, notAfter: deadline)
+            try await storeIfNewer(write.value, forKey: write.key, expiresAt: write.expiresAt, notAfter: write.notAfter)
         }
+    }
+
+    /// The tombstones of `keys` (user keys, each with its version) as ``storeTombstone(_:version:now:lifetime:)``
+    /// writes them, in one batch (``storeIfNewer(batch:)``) on the store's executor: one hop there and one
+    /// back for them all.
+    func storeTombstones(_ keys: [(key: [UInt8], version: UInt64)], now: Int64, lifetime: Int64) async -> [Result<Bool, MagpieError>] {
+        let writes = keys.map { Self.tombstone($0.key, version: $0.version, now: now, lifetime: lifetime) }
+        return await withTaskExecutorPreference(taskExecutor) { [self] in await storeIfNewer(batch: writes) }
+    }
+
+    /// A tombstone's write: it lives `lifetime` ms from `now`, and is not stored past half of it.
+    private static func tombstone(_ key: [UInt8], version: UInt64, now: Int64, lifetime: Int64) -> RemoteVersionedWrite {
+        RemoteVersionedWrite(
+            value: RemoteRecord.tombstone(version: version), key: [RemoteKey.record] + key, expiresAt: now.saturatingAdd(lifetime),
+            notAfter: now.saturatingAdd(lifetime / 2))
     }
 }
 

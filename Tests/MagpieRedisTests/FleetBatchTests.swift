@@ -1,0 +1,111 @@
+import Foundation
+import Magpie
+import MagpieTestSupport
+import NIOCore
+import Testing
+
+@testable import MagpieRedis
+
+// Fenced writes sent together (`RemoteStore.storeIfNewer(batch:)`, how owed removals are replayed):
+// against a real redis-server and a real cluster, each write judged alone.
+
+/// A versioned value: "MV", the version (8 bytes big endian), then `text`.
+private func versioned(_ version: UInt64, _ text: String) -> [UInt8] {
+    Array("MV".utf8) + withUnsafeBytes(of: version.bigEndian, Array.init) + Array(text.utf8)
+}
+
+private func key(_ text: String) -> [UInt8] { Array(text.utf8) }
+
+@Suite("Fleet: fenced writes in one batch", .serialized, .timeLimit(.minutes(2)))
+struct FleetBatchTests {
+    @Test("a batch with a fenced loser, a malformed value and an expired write inside applies the others, each its own change message; NOSCRIPT resends as EVAL")
+    func batchOnOneServer() async throws {
+        try await withRedisServer { server in
+            let store = try RedisRemoteStore(.init(redis: testConfiguration(port: server.port), namespace: "b:"))
+            let raw = try RedisClient(testConfiguration(port: server.port))
+            defer { Task { await store.shutdown(); await raw.shutdown() } }
+            func messages() async throws -> Int64 {
+                Int64(try await raw.send(RedisCommand("HGET", [.string("b:h~s"), .string("t")])).string ?? "0") ?? 0
+            }
+            #expect(try await store.storeIfNewer(versioned(10, "b10"), forKey: key("kb"), expiresAt: 0, notAfter: 0))
+            let before = try await messages()
+            let now = Int64(Date.now.timeIntervalSince1970 * 1000)
+            let writes = [
+                RemoteVersionedWrite(value: versioned(5, "a5"), key: key("ka"), expiresAt: 0, notAfter: 0),
+                RemoteVersionedWrite(value: versioned(7, "b7"), key: key("kb"), expiresAt: 0, notAfter: 0),  // older than 10
+                RemoteVersionedWrite(value: key("not versioned"), key: key("kc"), expiresAt: 0, notAfter: 0),
+                RemoteVersionedWrite(value: versioned(9, "d9"), key: key("kd"), expiresAt: now - 1000, notAfter: 0),  // expired
+                RemoteVersionedWrite(value: versioned(8, "e8"), key: key("ke"), expiresAt: now + 60_000, notAfter: now + 30_000),
+                RemoteVersionedWrite(value: versioned(3, "f3"), key: key("kf"), expiresAt: 0, notAfter: now - 1000),  // past its deadline
+            ]
+            let outcomes = await store.storeIfNewer(batch: writes)
+            #expect(outcomes.count == writes.count)
+            #expect((try? outcomes[0].get()) == true)
+            #expect((try? outcomes[1].get()) == false)
+            if case .failure(let error) = outcomes[2] { #expect(error.code == .invalidConfiguration) } else { Issue.record("\(outcomes[2])") }
+            #expect((try? outcomes[3].get()) == false)
+            #expect((try? outcomes[4].get()) == true)
+            #expect((try? outcomes[5].get()) == false)
+            let held = try await store.values(forKeys: ["ka", "kb", "kc", "kd", "ke", "kf"].map(key))
+            #expect(held[0] == versioned(5, "a5"))
+            #expect(held[1] == versioned(10, "b10"))
+            #expect(held[2] == nil && held[3] == nil && held[5] == nil)
+            #expect(held[4] == versioned(8, "e8"))
+            // One change message per write that stored, none for the others.
+            #expect(try await messages() == before + 2)
+
+            // A server that forgot the scripts: the batch goes again as EVAL, whole.
+            #expect(try await raw.send(RedisCommand("SCRIPT", [.string("FLUSH")])).string == "OK")
+            let again = await store.storeIfNewer(batch: [
+                RemoteVersionedWrite(value: versioned(6, "a6"), key: key("ka"), expiresAt: 0, notAfter: 0),
+                RemoteVersionedWrite(value: versioned(4, "a4"), key: key("kg"), expiresAt: 0, notAfter: 0),
+            ])
+            #expect(again.map { try? $0.get() } == [true, true])
+            #expect(try await store.values(forKeys: [key("ka"), key("kg")]) == [versioned(6, "a6"), versioned(4, "a4")])
+            #expect(try await messages() == before + 4)
+        }
+    }
+
+    @Test("a batch cut by the server going away fails each write it did not answer, and none is reported stored")
+    func batchWhenDown() async throws {
+        try await withRedisServer { server in
+            let store = try RedisRemoteStore(.init(redis: testConfiguration(port: server.port) { $0.connectTimeout = .milliseconds(300) }, namespace: "b:"))
+            defer { Task { await store.shutdown() } }
+            #expect(try await store.storeIfNewer(versioned(1, "x"), forKey: key("kx"), expiresAt: 0, notAfter: 0))
+            await offloaded { server.kill() }
+            let outcomes = await store.storeIfNewer(batch: (0..<20).map {
+                RemoteVersionedWrite(value: versioned(2, "y"), key: key("k\($0)"), expiresAt: 0, notAfter: 0)
+            })
+            #expect(outcomes.count == 20)
+            for outcome in outcomes {
+                guard case .failure(let error) = outcome else {
+                    Issue.record("a write reported \(outcome) with the server down")
+                    continue
+                }
+                #expect(error.code == .remoteUnavailable)
+            }
+        }
+    }
+
+    @Test("a batch over a 3-master cluster: each write goes to its key's master, every one applied")
+    func batchOnACluster() async throws {
+        try await withRedisCluster(masters: 3) { cluster in
+            var redis = RedisConfiguration(endpoints: cluster.nodes.map { RedisEndpoint(host: $0.host, port: $0.port) })
+            redis.connectTimeout = .seconds(2)
+            redis.commandTimeout = .seconds(2)
+            let store = try RedisRemoteStore(.init(redis: redis, namespace: "b:", cluster: true))
+            defer { Task { await store.shutdown() } }
+            let keys = (0..<60).map { key("key:\($0)") }
+            let outcomes = await store.storeIfNewer(batch: keys.enumerated().map {
+                RemoteVersionedWrite(value: versioned(UInt64($0.offset + 1), "v\($0.offset)"), key: $0.element, expiresAt: 0, notAfter: 0)
+            })
+            #expect(outcomes.allSatisfy { (try? $0.get()) == true })
+            for (index, key) in keys.enumerated() {
+                #expect(try await store.values(forKeys: [key]) == [versioned(UInt64(index + 1), "v\(index)")])
+            }
+            // Every master took some of them.
+            let slots = Set(keys.map { store.partition(of: $0) })
+            #expect(slots.count > 30)
+        }
+    }
+}
