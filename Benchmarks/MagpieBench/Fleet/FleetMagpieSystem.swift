@@ -121,6 +121,7 @@ final class FleetMagpieSystem: FleetSystem {
             "copies_dropped": .int(Int(remote.copiesDropped)), "pushes_applied": .int(Int(remote.pushesApplied)),
             "own_messages": .int(Int(remote.ownMessages)), "stale_messages": .int(Int(remote.staleMessages)),
             "sequence_gaps": .int(Int(remote.sequenceGaps)), "partition_losses": .int(Int(remote.partitionLosses)),
+            "sequence_restarts": .int(Int(remote.sequenceRestarts)),
             "short_partitions": .int(Int(remote.shortPartitions)),
         ]
     }

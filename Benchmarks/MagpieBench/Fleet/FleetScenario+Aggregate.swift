@@ -40,7 +40,7 @@ extension FleetScenario {
             "withheld", "fenced",
             "remote_reads", "remote_read_hits", "remote_read_misses", "unserved_copies", "leases", "lease_waits",
             "shared_loads", "copies_dropped", "pushes_applied", "own_messages", "stale_messages", "sequence_gaps",
-            "partition_losses", "short_partitions",
+            "partition_losses", "short_partitions", "sequence_restarts",
             "own_write_probes", "own_write_probes_not_local", "own_write_probes_in_faults", "messages_received",
             "own_messages_skipped", "messages_dropped", "subscription_losses", "local_entries", "probe_writes",
             "key_lock_waits", "cpu_ns",

@@ -53,8 +53,12 @@ public struct RemoteTierStatistics: Sendable, Hashable {
     /// Remote reads that returned this instance's own write: its local copy had gone (evicted, or dropped
     /// by a change). With change messages a writer keeps its write, so these come from evictions only.
     public var ownWritesFetched: UInt64 = 0
-    /// Times every older local copy became a miss (the feed was re-established, or everything changed).
+    /// Times every older local copy became a miss (the feed was re-established, everything changed, or
+    /// the store's numbering restarted).
     public var epochBumps: UInt64 = 0
+    /// Times the store's numbering of change messages restarted at 0 (its counters were evicted or lost
+    /// and made anew); each is also an epoch bump.
+    public var sequenceRestarts: UInt64 = 0
     /// Confirmations of the change feed.
     public var confirmations: UInt64 = 0
     /// The latest confirmation's lag (ms): from the confirmed instant to its application here.
@@ -172,6 +176,7 @@ extension RemoteTier {
         s.partitionLosses = coherence.partitionLosses.load(ordering: .relaxed)
         s.ownWritesFetched = counters.ownWritesFetched.load(ordering: .relaxed)
         s.epochBumps = coherence.epochBumps.load(ordering: .relaxed)
+        s.sequenceRestarts = coherence.sequenceRestarts.load(ordering: .relaxed)
         s.confirmations = coherence.confirmations.load(ordering: .relaxed)
         s.lastLagMilliseconds = coherence.lastLag.load(ordering: .relaxed)
         s.maxLagMilliseconds = coherence.maxLag.load(ordering: .relaxed)
