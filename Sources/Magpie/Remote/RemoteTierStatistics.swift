@@ -53,11 +53,10 @@ public struct RemoteTierStatistics: Sendable, Hashable {
     /// Remote reads that returned this instance's own write: its local copy had gone (evicted, or dropped
     /// by a change). With change messages a writer keeps its write, so these come from evictions only.
     public var ownWritesFetched: UInt64 = 0
-    /// Times every older local copy became a miss (the feed was re-established, everything changed, or
-    /// the store's numbering restarted).
+    /// Times every older local copy became a miss (the feed was re-established, or everything changed).
     public var epochBumps: UInt64 = 0
     /// Times the store's numbering of change messages restarted at 0 (its counters were evicted or lost
-    /// and made anew); each is also an epoch bump.
+    /// and made anew).
     public var sequenceRestarts: UInt64 = 0
     /// Confirmations of the change feed.
     public var confirmations: UInt64 = 0

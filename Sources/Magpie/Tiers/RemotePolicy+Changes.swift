@@ -51,7 +51,7 @@ extension RemotePolicy {
         case .sequences(let numbers):
             coherence.check(numbers, now: clock.now())
         case .sequencesRestarted:
-            coherence.restartSequencesFromZero(now: clock.now())
+            coherence.restartSequencesFromZero()
         case .partitionsLost(let partitions):
             coherence.lose(partitions: partitions, now: clock.now())
         case .all:
