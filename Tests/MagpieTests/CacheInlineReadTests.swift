@@ -88,16 +88,28 @@ struct CacheInlineReadTests {
     func residentReadInline() async throws {
         try await Self.withRecordedCache(inline: true) { (cache: Cache, threads: Locked<[String]>) async throws in
             #expect(threads.withLock { $0 }.allSatisfy { $0.contains("@magpie-io-") })
-            threads.withLock { $0.removeAll() }
-            cache.memory.removeAll()
-            #expect(try await cache.async.value(forKey: "k") == Self.value)  // a disk hit, promoted
-            #expect(threads.withLock { $0 }.contains("pread@caller"), "\(threads.withLock { $0 })")
-            #expect(!threads.withLock { $0 }.contains { $0.contains("@magpie-io-") })
-            #expect(cache.statistics.inlineDiskReads == 1)
-            #expect(cache.statistics.promotions == 1)
+            // An inline read gives up, and hops, when a lock stays held past its bounded spin: under
+            // TSan on 2 cores that happened to this test's first read twice in CI (docs/lab-notes/
+            // testing.md). So up to 5 tries, each judged whole: a read that ran inline touched no I/O
+            // thread; at least one must.
+            func readInline(_ key: String, expect value: [UInt8]?) async throws -> Bool {
+                for _ in 0..<5 {
+                    threads.withLock { $0.removeAll() }
+                    cache.memory.removeAll()
+                    let before = cache.statistics.inlineDiskReads
+                    #expect(try await cache.async.value(forKey: key) == value)
+                    guard cache.statistics.inlineDiskReads == before + 1 else { continue }
+                    let seen = threads.withLock { $0 }
+                    #expect(!seen.contains { $0.contains("@magpie-io-") }, "\(seen)")
+                    if value != nil { #expect(seen.contains("pread@caller"), "\(seen)") }
+                    return true
+                }
+                return false
+            }
+            #expect(try await readInline("k", expect: Self.value))  // a disk hit, promoted
+            #expect(cache.statistics.promotions >= 1)
             // A miss on disk is answered inline too.
-            #expect(try await cache.async.value(forKey: "absent") == nil)
-            #expect(cache.statistics.inlineDiskReads == 2)
+            #expect(try await readInline("absent", expect: nil))
         }
     }
 
