@@ -189,15 +189,18 @@ struct BenchFleetTests {
         #expect(probes > 0 && remote > 0 && remote < probes)
     }
 
-    @Test("subscribers killed, Redis killed, paused and evicting, messages dropped, under load: no caller error, no removal served again, coherence back",
+    @Test("subscribers killed, Redis killed and paused, messages dropped, under load: no caller error, no removal served again, coherence back",
           .enabled(if: RedisTools.isInstalled, "redis-server is not installed (make deps installs it)"))
     func faults() async throws {
         let rows = try await run([
             // 4 tasks per worker: the fault run shares the machine with the other suites, and its recovery
             // bar (2 s) is about Redis coming back, not about CPU. 15 s (the least --fault takes): the run
-            // goes on 2 s after the eviction window, so a recovery within the bar is seen.
-            "--seconds", "15", "--keys", "500", "--fault", "--systems", "magpie-fleet", "local-pubsub", "--single-flight-callers", "0",
-            "--tasks", "4",
+            // goes on 2 s after the eviction window's place, so a recovery within the bar is seen. Without
+            // the eviction window: with 1 % of the messages dropped unseen, a drop just before Redis evicts
+            // the message counters is found by nothing (a stated risk, MagpieRedis's DocC; 2 stale reads
+            // once in CI). The next test runs it without injected drops.
+            "--seconds", "15", "--keys", "500", "--fault", "--faults", "pubsub", "kill", "pause",
+            "--systems", "magpie-fleet", "local-pubsub", "--single-flight-callers", "0", "--tasks", "4",
         ])
         let fleet = try #require(row(rows, "magpie-fleet", tasks: 4))
         let extra = try #require(fleet["extra"] as? [String: Any])
@@ -210,7 +213,7 @@ struct BenchFleetTests {
         // to measure on a quiet machine: here the run shares 2 cores with the other suites (2.3 s once
         // in CI at 5494c91, its replay of owed removals slowed), so the test asks for recovery, not speed.
         #expect((extra["recovery_seconds"] as? Double ?? 99) < 5)
-        #expect((extra["recoveries_seconds"] as? [Double])?.count == 4)
+        #expect((extra["recoveries_seconds"] as? [Double])?.count == 3)
         // Inside the outages and the 2 s after each too: a removal or store that failed while Redis was
         // down is owed, and until its instance replays it the fleet's delivery watermark keeps every
         // other instance from serving what Redis (or its own copy) still holds.
@@ -223,7 +226,7 @@ struct BenchFleetTests {
         #expect(extra["pubsub_kill_caller_errors"] as? Int == 0)
         // Every fault's window is reported, and the rest of the run.
         let windows = try #require(extra["fault_windows"] as? [String: [String: Any]])
-        #expect(Set(windows.keys) == ["pubsub_killed", "redis_killed", "redis_paused", "redis_evicting", "outside"])
+        #expect(Set(windows.keys) == ["pubsub_killed", "redis_killed", "redis_paused", "outside"])
         for (name, window) in windows {
             #expect(window["caller_errors"] as? Int == 0, "\(name)")
             #expect(window["resurrected"] as? Int == 0, "\(name)")
@@ -239,10 +242,6 @@ struct BenchFleetTests {
             #expect(confirmed <= healthy && delivered <= healthy, "\(name)")
         }
         #expect((windows["redis_killed"]?["loading_seconds"] as? Double ?? -1) >= 0)
-        // Redis evicted in its window (500 keys of 256 bytes, the fleet's bookkeeping, 2 MB): the copies
-        // stayed coherent (above) and the run went on.
-        #expect((extra["keys_evicted"] as? Int ?? 0) > 0)
-        #expect((windows["redis_evicting"]?["keys_evicted"] as? Int ?? 0) > 0)
         // The pause rows: reads were served (and timed) while Redis was stopped, stores were timed in the
         // pause and while Redis ran.
         #expect((extra["pause_seconds"] as? Double ?? 0) >= 1.4)
@@ -277,5 +276,30 @@ struct BenchFleetTests {
         let windowErrors = pubsubWindows.values.reduce(0) { $0 + ($1["caller_errors"] as? Int ?? 0) }
         #expect(windowErrors >= (pubsubExtra["caller_errors"] as? Int ?? 0))
         #expect((pubsubWindows["redis_killed"]?["caller_errors"] as? Int ?? 0) > 0)  // its writes failed
+    }
+
+    @Test("Redis evicting the fleet's keys (values, fences, counters) under load, no message lost unseen: no stale read, no caller error, coherence back",
+          .enabled(if: RedisTools.isInstalled, "redis-server is not installed (make deps installs it)"))
+    func evictionWindow() async throws {
+        let rows = try await run([
+            "--seconds", "15", "--keys", "500", "--fault", "--faults", "evict", "--drop-messages", "0",
+            "--systems", "magpie-fleet", "--single-flight-callers", "0", "--tasks", "4",
+        ])
+        let fleet = try #require(row(rows, "magpie-fleet", tasks: 4))
+        let extra = try #require(fleet["extra"] as? [String: Any])
+        #expect(extra["wrong_values"] as? Int == 0)
+        #expect(extra["caller_errors"] as? Int == 0)
+        #expect(extra["stale_reads_beyond_bound"] as? Int == 0)
+        #expect(extra["resurrected_removals"] as? Int == 0)
+        let windows = try #require(extra["fault_windows"] as? [String: [String: Any]])
+        #expect(Set(windows.keys) == ["redis_evicting", "outside"])
+        let evicting = try #require(windows["redis_evicting"])
+        #expect((evicting["keys_evicted"] as? Int ?? 0) > 0)
+        #expect((evicting["maxmemory_bytes"] as? Int ?? 0) >= 1 << 20)
+        #expect((evicting["recovery_seconds"] as? Double ?? 99) < 5)
+        for (name, window) in windows {
+            #expect(window["caller_errors"] as? Int == 0, "\(name)")
+            #expect(window["stale_beyond_bound"] as? Int == 0, "\(name)")
+        }
     }
 }

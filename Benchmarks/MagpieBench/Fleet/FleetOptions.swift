@@ -44,10 +44,11 @@ struct FleetOptions: ParsableArguments {
             Faults in each system's run: every subscriber connection killed (CLIENT KILL TYPE pubsub) at 6 %, Redis \
             killed at 20 % (2 s down, then restarted), paused at 50 % (1.5 s, SIGSTOP), evicting at 75 % (a maxmemory \
             small enough to evict, allkeys-lru, 1.5 s), and --drop-messages (default 0.01 here) of the change \
-            messages dropped throughout; stale reads per fault window. FLEET_FAULT=pubsub|kill|pause|evict runs \
-            one alone; FLEET_TRACE=1 keeps the workers' logs, with each one's state every 50 ms and every stale read.
+            messages dropped throughout; stale reads per fault window. FLEET_TRACE=1 keeps the workers' logs, with each one's state every 50 ms and every stale read.
             """)
     var fault = false
+    @Option(parsing: .upToNextOption, help: "With --fault, the faults run (default: all four; each keeps its place in the timeline).")
+    var faults: [FleetFault] = FleetFault.allCases
     @Option(
         help: """
             Fraction (0…1) of received change messages each instance discards, the whole run (local-pubsub: its \
@@ -160,4 +161,9 @@ extension BenchResult {
         guard extra["mix"] != nil, FleetMix(of: self) != .standard else { return system }
         return "\(system), \(FleetMix.label(of: self))"
     }
+}
+
+/// A fault of `--fault`'s timeline (`--faults`).
+enum FleetFault: String, CaseIterable, ExpressibleByArgument {
+    case pubsub, kill, pause, evict
 }

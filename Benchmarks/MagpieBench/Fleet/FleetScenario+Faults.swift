@@ -18,8 +18,8 @@ import MagpieTestSupport
 // and, through the whole run, `--drop-messages` of the change messages each instance receives discarded
 // (the hand-built pattern's subscriber drops them; Magpie's store, through the library's test hook). Each
 // fault's window runs from its start to `FaultTimeline.grace` after Redis is back (after the kill, for the
-// subscriber connections); reads and errors are reported per window. `FLEET_FAULT=pubsub|kill|pause|evict`
-// runs only that one (to study it alone).
+// subscriber connections); reads and errors are reported per window. `--faults` runs only
+// those named (to study one alone), each at its place.
 
 extension FleetScenario {
     /// Injects the faults into `server` at their instants of the run `start…start + duration`; after each,
@@ -53,8 +53,8 @@ extension FleetScenario {
             }
             return FaultTimeline.Recovery(healthy: parts[0] ?? 10, confirmed: parts[1] ?? 10, delivered: parts[2] ?? 10)
         }
-        let only = ProcessInfo.processInfo.environment["FLEET_FAULT"]
-        if only == nil || only == "pubsub" {
+        let chosen = Set(options.faults)
+        if chosen.contains(.pubsub) {
             try await sleep(until: start + duration * 6 / 100)
             let killed = monotonicNanoseconds()
             table.store(table.pubsubKilledWord, killed)
@@ -62,7 +62,7 @@ extension FleetScenario {
             timeline.add(.pubsubKilled, began: killed, ended: killed, recovery: try await recovered(after: killed))
             timeline.pubsubClientsKilled = clients
         }
-        if only == nil || only == "kill" {
+        if chosen.contains(.kill) {
             try await sleep(until: start + duration * 20 / 100)
             timeline.beforeKill = await sampler.sample()
             let down = monotonicNanoseconds()
@@ -79,7 +79,7 @@ extension FleetScenario {
                 .redisKilled, began: down, ended: back, recovery: try await recovered(after: serving),
                 loading: Double(serving - back) / 1e9)
         }
-        if only == nil || only == "pause" {
+        if chosen.contains(.pause) {
             try await sleep(until: start + duration * 50 / 100)
             let paused = monotonicNanoseconds()
             table.store(table.pauseBeganWord, paused)
@@ -90,7 +90,7 @@ extension FleetScenario {
             table.store(table.pauseEndedWord, resumed)
             timeline.add(.redisPaused, began: paused, ended: resumed, recovery: try await recovered(after: resumed))
         }
-        if only == nil || only == "evict" {
+        if chosen.contains(.evict) {
             try await sleep(until: start + duration * 75 / 100)
             let (began, ended, evicted, limit) = try await evict(sampler, table: table)
             (timeline.keysEvicted, timeline.evictingLimit) = (evicted, limit)
