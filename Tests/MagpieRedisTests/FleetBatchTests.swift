@@ -103,7 +103,7 @@ struct FleetBatchTests {
             for (index, key) in keys.enumerated() {
                 #expect(try await store.values(forKeys: [key]) == [versioned(UInt64(index + 1), "v\(index)")])
             }
-            // Every master took some of them.
+            // Spread over many slots (so, with 3 masters holding a third of the slots each, over them all).
             let slots = Set(keys.map { store.partition(of: $0) })
             #expect(slots.count > 30)
         }

@@ -18,7 +18,7 @@ final class RedisNodePool: Sendable {
     private let group: any EventLoopGroup
     private let logger: Logger
     let metrics: RedisNodeMetrics
-    private let counters: RedisCounters
+    let counters: RedisCounters
     /// Read before anything else by every call: the breaker's fast path.
     private let breakerIsOpen = Atomic<Bool>(false)
     /// Whether `consecutiveFailures` is above zero: a successful command then resets it (one relaxed load
@@ -31,8 +31,8 @@ final class RedisNodePool: Sendable {
     /// is loading interleaves its clients' commands with the load, so a fleet that keeps sending while
     /// it fails slows the very load it waits for. The first call after the instant goes to the server
     /// (the probe) and its `LOADING` reply holds calls again; nothing else clears it early.
-    private let loadingUntil = Atomic<UInt64>(0)
-    private let loadingError: RedisError
+    let loadingUntil = Atomic<UInt64>(0)
+    let loadingError: RedisError
     let state = RedisLock(State())
     /// Called on the event loop for every push frame of a pooled connection (nil: pushes are dropped).
     private let onPush: (@Sendable (RESPValue) -> Void)?
@@ -105,26 +105,6 @@ final class RedisNodePool: Sendable {
     /// Whether the breaker is open now.
     var isBreakerOpen: Bool { breakerIsOpen.load(ordering: .relaxed) }
 
-    /// Whether calls fail at once now: the breaker is open, or the node said it is loading and the hold
-    /// has not passed.
-    var failsFast: Bool { isBreakerOpen || loadingHeld(now: NIODeadline.now().uptimeNanoseconds) }
-
-    /// Whether the loading hold covers `now` (clears a hold that has passed).
-    private func loadingHeld(now: UInt64) -> Bool {
-        let until = loadingUntil.load(ordering: .relaxed)
-        guard until != 0 else { return false }
-        if now < until { return true }
-        _ = loadingUntil.compareExchange(expected: until, desired: 0, ordering: .relaxed)
-        return false
-    }
-
-    /// The server answered `LOADING`: calls are held for ``RedisConfiguration/Breaker/loadingHold``.
-    private func noteLoading() {
-        let hold = configuration.breaker.loadingHold
-        guard hold > .zero else { return }
-        loadingUntil.store(NIODeadline.now().uptimeNanoseconds + UInt64(TimeAmount(hold).nanoseconds), ordering: .relaxed)
-    }
-
     /// Live connections now.
     var connectionCount: Int { state.withLock { $0.connections.count } }
 
@@ -185,13 +165,6 @@ final class RedisNodePool: Sendable {
         }
     }
 
-    private static func isLoadingReply(_ value: RESPValue) -> Bool {
-        switch value {
-        case .simpleError(let message), .bulkError(let message): message.hasPrefix("LOADING")
-        default: false
-        }
-    }
-
     private func finished(start: NIODeadline, count: Int) {
         if failuresPending.load(ordering: .relaxed) {
             state.withLock { state in
@@ -221,11 +194,7 @@ final class RedisNodePool: Sendable {
     nonisolated(nonsending)
     func connection(reserving: Bool = false) async throws -> RedisConnection {
         if breakerIsOpen.load(ordering: .relaxed) { throw rejected() }
-        if loadingUntil.load(ordering: .relaxed) != 0, loadingHeld(now: NIODeadline.now().uptimeNanoseconds) {
-            counters.loadingRejections.add(1, ordering: .relaxed)
-            metrics.serverErrors.increment()
-            throw loadingError
-        }
+        try rejectWhileLoading()
         enum Decision {
             case use(RedisConnection, grow: Bool)
             case wait(start: Bool)

@@ -166,15 +166,18 @@ extension RedisRemoteStore {
     }
 
     private func run(_ script: String, sha: String, keys: [[UInt8]], _ arguments: [RedisArgument]) async throws -> RESPValue {
-        let keyArguments = keys.map { RedisArgument.bytes($0) }
-        let indices = Array(2..<(2 + keys.count))
-        let evalsha = RedisCommand("EVALSHA", [.string(sha), .integer(Int64(keys.count))] + keyArguments + arguments, keyIndices: indices)
         do {
-            return try await sender.send(evalsha)
+            return try await sender.send(Self.scriptCommand(sha, byHash: true, keys: keys, arguments))
         } catch let error as RedisError where error.serverError?.kind == .noScript {
-            return try await sender.send(
-                RedisCommand("EVAL", [.string(script), .integer(Int64(keys.count))] + keyArguments + arguments, keyIndices: indices))
+            return try await sender.send(Self.scriptCommand(script, byHash: false, keys: keys, arguments))
         }
+    }
+
+    /// EVALSHA `source` (a script's SHA-1, `byHash`) or EVAL `source` (its text) on `keys`.
+    static func scriptCommand(_ source: String, byHash: Bool, keys: [[UInt8]], _ arguments: [RedisArgument]) -> RedisCommand {
+        RedisCommand(
+            byHash ? "EVALSHA" : "EVAL", [.string(source), .integer(Int64(keys.count))] + keys.map { .bytes($0) } + arguments,
+            keyIndices: Array(2..<(2 + keys.count)))
     }
 
     /// Whether the server that holds `key` (a full key) takes scripts flagged `allow-oom`: Redis (or
@@ -211,86 +214,28 @@ extension RedisRemoteStore {
         _ kind: ChangeKind, _ key: [UInt8], value: [UInt8] = [], lifetime: Int64 = 0, deadline: Int64 = 0, version: UInt64 = 0,
         pushing: Bool = false
     ) async throws -> Bool {
-        let call = changeCall(kind, key, value: value, lifetime: lifetime, deadline: deadline, version: version, pushing: pushing)
+        try await change(changeCall(kind, key, value: value, lifetime: lifetime, deadline: deadline, version: version, pushing: pushing))
+    }
+
+    /// Runs one call of the change script: whether it wrote.
+    func change(_ call: ChangeCall) async throws -> Bool {
+        let plain = Self.changeScript(flagged: false)
         let reply = try await evaluate(
-            RedisRemoteScript.change, sha: RedisRemoteScript.changeSHA,
-            flagged: call.flagged ? (RedisRemoteScript.changeAllowingOOM, RedisRemoteScript.changeAllowingOOMSHA) : nil,
-            keys: call.keys, call.arguments)
+            plain.script, sha: plain.sha, flagged: call.flagged ? Self.changeScript(flagged: true) : nil, keys: call.keys, call.arguments)
         return try Self.changed(reply)
     }
 
-    /// A call of the change script: its keys, its arguments, and whether it may run flagged `allow-oom`.
-    struct ChangeCall {
-        var keys: [[UInt8]]
-        var arguments: [RedisArgument]
-        var flagged: Bool
-    }
-
-    func changeCall(
-        _ kind: ChangeKind, _ key: [UInt8], value: [UInt8], lifetime: Int64, deadline: Int64, version: UInt64, pushing: Bool
-    ) -> ChangeCall {
-        let partition = Int(partition(of: key))
-        let message = ChangeMessageFormat.head(
-            kind: kind == .fenced ? .versioned : .plain, origin: origin, version: version, partition: partition, key: key)
-        return ChangeCall(
-            keys: [prefix + key, sequenceKey(partition)],
-            arguments: [
-                .string(kind.rawValue), .bytes(value), .integer(lifetime), .integer(max(0, deadline)), .bytes(channel), .bytes(message),
-                .string(cluster == nil ? String(partition) : ""), .string(pushing ? "1" : "0"),
-            ],
-            flagged: Self.mayWriteWhenFull(kind, value: value))
+    /// The change script, as it is or flagged `allow-oom`.
+    static func changeScript(flagged: Bool) -> (script: String, sha: String) {
+        flagged
+            ? (RedisRemoteScript.changeAllowingOOM, RedisRemoteScript.changeAllowingOOMSHA)
+            : (RedisRemoteScript.change, RedisRemoteScript.changeSHA)
     }
 
     /// Whether the change script wrote (its reply 1; 0 and -1: it did not).
     static func changed(_ reply: RESPValue) throws -> Bool {
         guard case .integer(let outcome) = reply else { throw RedisError(.unexpectedReply, "a change script answered \(reply)") }
         return outcome == 1
-    }
-
-    /// Runs the change script once per call, pipelined (``RedisCommandSender/send(batch:)``: one flush per
-    /// node): each call's reply or error, in order. The calls a server answers `NOSCRIPT` go again as
-    /// EVAL, together; those flagged `allow-oom` that it cannot compile go again unflagged.
-    func changeBatch(_ calls: [ChangeCall]) async -> [Result<RESPValue, RedisError>] {
-        guard !calls.isEmpty else { return [] }
-        var replies = [Result<RESPValue, RedisError>](
-            repeating: .failure(RedisError(.unexpectedReply, "not sent")), count: calls.count)
-        func script(_ flagged: Bool) -> (script: String, sha: String) {
-            flagged
-                ? (RedisRemoteScript.changeAllowingOOM, RedisRemoteScript.changeAllowingOOMSHA)
-                : (RedisRemoteScript.change, RedisRemoteScript.changeSHA)
-        }
-        func command(_ call: ChangeCall, flagged: Bool, byHash: Bool) -> RedisCommand {
-            let (text, sha) = script(flagged)
-            let indices = Array(2..<(2 + call.keys.count))
-            return RedisCommand(
-                byHash ? "EVALSHA" : "EVAL", [.string(byHash ? sha : text), .integer(Int64(call.keys.count))] + call.keys.map { .bytes($0) } + call.arguments,
-                keyIndices: indices)
-        }
-        // Each round sends the calls still pending in one batch: by hash, then as text where the server
-        // did not know the script; unflagged again where it could not compile the flag.
-        var pending = calls.indices.map { (index: $0, flagged: calls[$0].flagged && serverAllowsOOMFlag(forKey: calls[$0].keys[0]), byHash: true) }
-        for _ in 0..<4 where !pending.isEmpty {
-            let sent: [Result<RESPValue, RedisError>]
-            do {
-                sent = try await sender.send(batch: pending.map { command(calls[$0.index], flagged: $0.flagged, byHash: $0.byHash) })
-            } catch {
-                let failure = error as? RedisError ?? RedisError(.unexpectedReply, "\(error)")
-                for entry in pending { replies[entry.index] = .failure(failure) }
-                return replies
-            }
-            var again: [(index: Int, flagged: Bool, byHash: Bool)] = []
-            for (entry, reply) in zip(pending, sent) {
-                replies[entry.index] = reply
-                guard case .failure(let error) = reply else { continue }
-                if error.serverError?.kind == .noScript && entry.byHash {
-                    again.append((entry.index, entry.flagged, false))
-                } else if entry.flagged && Self.cannotCompileFlag(error) {
-                    again.append((entry.index, false, true))
-                }
-            }
-            pending = again
-        }
-        return replies
     }
 
     /// Whether a change of this kind runs even when the server is out of memory (on Redis 7 and later):
@@ -316,50 +261,14 @@ extension RedisRemoteStore {
     public func storeIfNewer(_ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, notAfter: Int64, pushing: Bool)
         async throws(MagpieError) -> Bool
     {
-        guard let version = RemoteChangeFence.version(value) else {
-            throw MagpieError(.invalidConfiguration, "a versioned value must start with \"MV\" and its 8-byte version")
-        }
-        var lifetime: Int64 = 0
-        if expiresAt != 0 {
-            lifetime = expiresAt - now()
-            guard lifetime > 0 else { return false }  // expired already: nothing newer to store
+        guard let call = try fencedCall(value, forKey: key, expiresAt: expiresAt, notAfter: notAfter, pushing: pushing, now: now()) else {
+            return false  // expired already: nothing newer to store
         }
         do {
-            return try await change(.fenced, key, value: value, lifetime: lifetime, deadline: notAfter, version: version, pushing: pushing)
+            return try await change(call)
         } catch {
             throw failure(error)
         }
-    }
-
-    public func storeIfNewer(batch writes: [RemoteVersionedWrite]) async -> [Result<Bool, MagpieError>] {
-        var outcomes = [Result<Bool, MagpieError>?](repeating: nil, count: writes.count)
-        var calls: [ChangeCall] = []
-        var positions: [Int] = []
-        let now = now()
-        for (index, write) in writes.enumerated() {
-            guard let version = RemoteChangeFence.version(write.value) else {
-                outcomes[index] = .failure(MagpieError(.invalidConfiguration, "a versioned value must start with \"MV\" and its 8-byte version"))
-                continue
-            }
-            var lifetime: Int64 = 0
-            if write.expiresAt != 0 {
-                lifetime = write.expiresAt - now
-                guard lifetime > 0 else {
-                    outcomes[index] = .success(false)  // expired already: nothing newer to store
-                    continue
-                }
-            }
-            calls.append(changeCall(.fenced, write.key, value: write.value, lifetime: lifetime, deadline: write.notAfter, version: version, pushing: false))
-            positions.append(index)
-        }
-        for (position, reply) in zip(positions, await changeBatch(calls)) {
-            do {
-                outcomes[position] = .success(try Self.changed(reply.get()))
-            } catch {
-                outcomes[position] = .failure(failure(error))
-            }
-        }
-        return outcomes.map { $0 ?? .failure(MagpieError(.remoteUnavailable, "not sent")) }
     }
 
     public func remove(_ key: [UInt8], ifValue value: [UInt8]) async throws(MagpieError) -> Bool {
