@@ -37,6 +37,15 @@ public struct RedisConfiguration: Sendable {
     public var decoderLimits: RESPDecoderLimits
     /// Cluster behaviour (ignored by ``RedisClient``).
     public var cluster: Cluster
+    /// Records where each round trip's time goes, as the swift-metrics timer `magpie_redis_stage_seconds`
+    /// (dimensions `node` and `stage`), once per round trip in the task that awaited it: `queued`, from
+    /// the call (its connection picked) until the connection's event loop handed the command to the
+    /// socket (the submission queue and the loop's backlog); `server`, from then until the loop decoded
+    /// its reply (the network, the server's queue and its execution, and the loop's delay in reading);
+    /// `resumed`, from then until the caller ran again (its executor's queue). Off by default: it costs
+    /// an allocation and four clock reads per round trip. What `magpie-bench fleet` reports per set,
+    /// removal and read.
+    public var recordsStages: Bool
 
     /// The pool of connections to one node. Commands are multiplexed: many callers pipeline on the same
     /// connection, each command goes to the connection with the fewest replies outstanding, and a new
@@ -118,6 +127,7 @@ public struct RedisConfiguration: Sendable {
         self.breaker = Breaker()
         self.decoderLimits = RESPDecoderLimits()
         self.cluster = Cluster()
+        self.recordsStages = false
     }
 
     /// A configuration from a URL: `redis://[[user]:password@]host[:port][/database]`, or `rediss://…` for

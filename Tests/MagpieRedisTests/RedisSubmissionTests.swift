@@ -96,4 +96,31 @@ struct RedisSubmissionTests {
             #expect(connection.inFlight == 0)
         }
     }
+
+    @Test("a round trip's stage instants (RedisConfiguration.recordsStages): written, then replied, within the call; a batch's at its last reply")
+    func stageInstants() async throws {
+        try await withOneConnection { connection in
+            // BLPOP on an absent list holds the reply 50 ms at the server: the time must land in the server
+            // stage (written → replied). (The queue and the resumption are not bounded here: under the full
+            // suite's load on 2 cores a resumption took over 45 ms.)
+            for batch in [false, true] {
+                let stages = CommandStages()
+                let before = NIODeadline.now().uptimeNanoseconds
+                let blpop = RedisCommand("BLPOP", [.string("absent:\(batch)"), .string("0.05")], keyIndices: [0])
+                if batch {
+                    let replies = try await connection.sendRaw(
+                        batch: [RedisCommand.set("s", Array("v".utf8)).encoded, blpop.encoded], timeout: .seconds(5), stages: stages)
+                    #expect(replies.count == 2)
+                } else {
+                    _ = try await connection.sendRaw(blpop.encoded, timeout: .seconds(5), stages: stages)
+                }
+                let after = NIODeadline.now().uptimeNanoseconds
+                let (written, replied) = (stages.written.load(ordering: .relaxed), stages.replied.load(ordering: .relaxed))
+                #expect(before <= written && written <= replied && replied <= after, "\(before) \(written) \(replied) \(after)")
+                #expect(replied - written >= 45_000_000, "the server held the reply 50 ms: \(replied - written) ns")
+            }
+            // Without stages nothing is taken, and the call is the same.
+            #expect(try await connection.send(.get("s"), timeout: .seconds(5)).string == "v")
+        }
+    }
 }

@@ -15,6 +15,12 @@ import Synchronization
 // by name only: Magpie's sets and removals are both `evalsha`.) Commands from the systems' long-lived
 // tasks (Magpie's heartbeats and owed removals, a subscriber's reconnects) count as background; the
 // subscriber connections' own commands (SUBSCRIBE) are not sent through a pool and are not counted.
+//
+// The same backend sums the timer `magpie_redis_stage_seconds` (every worker's clients run with
+// `RedisConfiguration.recordsStages`, every system alike) by cause: where each round trip's time went,
+// queued (the call until its connection's event loop handed it to the socket), server (until the loop
+// decoded its reply) and resumed (until the awaiting task ran again). Recorded in that task after it
+// resumed, so a store's stages are the store's.
 
 /// Round trips and commands per cause, counted since the worker started.
 final class FleetRoundTrips: Sendable {
@@ -34,6 +40,14 @@ final class FleetRoundTrips: Sendable {
         var operations = 0
         var roundTrips = 0
         var commands = 0
+        /// Nanoseconds by `Stage.rawValue`, and the round trips they were recorded for.
+        var stages = [Int](repeating: 0, count: Stage.allCases.count)
+        var staged = 0
+    }
+
+    /// The stages of `magpie_redis_stage_seconds`.
+    enum Stage: Int, CaseIterable, Sendable {
+        case queued, server, resumed
     }
 
     /// The one counter of this process (installed by `bootstrap`).
@@ -43,6 +57,18 @@ final class FleetRoundTrips: Sendable {
         let operations = Atomic<Int>(0)
         let roundTrips = Atomic<Int>(0)
         let commands = Atomic<Int>(0)
+        let queued = Atomic<Int>(0)
+        let server = Atomic<Int>(0)
+        let resumed = Atomic<Int>(0)
+        let staged = Atomic<Int>(0)
+
+        func stage(_ stage: Stage) -> Int {
+            switch stage {
+            case .queued: queued.load(ordering: .relaxed)
+            case .server: server.load(ordering: .relaxed)
+            case .resumed: resumed.load(ordering: .relaxed)
+            }
+        }
     }
 
     /// By `Cause.rawValue`.
@@ -73,6 +99,17 @@ final class FleetRoundTrips: Sendable {
         counts.commands.add(Int(count), ordering: .relaxed)
     }
 
+    func record(_ stage: Stage, nanoseconds: Int64) {
+        let counts = counts[Self.cause.rawValue]
+        switch stage {
+        case .queued:
+            counts.queued.add(Int(nanoseconds), ordering: .relaxed)
+            counts.staged.add(1, ordering: .relaxed)
+        case .server: counts.server.add(Int(nanoseconds), ordering: .relaxed)
+        case .resumed: counts.resumed.add(Int(nanoseconds), ordering: .relaxed)
+        }
+    }
+
     /// The counts now, per cause.
     func snapshot() -> Snapshot {
         var snapshot: Snapshot = [:]
@@ -80,13 +117,15 @@ final class FleetRoundTrips: Sendable {
             let counts = counts[cause.rawValue]
             snapshot[cause] = Counted(
                 operations: counts.operations.load(ordering: .relaxed), roundTrips: counts.roundTrips.load(ordering: .relaxed),
-                commands: counts.commands.load(ordering: .relaxed))
+                commands: counts.commands.load(ordering: .relaxed), stages: Stage.allCases.map(counts.stage),
+                staged: counts.staged.load(ordering: .relaxed))
         }
         return snapshot
     }
 
     /// The worker's report of the counts from `start` to `end` (two snapshots): `redis_operations_<cause>`,
-    /// `redis_round_trips_<cause>` and `redis_commands_<cause>` (the warm-up's left out).
+    /// `redis_round_trips_<cause>` and `redis_commands_<cause>`, and the stages' sums
+    /// (`redis_stage_<stage>_ns_<cause>`, over `redis_staged_<cause>` round trips) (the warm-up's left out).
     static func report(from start: Snapshot, to end: Snapshot) -> [String: JSONValue] {
         var line: [String: JSONValue] = [:]
         for cause in Cause.allCases where cause != .warmup {
@@ -94,16 +133,27 @@ final class FleetRoundTrips: Sendable {
             line["redis_operations_\(cause)"] = .int(after.operations - before.operations)
             line["redis_round_trips_\(cause)"] = .int(after.roundTrips - before.roundTrips)
             line["redis_commands_\(cause)"] = .int(after.commands - before.commands)
+            line["redis_staged_\(cause)"] = .int(after.staged - before.staged)
+            for stage in Stage.allCases {
+                line["redis_stage_\(stage)_ns_\(cause)"] = .int(after.stages[stage.rawValue] - before.stages[stage.rawValue])
+            }
         }
         return line
     }
 }
 
-/// Counts `magpie_redis_commands_total` into `FleetRoundTrips.shared`; every other metric is dropped.
+/// Counts `magpie_redis_commands_total` and sums `magpie_redis_stage_seconds` into
+/// `FleetRoundTrips.shared`; every other metric is dropped.
 private struct FleetCommandsFactory: MetricsFactory {
     private final class Commands: CounterHandler, Sendable {
         func increment(by amount: Int64) { FleetRoundTrips.shared.count(commands: amount) }
         func reset() {}
+    }
+
+    private final class Stages: TimerHandler, Sendable {
+        let stage: FleetRoundTrips.Stage
+        init(_ stage: FleetRoundTrips.Stage) { self.stage = stage }
+        func recordNanoseconds(_ duration: Int64) { FleetRoundTrips.shared.record(stage, nanoseconds: duration) }
     }
 
     func makeCounter(label: String, dimensions: [(String, String)]) -> any CounterHandler {
@@ -114,7 +164,12 @@ private struct FleetCommandsFactory: MetricsFactory {
         NOOPMetricsHandler.instance
     }
 
-    func makeTimer(label: String, dimensions: [(String, String)]) -> any TimerHandler { NOOPMetricsHandler.instance }
+    func makeTimer(label: String, dimensions: [(String, String)]) -> any TimerHandler {
+        guard label == "magpie_redis_stage_seconds", let name = dimensions.first(where: { $0.0 == "stage" })?.1,
+            let stage = FleetRoundTrips.Stage.allCases.first(where: { "\($0)" == name })
+        else { return NOOPMetricsHandler.instance }
+        return Stages(stage)
+    }
 
     func destroyCounter(_ handler: any CounterHandler) {}
     func destroyRecorder(_ handler: any RecorderHandler) {}

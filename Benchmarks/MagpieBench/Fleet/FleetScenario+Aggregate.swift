@@ -30,8 +30,9 @@ extension FleetScenario {
         let readCount = max(1, sums["reads", default: 0])
         let seconds = Double(options.seconds)
         var extra: [String: JSONValue] = [:]
-        let roundTrips = FleetRoundTrips.Cause.allCases.flatMap {
-            ["redis_operations_\($0)", "redis_round_trips_\($0)", "redis_commands_\($0)"]
+        let roundTrips = FleetRoundTrips.Cause.allCases.flatMap { cause in
+            ["redis_operations_\(cause)", "redis_round_trips_\(cause)", "redis_commands_\(cause)", "redis_staged_\(cause)"]
+                + FleetRoundTrips.Stage.allCases.map { "redis_stage_\($0)_ns_\(cause)" }
         }
         for key in [
             "reads", "writes", "removes", "origin_calls", "caller_errors", "wrong_values", "remote_errors",
@@ -78,6 +79,8 @@ extension FleetScenario {
         let removals = histograms["remove_latency"] ?? LogHistogram()
         extra["store_latency_ns"] = stores.percentiles.json
         extra["remove_latency_ns"] = removals.percentiles.json
+        extra["store_latency_mean_ns"] = .double(stores.mean)
+        extra["remove_latency_mean_ns"] = .double(removals.mean)
         extra["stores_per_sec"] = .double(Double(sums["writes", default: 0]) / seconds)
         extra["removes_per_sec"] = .double(Double(sums["removes", default: 0]) / seconds)
         // The pause rows: callers' reads, memory hits and stores that overlapped the SIGSTOP, beside those
@@ -140,6 +143,14 @@ extension FleetScenario {
             }
             if let commands = sums["redis_commands_\(cause)"] {
                 extra["redis_commands_per_\(cause)"] = .double(Double(commands) / Double(operations))
+            }
+            // Where the round trips' time went: µs per round trip, by stage.
+            if let staged = sums["redis_staged_\(cause)"], staged > 0 {
+                var stages: [String: JSONValue] = [:]
+                for stage in FleetRoundTrips.Stage.allCases {
+                    stages["\(stage)"] = .double(Double(sums["redis_stage_\(stage)_ns_\(cause)", default: 0]) / 1e3 / Double(staged))
+                }
+                extra["redis_stage_us_per_round_trip_\(cause)"] = .object(stages)
             }
         }
         if let background = sums["redis_round_trips_background"] {

@@ -255,6 +255,19 @@ struct LogHistogram: Sendable {
 
     var total: Int { counts.reduce(0, +) }
 
+    /// The mean, each value taken as the middle of its bucket (within the buckets' 3 %); 0 when empty.
+    var mean: Double {
+        let total = total
+        guard total > 0 else { return 0 }
+        var sum = 0.0
+        for (index, count) in counts.enumerated() where count > 0 {
+            let low = Double(Self.value(at: index))
+            let high = index + 1 < counts.count ? Double(Self.value(at: index + 1)) : low
+            sum += Double(count) * (low + high) / 2
+        }
+        return sum / Double(total)
+    }
+
     /// The p-th percentile (`percentileRank`) as its bucket's value; 0 when empty.
     func percentile(_ p: Double) -> UInt64 {
         let rank = percentileRank(p, count: total)

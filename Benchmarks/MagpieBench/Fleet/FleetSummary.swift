@@ -58,6 +58,30 @@ func fleetTables(_ results: [BenchResult]) -> [Table] {
             own, x.millis("invalidation_lag_ns"), x.double("recovery_seconds", "%.2f"),
         ])
     }
+    var stages = Table(
+        """
+        Where a change's time goes from the caller (means, µs): its latency; per round trip the time queued (until the \
+        connection's event loop handed it to the socket), at the server (until the loop decoded the reply: network, \
+        Redis's queue and execution) and resuming (until the awaiting task ran again); and the rest, outside the round \
+        trips (the system's own work and hops)
+        """,
+        ["system", "tasks", "mix", "change", "mean", "round trips", "queued", "server", "resumed", "outside"])
+    for row in rows {
+        let x = FleetRowView(row)
+        for (change, cause, latency) in [("set", "set", "store_latency_mean_ns"), ("removal", "removal", "remove_latency_mean_ns")] {
+            guard let mean = row.extra[latency]?.numberValue, mean > 0,
+                let trips = row.extra["redis_round_trips_per_\(cause)"]?.numberValue,
+                let per = row.extra["redis_stage_us_per_round_trip_\(cause)"]?.objectValue
+            else { continue }
+            let (queued, server, resumed) = (per["queued"]?.numberValue ?? 0, per["server"]?.numberValue ?? 0, per["resumed"]?.numberValue ?? 0)
+            let outside = mean / 1e3 - trips * (queued + server + resumed)
+            stages.append([
+                row.system, x.tasksText, x.mix, change, String(format: "%.0f", mean / 1e3), String(format: "%.2f", trips),
+                String(format: "%.0f", queued), String(format: "%.0f", server), String(format: "%.0f", resumed),
+                String(format: "%.0f", outside),
+            ])
+        }
+    }
     let shown = FleetRedisStats.shownCommands
     var commands = Table(
         "Redis per command over the window: µs per call (calls/s); a script's inner commands are also counted under their own names",
@@ -91,6 +115,7 @@ func fleetTables(_ results: [BenchResult]) -> [Table] {
         ])
     }
     var tables = [reads, stores, costs]
+    if !stages.isEmpty { tables.append(stages) }
     if !commands.isEmpty { tables.append(commands) }
 
     let paused = rows.filter { $0.extra["pause_seconds"] != nil }

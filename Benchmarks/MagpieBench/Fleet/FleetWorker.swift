@@ -309,6 +309,7 @@ final class FleetInstance: @unchecked Sendable {
         configuration.commandTimeout = .milliseconds(250)
         configuration.connectTimeout = .milliseconds(250)
         configuration.reconnect.maximum = .milliseconds(250)
+        configuration.recordsStages = true  // where a set's, a removal's and a read's round trips spend their time
         let redis = configuration
         // "probe:<n>": the lag probe n was dropped here.
         let worker = options.index

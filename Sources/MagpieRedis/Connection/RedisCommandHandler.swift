@@ -108,6 +108,8 @@ final class RedisCommandHandler: ChannelInboundHandler {
     private struct Pending {
         var sink: ReplySink
         var deadline: NIODeadline
+        /// Where the reply's instant goes (a batch's: on its last command only, whose reply resumes it).
+        var stages: CommandStages? = nil
     }
 
     let endpoint: RedisEndpoint
@@ -151,14 +153,15 @@ final class RedisCommandHandler: ChannelInboundHandler {
 
     /// Writes one command; its reply goes to `sink`. Flushed once per event-loop tick (`flush`), or by
     /// the caller.
-    func enqueue(_ command: ByteBuffer, sink: ReplySink, deadline: NIODeadline, flush: Bool = true) {
+    func enqueue(_ command: ByteBuffer, sink: ReplySink, deadline: NIODeadline, stages: CommandStages? = nil, flush: Bool = true) {
         guard let context, failure == nil else {
             // Uncounted before the caller resumes: a caller that sees its error also sees the count fall.
             counters.inFlight.subtract(1, ordering: .relaxed)
             Self.fail(sink, with: failure ?? RedisError(.connectionClosed, "connection closed", endpoint: endpoint))
             return
         }
-        pending.append(Pending(sink: sink, deadline: deadline))
+        stages?.noteWritten()
+        pending.append(Pending(sink: sink, deadline: deadline, stages: stages))
         context.write(wrapOutboundOut(command), promise: nil)
         if flush { scheduleFlush(context) }
         armTimer(deadline, context)
@@ -166,15 +169,18 @@ final class RedisCommandHandler: ChannelInboundHandler {
 
     /// Writes a batch (its commands already concatenated, in order) as one write; the `count` replies are
     /// delivered together.
-    func enqueue(batch commands: ByteBuffer, count: Int, replies: BatchReplies, deadline: NIODeadline, flush: Bool = true) {
+    func enqueue(
+        batch commands: ByteBuffer, count: Int, replies: BatchReplies, deadline: NIODeadline, stages: CommandStages? = nil, flush: Bool = true
+    ) {
         guard let context, failure == nil else {
             counters.inFlight.subtract(count, ordering: .relaxed)
             ThreadSanitizerHandOff.published()
             replies.fail(failure ?? RedisError(.connectionClosed, "connection closed", endpoint: endpoint))
             return
         }
+        stages?.noteWritten()
         for index in 0..<count {
-            pending.append(Pending(sink: .batch(replies, index), deadline: deadline))
+            pending.append(Pending(sink: .batch(replies, index), deadline: deadline, stages: index == count - 1 ? stages : nil))
         }
         context.write(wrapOutboundOut(commands), promise: nil)
         if flush { scheduleFlush(context) }
@@ -185,11 +191,11 @@ final class RedisCommandHandler: ChannelInboundHandler {
     /// (`flush`), or by the caller.
     func enqueue(_ submission: Submission, flush: Bool) {
         switch submission {
-        case .command(let command, let continuation, let deadline):
-            enqueue(command, sink: .continuation(continuation), deadline: deadline, flush: flush)
-        case .batch(let commands, let count, let continuation, let deadline):
+        case .command(let command, let continuation, let deadline, let stages):
+            enqueue(command, sink: .continuation(continuation), deadline: deadline, stages: stages, flush: flush)
+        case .batch(let commands, let count, let continuation, let deadline, let stages):
             enqueue(batch: commands, count: count, replies: BatchReplies(count: count, continuation: continuation),
-                    deadline: deadline, flush: flush)
+                    deadline: deadline, stages: stages, flush: flush)
         case .subscription(let command, let confirmation, let names, let continuation, let deadline):
             let replies = SubscriptionReplies(kind: confirmation, names: names, continuation: continuation)
             enqueue(command, sink: .subscription(replies), deadline: deadline, flush: flush)
@@ -292,6 +298,7 @@ final class RedisCommandHandler: ChannelInboundHandler {
             return
         }
         counters.inFlight.subtract(1, ordering: .relaxed)
+        head.stages?.noteReplied()
         ThreadSanitizerHandOff.published()
         switch head.sink {
         case .continuation(let continuation): continuation.resume(returning: value)

@@ -53,8 +53,8 @@ public final class RedisConnection: Sendable {
 
     /// `reserved`: the pool already counted this command in flight when it picked the connection.
     nonisolated(nonsending)
-    func send(_ command: RedisCommand, timeout: Duration, reserved: Bool) async throws -> RESPValue {
-        let value = try await sendRaw(command.encoded, timeout: timeout, reserved: reserved)
+    func send(_ command: RedisCommand, timeout: Duration, reserved: Bool, stages: CommandStages? = nil) async throws -> RESPValue {
+        let value = try await sendRaw(command.encoded, timeout: timeout, reserved: reserved, stages: stages)
         switch value {
         case .simpleError(let message), .bulkError(let message):
             throw RedisError.server(RedisServerError(message), endpoint: endpoint)
@@ -65,13 +65,13 @@ public final class RedisConnection: Sendable {
 
     /// Sends one encoded command; the reply as it came (error replies included).
     nonisolated(nonsending)
-    func sendRaw(_ encoded: ByteBuffer, timeout: Duration, reserved: Bool = false) async throws -> RESPValue {
+    func sendRaw(_ encoded: ByteBuffer, timeout: Duration, reserved: Bool = false, stages: CommandStages? = nil) async throws -> RESPValue {
         if !reserved { counters.inFlight.add(1, ordering: .relaxed) }
         counters.sent.add(1, ordering: .relaxed)
         let deadline = NIODeadline.now() + TimeAmount(timeout)
         defer { ThreadSanitizerHandOff.received() }
         return try await withUnsafeThrowingContinuation { continuation in
-            submit(.command(encoded, continuation, deadline))
+            submit(.command(encoded, continuation, deadline, stages))
         }
     }
 
@@ -99,7 +99,7 @@ public final class RedisConnection: Sendable {
     }
 
     nonisolated(nonsending)
-    func sendRaw(batch encoded: [ByteBuffer], timeout: Duration, reserved: Bool = false) async throws -> [RESPValue] {
+    func sendRaw(batch encoded: [ByteBuffer], timeout: Duration, reserved: Bool = false, stages: CommandStages? = nil) async throws -> [RESPValue] {
         guard !encoded.isEmpty else {
             if reserved { counters.inFlight.subtract(1, ordering: .relaxed) }
             return []
@@ -118,7 +118,7 @@ public final class RedisConnection: Sendable {
         let commands = combined
         defer { ThreadSanitizerHandOff.received() }
         return try await withUnsafeThrowingContinuation { continuation in
-            submit(.batch(commands, count: count, continuation, deadline))
+            submit(.batch(commands, count: count, continuation, deadline, stages))
         }
     }
 

@@ -1,11 +1,14 @@
 import CoreMetrics
+import NIOCore
 import Synchronization
 
 /// swift-metrics instruments of one node (dimension `node` = `host:port`):
 /// `magpie_redis_commands_total`, `magpie_redis_errors_total` (dimension `code`),
 /// `magpie_redis_command_duration_seconds` (a timer: the latency histogram in the backend),
 /// `magpie_redis_reconnects_total`, `magpie_redis_connections` and `magpie_redis_breaker_open`
-/// (1 while the node's breaker is open).
+/// (1 while the node's breaker is open); with ``RedisConfiguration/recordsStages``, the timer
+/// `magpie_redis_stage_seconds` (dimension `stage`: `queued`, `server`, `resumed`), recorded once per
+/// round trip in the task that awaited it.
 struct RedisNodeMetrics: Sendable {
     let commands: Counter
     let timeouts: Counter
@@ -16,6 +19,9 @@ struct RedisNodeMetrics: Sendable {
     let reconnects: Counter
     let connections: Gauge
     let breakerOpen: Gauge
+    let queued: Timer
+    let server: Timer
+    let resumed: Timer
 
     init(endpoint: RedisEndpoint) {
         let node = [("node", endpoint.description)]
@@ -28,6 +34,22 @@ struct RedisNodeMetrics: Sendable {
         reconnects = Counter(label: "magpie_redis_reconnects_total", dimensions: node)
         connections = Gauge(label: "magpie_redis_connections", dimensions: node)
         breakerOpen = Gauge(label: "magpie_redis_breaker_open", dimensions: node)
+        func stage(_ name: String) -> Timer {
+            Timer(label: "magpie_redis_stage_seconds", dimensions: node + [("stage", name)], preferredDisplayUnit: .microseconds)
+        }
+        (queued, server, resumed) = (stage("queued"), stage("server"), stage("resumed"))
+    }
+
+    /// Records where a round trip that began at `start` and resumed its caller at `now` spent its time,
+    /// from the instants its connection's loop took (nothing when it took none: the call failed before
+    /// it was written, or before its reply).
+    func record(_ stages: CommandStages, start: NIODeadline, now: NIODeadline) {
+        let (written, replied) = (stages.written.load(ordering: .relaxed), stages.replied.load(ordering: .relaxed))
+        let (started, ended) = (start.uptimeNanoseconds, now.uptimeNanoseconds)
+        guard written >= started, replied >= written, ended >= replied else { return }
+        queued.recordNanoseconds(Int64(written - started))
+        server.recordNanoseconds(Int64(replied - written))
+        resumed.recordNanoseconds(Int64(ended - replied))
     }
 
     func record(error: RedisError) {
@@ -38,6 +60,18 @@ struct RedisNodeMetrics: Sendable {
         default: connectionErrors.increment()
         }
     }
+}
+
+/// The instants a connection's event loop took for one round trip (``RedisConfiguration/recordsStages``):
+/// when it handed the command to the channel, and when it decoded the reply that resumes the caller (a
+/// batch's last). Stored on the loop, read by the caller after the reply resumed it (the resumption
+/// orders them; relaxed atomics keep the type `Sendable` without a lock). 0: not taken.
+final class CommandStages: Sendable {
+    let written = Atomic<UInt64>(0)
+    let replied = Atomic<UInt64>(0)
+
+    func noteWritten() { written.store(NIODeadline.now().uptimeNanoseconds, ordering: .relaxed) }
+    func noteReplied() { replied.store(NIODeadline.now().uptimeNanoseconds, ordering: .relaxed) }
 }
 
 /// Counts a client keeps for its callers and tests (all nodes together).

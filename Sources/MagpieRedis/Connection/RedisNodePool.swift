@@ -129,9 +129,10 @@ final class RedisNodePool: Sendable {
         while true {
             let connection = try await connection(reserving: true)
             let start = NIODeadline.now()
+            let stages = configuration.recordsStages ? CommandStages() : nil
             do {
-                let value = try await connection.send(command, timeout: configuration.commandTimeout, reserved: true)
-                finished(start: start, count: 1)
+                let value = try await connection.send(command, timeout: configuration.commandTimeout, reserved: true, stages: stages)
+                finished(start: start, count: 1, stages: stages)
                 return value
             } catch let error as RedisError where error.notSent && resends < 2 {
                 resends += 1
@@ -151,9 +152,11 @@ final class RedisNodePool: Sendable {
         while true {
             let connection = try await connection(reserving: true)
             let start = NIODeadline.now()
+            let stages = configuration.recordsStages ? CommandStages() : nil
             do {
-                let values = try await connection.sendRaw(batch: commands.map(\.encoded), timeout: configuration.commandTimeout, reserved: true)
-                finished(start: start, count: commands.count)
+                let values = try await connection.sendRaw(
+                    batch: commands.map(\.encoded), timeout: configuration.commandTimeout, reserved: true, stages: stages)
+                finished(start: start, count: commands.count, stages: stages)
                 if values.contains(where: Self.isLoadingReply) { noteLoading() }
                 return values
             } catch let error as RedisError where error.notSent && resends < 2 {
@@ -165,14 +168,16 @@ final class RedisNodePool: Sendable {
         }
     }
 
-    private func finished(start: NIODeadline, count: Int) {
+    private func finished(start: NIODeadline, count: Int, stages: CommandStages?) {
         if failuresPending.load(ordering: .relaxed) {
             state.withLock { state in
                 if !state.breakerOpen { state.consecutiveFailures = 0 }
             }
             failuresPending.store(false, ordering: .relaxed)
         }
-        metrics.duration.recordNanoseconds((NIODeadline.now() - start).nanoseconds)
+        let now = NIODeadline.now()
+        metrics.duration.recordNanoseconds((now - start).nanoseconds)
+        if let stages { metrics.record(stages, start: start, now: now) }
         metrics.commands.increment(by: count)
         counters.commands.add(UInt64(count), ordering: .relaxed)
     }

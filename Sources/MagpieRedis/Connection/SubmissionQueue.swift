@@ -3,9 +3,10 @@ import NIOCore
 /// A command handed to a connection's event loop by a caller on another thread, with where its reply
 /// goes. The reply objects (``BatchReplies``, ``SubscriptionReplies``) are made on the loop.
 enum Submission: Sendable {
-    case command(ByteBuffer, UnsafeContinuation<RESPValue, any Error>, NIODeadline)
+    /// One command; `stages` (nil unless ``RedisConfiguration/recordsStages``) takes its instants.
+    case command(ByteBuffer, UnsafeContinuation<RESPValue, any Error>, NIODeadline, CommandStages?)
     /// Commands concatenated in order; the `count` replies resume the continuation together.
-    case batch(ByteBuffer, count: Int, UnsafeContinuation<[RESPValue], any Error>, NIODeadline)
+    case batch(ByteBuffer, count: Int, UnsafeContinuation<[RESPValue], any Error>, NIODeadline, CommandStages?)
     /// A subscription command answered by one confirmation push of kind `confirmation` per name.
     case subscription(ByteBuffer, confirmation: String, names: [String], UnsafeContinuation<RESPValue, any Error>?, NIODeadline)
 }
