@@ -6,8 +6,9 @@ import Testing
 
 @testable import MagpieRedis
 
-// Fenced writes sent together (`RemoteStore.storeIfNewer(batch:)`, how owed removals are replayed):
-// against a real redis-server and a real cluster, each write judged alone.
+// Fenced writes sent together (`RemoteStore.storeIfNewer(batch:)`, how owed removals are replayed), and a
+// load's write sent with its lease's release (`storeIfNewer(…releasing:token:)`): against a real
+// redis-server and a real cluster, each write judged alone.
 
 /// A versioned value: "MV", the version (8 bytes big endian), then `text`.
 private func versioned(_ version: UInt64, _ text: String) -> [UInt8] {
@@ -106,6 +107,92 @@ struct FleetBatchTests {
             // Spread over many slots (so, with 3 masters holding a third of the slots each, over them all).
             let slots = Set(keys.map { store.partition(of: $0) })
             #expect(slots.count > 30)
+        }
+    }
+
+    @Test("a write that carries its load lease's release: one script call, the write's message alone; the lease removed only while it holds the token, however the write turns out")
+    func writeReleasingLease() async throws {
+        try await withRedisServer { server in
+            let store = try RedisRemoteStore(.init(redis: testConfiguration(port: server.port), namespace: "b:"))
+            let raw = try RedisClient(testConfiguration(port: server.port))
+            defer { Task { await store.shutdown(); await raw.shutdown() } }
+            func messages() async throws -> Int64 {
+                Int64(try await raw.send(RedisCommand("HGET", [.string("b:h~s"), .string("t")])).string ?? "0") ?? 0
+            }
+            func lease() async throws -> String? { try await raw.send(.get("b:lk")).string }
+            func take(_ token: String) async throws { _ = try await raw.send(.set("b:lk", Array(token.utf8))) }
+            let (record, leaseKey, token) = (key("rk"), key("lk"), key("t1"))
+            let single = try #require(store.single)
+            #expect(try await store.storeIfNewer(versioned(10, "v10"), forKey: record, expiresAt: 0, notAfter: 0))  // the script loaded
+            // The holder's token: stored and released in one command; one change message (the write's).
+            try await take("t1")
+            let (commands, sent) = (single.statistics.commands, try await messages())
+            #expect(try await store.storeIfNewer(versioned(11, "v11"), forKey: record, expiresAt: 0, notAfter: 0, pushing: false, releasing: leaseKey, token: token))
+            #expect(single.statistics.commands == commands + 1)
+            #expect(try await messages() == sent + 1)
+            #expect(try await lease() == nil)
+            #expect(try await store.values(forKeys: [record]) == [versioned(11, "v11")])
+            // Another holder's lease (this one's expired and was taken again) stays; the write goes on.
+            try await take("t2")
+            #expect(try await store.storeIfNewer(versioned(12, "v12"), forKey: record, expiresAt: 0, notAfter: 0, pushing: false, releasing: leaseKey, token: token))
+            #expect(try await lease() == "t2")
+            // A write the fence refuses and one past its deadline: nothing stored, no message, the lease
+            // released all the same, in the same call. One expired already sends no write: the release goes
+            // alone, with its own message.
+            let now = RemoteChangesClock.now()
+            for (value, expiresAt, notAfter, released) in [
+                (versioned(9, "v9"), Int64(0), Int64(0), Int64(0)), (versioned(13, "v13"), 0, now - 1_000, 0), (versioned(14, "v14"), now - 1, 0, 1),
+            ] {
+                try await take("t1")
+                let (commands, sent) = (single.statistics.commands, try await messages())
+                #expect(try await !store.storeIfNewer(value, forKey: record, expiresAt: expiresAt, notAfter: notAfter, pushing: false, releasing: leaseKey, token: token))
+                #expect(try await lease() == nil)
+                // (The release alone runs the script flagged `allow-oom`: its first use here is NOSCRIPT, then EVAL.)
+                #expect(released == 0 ? single.statistics.commands == commands + 1 : (commands + 1...commands + 2).contains(single.statistics.commands))
+                #expect(try await messages() == sent + released)
+            }
+            #expect(try await store.values(forKeys: [record]) == [versioned(12, "v12")])
+        }
+    }
+
+    @Test("a load through the loader API lands its value and ends its lease in one call (async and synchronous)")
+    func loadEndsLeaseWithItsWrite() async throws {
+        try await withRedisServer { server in
+            let (a, _) = try fleetCache(port: server.port)
+            defer { try? a.close() }
+            try await offloaded { try waitConfirmed(a) }
+            try await a.async.set(Array("w".utf8), forKey: "warm")  // the namespace's token made (its own message)
+            @Sendable func messages() throws -> Int { Int(try server.cli("HGET", "fleet:h~s", "t")) ?? 0 }
+            let before = try messages()
+            #expect(text(try await a.value(forKey: "loaded") { Array("v".utf8) }) == "v")
+            #expect(try server.cli("EXISTS", "fleet:lloaded") == "0")
+            #expect(try messages() == before + 1)  // the write's message; the release sent none of its own
+            try await offloaded { () throws -> Void in
+                #expect(text(try a.loadValue(forKey: "loaded-sync") { Array("s".utf8) }) == "s")
+                #expect(try server.cli("EXISTS", "fleet:lloaded-sync") == "0")
+                #expect(try messages() == before + 2)
+            }
+            #expect(a.statistics.remote?.leasesAcquired == 2)
+        }
+    }
+
+    @Test("on a cluster (the lease in another slot) the write and its release go apart, both done")
+    func writeReleasingLeaseOnACluster() async throws {
+        try await withRedisCluster(masters: 3) { cluster in
+            var redis = RedisConfiguration(endpoints: cluster.nodes.map { RedisEndpoint(host: $0.host, port: $0.port) })
+            redis.connectTimeout = .seconds(2)
+            redis.commandTimeout = .seconds(2)
+            let store = try RedisRemoteStore(.init(redis: redis, namespace: "b:", cluster: true))
+            defer { Task { await store.shutdown() } }
+            let (record, leaseKey, token) = (key("rkey:7"), key("lkey:7"), key("t1"))
+            #expect(store.partition(of: record) != store.partition(of: leaseKey))
+            #expect(try await store.store(token, forKey: leaseKey, expiresAt: 0, onlyIfAbsent: true))  // the lease taken
+            #expect(try await store.storeIfNewer(versioned(1, "v1"), forKey: record, expiresAt: 0, notAfter: 0, pushing: false, releasing: leaseKey, token: token))
+            #expect(try await store.values(forKeys: [record, leaseKey]) == [versioned(1, "v1"), nil])
+            // Another holder's lease stays.
+            #expect(try await store.store(key("t2"), forKey: leaseKey, expiresAt: 0, onlyIfAbsent: true))
+            #expect(try await store.storeIfNewer(versioned(2, "v2"), forKey: record, expiresAt: 0, notAfter: 0, pushing: false, releasing: leaseKey, token: token))
+            #expect(try await store.values(forKeys: [leaseKey]) == [key("t2")])
         }
     }
 }

@@ -335,10 +335,9 @@ final class LoadCoordinator: Sendable {
                         land(flight, call, result, started: started, version: version)
                     }
                     if landed == nil { leave(flight, hash: call.hash) }  // cancelled or closed before it could land
-                    // The value goes through to the store before the lease is released (a waiter that
-                    // then takes the lease finds it), and before the callers hear of it.
-                    await composition.send(landed ?? nil)
-                    await composition.releaseLoad(call, lease)
+                    // The value goes through to the store before (or with) the lease's release (a waiter
+                    // that then takes the lease finds it), and before the callers hear of it.
+                    await composition.sendLanding(landed ?? nil, call, lease)
                     flight.finish(result)
                 })
         case .blocking(let load):
@@ -367,8 +366,7 @@ final class LoadCoordinator: Sendable {
         guard let (started, version) = begin(flight, call, lease) else { return }
         let result: Result<[UInt8]?, any Error>
         do { result = .success(try load()) } catch { result = .failure(error) }
-        composition.sendBlocking(land(flight, call, result, started: started, version: version))
-        composition.releaseLoadBlocking(call, lease)
+        composition.sendLandingBlocking(land(flight, call, result, started: started, version: version), call, lease)
         flight.finish(result)
     }
 }

@@ -66,6 +66,16 @@ public protocol RemoteStore: AnyObject, Sendable {
     /// did not answer. The default sends them one at a time.
     func storeIfNewer(batch writes: [RemoteVersionedWrite]) async -> [Result<Bool, MagpieError>]
 
+    /// ``storeIfNewer(_:forKey:expiresAt:notAfter:pushing:)``, and the load lease `lease` removed while it
+    /// still holds `token` (``remove(_:ifValue:)``), however the write turns out: how a load's holder lands
+    /// its value and ends its lease. The write's outcome or error is the answer. In one round trip where
+    /// the store can (MagpieRedis on a single server: one script call, the write's change message alone
+    /// waking the instances that wait for the value); the default sends the write, then the release, and
+    /// a release that fails is left to expire with its lease.
+    func storeIfNewer(
+        _ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, notAfter: Int64, pushing: Bool, releasing lease: [UInt8], token: [UInt8]
+    ) async throws(MagpieError) -> Bool
+
     /// How many partitions the store's keys fall into (at most ``RemoteChanges/maximumPartitions``); each has
     /// its own sequence of change messages.
     var partitionCount: Int { get }
@@ -114,6 +124,28 @@ public struct RemoteVersionedWrite: Sendable {
 }
 
 extension RemoteStore {
+    public func storeIfNewer(
+        _ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, notAfter: Int64, pushing: Bool, releasing lease: [UInt8], token: [UInt8]
+    ) async throws(MagpieError) -> Bool {
+        try await storeIfNewerThenRelease(value, forKey: key, expiresAt: expiresAt, notAfter: notAfter, pushing: pushing, releasing: lease, token: token)
+    }
+
+    /// ``storeIfNewer(_:forKey:expiresAt:notAfter:pushing:releasing:token:)`` in two calls: the write, then
+    /// the release (whose failure is left to the lease's expiry). The default, and a store's fallback where
+    /// it cannot do both at once.
+    public func storeIfNewerThenRelease(
+        _ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, notAfter: Int64, pushing: Bool, releasing lease: [UInt8], token: [UInt8]
+    ) async throws(MagpieError) -> Bool {
+        let stored: Result<Bool, MagpieError>
+        do {
+            stored = .success(try await storeIfNewer(value, forKey: key, expiresAt: expiresAt, notAfter: notAfter, pushing: pushing))
+        } catch {
+            stored = .failure(error)
+        }
+        _ = try? await remove(lease, ifValue: token)
+        return try stored.get()
+    }
+
     public func storeIfNewer(batch writes: [RemoteVersionedWrite]) async -> [Result<Bool, MagpieError>] {
         var outcomes: [Result<Bool, MagpieError>] = []
         outcomes.reserveCapacity(writes.count)

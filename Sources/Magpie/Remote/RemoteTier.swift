@@ -158,13 +158,18 @@ final class RemoteTier: Sendable {
     /// served once it is back.
     /// Returns false when the store refused the record because it holds a newer version of the key
     /// (the caller's local copy is then older than the store's value, and must go).
+    ///
+    /// - Parameter lease: a load lease token this instance holds for the key: released with the write
+    ///   (``RemoteStore/storeIfNewer(_:forKey:expiresAt:notAfter:pushing:releasing:token:)``, one round trip
+    ///   where the store can), or after it when the write went otherwise or failed.
     @discardableResult
-    func write(_ record: RemoteRecord, forKey key: [UInt8]) async -> Bool {
+    func write(_ record: RemoteRecord, forKey key: [UInt8], releasing lease: [UInt8]? = nil) async -> Bool {
         var record = record
         record.origin = originTag
         if record.expiresAt != 0 && record.expiresAt <= clock.now() {
             // Expired already: an expiry in the past removes the key (the store's older value too).
             await remove(key, version: record.version)
+            if let lease { await releaseLease(key, token: lease) }
             return true
         }
         do {
@@ -173,7 +178,13 @@ final class RemoteTier: Sendable {
             let recordKey = [RemoteKey.record] + key
             let (encoded, expiresAt, deadline, pushing) = (record.encoded(key: recordKey), record.expiresAt, notAfter(), record.value.count <= settings.pushLimit)
             let stored = try await onStore { [store] () async throws(MagpieError) in
-                try await store.storeIfNewer(encoded, forKey: recordKey, expiresAt: expiresAt, notAfter: deadline, pushing: pushing)
+                if let lease {
+                    try await store.storeIfNewer(
+                        encoded, forKey: recordKey, expiresAt: expiresAt, notAfter: deadline, pushing: pushing,
+                        releasing: [RemoteKey.lease] + key, token: lease)
+                } else {
+                    try await store.storeIfNewer(encoded, forKey: recordKey, expiresAt: expiresAt, notAfter: deadline, pushing: pushing)
+                }
             }
             if stored {
                 counters.stores.add(1, ordering: .relaxed)
@@ -187,8 +198,23 @@ final class RemoteTier: Sendable {
             } else {
                 owed.owe(key: key, version: versions.next())
             }
+            // The write may have failed before its release ran (or before it was sent): released apart (a
+            // release that finds another token, or none, changes nothing).
+            if let lease { await releaseLease(key, token: lease) }
         }
         return true
+    }
+
+    /// Releases the load lease of `key` (a user key) this instance holds with `token`: removed only while
+    /// the store still holds that token (a holder whose lease expired cannot release its successor's). A
+    /// failure is counted; the lease then expires on its own.
+    func releaseLease(_ key: [UInt8], token: [UInt8]) async {
+        let leaseKey = [RemoteKey.lease] + key
+        do {
+            _ = try await onStore { [store] () async throws(MagpieError) in try await store.remove(leaseKey, ifValue: token) }
+        } catch {
+            counters.failed(error)
+        }
     }
 
     /// A write of `key` the store refused for lack of memory: the key's tombstone at once, over the older

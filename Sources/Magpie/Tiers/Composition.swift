@@ -53,6 +53,9 @@ protocol CoherencePolicy: AnyObject, Sendable {
     /// Releases the lease `lease` holds, if any, once the load landed.
     nonisolated(nonsending)
     func releaseLoad(_ call: LoaderCall, _ lease: LeaseOutcome) async
+    /// A landed load's remote half, then its lease released (together where the store can).
+    nonisolated(nonsending)
+    func sendLanding(_ write: RemoteSend?, _ call: LoaderCall, _ lease: LeaseOutcome) async
     /// Runs `body` to its end from a thread that may block (the synchronous API), through the remote
     /// tier's one bridge; `fallback` where it cannot wait (counted).
     func blocking<R: Sendable>(_ operation: String, fallback: R, _ body: @escaping @Sendable () async -> R) -> R
@@ -99,6 +102,7 @@ final class LocalOnly: CoherencePolicy {
     func loadVersion() -> UInt64 { 0 }
     nonisolated(nonsending) func acquireLoad(_ call: LoaderCall) async -> LeaseOutcome { .load(token: nil) }
     nonisolated(nonsending) func releaseLoad(_ call: LoaderCall, _ lease: LeaseOutcome) async {}
+    nonisolated(nonsending) func sendLanding(_ write: RemoteSend?, _ call: LoaderCall, _ lease: LeaseOutcome) async {}
     /// Nothing here is ever awaited: every remote half is empty, so `fallback` is its answer.
     func blocking<R: Sendable>(_ operation: String, fallback: R, _ body: @escaping @Sendable () async -> R) -> R { fallback }
     func start() {}
@@ -346,6 +350,21 @@ struct Composition: Sendable {
         guard case .load(.some) = lease else { return }
         let policy = policy
         policy.blocking("lease release", fallback: ()) { await policy.releaseLoad(call, lease) }
+    }
+
+    /// A landed load's remote half (`write`, from `land`), then its lease released: together where the
+    /// store can (one round trip for a value's write and its release).
+    nonisolated(nonsending)
+    func sendLanding(_ write: RemoteSend?, _ call: LoaderCall, _ lease: LeaseOutcome) async {
+        await policy.sendLanding(write, call, lease)
+    }
+
+    /// ``sendLanding(_:_:_:)`` from the synchronous API: blocks until the remote tier answered; a write
+    /// that could not wait there (on the store's own thread) is owed, and its lease left to expire.
+    func sendLandingBlocking(_ write: RemoteSend?, _ call: LoaderCall, _ lease: LeaseOutcome) {
+        guard let write else { return releaseLoadBlocking(call, lease) }
+        let policy = policy
+        if !policy.blocking("write", fallback: false, { await policy.sendLanding(write, call, lease); return true }) { policy.owe(write) }
     }
 
     // MARK: Life cycle

@@ -89,19 +89,27 @@ extension RemotePolicy {
 
     /// Releases the lease this instance holds for `call`'s key with `token` (after its value landed): only
     /// while the store still holds that token.
-    private func releaseLease(_ call: LoaderCall, token: [UInt8]) async {
-        let (remote, key) = (remote, [RemoteKey.lease] + call.name)
-        do {
-            _ = try await remote.onStore { () async throws(MagpieError) in try await remote.store.remove(key, ifValue: token) }
-        } catch {
-            remote.counters.failed(error)  // it expires on its own
-        }
-    }
+    private func releaseLease(_ call: LoaderCall, token: [UInt8]) async { await remote.releaseLease(call.name, token: token) }
 
     /// Releases the lease `lease` holds, if any, once the load landed.
     nonisolated(nonsending)
     func releaseLoad(_ call: LoaderCall, _ lease: LeaseOutcome) async {
         if case .load(let token?) = lease { await releaseLease(call, token: token) }
+    }
+
+    /// A landed load's remote half and its lease's release: a store's write carries the release (one
+    /// round trip where the store can: ``RemoteTier/write(_:forKey:releasing:)``); any other landing
+    /// (a removal, nothing, a write that runs past ``RemoteTierOptions/writeWait`` in the background) is
+    /// sent, then the lease released. Either way the value reaches the store before the lease goes (a
+    /// waiter that then takes the lease finds it).
+    nonisolated(nonsending)
+    func sendLanding(_ write: RemoteSend?, _ call: LoaderCall, _ lease: LeaseOutcome) async {
+        guard case .load(let token?) = lease, let write, case .store = write.operation, remote.writeWait == nil else {
+            if let write { await send(write) }
+            await releaseLoad(call, lease)
+            return
+        }
+        await perform(write, releasing: token)
     }
 
     /// The version a load that starts now gives its value.

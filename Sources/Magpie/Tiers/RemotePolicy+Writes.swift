@@ -111,11 +111,12 @@ extension RemotePolicy {
         await waiter.wait(upTo: wait)
     }
 
-    private func perform(_ write: RemoteSend) async {
+    /// Sends `write` and ends it; a store releases the load lease `lease` (a token) with it.
+    func perform(_ write: RemoteSend, releasing lease: [UInt8]? = nil) async {
         let remote = remote
         switch write.operation {
         case .store(let record):
-            if await !remote.write(record, forKey: write.name) {
+            if await !remote.write(record, forKey: write.name, releasing: lease) {
                 // The store holds a newer version (another instance's write, versioned above this one):
                 // this instance's local copy is older than the store's value. The report of that write
                 // may have come before the local store, so nothing else would drop it: drop it here.

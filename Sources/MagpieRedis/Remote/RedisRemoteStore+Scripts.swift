@@ -42,11 +42,16 @@ enum RedisRemoteScript {
     /// hash was made) is set when the hash is made, and so changes when Redis lost it (evicted) and the
     /// numbering restarts: receivers tell a restart from repeats. Returns 1 when it wrote, 0 when it did not
     /// (an older version, a key already absent, another value), -1 when the deadline has passed.
+    /// With a third key (a load lease, on a single server: in a cluster it lies in another slot), first
+    /// removes it while it holds `ARGV[9]`, whatever the write then does: the load's holder lands its value
+    /// and ends its lease in one call, and the write's message wakes the instances waiting for it (the
+    /// release publishes nothing of its own).
     ///
     /// Versions are compared as numbers (the top 48 bits, exact in Lua's doubles, then the low 16),
     /// never as strings: Lua compares strings with `strcoll`, which depends on the server's locale. Only
     /// the fence is read (`GETRANGE`), not the value.
     static let change = """
+        if KEYS[3] and redis.call('GET', KEYS[3]) == ARGV[9] then redis.call('DEL', KEYS[3]) end
         local kind = ARGV[1]
         local value = ARGV[2]
         if kind == 'F' then
@@ -93,10 +98,10 @@ enum RedisRemoteScript {
         redis.call('PUBLISH', ARGV[5], ARGV[6] .. sequence .. epoch .. ':' .. body)
         return 1
         """
-    static let changeSHA = "2ea932e188526404dccb4822f4e4f7d1ce235edd"
+    static let changeSHA = "75db80ee44396459e589b1b68f61178fd5444016"
     /// ``change`` flagged `allow-oom` (Redis 7 and later): for every kind but a value's store.
     static let changeAllowingOOM = allowOOMLine + change
-    static let changeAllowingOOMSHA = "cc8cc012840cd15249aec0ab58462d299726066c"
+    static let changeAllowingOOMSHA = "c674e112f3b93cac5fb88cfa5e200dfeb69c4cef"
 
     /// Heartbeat with the fleet's delivery watermark, on one master (every key with the same hash tag):
     /// `KEYS[1]` the sequence counters (a single server's hash, whose total it reads), `KEYS[2]` the
@@ -264,6 +269,25 @@ extension RedisRemoteStore {
         guard let call = try fencedCall(value, forKey: key, expiresAt: expiresAt, notAfter: notAfter, pushing: pushing, now: now()) else {
             return false  // expired already: nothing newer to store
         }
+        do {
+            return try await change(call)
+        } catch {
+            throw failure(error)
+        }
+    }
+
+    public func storeIfNewer(
+        _ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, notAfter: Int64, pushing: Bool, releasing lease: [UInt8], token: [UInt8]
+    ) async throws(MagpieError) -> Bool {
+        // In a cluster the lease lies in another slot than the record (no script may touch both); a write
+        // that expired already sends nothing: the release goes apart.
+        guard cluster == nil, var call = try fencedCall(value, forKey: key, expiresAt: expiresAt, notAfter: notAfter, pushing: pushing, now: now())
+        else {
+            return try await storeIfNewerThenRelease(
+                value, forKey: key, expiresAt: expiresAt, notAfter: notAfter, pushing: pushing, releasing: lease, token: token)
+        }
+        call.keys.append(prefix + lease)
+        call.arguments.append(.bytes(token))
         do {
             return try await change(call)
         } catch {
