@@ -17,17 +17,24 @@ private func versioned(_ version: UInt64, _ text: String) -> [UInt8] {
 
 private func key(_ text: String) -> [UInt8] { Array(text.utf8) }
 
+/// A store (namespace "b:") on a fresh server, a plain client of it, and the change messages the server has
+/// published (its sequence hash's total).
+private func withStore(_ body: (RedisRemoteStore, RedisClient, () async throws -> Int64) async throws -> Void) async throws {
+    try await withRedisServer { server in
+        let store = try RedisRemoteStore(.init(redis: testConfiguration(port: server.port), namespace: "b:"))
+        let raw = try RedisClient(testConfiguration(port: server.port))
+        defer { Task { await store.shutdown(); await raw.shutdown() } }
+        try await body(store, raw) {
+            Int64(try await raw.send(RedisCommand("HGET", [.string("b:h~s"), .string("t")])).string ?? "0") ?? 0
+        }
+    }
+}
+
 @Suite("Fleet: fenced writes in one batch", .serialized, .timeLimit(.minutes(2)))
 struct FleetBatchTests {
     @Test("a batch with a fenced loser, a malformed value and an expired write inside applies the others, each its own change message; NOSCRIPT resends as EVAL")
     func batchOnOneServer() async throws {
-        try await withRedisServer { server in
-            let store = try RedisRemoteStore(.init(redis: testConfiguration(port: server.port), namespace: "b:"))
-            let raw = try RedisClient(testConfiguration(port: server.port))
-            defer { Task { await store.shutdown(); await raw.shutdown() } }
-            func messages() async throws -> Int64 {
-                Int64(try await raw.send(RedisCommand("HGET", [.string("b:h~s"), .string("t")])).string ?? "0") ?? 0
-            }
+        try await withStore { store, raw, messages in
             #expect(try await store.storeIfNewer(versioned(10, "b10"), forKey: key("kb"), expiresAt: 0, notAfter: 0))
             let before = try await messages()
             let now = Int64(Date.now.timeIntervalSince1970 * 1000)
@@ -88,7 +95,7 @@ struct FleetBatchTests {
         }
     }
 
-    @Test("a batch over a 3-master cluster: each write goes to its key's master, every one applied")
+    @Test("a batch over a 3-master cluster: each write goes to its key's master, every one applied; a write and its lease's release (another slot) go apart, both done")
     func batchOnACluster() async throws {
         try await withRedisCluster(masters: 3) { cluster in
             var redis = RedisConfiguration(endpoints: cluster.nodes.map { RedisEndpoint(host: $0.host, port: $0.port) })
@@ -107,18 +114,22 @@ struct FleetBatchTests {
             // Spread over many slots (so, with 3 masters holding a third of the slots each, over them all).
             let slots = Set(keys.map { store.partition(of: $0) })
             #expect(slots.count > 30)
+            // A load's write carrying its lease's release: the lease lies in another slot, so the two go apart.
+            let (record, leaseKey, token) = (key("rkey:7"), key("lkey:7"), key("t1"))
+            #expect(store.partition(of: record) != store.partition(of: leaseKey))
+            #expect(try await store.store(token, forKey: leaseKey, expiresAt: 0, onlyIfAbsent: true))  // the lease taken
+            #expect(try await store.storeIfNewer(versioned(1, "v1"), forKey: record, expiresAt: 0, notAfter: 0, pushing: false, releasing: leaseKey, token: token))
+            #expect(try await store.values(forKeys: [record, leaseKey]) == [versioned(1, "v1"), nil])
+            // Another holder's lease stays.
+            #expect(try await store.store(key("t2"), forKey: leaseKey, expiresAt: 0, onlyIfAbsent: true))
+            #expect(try await store.storeIfNewer(versioned(2, "v2"), forKey: record, expiresAt: 0, notAfter: 0, pushing: false, releasing: leaseKey, token: token))
+            #expect(try await store.values(forKeys: [leaseKey]) == [key("t2")])
         }
     }
 
     @Test("a write that carries its load lease's release: one script call, the write's message alone; the lease removed only while it holds the token, however the write turns out")
     func writeReleasingLease() async throws {
-        try await withRedisServer { server in
-            let store = try RedisRemoteStore(.init(redis: testConfiguration(port: server.port), namespace: "b:"))
-            let raw = try RedisClient(testConfiguration(port: server.port))
-            defer { Task { await store.shutdown(); await raw.shutdown() } }
-            func messages() async throws -> Int64 {
-                Int64(try await raw.send(RedisCommand("HGET", [.string("b:h~s"), .string("t")])).string ?? "0") ?? 0
-            }
+        try await withStore { store, raw, messages in
             func lease() async throws -> String? { try await raw.send(.get("b:lk")).string }
             func take(_ token: String) async throws { _ = try await raw.send(.set("b:lk", Array(token.utf8))) }
             let (record, leaseKey, token) = (key("rk"), key("lk"), key("t1"))
@@ -173,26 +184,6 @@ struct FleetBatchTests {
                 #expect(try messages() == before + 2)
             }
             #expect(a.statistics.remote?.leasesAcquired == 2)
-        }
-    }
-
-    @Test("on a cluster (the lease in another slot) the write and its release go apart, both done")
-    func writeReleasingLeaseOnACluster() async throws {
-        try await withRedisCluster(masters: 3) { cluster in
-            var redis = RedisConfiguration(endpoints: cluster.nodes.map { RedisEndpoint(host: $0.host, port: $0.port) })
-            redis.connectTimeout = .seconds(2)
-            redis.commandTimeout = .seconds(2)
-            let store = try RedisRemoteStore(.init(redis: redis, namespace: "b:", cluster: true))
-            defer { Task { await store.shutdown() } }
-            let (record, leaseKey, token) = (key("rkey:7"), key("lkey:7"), key("t1"))
-            #expect(store.partition(of: record) != store.partition(of: leaseKey))
-            #expect(try await store.store(token, forKey: leaseKey, expiresAt: 0, onlyIfAbsent: true))  // the lease taken
-            #expect(try await store.storeIfNewer(versioned(1, "v1"), forKey: record, expiresAt: 0, notAfter: 0, pushing: false, releasing: leaseKey, token: token))
-            #expect(try await store.values(forKeys: [record, leaseKey]) == [versioned(1, "v1"), nil])
-            // Another holder's lease stays.
-            #expect(try await store.store(key("t2"), forKey: leaseKey, expiresAt: 0, onlyIfAbsent: true))
-            #expect(try await store.storeIfNewer(versioned(2, "v2"), forKey: record, expiresAt: 0, notAfter: 0, pushing: false, releasing: leaseKey, token: token))
-            #expect(try await store.values(forKeys: [leaseKey]) == [key("t2")])
         }
     }
 }
