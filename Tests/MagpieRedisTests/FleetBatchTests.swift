@@ -124,6 +124,14 @@ struct FleetBatchTests {
             #expect(try await store.store(key("t2"), forKey: leaseKey, expiresAt: 0, onlyIfAbsent: true))
             #expect(try await store.storeIfNewer(versioned(2, "v2"), forKey: record, expiresAt: 0, notAfter: 0, pushing: false, releasing: leaseKey, token: token))
             #expect(try await store.values(forKeys: [leaseKey]) == [key("t2")])
+            // The value or the lease: separate calls, the same answers as the one script's.
+            let (other, otherLease) = (key("rkey:8"), key("lkey:8"))
+            #expect(try await store.valueOrLease(forKey: other, lease: otherLease, token: key("t3"), expiresAt: RemoteChangesClock.now() + 10_000)
+                == RemoteLeaseRead(value: nil, leased: true))
+            #expect(try await store.valueOrLease(forKey: other, lease: otherLease, token: key("t4"), expiresAt: RemoteChangesClock.now() + 10_000)
+                == RemoteLeaseRead(value: nil, leased: false))
+            #expect(try await store.valueOrLease(forKey: record, lease: leaseKey, token: key("t5"), expiresAt: RemoteChangesClock.now() + 10_000)
+                == RemoteLeaseRead(value: versioned(2, "v2"), leased: false))
         }
     }
 
@@ -163,6 +171,122 @@ struct FleetBatchTests {
                 #expect(try await messages() == sent + released)
             }
             #expect(try await store.values(forKeys: [record]) == [versioned(12, "v12")])
+        }
+    }
+
+    @Test("the value or the lease in one script call: a value answers and takes no lease; absence or a tombstone takes a free lease only; no message")
+    func valueOrLeaseInOneCall() async throws {
+        try await withStore { store, raw, messages in
+            let (record, leaseKey) = (key("rk"), key("lk"))
+            let single = try #require(store.single)
+            func ask(_ token: String) async throws -> RemoteLeaseRead {
+                try await store.valueOrLease(forKey: record, lease: leaseKey, token: key(token), expiresAt: RemoteChangesClock.now() + 10_000)
+            }
+            func lease() async throws -> String? { try await raw.send(.get("b:lk")).string }
+            // The script's SHA-1 is the server's own.
+            let loaded = try await raw.send(RedisCommand("SCRIPT", [.string("LOAD"), .string(RedisRemoteScript.valueOrLease)])).string
+            #expect(loaded == RedisRemoteScript.valueOrLeaseSHA)
+            let sent = try await messages()
+            // Absent: the lease taken (with its lifetime), in one command; then held: not taken again.
+            var commands = single.statistics.commands
+            #expect(try await ask("t1") == RemoteLeaseRead(value: nil, leased: true))
+            #expect(single.statistics.commands == commands + 1)
+            #expect(try await lease() == "t1")
+            let ttl = try await raw.send(RedisCommand("PTTL", [.string("b:lk")]))
+            #expect((1...10_000).contains(ttl.integerValue ?? 0))
+            #expect(try await ask("t2") == RemoteLeaseRead(value: nil, leased: false))
+            #expect(try await lease() == "t1")
+            // A tombstone (the fence, then "MT") is no value.
+            _ = try await raw.send(.del(["b:lk"]))
+            _ = try await raw.send(.set("b:rk", versioned(20, "MT")))
+            #expect(try await ask("t3") == RemoteLeaseRead(value: nil, leased: true))
+            // A value answers; no lease is taken, none released.
+            _ = try await raw.send(.del(["b:lk"]))
+            for value in [versioned(21, "MX"), versioned(22, "a longer value")] {
+                _ = try await raw.send(.set("b:rk", value))
+                commands = single.statistics.commands
+                #expect(try await ask("t4") == RemoteLeaseRead(value: value, leased: false))
+                #expect(single.statistics.commands == commands + 1)
+                #expect(try await lease() == nil)
+            }
+            _ = try await raw.send(.set("b:lk", key("t5")))
+            #expect(try await ask("t6") == RemoteLeaseRead(value: versioned(22, "a longer value"), leased: false))
+            #expect(try await lease() == "t5")
+            #expect(try await messages() == sent)
+            // The default (separate calls, a cluster's) answers the same.
+            _ = try await raw.send(.del(["b:lk"]))
+            _ = try await raw.send(.set("b:rk", versioned(23, "MT")))
+            let expiresAt = RemoteChangesClock.now() + 10_000
+            #expect(try await store.valueThenLease(forKey: record, lease: leaseKey, token: key("t7"), expiresAt: expiresAt) == RemoteLeaseRead(value: nil, leased: true))
+            #expect(try await store.valueThenLease(forKey: record, lease: leaseKey, token: key("t8"), expiresAt: expiresAt) == RemoteLeaseRead(value: nil, leased: false))
+            _ = try await raw.send(.set("b:rk", versioned(24, "v24")))
+            #expect(try await store.valueThenLease(forKey: record, lease: leaseKey, token: key("t8"), expiresAt: expiresAt) == RemoteLeaseRead(value: versioned(24, "v24"), leased: false))
+            #expect(try await lease() == "t7")
+        }
+    }
+
+    @Test("after a removal (another instance's, or its own), a load asks for the value and its lease in one call, never GET first, and serves a value the store holds after all (async and synchronous)")
+    func loadAfterRemovalReadsWithLease() async throws {
+        try await withRedisServer { server in
+            let (a, _) = try fleetCache(port: server.port)
+            let (b, _) = try fleetCache(port: server.port)
+            defer {
+                try? a.close()
+                try? b.close()
+            }
+            try await offloaded { () throws -> Void in
+                try waitConfirmed(a)
+                try waitConfirmed(b)
+            }
+            let raw = try RedisClient(testConfiguration(port: server.port))
+            defer { Task { await raw.shutdown() } }
+            _ = try server.cli("CONFIG", "SET", "slowlog-max-len", "100000")
+            /// The commands clients sent since the last call (a script's own calls left out), as (name, first
+            /// argument) pairs.
+            func commands() async throws -> [(String, String)] {
+                let log = try await raw.send(RedisCommand("SLOWLOG", [.string("GET"), .string("100000")])).arrayValue ?? []
+                _ = try server.cli("SLOWLOG", "RESET")
+                return log.compactMap { entry -> (String, String)? in
+                    guard let fields = entry.arrayValue, fields.count >= 5, fields[4].string != "?:0",
+                        let arguments = fields[3].arrayValue?.compactMap(\.string), arguments.count >= 2
+                    else { return nil }
+                    return (arguments[0].uppercased(), arguments[1])
+                }
+            }
+            func removedAt(_ cache: Cache, by remover: Cache) async throws {
+                let dropped = cache.statistics.remote?.copiesDropped ?? 0
+                _ = try await remover.async.removeValue(forKey: "kk")
+                #expect(pollUntil { (cache.statistics.remote?.copiesDropped ?? 0) > dropped } != nil)
+            }
+            try await a.async.set(Array("a1".utf8), forKey: "kk")
+            #expect(text(try await b.value(forKey: "kk") { Array("unused".utf8) }) == "a1")  // b holds a copy
+            // Another instance's removal: b's load asks once, takes the lease, loads, lands.
+            try await removedAt(b, by: a)
+            _ = try server.cli("CONFIG", "SET", "slowlog-log-slower-than", "0")
+            _ = try await commands()
+            #expect(text(try await b.value(forKey: "kk") { Array("b1".utf8) }) == "b1")
+            var ran = try await commands()
+            #expect(!ran.contains { $0 == ("GET", "fleet:kkk") })
+            #expect(!ran.contains { $0.0 == "SET" && $0.1 == "fleet:lkk" })
+            #expect(ran.contains { $0 == ("EVALSHA", RedisRemoteScript.valueOrLeaseSHA) })
+            // The store holds a value after all (put back behind the feed's back): served, no load.
+            let stored = try await raw.send(.get("fleet:kkk"))
+            try await removedAt(b, by: a)
+            _ = try await raw.send(RedisCommand("SET", [.string("fleet:kkk"), .bytes(Array(try #require(stored.bulkBytes).readableBytesView))]))
+            _ = try await commands()
+            #expect(text(try await b.value(forKey: "kk") { Array("b2".utf8) }) == "b1")
+            ran = try await commands()
+            #expect(!ran.contains { $0 == ("GET", "fleet:kkk") })
+            // Its own removal, then the synchronous loader API: the same one call.
+            _ = try await b.async.removeValue(forKey: "kk")
+            _ = try await commands()
+            try await offloaded { () throws -> Void in
+                #expect(text(try b.loadValue(forKey: "kk") { Array("b3".utf8) }) == "b3")
+            }
+            ran = try await commands()
+            #expect(!ran.contains { $0 == ("GET", "fleet:kkk") })
+            #expect(ran.contains { $0 == ("EVALSHA", RedisRemoteScript.valueOrLeaseSHA) })
+            #expect(text(try await a.value(forKey: "kk") { Array("unused".utf8) }) == "b3")
         }
     }
 

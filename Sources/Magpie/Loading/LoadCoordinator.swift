@@ -52,6 +52,8 @@ struct LoaderCall: Sendable {
     let loader: LoaderOptions
     let work: LoadWork
     let acceptsAbsence: Bool
+    /// The caller did not read the store: its load asks for the value with the lease (one round trip).
+    var readsWithLease = false
 }
 
 /// What a call does with what it read.
@@ -139,7 +141,7 @@ final class LoadCoordinator: Sendable {
         _ name: [UInt8], _ options: EntryOptions?, _ loader: LoaderOptions?, _ work: LoadWork, acceptsAbsence: Bool,
         _ probe: LoaderProbe
     ) async throws -> [UInt8]? {
-        let (call, firstEntry, probedMemory) = try makeCall(name, options, loader, work, acceptsAbsence: acceptsAbsence, probe)
+        var (call, firstEntry, probedMemory) = try makeCall(name, options, loader, work, acceptsAbsence: acceptsAbsence, probe)
         var (first, memory) = (firstEntry, probedMemory)
         while true {
             defer { memory = nil }  // later rounds read again
@@ -149,7 +151,10 @@ final class LoadCoordinator: Sendable {
             } else if case .nothing? = memory, !composition.readsPastMemory {
                 entry = nil
             } else {
-                entry = try await composition.read(call.name, hash: call.hash, .entry, memory: memory, unverifiedFallback: true)?.0
+                // A key removed lately: the load's lease round trip reads the value too.
+                call.readsWithLease = composition.policy.readsWithLease(call.hash)
+                entry = try await composition.read(
+                    call.name, hash: call.hash, .entry, memory: memory, unverifiedFallback: true, fetching: !call.readsWithLease)?.0
             }
             let fallback: StoredEntry?
             switch judge(entry, call) {
@@ -159,7 +164,7 @@ final class LoadCoordinator: Sendable {
             guard let flight = joinOrStart(call, fallback: fallback) else { continue }
             let outcome = try await flight.wait(
                 timers: timers(call, fallback: fallback), clock: clock,
-                onAbandon: { [self] in leave(flight, hash: call.hash) })
+                onAbandon: { [self, hash = call.hash] in leave(flight, hash: hash) })
             if let settled = try settle(outcome, call, fallback: fallback) { return settled }
         }
     }
@@ -168,13 +173,20 @@ final class LoadCoordinator: Sendable {
         _ name: [UInt8], _ options: EntryOptions?, _ loader: LoaderOptions?, _ work: LoadWork, acceptsAbsence: Bool,
         _ probe: LoaderProbe
     ) throws -> [UInt8]? {
-        let (call, firstEntry, probedMemory) = try makeCall(name, options, loader, work, acceptsAbsence: acceptsAbsence, probe)
+        var (call, firstEntry, probedMemory) = try makeCall(name, options, loader, work, acceptsAbsence: acceptsAbsence, probe)
         var (first, memory) = (firstEntry, probedMemory)
         while true {
             defer { memory = nil }  // later rounds read again
             let walkMemory = memory
-            let entry = try first.take() ?? runtime.withKey(call.name, hash: call.hash) { key throws(MagpieError) -> StoredEntry? in
-                try composition.read(key, .entry, memory: walkMemory, unverifiedFallback: true)?.0
+            let entry: StoredEntry?
+            if let found = first.take() {
+                entry = found
+            } else {
+                call.readsWithLease = composition.policy.readsWithLease(call.hash)
+                let fetching = !call.readsWithLease
+                entry = try runtime.withKey(call.name, hash: call.hash) { key throws(MagpieError) -> StoredEntry? in
+                    try composition.read(key, .entry, memory: walkMemory, unverifiedFallback: true, fetching: fetching)?.0
+                }
             }
             let fallback: StoredEntry?
             switch judge(entry, call) {

@@ -95,6 +95,15 @@ public protocol RemoteStore: AnyObject, Sendable {
     /// removed. How a load lease is released by its holder only, never by a later holder's token.
     func remove(_ key: [UInt8], ifValue value: [UInt8]) async throws(MagpieError) -> Bool
 
+    /// The value of `key`, or, when it has none (absent, or a removal's tombstone: a versioned value of
+    /// exactly the fence and `"MT"`), the load lease `lease` taken with `token` until `expiresAt` (ms since
+    /// 1970) where no lease is held: how a load asks for "the value, or the lease" at once. A value found
+    /// takes no lease. In one round trip where the store can (MagpieRedis on a single server: one script);
+    /// the default reads the value, takes the lease when there is none, and, having taken it, reads the
+    /// value again (a holder that stored it and ended its lease between the two): that value found, the
+    /// lease is released and the value answered.
+    func valueOrLease(forKey key: [UInt8], lease: [UInt8], token: [UInt8], expiresAt: Int64) async throws(MagpieError) -> RemoteLeaseRead
+
     /// Starts reporting changes to `changes` (called once, by the cache that composes the store).
     func startReporting(to changes: RemoteChanges)
 
@@ -108,6 +117,25 @@ public protocol RemoteStore: AnyObject, Sendable {
 
     /// Stops reporting and closes the store's connections (the cache calls it from its shutdown).
     func shutdown() async
+}
+
+/// What ``RemoteStore/valueOrLease(forKey:lease:token:expiresAt:)`` found: the key's value (then no lease was
+/// asked for), or none and whether the lease was taken.
+public struct RemoteLeaseRead: Sendable, Equatable {
+    /// The key's value; nil when it had none (or a tombstone).
+    public var value: [UInt8]?
+    /// Whether this call took the lease (never with a value).
+    public var leased: Bool
+
+    public init(value: [UInt8]?, leased: Bool) {
+        (self.value, self.leased) = (value, leased)
+    }
+
+    /// Whether `bytes` are a removal's tombstone as the cache writes it (the 10-byte fence, then `"MT"`),
+    /// which reads as no value.
+    public static func isTombstone(_ bytes: [UInt8]) -> Bool {
+        bytes.count == 12 && bytes[0] == 0x4D && bytes[1] == 0x56 && bytes[10] == 0x4D && bytes[11] == 0x54
+    }
 }
 
 /// One write of ``RemoteStore/storeIfNewer(batch:)``: a versioned value (`"MV"` and its version) for a key,
@@ -144,6 +172,33 @@ extension RemoteStore {
         }
         _ = try? await remove(lease, ifValue: token)
         return try stored.get()
+    }
+
+    public func valueOrLease(forKey key: [UInt8], lease: [UInt8], token: [UInt8], expiresAt: Int64) async throws(MagpieError)
+        -> RemoteLeaseRead
+    {
+        try await valueThenLease(forKey: key, lease: lease, token: token, expiresAt: expiresAt)
+    }
+
+    /// ``valueOrLease(forKey:lease:token:expiresAt:)`` in separate calls: the value read, the lease taken
+    /// when there is none, and the value read again once taken (released if it came meanwhile). The
+    /// default, and a store's fallback where one call cannot reach both keys (a cluster).
+    public func valueThenLease(forKey key: [UInt8], lease: [UInt8], token: [UInt8], expiresAt: Int64) async throws(MagpieError)
+        -> RemoteLeaseRead
+    {
+        func present() async throws(MagpieError) -> [UInt8]? {
+            guard let value = try await values(forKeys: [key]).first ?? nil, !RemoteLeaseRead.isTombstone(value) else { return nil }
+            return value
+        }
+        if let value = try await present() { return RemoteLeaseRead(value: value, leased: false) }
+        guard try await store(token, forKey: lease, expiresAt: expiresAt, onlyIfAbsent: true) else {
+            return RemoteLeaseRead(value: nil, leased: false)
+        }
+        if let value = try await present() {
+            _ = try? await remove(lease, ifValue: token)
+            return RemoteLeaseRead(value: value, leased: false)
+        }
+        return RemoteLeaseRead(value: nil, leased: true)
     }
 
     public func storeIfNewer(batch writes: [RemoteVersionedWrite]) async -> [Result<Bool, MagpieError>] {
@@ -187,11 +242,12 @@ extension RemoteStore {
 
     /// Writes `key`'s (a user key) tombstone of `version`, on the store's executor: it lives `lifetime` ms
     /// from `now`, and refuses every older write meanwhile. Whether the store took it (false: it holds a
-    /// newer write).
+    /// newer write). Its message carries it (12 bytes): receivers learn that the store holds nothing newer
+    /// (RemotePolicy's `removedKeys`).
     func storeTombstone(_ key: [UInt8], version: UInt64, now: Int64, lifetime: Int64) async throws(MagpieError) -> Bool {
         let write = Self.tombstone(key, version: version, now: now, lifetime: lifetime)
         return try await onExecutor { [self] () async throws(MagpieError) in
-            try await storeIfNewer(write.value, forKey: write.key, expiresAt: write.expiresAt, notAfter: write.notAfter)
+            try await storeIfNewer(write.value, forKey: write.key, expiresAt: write.expiresAt, notAfter: write.notAfter, pushing: true)
         }
     }
 

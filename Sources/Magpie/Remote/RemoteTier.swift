@@ -108,46 +108,93 @@ final class RemoteTier: Sendable {
                 counters.misses.add(1, ordering: .relaxed)
                 return nil
             }
-            let record: RemoteRecord
-            switch RemoteRecord.decode(bytes, key: recordKey) {
-            case .record(let found):
-                versions.observe(found.version)
-                record = found
-                if found.origin == originTag { counters.ownWritesFetched.add(1, ordering: .relaxed) }
-            case .tombstone(let version):
-                versions.observe(version)
-                counters.misses.add(1, ordering: .relaxed)
-                return nil
-            case nil:
-                counters.corrupt.add(1, ordering: .relaxed)
-                return nil
-            }
-            var current = namespace != 0 && record.namespaceToken == namespace
-            if current, let group = record.group {
-                if owed.owes(group: group) {
-                    current = false
-                } else {
-                    current = try await tokens.token(group: group, create: false) == record.groupToken
-                }
-            }
-            let now = clock.now()
-            if current && record.expiresAt != 0 && record.expiresAt <= now { current = false }
-            guard current else {
-                counters.outdated.add(1, ordering: .relaxed)
-                return nil
-            }
-            guard coherence.deliveredRecently(watermark, now: now) else {
-                // An instance may have returned a write of this key that has not reached the store yet
-                // (the store was unreachable for it): a miss, not a value that may be stale past the bound.
-                counters.withheld.add(1, ordering: .relaxed)
-                return nil
-            }
-            counters.hits.add(1, ordering: .relaxed)
-            return record
+            return try await current(bytes, recordKey: recordKey, namespace: namespace, watermark: watermark)
         } catch {
             counters.errors.add(1, ordering: .relaxed)
             return nil
         }
+    }
+
+    /// What ``fetchOrLease(_:token:expiresAt:)`` found.
+    enum LeaseRead: Sendable {
+        /// The key's current record (no lease asked for).
+        case record(RemoteRecord)
+        /// No record the cache may serve; whether the lease was taken.
+        case leased(Bool)
+    }
+
+    /// The key's current record, or, when the store holds none, its load lease taken with `token` until
+    /// `expiresAt`: one round trip where the store can (``RemoteStore/valueOrLease(forKey:lease:token:expiresAt:)``).
+    /// A value the cache may not serve (outdated, withheld, corrupt) is no record: the lease is then asked
+    /// for apart. Counted as ``fetch(_:)`` counts.
+    func fetchOrLease(_ key: [UInt8], token: [UInt8], expiresAt: Int64) async throws(MagpieError) -> LeaseRead {
+        let leaseKey = [RemoteKey.lease] + key
+        func lease() async throws(MagpieError) -> LeaseRead {
+            .leased(
+                try await onStore { [store] () async throws(MagpieError) in
+                    try await store.store(token, forKey: leaseKey, expiresAt: expiresAt, onlyIfAbsent: true)
+                })
+        }
+        if owed.owes(key: key) {
+            counters.misses.add(1, ordering: .relaxed)
+            return try await lease()
+        }
+        let recordKey = [RemoteKey.record] + key
+        let watermark = coherence.delivered.load(ordering: .acquiring)  // as fetch reads it
+        let read = try await onStore { [store] () async throws(MagpieError) in
+            try await store.valueOrLease(forKey: recordKey, lease: leaseKey, token: token, expiresAt: expiresAt)
+        }
+        guard let bytes = read.value else {
+            counters.misses.add(1, ordering: .relaxed)
+            return .leased(read.leased)
+        }
+        let namespace = try await tokens.token(group: nil, create: false)
+        if let record = try await current(bytes, recordKey: recordKey, namespace: namespace, watermark: watermark) { return .record(record) }
+        return try await lease()
+    }
+
+    /// The record in `bytes` (read under `recordKey` with the namespace's token `namespace`, the delivery
+    /// watermark read before the round trip) when it may be served: nil for a tombstone, a corrupt,
+    /// outdated or expired record, or one withheld while writes may not have reached the store; counted.
+    private func current(_ bytes: [UInt8], recordKey: [UInt8], namespace: UInt64, watermark: Int64) async throws(MagpieError)
+        -> RemoteRecord?
+    {
+        let record: RemoteRecord
+        switch RemoteRecord.decode(bytes, key: recordKey) {
+        case .record(let found):
+            versions.observe(found.version)
+            record = found
+            if found.origin == originTag { counters.ownWritesFetched.add(1, ordering: .relaxed) }
+        case .tombstone(let version):
+            versions.observe(version)
+            counters.misses.add(1, ordering: .relaxed)
+            return nil
+        case nil:
+            counters.corrupt.add(1, ordering: .relaxed)
+            return nil
+        }
+        var current = namespace != 0 && record.namespaceToken == namespace
+        if current, let group = record.group {
+            if owed.owes(group: group) {
+                current = false
+            } else {
+                current = try await tokens.token(group: group, create: false) == record.groupToken
+            }
+        }
+        let now = clock.now()
+        if current && record.expiresAt != 0 && record.expiresAt <= now { current = false }
+        guard current else {
+            counters.outdated.add(1, ordering: .relaxed)
+            return nil
+        }
+        guard coherence.deliveredRecently(watermark, now: now) else {
+            // An instance may have returned a write of this key that has not reached the store yet
+            // (the store was unreachable for it): a miss, not a value that may be stale past the bound.
+            counters.withheld.add(1, ordering: .relaxed)
+            return nil
+        }
+        counters.hits.add(1, ordering: .relaxed)
+        return record
     }
 
     // MARK: Writes

@@ -21,6 +21,10 @@ protocol CoherencePolicy: AnyObject, Sendable {
     func servable(stamp: Int64, now: Int64) -> Bool
     /// Counts a local copy that was found but may not be served.
     func noteUnserved()
+    /// Whether a load of the key with this hash asks the store for its value together with its lease (one
+    /// round trip, in the load) instead of reading it first: a change message said lately that the store
+    /// holds a removal's tombstone for it.
+    func readsWithLease(_ hash: UInt64) -> Bool
     /// The miss source: the current record of a key no local copy answered, kept locally when it may be;
     /// nil on a miss or a failure (counted, never thrown).
     nonisolated(nonsending)
@@ -79,6 +83,7 @@ final class LocalOnly: CoherencePolicy {
     var judgesCopies: Bool { false }
     func servable(stamp: Int64, now: Int64) -> Bool { true }
     func noteUnserved() {}
+    func readsWithLease(_ hash: UInt64) -> Bool { false }
     nonisolated(nonsending) func fetch(_ name: [UInt8], hash: UInt64) async -> StoredEntry? { nil }
     func writeLocally(_ value: UnsafeRawBufferPointer, for key: HashedKey, options: EntryOptions, stamp: StoreStamp, wait: ReadWait)
         throws(MagpieError) -> ImmediateRead<RemoteSend?>
@@ -206,26 +211,27 @@ struct Composition: Sendable {
 
     /// `want` of `key`, and the tier that answered, from the synchronous API. `memory`: what the caller's
     /// own read of memory found (nil: it did not read it). `unverifiedFallback` (the loader API): a local
-    /// copy past its staleness bound comes marked unverified when the miss source has nothing.
-    func read(_ key: HashedKey, _ want: ReadWant, memory: MemorySeen? = nil, unverifiedFallback: Bool = false) throws(MagpieError)
-        -> (StoredEntry, CacheHit.Tier)?
+    /// copy past its staleness bound comes marked unverified when the miss source has nothing. Without
+    /// `fetching` the miss source is not asked (the loader API's load asks it with its lease).
+    func read(_ key: HashedKey, _ want: ReadWant, memory: MemorySeen? = nil, unverifiedFallback: Bool = false, fetching: Bool = true)
+        throws(MagpieError) -> (StoredEntry, CacheHit.Tier)?
     {
         switch try localCopy(key, want, memory: memory, unverifiedFallback: unverifiedFallback, wait: .block).waited() {
         case .serve(let entry, let tier): return (entry, tier)
         case .ask(let unverified):
-            guard want != .contains, judgesCopies else { return unverified }
+            guard want != .contains, judgesCopies, fetching else { return unverified }
             let (policy, name, hash) = (policy, Array(key.bytes), key.hash)
             return tierOf(policy.blocking("read", fallback: nil) { await policy.fetch(name, hash: hash) }) ?? unverified
         }
     }
 
-    /// ``read(_:_:memory:unverifiedFallback:)`` for the async API: memory on the caller's task (a memory
-    /// hit never hops), the storage tier there too when it cannot wait (else on an I/O thread), the miss
-    /// source awaited.
+    /// ``read(_:_:memory:unverifiedFallback:fetching:)`` for the async API: memory on the caller's task (a
+    /// memory hit never hops), the storage tier there too when it cannot wait (else on an I/O thread), the
+    /// miss source awaited.
     nonisolated(nonsending)
-    func read(_ name: [UInt8], hash: UInt64, _ want: ReadWant, memory: MemorySeen? = nil, unverifiedFallback: Bool = false)
-        async throws -> (StoredEntry, CacheHit.Tier)?
-    {
+    func read(
+        _ name: [UInt8], hash: UInt64, _ want: ReadWant, memory: MemorySeen? = nil, unverifiedFallback: Bool = false, fetching: Bool = true
+    ) async throws -> (StoredEntry, CacheHit.Tier)? {
         var copy = try runtime.withKey(name, hash: hash) { key in memoryStep(key, want, memory, unverifiedFallback: unverifiedFallback) }
         if case .none = copy {
             copy = try await local.immediateOrHop(name, hash: hash, inline: runtime.inlineReads) { [self] key, wait throws(MagpieError) in
@@ -235,7 +241,7 @@ struct Composition: Sendable {
         switch copy {
         case .serve(let entry, let tier): return (entry, tier)
         case .ask(let unverified):
-            guard want != .contains, judgesCopies else { return unverified }
+            guard want != .contains, judgesCopies, fetching else { return unverified }
             return tierOf(await policy.fetch(name, hash: hash)) ?? unverified
         case nil: return nil
         }

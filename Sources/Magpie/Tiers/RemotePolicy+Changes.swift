@@ -113,6 +113,11 @@ extension RemotePolicy {
                     remote.counters.staleMessages.add(1, ordering: .relaxed)
                     return
                 }
+                if case .tombstone? = pushed {
+                    removedKeys.withLock { $0.note(key.hash, version: version) }
+                } else {
+                    removedKeys.withLock { $0.forget(key.hash) }
+                }
                 if case .record(let record) = pushed,
                     held != nil || leaseWaiters.waits(for: key.hash)
                         || version != 0 && droppedKeys.withLock({ $0.take(key.hash, before: version) }),
@@ -208,7 +213,8 @@ extension RemotePolicy {
 /// into memory with no round trip (the instance was holding the key, so it is likely read here again),
 /// where a key never held here is not added. A key's hash picks one of 4,096 places (keys of different
 /// stripes share them: the table has a lock of its own); a newer drop of another key there forgets it, at
-/// the cost of one remote hit, as without the table. 64 KiB.
+/// the cost of one remote hit, as without the table. 64 KiB. A second table of the same kind keeps the keys
+/// removed lately (RemotePolicy's `removedKeys`).
 struct DroppedKeys: Sendable {
     private static let count = 4096
     /// Per place: the key's hash (0: none) and the version of the change that dropped its copy.
@@ -225,6 +231,11 @@ struct DroppedKeys: Sendable {
     mutating func forget(_ hash: UInt64) {
         let place = Self.place(hash)
         if entries[place].hash == hash { entries[place].hash = 0 }
+    }
+
+    /// Whether the key with this hash is noted (and not forgotten since).
+    func holds(_ hash: UInt64) -> Bool {
+        hash != 0 && entries[Self.place(hash)].hash == hash
     }
 
     /// Whether a copy of the key with this hash was dropped lately by a change older than `version`;

@@ -52,12 +52,42 @@ extension RemotePolicy {
     /// One round: the holder's value if it is there (after a wait), else the lease taken; nil when another
     /// instance holds it.
     private func tryLease(_ call: LoaderCall, token: [UInt8], for leaseTime: Int64, waited: Bool) async -> LeaseOutcome? {
-        // A waiter looks for the value before taking a lease the holder may have released just after
-        // storing it.
-        if waited, let shared = await sharedValue(call) { return .shared(shared) }
+        let expiresAt = clock.now().saturatingAdd(leaseTime)
+        if waited || call.readsWithLease {
+            // After a wait the holder's value may be here (pushed) or in the store; a caller that did not
+            // read the store (the key removed lately) asks for it now. One round trip for the value or the
+            // lease, which the store takes only where it holds no value (a holder that stored its value and
+            // ended its lease just before is no reason to load again).
+            if let pushed = pushedValue(call) { return .shared(pushed) }
+            let started = clock.now()
+            let counter = remote.coherence.counter(call.hash)
+            let read: RemoteTier.LeaseRead
+            do {
+                let (remote, name) = (remote, call.name)
+                read = try await remote.onStore { () async throws(MagpieError) in try await remote.fetchOrLease(name, token: token, expiresAt: expiresAt) }
+            } catch {
+                remote.counters.failed(error)
+                return .load(token: nil)
+            }
+            switch read {
+            case .leased(let acquired):
+                remote.counters.readMisses.add(1, ordering: .relaxed)
+                guard acquired else { return nil }
+                remote.counters.leasesAcquired.add(1, ordering: .relaxed)
+                return .load(token: token)
+            case .record(let record):
+                remote.counters.readHits.add(1, ordering: .relaxed)
+                let entry = await keep(record, name: call.name, hash: call.hash, fetchedAt: started, counter: counter)
+                if !entry.freshness.negative {
+                    remote.counters.sharedLoads.add(1, ordering: .relaxed)
+                    return .shared(entry.value)
+                }
+                // A remembered absence, which this load replaces: the lease below.
+            }
+        }
         let acquired: Bool
         do {
-            let (store, key, expiresAt) = (remote.store, [RemoteKey.lease] + call.name, clock.now().saturatingAdd(leaseTime))
+            let (store, key) = (remote.store, [RemoteKey.lease] + call.name)
             acquired = try await remote.onStore { () async throws(MagpieError) in
                 try await store.store(token, forKey: key, expiresAt: expiresAt, onlyIfAbsent: true)
             }
@@ -66,25 +96,15 @@ extension RemotePolicy {
             return .load(token: nil)
         }
         guard acquired else { return nil }
-        if waited, let shared = await sharedValue(call) {
-            await releaseLease(call, token: token)
-            return .shared(shared)
-        }
         remote.counters.leasesAcquired.add(1, ordering: .relaxed)
         return .load(token: token)
     }
 
-    /// The key's value, stored by another instance's load: here already when its change message pushed it,
-    /// else fetched from the store (and kept locally); counted.
-    private func sharedValue(_ call: LoaderCall) async -> [UInt8]? {
+    /// The key's value, pushed here by the change message of another instance's load; counted.
+    private func pushedValue(_ call: LoaderCall) -> [UInt8]? {
         let pushed = call.name.withUnsafeBytes { bytes in local.withServableValue(HashedKey(bytes, hash: call.hash), self) { [UInt8]($0) } }
-        if let pushed {
-            remote.counters.sharedLoads.add(1, ordering: .relaxed)
-            return pushed
-        }
-        guard let found = await fetch(call.name, hash: call.hash), !found.freshness.negative else { return nil }
-        remote.counters.sharedLoads.add(1, ordering: .relaxed)
-        return found.value
+        if pushed != nil { remote.counters.sharedLoads.add(1, ordering: .relaxed) }
+        return pushed
     }
 
     /// Releases the lease this instance holds for `call`'s key with `token` (after its value landed): only

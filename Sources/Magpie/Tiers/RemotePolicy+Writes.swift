@@ -65,6 +65,7 @@ extension RemotePolicy {
         // This write is newer than any message of the key still to come from before it: none may bring
         // an older value back once its copy is gone (evicted).
         droppedKeys.withLock { $0.forget(key.hash) }
+        removedKeys.withLock { $0.forget(key.hash) }
         let expiry = local.storage.placing(options.tiers) == .memoryOnly ? stamp.memory : stamp.disk
         var record = RemoteRecord(
             value: Array(value), expiresAt: expiry, memoryPolicy: options.encodedMemoryPolicy, freshness: stamp.freshness,
@@ -85,6 +86,7 @@ extension RemotePolicy {
             // As a removal by another instance: only a push newer than this removal brings the key back (a
             // message of a write older than it, still on its way, must not).
             droppedKeys.withLock { $0.note(key.hash, version: version) }
+            removedKeys.withLock { $0.note(key.hash, version: version) }
             let send = RemoteSend(name: Array(key.bytes), hash: key.hash, operation: .remove(version: version), began: began)
             return (removed, send)
         } catch {

@@ -39,6 +39,11 @@ final class RemotePolicy: CoherencePolicy {
     let leaseWaiters = KeyedWakeups()
     /// Keys whose copies a change message dropped lately (RemotePolicy+Changes.swift).
     let droppedKeys = Locked(DroppedKeys())
+    /// Keys removed lately, by this instance or another (whose message carried the tombstone), and not
+    /// written since as far as this instance heard: the store holds nothing newer, so a load asks for the
+    /// value and the lease in one call rather than reading the value first (RemotePolicy+Lease.swift). A
+    /// hint only: the one call answers the value if there is one after all.
+    let removedKeys = Locked(DroppedKeys())
 
     var runtime: Runtime { local.runtime }
     var clock: CacheClock { local.runtime.clock }
@@ -56,6 +61,10 @@ final class RemotePolicy: CoherencePolicy {
     func servable(stamp: Int64, now: Int64) -> Bool { remote.coherence.servable(stamp: stamp, now: now) }
 
     func noteUnserved() { remote.counters.unserved.add(1, ordering: .relaxed) }
+
+    func readsWithLease(_ hash: UInt64) -> Bool {
+        remote.leaseTime != nil && removedKeys.withLock { $0.holds(hash) }
+    }
 
     /// Runs `body` through the remote tier's bridge, blocking the calling thread; `fallback` where it
     /// cannot wait (on the store's own thread: counted and logged).
@@ -89,7 +98,7 @@ final class RemotePolicy: CoherencePolicy {
 
     /// Keeps a fetched record, on an I/O thread when the storage tier may wait; the record as an entry.
     nonisolated(nonsending)
-    private func keep(_ record: RemoteRecord, name: [UInt8], hash: UInt64, fetchedAt started: Int64, counter: Coherence.Count) async -> StoredEntry {
+    func keep(_ record: RemoteRecord, name: [UInt8], hash: UInt64, fetchedAt started: Int64, counter: Coherence.Count) async -> StoredEntry {
         // Here when it cannot wait (a memtable append with the stripe free), else on an I/O thread.
         let kept = try? await local.immediateOrHop(name, hash: hash, inline: runtime.inlineStores) { [self] key, wait in
             keep(record, for: key, fetchedAt: started, counter: counter, wait: wait)

@@ -147,6 +147,19 @@ enum RedisRemoteScript {
     static let heartbeatAllowingOOM = allowOOMLine + heartbeat
     static let heartbeatAllowingOOMSHA = "70087f212a20ead6464b54c3774c449db2cff6ab"
 
+    /// The value, or the lease (a single server: the two keys lie in different slots): `KEYS[1]` the key,
+    /// `KEYS[2]` its load lease; `ARGV[1]` the lease's token, `ARGV[2]` its lifetime (ms, > 0). Returns the
+    /// key's value and 0 when it holds one that is not a tombstone (the fence, then "MT"); else nothing
+    /// and 1 when it took the lease (none was held), 0 when another holds it. Reads and one `SET NX`: no
+    /// message (a lease taken changes nothing a cache holds).
+    static let valueOrLease = """
+        local v = redis.call('GET', KEYS[1])
+        if v and not (#v == 12 and string.sub(v, 1, 2) == 'MV' and string.sub(v, 11, 12) == 'MT') then return {v, 0} end
+        if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {false, 1} end
+        return {false, 0}
+        """
+    static let valueOrLeaseSHA = "9b1c0c79fe35cfae93e93bf850b9962e44ee328f"
+
     /// The shebang line that lets a script run, and write, while the server is over `maxmemory`
     /// (Redis 7 and later; an earlier server cannot compile it).
     static let allowOOMLine = "#!lua flags=allow-oom\n"
@@ -290,6 +303,28 @@ extension RedisRemoteStore {
         call.arguments.append(.bytes(token))
         do {
             return try await change(call)
+        } catch {
+            throw failure(error)
+        }
+    }
+
+    public func valueOrLease(forKey key: [UInt8], lease: [UInt8], token: [UInt8], expiresAt: Int64) async throws(MagpieError)
+        -> RemoteLeaseRead
+    {
+        // In a cluster the lease lies in another slot than the record: separate calls.
+        let lifetime = expiresAt - now()
+        guard cluster == nil, lifetime > 0 else {
+            return try await valueThenLease(forKey: key, lease: lease, token: token, expiresAt: expiresAt)
+        }
+        do {
+            let script = (RedisRemoteScript.valueOrLease, RedisRemoteScript.valueOrLeaseSHA)
+            let reply = try await evaluate(script.0, sha: script.1, keys: [prefix + key, prefix + lease], [.bytes(token), .integer(lifetime)])
+            guard case .array(let parts) = reply, parts.count == 2, case .integer(let taken) = parts[1] else {
+                throw RedisError(.unexpectedReply, "the value-or-lease script answered \(reply)")
+            }
+            // Lua's false is a null in RESP2 and a boolean in RESP3.
+            let value = parts[0] == .boolean(false) ? nil : try Self.bytes(parts[0])
+            return RemoteLeaseRead(value: value, leased: taken == 1)
         } catch {
             throw failure(error)
         }
