@@ -207,6 +207,7 @@ public final class InMemoryRemoteStore: RemoteStore {
     let tracksForeignWrites: Bool
     private let feed = Locked<(changes: RemoteChanges?, lost: Bool, dropping: Double)>((nil, false, 0))
     private let closed = Atomic<Bool>(false)
+    private let conditionalRemovals = Atomic<Int>(0)
 
     public init(_ server: InMemoryRemoteServer, commandTimeout: Duration = .milliseconds(300), tracksForeignWrites: Bool = false) {
         self.server = server
@@ -313,8 +314,12 @@ public final class InMemoryRemoteStore: RemoteStore {
         }
     }
 
+    /// How many times ``remove(_:ifValue:)`` was called (a lease's release), whether it reached the server or not.
+    public var conditionalRemovalsAsked: Int { conditionalRemovals.load(ordering: .relaxed) }
+
     public func remove(_ key: [UInt8], ifValue value: [UInt8]) async throws(MagpieError) -> Bool {
-        try await call { [self] state, now in
+        conditionalRemovals.add(1, ordering: .relaxed)
+        return try await call { [self] state, now in
             guard InMemoryRemoteServer.live(key, in: &state, now: now) == value else { return false }
             state.entries[key] = nil
             InMemoryRemoteServer.publish(key, version: 0, by: self, value: nil, in: &state)

@@ -527,6 +527,25 @@ struct CacheCoherentTiersTests {
         #expect(a.statistics.remote?.owedRemovals == 0)
     }
 
+    @Test("a load whose write fails (the store down) releases its lease once: the write's error leaves the release to the cache, not to the store's default too")
+    func failedLandingReleasesOnce() async throws {
+        let server = InMemoryRemoteServer()
+        defer { server.stop() }
+        let (a, store) = try inMemoryFleetCache(server)
+        defer { try? a.close() }
+        #expect(await settled(a))
+        try await a.async.set(bytes("w"), forKey: "warm")  // the namespace's token made: the write goes out
+        let value = try await a.value(forKey: "down") { () async -> [UInt8] in
+            server.goDown()  // the lease taken; the write will fail
+            return bytes("v")
+        }
+        #expect(value == bytes("v"))
+        #expect(a.statistics.remote?.leasesAcquired == 1)
+        #expect(a.statistics.remote?.owedRemovals == 1)
+        #expect(store.conditionalRemovalsAsked == 1)
+        server.comeUp()
+    }
+
     @Test("4 instances × 25 callers of a missing key: the loader runs once for the fleet; waiters wake on the value, not a timer")
     func singleFlight() async throws {
         let server = InMemoryRemoteServer()

@@ -67,11 +67,12 @@ public protocol RemoteStore: AnyObject, Sendable {
     func storeIfNewer(batch writes: [RemoteVersionedWrite]) async -> [Result<Bool, MagpieError>]
 
     /// ``storeIfNewer(_:forKey:expiresAt:notAfter:pushing:)``, and the load lease `lease` removed while it
-    /// still holds `token` (``remove(_:ifValue:)``), however the write turns out: how a load's holder lands
-    /// its value and ends its lease. The write's outcome or error is the answer. In one round trip where
-    /// the store can (MagpieRedis on a single server: one script call, the write's change message alone
-    /// waking the instances that wait for the value); the default sends the write, then the release, and
-    /// a release that fails is left to expire with its lease.
+    /// still holds `token` (``remove(_:ifValue:)``), whether the write stored or was refused: how a load's
+    /// holder lands its value and ends its lease. The write's outcome or error is the answer; after an error
+    /// the release may not have run, and is the caller's (the cache sends it apart). In one round trip
+    /// where the store can (MagpieRedis on a single server: one script call, the write's change message
+    /// alone waking the instances that wait for the value); the default sends the write, then the release
+    /// (a release that fails is left to expire with its lease).
     func storeIfNewer(
         _ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, notAfter: Int64, pushing: Bool, releasing lease: [UInt8], token: [UInt8]
     ) async throws(MagpieError) -> Bool
@@ -159,19 +160,15 @@ extension RemoteStore {
     }
 
     /// ``storeIfNewer(_:forKey:expiresAt:notAfter:pushing:releasing:token:)`` in two calls: the write, then
-    /// the release (whose failure is left to the lease's expiry). The default, and a store's fallback where
+    /// the release (whose failure is left to the lease's expiry). A write that fails throws before any
+    /// release: that one is the caller's, as the protocol says. The default, and a store's fallback where
     /// it cannot do both at once.
     public func storeIfNewerThenRelease(
         _ value: [UInt8], forKey key: [UInt8], expiresAt: Int64, notAfter: Int64, pushing: Bool, releasing lease: [UInt8], token: [UInt8]
     ) async throws(MagpieError) -> Bool {
-        let stored: Result<Bool, MagpieError>
-        do {
-            stored = .success(try await storeIfNewer(value, forKey: key, expiresAt: expiresAt, notAfter: notAfter, pushing: pushing))
-        } catch {
-            stored = .failure(error)
-        }
+        let stored = try await storeIfNewer(value, forKey: key, expiresAt: expiresAt, notAfter: notAfter, pushing: pushing)
         _ = try? await remove(lease, ifValue: token)
-        return try stored.get()
+        return stored
     }
 
     public func valueOrLease(forKey key: [UInt8], lease: [UInt8], token: [UInt8], expiresAt: Int64) async throws(MagpieError)

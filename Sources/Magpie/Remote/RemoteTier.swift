@@ -245,8 +245,8 @@ final class RemoteTier: Sendable {
             } else {
                 owed.owe(key: key, version: versions.next())
             }
-            // The write may have failed before its release ran (or before it was sent): released apart (a
-            // release that finds another token, or none, changes nothing).
+            // After a failed write its release is this instance's (RemoteStore.storeIfNewer(…releasing:token:)):
+            // sent apart (a release that finds another token, or none, changes nothing).
             if let lease { await releaseLease(key, token: lease) }
         }
         return true
