@@ -1,8 +1,12 @@
 -- wrk script for the example service: GET /products/ID with ID uniform over 0 ..< KEYS (environment,
--- default 1000), each wrk thread with its own random sequence; prints one RESULT line at the end that
--- scripts/bench-service.sh parses (latencies in microseconds; non2xx counts error responses).
+-- default 1000), each wrk thread with its own random sequence; with WARM=1 each thread walks every ID in
+-- turn instead (from its own offset), so that a warm-up of KEYS requests per thread asks for every key;
+-- prints one RESULT line at the end that scripts/bench-service.sh parses (latencies in microseconds;
+-- non2xx counts error responses).
 local threads = {}
 local keys = tonumber(os.getenv("KEYS") or "1000")
+local warm = os.getenv("WARM") == "1"
+local walked = 0
 
 function setup(thread)
   thread:set("tid", #threads + 1)
@@ -14,6 +18,10 @@ function init(args)
 end
 
 function request()
+  if warm then
+    walked = walked + 1
+    return wrk.format("GET", "/products/" .. ((walked + (tid or 0) * 7919) % keys))
+  end
   return wrk.format("GET", "/products/" .. math.random(0, keys - 1))
 end
 
