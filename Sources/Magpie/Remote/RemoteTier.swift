@@ -129,15 +129,9 @@ final class RemoteTier: Sendable {
     /// for apart. Counted as ``fetch(_:)`` counts.
     func fetchOrLease(_ key: [UInt8], token: [UInt8], expiresAt: Int64) async throws(MagpieError) -> LeaseRead {
         let leaseKey = [RemoteKey.lease] + key
-        func lease() async throws(MagpieError) -> LeaseRead {
-            .leased(
-                try await onStore { [store] () async throws(MagpieError) in
-                    try await store.store(token, forKey: leaseKey, expiresAt: expiresAt, onlyIfAbsent: true)
-                })
-        }
         if owed.owes(key: key) {
             counters.misses.add(1, ordering: .relaxed)
-            return try await lease()
+            return .leased(try await takeLease(key, token: token, expiresAt: expiresAt))
         }
         let recordKey = [RemoteKey.record] + key
         let watermark = coherence.delivered.load(ordering: .acquiring)  // as fetch reads it
@@ -150,7 +144,16 @@ final class RemoteTier: Sendable {
         }
         let namespace = try await tokens.token(group: nil, create: false)
         if let record = try await current(bytes, recordKey: recordKey, namespace: namespace, watermark: watermark) { return .record(record) }
-        return try await lease()
+        return .leased(try await takeLease(key, token: token, expiresAt: expiresAt))
+    }
+
+    /// Takes the load lease of `key` (a user key) with `token` until `expiresAt` where none is held;
+    /// whether it took it.
+    func takeLease(_ key: [UInt8], token: [UInt8], expiresAt: Int64) async throws(MagpieError) -> Bool {
+        let leaseKey = [RemoteKey.lease] + key
+        return try await onStore { [store] () async throws(MagpieError) in
+            try await store.store(token, forKey: leaseKey, expiresAt: expiresAt, onlyIfAbsent: true)
+        }
     }
 
     /// The record in `bytes` (read under `recordKey` with the namespace's token `namespace`, the delivery

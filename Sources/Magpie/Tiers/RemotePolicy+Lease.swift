@@ -87,10 +87,7 @@ extension RemotePolicy {
         }
         let acquired: Bool
         do {
-            let (store, key) = (remote.store, [RemoteKey.lease] + call.name)
-            acquired = try await remote.onStore { () async throws(MagpieError) in
-                try await store.store(token, forKey: key, expiresAt: expiresAt, onlyIfAbsent: true)
-            }
+            acquired = try await remote.takeLease(call.name, token: token, expiresAt: expiresAt)
         } catch {
             remote.counters.failed(error)
             return .load(token: nil)

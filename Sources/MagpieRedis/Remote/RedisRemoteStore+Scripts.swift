@@ -264,7 +264,7 @@ extension RedisRemoteStore {
     /// tombstone instead.
     static func mayWriteWhenFull(_ kind: ChangeKind, value: [UInt8]) -> Bool {
         guard kind == .fenced else { return true }
-        return value.count == 12 && value[10] == UInt8(ascii: "M") && value[11] == UInt8(ascii: "T")
+        return RemoteLeaseRead.isTombstone(value)
     }
 
     /// The sequence counter of `partition`: a single server's hash, or in a cluster the slot's own key.
